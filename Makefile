@@ -1,0 +1,43 @@
+# tandem — developer entry points. `make test` is the README's test command and what .ci/run calls.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export TANDEM_CACHE ?= $(HOME)/.cache/tandem
+
+.PHONY: all venv tools lint typecheck unit test integration demo crd clean
+
+all: test
+
+# The virtualenv is rebuilt when pyproject.toml changes; pip's wheel cache lives outside the repo.
+$(VENV)/.stamp: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.stamp
+
+# Control-plane binaries, built once from the Go module proxy into $(TANDEM_CACHE).
+tools:
+	e2e/build-tools.sh
+
+lint: venv
+	$(BIN)/ruff check operator tests bench
+	$(BIN)/ruff format --check operator tests bench
+
+typecheck: venv
+	$(BIN)/mypy
+
+unit: venv
+	$(BIN)/pytest -q tests/unit
+
+crd: venv
+	$(BIN)/tandem crd > crds/pddeployment.yaml
+
+# Everything: lint, types, unit, integration and e2e tests against the real local control plane.
+test: venv tools lint typecheck
+	$(BIN)/pytest -q -p no:cacheprovider tests
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .tandem

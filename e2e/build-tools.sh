@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Builds the local control plane's binaries (kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubectl, etcd, kwok, helm, prometheus) from the Go module proxy into a cache
+# outside the repository. Each tool has its own module under e2e/tools/<tool>; it is rebuilt only
+# when its go.mod, go.sum or this script's build flags change (a stamp per tool).
+#
+# Prints the directory that holds all binaries on its last line of stdout.
+# Env: TANDEM_CACHE (default ~/.cache/tandem), TOOLS (space-separated subset to build).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+cache=${TANDEM_CACHE:-$HOME/.cache/tandem}
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
+tools=${TOOLS:-"k8s etcd kwok helm prometheus"}
+bindir="$cache/bin"
+mkdir -p "$bindir"
+
+log() { echo "[build-tools] $*" >&2; }
+
+module_version() { # module_version DIR MODULE -> version required in DIR/go.mod
+  (cd "$1" && go list -m -f '{{.Version}}' "$2")
+}
+
+build_k8s() {
+  local v; v=$(module_version "$here/tools/k8s" k8s.io/kubernetes)
+  local minor; minor=$(echo "$v" | cut -d. -f2)
+  local ldf="-s -w -buildid="
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldf="$ldf -X $p.gitVersion=$v -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
+    ldf="$ldf -X $p.gitCommit=go-module-$v -X $p.buildDate=2026-01-01T00:00:00Z"
+  done
+  (cd "$here/tools/k8s" && go build -trimpath -tags notest,grpcnotrace -ldflags "$ldf" -o "$1/" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
+}
+
+build_etcd() {
+  (cd "$here/tools/etcd" && go build -trimpath -ldflags "-s -w" -o "$1/etcd" go.etcd.io/etcd/server/v3)
+}
+
+build_kwok() {
+  (cd "$here/tools/kwok" && go build -trimpath -ldflags "-s -w" -o "$1/kwok" sigs.k8s.io/kwok/cmd/kwok)
+}
+
+build_helm() {
+  local v; v=$(module_version "$here/tools/helm" helm.sh/helm/v3)
+  local kv; kv=$(module_version "$here/tools/k8s" k8s.io/kubernetes)
+  local minor; minor=$(echo "$kv" | cut -d. -f2)
+  local ldf="-s -w -X helm.sh/helm/v3/internal/version.version=$v"
+  for p in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+    ldf="$ldf -X $p.k8sVersionMajor=1 -X $p.k8sVersionMinor=$minor"
+  done
+  (cd "$here/tools/helm" && go build -trimpath -ldflags "$ldf" -o "$1/helm" helm.sh/helm/v3/cmd/helm)
+}
+
+build_prometheus() {
+  # Only Kubernetes service discovery (file/http/static are always in); no UI assets.
+  (cd "$here/tools/prometheus" && go build -trimpath -ldflags "-s -w" \
+    -tags remove_all_sd,enable_kubernetes_sd -o "$1/prometheus" github.com/prometheus/prometheus/cmd/prometheus)
+}
+
+for tool in $tools; do
+  dir="$here/tools/$tool"
+  stamp_src=$(cat "$dir/go.mod" "$dir/go.sum"; declare -f "build_$tool"; go env GOVERSION)
+  stamp=$(printf '%s' "$stamp_src" | sha256sum | cut -c1-16)
+  out="$cache/tools/$tool-$stamp"
+  if [ -f "$out/.stamp" ]; then
+    log "$tool: cached ($out)"
+  else
+    log "$tool: building into $out"
+    start=$(date +%s)
+    rm -rf "$out.tmp" && mkdir -p "$out.tmp"
+    "build_$tool" "$out.tmp"
+    printf '%s\n' "$stamp_src" > "$out.tmp/.stamp"
+    rm -rf "$out" && mv "$out.tmp" "$out"
+    log "$tool: built in $(( $(date +%s) - start ))s"
+  fi
+  for f in "$out"/*; do ln -sfn "$f" "$bindir/$(basename "$f")"; done
+done
+echo "$bindir"

@@ -1,0 +1,48 @@
+"""Names every part of tandem agrees on: API group, labels, annotations, ports, field manager.
+
+The renderer writes these, the router and the pod runner select by them, the operator reads them.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+GROUP: Final = "tandem.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "PDDeployment"
+PLURAL: Final = "pddeployments"
+SINGULAR: Final = "pddeployment"
+SHORT_NAMES: Final = ("pdd",)
+
+FIELD_MANAGER: Final = "tandem-operator"
+
+Role = Literal["prefill", "decode", "colocated", "router"]
+POOL_ROLES: Final[tuple[Role, ...]] = ("prefill", "decode", "colocated")
+
+# Labels on every child object and pod template.
+LABEL_NAME: Final = "app.kubernetes.io/name"  # always "tandem"
+LABEL_INSTANCE: Final = "app.kubernetes.io/instance"  # the PDDeployment's name
+LABEL_COMPONENT: Final = "app.kubernetes.io/component"  # the role
+LABEL_PART_OF: Final = "app.kubernetes.io/part-of"  # always "tandem"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"  # always "tandem-operator"
+LABEL_ROLE: Final = "tandem.dev/role"  # prefill | decode | colocated | router
+LABEL_PDD: Final = "tandem.dev/pddeployment"  # the PDDeployment's name (selector key)
+
+APP_NAME: Final = "tandem"
+
+# Pod annotations read by Prometheus' kubernetes_sd relabelling.
+ANNOTATION_SCRAPE: Final = "prometheus.io/scrape"
+ANNOTATION_SCRAPE_PORT: Final = "prometheus.io/port"
+ANNOTATION_SCRAPE_PATH: Final = "prometheus.io/path"
+
+# Ports inside a pod. Every pod has its own IP, so fixed ports never collide.
+ENGINE_PORT: Final = 8000  # vLLM's default; /health, /v1/*, /metrics
+NIXL_SIDE_CHANNEL_PORT: Final = 5600  # vLLM's VLLM_NIXL_SIDE_CHANNEL_PORT default
+ROUTER_PORT: Final = 8080
+ROUTER_METRICS_PATH: Final = "/metrics"
+
+
+def selector_labels(pdd_name: str, role: Role) -> dict[str, str]:
+    """The labels that select one role's pods of one PDDeployment (stable: never change them)."""
+    return {LABEL_PDD: pdd_name, LABEL_ROLE: role}
