@@ -1,0 +1,1 @@
+"""The PDDeployment API: models, shared names, validation rules and CRD generation."""

@@ -1,0 +1,184 @@
+"""Generates the PDDeployment CustomResourceDefinition from the pydantic models.
+
+pydantic's JSON schema is rewritten into a Kubernetes structural schema: `$ref`s inlined,
+`anyOf [X, null]` collapsed to X, titles and `additionalProperties: false` dropped, int-or-string
+marked, nulls dropped from defaults, and the CEL rules of `rules.py` attached. `tandem crd` prints
+it; `crds/pddeployment.yaml` is its output.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+from tandem.api import meta, rules
+from tandem.api.models import PDDeploymentSpec
+from tandem.api.status import PDDeploymentStatus
+
+Schema = dict[str, Any]
+
+_DROP_KEYS = {"title", "$defs"}
+
+
+def _resolve(node: Any, defs: dict[str, Schema]) -> Any:
+    if isinstance(node, list):
+        return [_resolve(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = _resolve(defs[node["$ref"].rsplit("/", 1)[-1]], defs)
+        extra = {k: v for k, v in node.items() if k != "$ref"}
+        return {**target, **_resolve(extra, defs)}
+    return {k: _resolve(v, defs) for k, v in node.items()}
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+def _structural(node: Schema) -> Schema:
+    """Rewrite one resolved pydantic schema node (recursively) into structural form."""
+    node = dict(node)
+    any_of = node.pop("anyOf", None)
+    if any_of is not None:
+        if node.get("x-kubernetes-int-or-string"):
+            return {k: v for k, v in node.items() if k not in _DROP_KEYS}
+        non_null = [alt for alt in any_of if alt.get("type") != "null"]
+        if len(non_null) != 1:
+            raise ValueError(f"cannot express anyOf {any_of!r} structurally")
+        merged = {**non_null[0], **{k: v for k, v in node.items() if k != "default" or v is not None}}
+        return _structural(merged)
+    out: Schema = {}
+    for key, value in node.items():
+        if key in _DROP_KEYS:
+            continue
+        if key == "additionalProperties":
+            if value is False:
+                continue
+            out[key] = _structural(value)
+        elif key == "properties":
+            out[key] = {name: _structural(prop) for name, prop in value.items()}
+        elif key == "items":
+            out[key] = _structural(value)
+        elif key == "default":
+            if value is None:
+                continue
+            out[key] = _without_nulls(value)
+        elif key == "const":
+            out["enum"] = [value]
+        else:
+            out[key] = value
+    if "enum" in out and "type" not in out:
+        out["type"] = "string"
+    if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    return out
+
+
+def model_schema(model: type[Any]) -> Schema:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.pop("$defs", {})
+    return _structural(_resolve(raw, defs))
+
+
+def _cel(rule: rules.Rule, with_field_path: bool = True) -> Schema:
+    out: Schema = {"rule": rule.cel, "message": rule.message, "reason": rule.reason}
+    if with_field_path:
+        out["fieldPath"] = rule.field_path
+    return out
+
+
+def _status_schema() -> Schema:
+    status = model_schema(PDDeploymentStatus)
+    conditions = status["properties"]["conditions"]
+    conditions["x-kubernetes-list-type"] = "map"
+    conditions["x-kubernetes-list-map-keys"] = ["type"]
+    return status
+
+
+def spec_schema() -> Schema:
+    spec = model_schema(PDDeploymentSpec)
+    spec["x-kubernetes-validations"] = [_cel(rule) for rule in rules.SPEC_RULES]
+    return spec
+
+
+def crd() -> Schema:
+    """The whole CustomResourceDefinition object."""
+    printer_columns = [
+        {"name": "Mode", "type": "string", "jsonPath": ".status.mode"},
+        {"name": "Prefill", "type": "string", "jsonPath": ".status.pools.prefill.ready"},
+        {"name": "Decode", "type": "string", "jsonPath": ".status.pools.decode.ready"},
+        {"name": "Colocated", "type": "string", "jsonPath": ".status.pools.colocated.ready", "priority": 1},
+        {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+    root: Schema = {
+        "type": "object",
+        "description": "PDDeployment serves one model on vLLM with separate prefill and decode pools.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec_schema(),
+            "status": _status_schema(),
+        },
+        "x-kubernetes-validations": [
+            {
+                "rule": rules.NAME_RULE.cel,
+                "message": rules.NAME_RULE.message,
+                "reason": rules.NAME_RULE.reason,
+            }
+        ],
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{meta.PLURAL}.{meta.GROUP}",
+            "labels": {meta.LABEL_PART_OF: meta.APP_NAME},
+        },
+        "spec": {
+            "group": meta.GROUP,
+            "names": {
+                "kind": meta.KIND,
+                "listKind": f"{meta.KIND}List",
+                "plural": meta.PLURAL,
+                "singular": meta.SINGULAR,
+                "shortNames": list(meta.SHORT_NAMES),
+                "categories": ["tandem"],
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": meta.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": printer_columns,
+                    "schema": {"openAPIV3Schema": root},
+                }
+            ],
+        },
+    }
+
+
+def crd_yaml() -> str:
+    header = "# Generated by `tandem crd` from operator/tandem/api; do not edit by hand.\n"
+    return header + yaml.safe_dump(crd(), sort_keys=False, width=120)
+
+
+def main(argv: Sequence[str]) -> int:
+    if argv:
+        print("usage: tandem crd  (prints the CRD YAML)", file=sys.stderr)
+        return 2
+    sys.stdout.write(crd_yaml())
+    return 0

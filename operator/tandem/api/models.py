@@ -1,0 +1,302 @@
+"""The PDDeployment spec as pydantic v2 models: the source of truth for the CRD and the renderer.
+
+Field names are snake_case in Python and camelCase in YAML (aliases). Every field here has
+behaviour behind it in the renderer or the operator; autoscaling, SLO and rollout fields arrive
+with the features that use them. Cross-field rules live in `rules.py` so that the CRD's CEL and
+these models enforce the same thing.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from tandem.api import rules
+
+Quantity = Annotated[int | str, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
+
+
+class ApiModel(BaseModel):
+    """Base for every API model: camelCase aliases, unknown fields refused, values validated."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_assignment=True,
+    )
+
+
+class EngineType(StrEnum):
+    vllm = "vllm"
+    sim = "sim"
+
+
+class KVConnector(StrEnum):
+    NixlConnector = "NixlConnector"
+    MooncakeConnector = "MooncakeConnector"
+    LMCacheConnectorV1 = "LMCacheConnectorV1"
+
+
+class KVLoadFailurePolicy(StrEnum):
+    fail = "fail"
+    recompute = "recompute"
+
+
+class ServingMode(StrEnum):
+    Disaggregated = "Disaggregated"
+    Colocated = "Colocated"
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the PDDeployment's namespace."""
+
+    name: Annotated[str, Field(min_length=1, max_length=253)]
+    key: Annotated[str, Field(min_length=1, max_length=253)]
+
+
+class ModelSpec(ApiModel):
+    """What model is served, from where, and under which name."""
+
+    name: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=128,
+            pattern=r"^[A-Za-z0-9]([A-Za-z0-9._/-]*[A-Za-z0-9])?$",
+            description="Name clients put in `model` (vLLM --served-model-name).",
+        ),
+    ]
+    uri: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=512,
+            description=(
+                "Where the weights come from: hf://org/repo[@revision], pvc://claim/path (mounted "
+                "read-only), or file:///absolute/path inside the image."
+            ),
+        ),
+    ]
+    max_model_len: Annotated[
+        int | None,
+        Field(ge=128, le=10_485_760, description="Context limit (vLLM --max-model-len)."),
+    ] = None
+    token_secret_ref: Annotated[
+        SecretKeyRef | None,
+        Field(description="Secret key holding a Hugging Face token (hf:// only), exported as HF_TOKEN."),
+    ] = None
+    kv_bytes_per_token: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description=(
+                "KV-cache bytes per token, for status and transfer estimates. Derived from known "
+                "architectures when unset."
+            ),
+        ),
+    ] = None
+
+
+class FieldRef(ApiModel):
+    field_path: Annotated[str, Field(min_length=1)]
+
+
+class ConfigMapKeyRef(ApiModel):
+    name: Annotated[str, Field(min_length=1, max_length=253)]
+    key: Annotated[str, Field(min_length=1, max_length=253)]
+    optional: bool | None = None
+
+
+class SecretKeySelector(ConfigMapKeyRef):
+    pass
+
+
+class EnvVarSource(ApiModel):
+    field_ref: FieldRef | None = None
+    secret_key_ref: SecretKeySelector | None = None
+    config_map_key_ref: ConfigMapKeyRef | None = None
+
+
+class EnvVar(ApiModel):
+    """An environment variable of the engine container (Kubernetes EnvVar, the common sources)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")]
+    value: str | None = None
+    value_from: EnvVarSource | None = None
+
+
+class EngineSpec(ApiModel):
+    """The serving engine every pool runs."""
+
+    type: Annotated[
+        EngineType,
+        Field(description="vllm runs `vllm serve`; sim runs tandem's simulator with the same arguments."),
+    ] = EngineType.vllm
+    image: Annotated[str, Field(max_length=512, description="Container image of the engine.")]
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    image_pull_secrets: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=253)]],
+        Field(max_length=16, description="Names of Secrets used to pull the image."),
+    ] = []
+    env: Annotated[list[EnvVar], Field(max_length=64)] = []
+    extra_args: Annotated[
+        list[Annotated[str, Field(max_length=1024)]],
+        Field(max_length=64, description="Arguments appended to every pool's engine command line."),
+    ] = []
+
+
+class KVTransferSpec(ApiModel):
+    """How KV caches move from prefill to decode."""
+
+    connector: KVConnector = KVConnector.NixlConnector
+    bandwidth_gbps: Annotated[
+        int,
+        Field(ge=1, le=3200, description="Per-pod link bandwidth used for transfer estimates (Gb/s)."),
+    ] = 400
+    load_failure_policy: Annotated[
+        KVLoadFailurePolicy,
+        Field(
+            description="What decode does when it cannot load the remote KV (vLLM kv_load_failure_policy)."
+        ),
+    ] = KVLoadFailurePolicy.fail
+
+
+class RDMASpec(ApiModel):
+    enabled: bool = True
+    resource_name: Annotated[
+        str,
+        Field(
+            min_length=3,
+            max_length=253,
+            pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+            description="Extended resource of the RDMA device plugin.",
+        ),
+    ] = "rdma/hca"
+    per_pod: Annotated[int, Field(ge=1, le=16, description="RDMA devices requested per pod.")] = 1
+    node_selector: Annotated[
+        dict[str, str],
+        Field(max_length=16, description="Node labels that mark RDMA-capable nodes."),
+    ] = {"network.tandem.dev/rdma": "true"}
+
+
+class NetworkSpec(ApiModel):
+    rdma: RDMASpec = RDMASpec()
+    topology_key: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=316,
+            description="Node label of a fabric domain; prefill and decode pods prefer to share one.",
+        ),
+    ] = "network.tandem.dev/fabric"
+
+
+class Toleration(ApiModel):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class Resources(ApiModel):
+    """CPU, memory and other non-GPU resources; GPUs and RDMA devices are derived."""
+
+    requests: Annotated[dict[str, Quantity], Field(max_length=16)] = {}
+    limits: Annotated[dict[str, Quantity], Field(max_length=16)] = {}
+
+
+class PoolSpec(ApiModel):
+    """One pool of engine replicas (prefill, decode or colocated)."""
+
+    replicas: Annotated[int, Field(ge=0, le=1024)] = 0
+    tensor_parallel_size: Annotated[
+        int,
+        Field(description="GPUs per replica (vLLM --tensor-parallel-size): 1, 2, 4 or 8."),
+    ] = 1
+    engine_args: Annotated[
+        list[Annotated[str, Field(max_length=1024)]],
+        Field(max_length=64, description="Arguments appended to this pool's engine command line."),
+    ] = []
+    resources: Resources = Resources()
+    node_selector: Annotated[dict[str, str], Field(max_length=16)] = {}
+    tolerations: Annotated[list[Toleration], Field(max_length=32)] = []
+
+
+class RouterSpec(ApiModel):
+    replicas: Annotated[int, Field(ge=1, le=64)] = 2
+    image: Annotated[str, Field(max_length=512, description="Container image of tandem (router).")] = (
+        "ghcr.io/tandem-dev/tandem:0.1.0"
+    )
+    resources: Resources = Resources(
+        requests={"cpu": "500m", "memory": "256Mi"}, limits={"cpu": "2", "memory": "1Gi"}
+    )
+
+
+class ServingSpec(ApiModel):
+    mode: Annotated[
+        ServingMode,
+        Field(description="The desired serving topology: Disaggregated (prefill + decode) or Colocated."),
+    ] = ServingMode.Disaggregated
+
+
+class PDDeploymentSpec(ApiModel):
+    model: ModelSpec
+    engine: EngineSpec
+    kv_transfer: KVTransferSpec = KVTransferSpec()
+    network: NetworkSpec = NetworkSpec()
+    prefill: PoolSpec = PoolSpec()
+    decode: PoolSpec = PoolSpec()
+    colocated: PoolSpec = PoolSpec()
+    router: RouterSpec = RouterSpec()
+    serving: ServingSpec = ServingSpec()
+
+    @model_validator(mode="after")
+    def _check(self) -> PDDeploymentSpec:
+        violations = rules.spec_violations(self.model_dump(by_alias=True, mode="json"))
+        if violations:
+            raise ValueError("; ".join(violations))
+        return self
+
+    def pool(self, role: str) -> PoolSpec:
+        pool: PoolSpec = getattr(self, role)
+        return pool
+
+
+class ObjectMeta(ApiModel):
+    """The parts of metadata the operator reads (extra keys such as labels are ignored)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    name: str
+    namespace: str = "default"
+    uid: str = ""
+    generation: int = 0
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+
+    @model_validator(mode="after")
+    def _check(self) -> ObjectMeta:
+        violations = rules.name_violations(self.name)
+        if violations:
+            raise ValueError("; ".join(violations))
+        return self
+
+
+class PDDeployment(ApiModel):
+    """A whole PDDeployment object as read from the API (status is kept raw; see status.py)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    api_version: str = "tandem.dev/v1alpha1"
+    kind: str = "PDDeployment"
+    metadata: ObjectMeta
+    spec: PDDeploymentSpec
+
+    @classmethod
+    def from_object(cls, obj: dict[str, Any]) -> PDDeployment:
+        return cls.model_validate(obj)
