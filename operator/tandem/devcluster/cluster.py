@@ -1,0 +1,440 @@
+"""Starting, inspecting and stopping the dev cluster (`tandem dev cluster up|down|status`).
+
+Order of `up`: PKI, etcd, kube-apiserver (waits for /readyz), kube-controller-manager,
+kube-scheduler and the KWOK controller, the fake nodes from `e2e/nodes/`, Prometheus, the pod
+runner. Everything listens on 127.0.0.1 on free ports. What was started is recorded in
+`state.json` in the cluster directory; `down` stops it and then sweeps any process still carrying
+the cluster's marker.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import ssl
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tandem.devcluster import layout, pki, procs
+from tandem.devcluster.layout import ClusterDir
+
+# Never dialled: Service cluster IPs are bookkeeping only here (nothing routes them, and Services
+# get no endpoints for loopback pods). Kept inside 127.0.0.0/8 like every other address.
+SERVICE_CIDR = "127.100.0.0/16"
+# Fallback pod CIDR of KWOK for nodes without spec.podCIDR (every node in e2e/nodes/ has one).
+KWOK_FALLBACK_CIDR = "127.19.0.0/16"
+
+START_ORDER = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "prometheus",
+    "pod-runner",
+)
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not be started, or is not running."""
+
+
+@dataclass
+class State:
+    """What `up` started; written to `state.json`."""
+
+    dir: str
+    bin_dir: str
+    apiserver_port: int
+    etcd_port: int
+    prometheus_port: int
+    kwok_port: int
+    started_at: float
+    pids: dict[str, int] = field(default_factory=dict)
+    startup_seconds: float = 0.0
+
+    @property
+    def apiserver_url(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+    @property
+    def prometheus_url(self) -> str:
+        return f"http://127.0.0.1:{self.prometheus_port}"
+
+    @classmethod
+    def load(cls, path: Path) -> State:
+        return cls(**json.loads(path.read_text()))
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        tmp.replace(path)
+
+
+def _log(msg: str) -> None:
+    print(f"[tandem dev cluster] {msg}", flush=True)
+
+
+def load_state(cdir: ClusterDir) -> State | None:
+    try:
+        return State.load(cdir.state)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def alive(cdir: ClusterDir, state: State) -> dict[str, bool]:
+    """Each recorded component -> whether its process is still running."""
+    return {name: procs.has_marker(pid, cdir.marker) for name, pid in state.pids.items()}
+
+
+def is_running(cdir: ClusterDir) -> bool:
+    state = load_state(cdir)
+    if state is None or not state.pids:
+        return False
+    return all(alive(cdir, state).values()) and _apiserver_ready(cdir, state)
+
+
+def _ssl_context(p: pki.Pki) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(p.ca_crt))
+    ctx.load_cert_chain(str(p.admin_crt), str(p.admin_key))
+    return ctx
+
+
+def _apiserver_ready(cdir: ClusterDir, state: State) -> bool:
+    try:
+        ctx = _ssl_context(pki.Pki(cdir.pki))
+        with urllib.request.urlopen(f"{state.apiserver_url}/readyz", context=ctx, timeout=5) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def write_kubeconfig(path: Path, server: str, p: pki.Pki) -> None:
+    """A kubeconfig with the CA and the admin client cert inlined, so it may be copied anywhere."""
+
+    def b64(f: Path) -> str:
+        return base64.b64encode(f.read_bytes()).decode()
+
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "tandem-dev",
+                "cluster": {"server": server, "certificate-authority-data": b64(p.ca_crt)},
+            }
+        ],
+        "users": [
+            {
+                "name": "tandem-admin",
+                "user": {
+                    "client-certificate-data": b64(p.admin_crt),
+                    "client-key-data": b64(p.admin_key),
+                },
+            }
+        ],
+        "contexts": [{"name": "tandem-dev", "context": {"cluster": "tandem-dev", "user": "tandem-admin"}}],
+        "current-context": "tandem-dev",
+    }
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path.chmod(0o600)
+
+
+def _fail(cdir: ClusterDir, what: str, log: Path) -> ClusterError:
+    tail = "\n".join(procs.iter_lines(log, 25))
+    return ClusterError(f"{what} (log: {log})\n{tail}")
+
+
+def _load_nodes() -> list[dict[str, Any]]:
+    nodes: list[dict[str, Any]] = []
+    for f in sorted(layout.NODES_DIR.glob("*.yaml")):
+        nodes += [d for d in yaml.safe_load_all(f.read_text()) if d]
+    return nodes
+
+
+def up(cdir: ClusterDir, *, timeout: float = 180.0) -> State:
+    """Starts the cluster in `cdir`, or returns the state of the one already running there."""
+    if is_running(cdir):
+        state = load_state(cdir)
+        assert state is not None
+        _log(f"already running in {cdir.path}")
+        return state
+    if cdir.state.exists():
+        _log(f"stale cluster state in {cdir.path}; cleaning up first")
+        down(cdir)
+
+    bins = layout.bin_dir()
+    missing = layout.missing_binaries(bins)
+    if missing:
+        raise ClusterError(
+            f"missing binaries in {bins}: {', '.join(missing)}. Build them with `make tools` "
+            "(e2e/build-tools.sh), or point TANDEM_BIN_DIR at a directory that has them."
+        )
+
+    t0 = time.monotonic()
+    cdir.path.mkdir(parents=True, exist_ok=True)
+    for sub in (cdir.etcd_data, cdir.prometheus_data, cdir.kwok_workdir, cdir.pki):
+        shutil.rmtree(sub, ignore_errors=True)
+    cdir.logs.mkdir(parents=True, exist_ok=True)
+    cdir.pod_logs.mkdir(parents=True, exist_ok=True)
+    cdir.kwok_workdir.mkdir(parents=True, exist_ok=True)
+    certs = pki.create(cdir.pki)
+
+    state = State(
+        dir=str(cdir.path),
+        bin_dir=str(bins),
+        apiserver_port=procs.free_port(),
+        etcd_port=procs.free_port(),
+        prometheus_port=procs.free_port(),
+        kwok_port=procs.free_port(),
+        started_at=time.time(),
+    )
+    etcd_peer = procs.free_port()
+
+    def start(name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        log = cdir.logs / f"{name}.log"
+        state.pids[name] = procs.spawn(argv, log=log, marker=cdir.marker, env=env, cwd=cdir.path).pid
+        state.save(cdir.state)
+
+    def check_alive(name: str) -> None:
+        if not procs.has_marker(state.pids[name], cdir.marker):
+            raise _fail(cdir, f"{name} exited during startup", cdir.logs / f"{name}.log")
+
+    def wait(what: str, check: Any, component: str, limit: float = timeout) -> None:
+        def probe() -> bool:
+            check_alive(component)
+            return bool(check())
+
+        try:
+            procs.wait_until(probe, timeout=limit, interval=0.3, what=what)
+        except TimeoutError as e:
+            raise _fail(cdir, str(e), cdir.logs / f"{component}.log") from e
+
+    try:
+        etcd_url = f"http://127.0.0.1:{state.etcd_port}"
+        peer_url = f"http://127.0.0.1:{etcd_peer}"
+        start(
+            "etcd",
+            [
+                str(bins / "etcd"),
+                "--name=tandem",
+                f"--data-dir={cdir.etcd_data}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=tandem={peer_url}",
+                "--listen-metrics-urls=",
+                "--unsafe-no-fsync=true",
+                "--quota-backend-bytes=1073741824",
+                "--auto-compaction-retention=1",
+                "--log-level=warn",
+            ],
+        )
+        wait("etcd /health", lambda: _http_ok(f"{etcd_url}/health"), "etcd")
+
+        start(
+            "kube-apiserver",
+            [
+                str(bins / "kube-apiserver"),
+                f"--etcd-servers={etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                "--endpoint-reconciler-type=none",
+                f"--secure-port={state.apiserver_port}",
+                f"--cert-dir={cdir.pki}",
+                f"--tls-cert-file={certs.apiserver_crt}",
+                f"--tls-private-key-file={certs.apiserver_key}",
+                f"--client-ca-file={certs.ca_crt}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={certs.sa_pub}",
+                f"--service-account-signing-key-file={certs.sa_key}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=RBAC",
+                "--allow-privileged=true",
+                "--enable-priority-and-fairness=false",
+                "--profiling=false",
+                "--event-ttl=1h",
+                "--v=0",
+            ],
+        )
+        wait(
+            "kube-apiserver /readyz",
+            lambda: _apiserver_ready(cdir, state),
+            "kube-apiserver",
+        )
+        write_kubeconfig(cdir.kubeconfig, state.apiserver_url, certs)
+        kc = str(cdir.kubeconfig)
+
+        start(
+            "kube-controller-manager",
+            [
+                str(bins / "kube-controller-manager"),
+                f"--kubeconfig={kc}",
+                f"--authentication-kubeconfig={kc}",
+                f"--authorization-kubeconfig={kc}",
+                "--bind-address=127.0.0.1",
+                "--secure-port=0",
+                "--leader-elect=false",
+                f"--root-ca-file={certs.ca_crt}",
+                f"--service-account-private-key-file={certs.sa_key}",
+                "--use-service-account-credentials=false",
+                # Loopback pod IPs are refused in Endpoints/EndpointSlices; these controllers
+                # would only retry forever. tandem discovers pods directly.
+                "--controllers=*,-endpoint,-endpointslice,-endpointslicemirroring",
+                "--profiling=false",
+                "--v=0",
+            ],
+        )
+        start(
+            "kube-scheduler",
+            [
+                str(bins / "kube-scheduler"),
+                f"--kubeconfig={kc}",
+                f"--authentication-kubeconfig={kc}",
+                f"--authorization-kubeconfig={kc}",
+                "--bind-address=127.0.0.1",
+                "--secure-port=0",
+                "--leader-elect=false",
+                "--profiling=false",
+                "--v=0",
+            ],
+        )
+        start(
+            "kwok",
+            [
+                str(bins / "kwok"),
+                f"--kubeconfig={kc}",
+                f"--config={layout.KWOK_STAGES}",
+                "--manage-all-nodes=false",
+                "--manage-nodes-with-label-selector=type=kwok",
+                f"--cidr={KWOK_FALLBACK_CIDR}",
+                "--node-ip=127.0.0.1",
+                "--node-name=kwok",
+                f"--node-port={state.kwok_port}",
+                f"--server-address=127.0.0.1:{state.kwok_port}",
+                "--node-lease-duration-seconds=40",
+            ],
+            env={**_base_env(), "KWOK_WORKDIR": str(cdir.kwok_workdir)},
+        )
+
+        from tandem.devcluster import kube
+
+        api = kube.client_from(cdir.kubeconfig)
+        try:
+            nodes = _load_nodes()
+            for node in nodes:
+                kube.create_or_keep_node(api, node)
+            names = [n["metadata"]["name"] for n in nodes]
+            wait(f"{len(names)} nodes Ready", lambda: kube.nodes_ready(api, names), "kwok")
+            # The controller-manager is working once it has made the default ServiceAccount.
+            wait(
+                "the default ServiceAccount",
+                lambda: kube.has_service_account(api, "default", "default"),
+                "kube-controller-manager",
+            )
+            check_alive("kube-scheduler")
+        finally:
+            kube.close(api)
+
+        cdir.prometheus_config.write_text(layout.PROMETHEUS_CONFIG.read_text().replace("__KUBECONFIG__", kc))
+        start(
+            "prometheus",
+            [
+                str(bins / "prometheus"),
+                f"--config.file={cdir.prometheus_config}",
+                f"--storage.tsdb.path={cdir.prometheus_data}",
+                f"--web.listen-address=127.0.0.1:{state.prometheus_port}",
+                "--storage.tsdb.retention.time=6h",
+                "--web.enable-lifecycle",
+                "--log.level=warn",
+            ],
+        )
+        start(
+            "pod-runner",
+            [layout.tandem_executable(), "dev", "runner", "--dir", str(cdir.path)],
+            env={**_base_env(), "PYTHONUNBUFFERED": "1"},
+        )
+        wait("Prometheus /-/ready", lambda: _http_ok(f"{state.prometheus_url}/-/ready"), "prometheus")
+        check_alive("pod-runner")
+    except BaseException:
+        down(cdir, quiet=True)
+        raise
+
+    state.startup_seconds = round(time.monotonic() - t0, 1)
+    state.save(cdir.state)
+    _log(f"up in {state.startup_seconds}s; KUBECONFIG={cdir.kubeconfig}")
+    return state
+
+
+def _base_env() -> dict[str, str]:
+    import os
+
+    env = dict(os.environ)
+    for k in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "KUBECONFIG"):
+        env.pop(k, None)
+    return env
+
+
+def down(cdir: ClusterDir, *, quiet: bool = False) -> list[int]:
+    """Stops every process of the cluster in `cdir`; returns the pids that needed a stop."""
+    state = load_state(cdir)
+    stopped: list[int] = []
+    if state is not None:
+        # The runner first (it stops the pods' processes), then the rest in reverse start order.
+        for name in reversed(START_ORDER):
+            pid = state.pids.get(name)
+            if pid is not None and procs.has_marker(pid, cdir.marker):
+                procs.stop([pid], cdir.marker, grace=20.0 if name == "pod-runner" else 10.0)
+                stopped.append(pid)
+    leftovers = procs.marked_pids(cdir.marker)
+    if leftovers:
+        procs.stop(leftovers, cdir.marker, grace=5.0)
+        stopped += leftovers
+    if cdir.state.exists():
+        cdir.state.unlink()
+    if not quiet:
+        _log(f"down: stopped {len(stopped)} process(es) in {cdir.path}")
+    return stopped
+
+
+def status(cdir: ClusterDir) -> dict[str, Any]:
+    """A JSON-able report: components, nodes, kubeconfig, Prometheus URL."""
+    state = load_state(cdir)
+    if state is None:
+        return {"running": False, "dir": str(cdir.path)}
+    report: dict[str, Any] = {
+        "running": is_running(cdir),
+        "dir": str(cdir.path),
+        "kubeconfig": str(cdir.kubeconfig),
+        "apiserver": state.apiserver_url,
+        "prometheus": state.prometheus_url,
+        "bin_dir": state.bin_dir,
+        "startup_seconds": state.startup_seconds,
+        "components": {
+            name: {"pid": state.pids[name], "alive": ok} for name, ok in alive(cdir, state).items()
+        },
+    }
+    if report["running"]:
+        from tandem.devcluster import kube
+
+        api = kube.client_from(cdir.kubeconfig)
+        try:
+            report["nodes"] = kube.node_summary(api)
+        finally:
+            kube.close(api)
+    return report

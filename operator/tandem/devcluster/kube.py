@@ -1,0 +1,81 @@
+"""Thin helpers over the `kubernetes` client for the dev cluster (nodes, readiness checks).
+
+Objects are read as plain JSON dicts (camelCase, as the API sends them) to keep types simple.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, cast
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+
+def client_from(kubeconfig: Path) -> client.ApiClient:
+    """A new ApiClient for `kubeconfig` (the caller closes it with `close(api)`)."""
+    api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+    return cast(client.ApiClient, api)
+
+
+def close(api: client.ApiClient) -> None:
+    api.close()  # type: ignore[no-untyped-call]
+
+
+def raw(response: Any) -> dict[str, Any]:
+    """The JSON body of a call made with `_preload_content=False`."""
+    return cast(dict[str, Any], json.loads(response.data))
+
+
+def create_or_keep_node(api: client.ApiClient, node: dict[str, Any]) -> None:
+    """Creates a Node with its labels, capacity and pod CIDR; an existing node is left as it is."""
+    try:
+        client.CoreV1Api(api).create_node(node)  # type: ignore[arg-type]
+    except ApiException as e:
+        if e.status != 409:
+            raise
+
+
+def list_nodes(api: client.ApiClient) -> list[dict[str, Any]]:
+    resp = client.CoreV1Api(api).list_node(_preload_content=False)
+    return cast(list[dict[str, Any]], raw(resp)["items"])
+
+
+def is_ready(obj: dict[str, Any]) -> bool:
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def nodes_ready(api: client.ApiClient, names: list[str]) -> bool:
+    ready = {n["metadata"]["name"] for n in list_nodes(api) if is_ready(n)}
+    return set(names) <= ready
+
+
+def has_service_account(api: client.ApiClient, namespace: str, name: str) -> bool:
+    try:
+        client.CoreV1Api(api).read_namespaced_service_account(name, namespace, _preload_content=False)
+    except ApiException as e:
+        if e.status == 404:
+            return False
+        raise
+    return True
+
+
+def node_summary(api: client.ApiClient) -> list[dict[str, Any]]:
+    out = []
+    for node in list_nodes(api):
+        labels = node["metadata"].get("labels") or {}
+        alloc = (node.get("status") or {}).get("allocatable") or {}
+        out.append(
+            {
+                "name": node["metadata"]["name"],
+                "ready": is_ready(node),
+                "podCIDR": (node.get("spec") or {}).get("podCIDR", ""),
+                "gpus": alloc.get("nvidia.com/gpu", "0"),
+                "rdma": alloc.get("rdma/hca", "0"),
+                "fabric": labels.get("network.tandem.dev/fabric", ""),
+                "product": labels.get("nvidia.com/gpu.product", ""),
+            }
+        )
+    return out

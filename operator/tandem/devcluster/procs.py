@@ -1,0 +1,138 @@
+"""Local processes of the dev cluster: free ports, detached spawning, liveness and stopping.
+
+Every process the cluster starts carries the environment variable `TANDEM_DEVCLUSTER=<cluster dir>`,
+so that `cluster down` can find and stop anything left behind (grandchildren included) by reading
+`/proc/<pid>/environ`, without matching process names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+MARKER_ENV = "TANDEM_DEVCLUSTER"
+
+# Popen objects of processes started by this Python process, so that stopping one also reaps it
+# (otherwise a long-lived parent such as pytest would keep zombies until it exits).
+_children: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    log: Path,
+    marker: str,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.Popen[bytes]:
+    """Starts `argv` in its own session with stdout and stderr appended to `log`."""
+    full_env = dict(os.environ if env is None else env)
+    full_env[MARKER_ENV] = marker
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+    _children[proc.pid] = proc
+    return proc
+
+
+def _reap(pid: int) -> None:
+    proc = _children.get(pid)
+    if proc is not None and proc.poll() is not None:
+        del _children[pid]
+
+
+def has_marker(pid: int, marker: str) -> bool:
+    """Whether `pid` is alive (not a zombie) and was started for the cluster in `marker`."""
+    _reap(pid)
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    if stat.rsplit(")", 1)[-1].split()[0] == "Z":
+        return False
+    return f"{MARKER_ENV}={marker}".encode() in environ.split(b"\0")
+
+
+def marked_pids(marker: str) -> list[int]:
+    """All live processes that carry `marker`."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid() and has_marker(int(entry.name), marker):
+            pids.append(int(entry.name))
+    return pids
+
+
+def stop(pids: Sequence[int], marker: str, *, grace: float = 10.0) -> None:
+    """SIGTERM to each pid's process group, then SIGKILL to whatever is left after `grace` seconds."""
+    live = [p for p in pids if has_marker(p, marker)]
+    for pid in live:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        live = [p for p in live if has_marker(p, marker)]
+        if not live:
+            return
+        time.sleep(0.1)
+    for pid in live:
+        _signal(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(has_marker(p, marker) for p in live):
+        time.sleep(0.05)
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        try:
+            pgid = os.getpgid(pid)
+        except ProcessLookupError:
+            return
+        if pgid == pid:
+            os.killpg(pgid, sig)
+        else:
+            os.kill(pid, sig)
+
+
+def wait_until(
+    check: Callable[[], bool], *, timeout: float, interval: float = 0.25, what: str = "condition"
+) -> None:
+    """Polls `check` until it returns True; raises TimeoutError naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(Exception):
+            if check():
+                return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def iter_lines(path: Path, last: int = 20) -> Iterator[str]:
+    """The last `last` lines of a log file, for error messages."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return iter(())
+    return iter(lines[-last:])

@@ -1,0 +1,556 @@
+"""The pod runner: the dev cluster's stand-in for a kubelet, for tandem's own pods.
+
+A pod is tandem's own when its first container's `command[0]` is `tandem`. KWOK's
+`tandem-pod-start` stage (e2e/kwok/stages.yaml) gives such a pod a loopback IP and phase Running
+with Ready=False; the runner then starts the container's command as a local process (the venv's
+`tandem`, `$(VAR)`s expanded, the container's env plus KUBECONFIG for the loopback apiserver and
+TANDEM_POD_IP), probes the pod's readinessProbe on the pod IP and writes Ready and
+containerStatuses like a kubelet. A process that exits is shown on the pod (restartCount,
+lastState, CrashLoopBackOff) and restarted with backoff per restartPolicy. When the pod is deleted
+the process gets SIGTERM, SIGKILL after the grace period, and the runner removes the pod.
+
+One watch over scheduled pods drives everything; each running pod has one thread that sleeps
+between probes. Logs: one file per pod under `<cluster dir>/pods/`.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime as dt
+import logging
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+
+from tandem.devcluster import expand, kube, layout, procs
+from tandem.devcluster.layout import ClusterDir
+
+log = logging.getLogger("tandem.devcluster.runner")
+
+# Probes run at the pod's periodSeconds, but at least this often, so tests don't wait 10s a step.
+MAX_PROBE_PERIOD = 2.0
+BACKOFF_INITIAL = 2.0
+BACKOFF_MAX = 60.0
+# A process that ran this long before exiting restarts without backoff carried over.
+BACKOFF_RESET_AFTER = 60.0
+# Grace period used when the runner itself stops (cluster down), capped so `down` stays quick.
+SHUTDOWN_GRACE = 5.0
+
+
+def is_tandem_pod(pod: dict[str, Any]) -> bool:
+    containers = pod.get("spec", {}).get("containers") or []
+    command = (containers[0].get("command") or []) if containers else []
+    return bool(command) and command[0] == "tandem"
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_time(value: str) -> float:
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+class _Stop(Exception):
+    """Raised in the main thread by SIGTERM/SIGINT to leave the watch."""
+
+
+class PodWorker(threading.Thread):
+    """Runs, probes and restarts the first container of one pod; stops it when told to."""
+
+    def __init__(self, runner: Runner, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        super().__init__(name=f"pod-{meta['namespace']}/{meta['name']}", daemon=True)
+        self.runner = runner
+        self.pod = pod
+        self.uid: str = meta["uid"]
+        self.namespace: str = meta["namespace"]
+        self.pod_name: str = meta["name"]
+        self.container: dict[str, Any] = pod["spec"]["containers"][0]
+        self.pod_ip: str = pod["status"]["podIP"]
+        self.log_path = runner.cdir.pod_logs / f"{self.namespace}_{self.pod_name}_{self.uid[:8]}.log"
+        self._stop_event = threading.Event()
+        self._stop_grace = 30.0
+        self._delete_after_stop = False
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restart_count = 0
+        self.ready = False
+        self._last_state: dict[str, Any] | None = None
+
+    # --- called from the watch thread -----------------------------------------------------------
+    def update(self, pod: dict[str, Any]) -> None:
+        self.pod = pod
+
+    def request_stop(self, grace: float, *, delete_pod: bool) -> None:
+        self._stop_grace = max(0.0, grace)
+        self._delete_after_stop = self._delete_after_stop or delete_pod
+        self._stop_event.set()
+
+    # --- the worker thread ----------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self._loop()
+        except Exception:
+            log.exception("worker for %s/%s failed", self.namespace, self.pod_name)
+        finally:
+            self._terminate()
+            if self._delete_after_stop:
+                self._delete_pod()
+            self.runner.forget(self.uid)
+
+    def _loop(self) -> None:
+        backoff = BACKOFF_INITIAL
+        policy = self.pod["spec"].get("restartPolicy", "Always")
+        while not self._stop_event.is_set():
+            try:
+                argv, env = self._prepare()
+            except (expand.ConfigError, ApiException) as e:
+                self._patch_waiting("CreateContainerConfigError", str(e))
+                if self._stop_event.wait(backoff):
+                    return
+                backoff = min(backoff * 2, BACKOFF_MAX)
+                continue
+            started = time.monotonic()
+            started_at = _now()
+            self._start(argv, env)
+            self._patch_running(started_at, ready=False)
+            code = self._supervise(started_at)
+            if code is None:  # stopped
+                return
+            ran = time.monotonic() - started
+            if ran >= BACKOFF_RESET_AFTER:
+                backoff = BACKOFF_INITIAL
+            self._last_state = {
+                "terminated": {
+                    "exitCode": code,
+                    "reason": "Completed" if code == 0 else "Error",
+                    "startedAt": started_at,
+                    "finishedAt": _now(),
+                }
+            }
+            restart = policy == "Always" or (policy == "OnFailure" and code != 0)
+            if not restart:
+                self._patch_finished(code)
+                self._stop_event.wait()
+                return
+            self.restart_count += 1
+            self._patch_waiting(
+                "CrashLoopBackOff",
+                f"back-off {backoff:.0f}s restarting failed container={self.container['name']} "
+                f"pod={self.pod_name}_{self.namespace}({self.uid})",
+            )
+            if self._stop_event.wait(backoff):
+                return
+            backoff = min(backoff * 2, BACKOFF_MAX)
+
+    def _prepare(self) -> tuple[list[str], dict[str, str]]:
+        r = self.runner
+        env = expand.container_env(
+            self.pod,
+            self.container,
+            secret_key=r.secret_key,
+            configmap_key=r.configmap_key,
+            secret=r.secret,
+            configmap=r.configmap,
+        )
+        argv = expand.container_argv(self.container, env)
+        argv[0] = layout.tandem_executable() if argv[0] == "tandem" else argv[0]
+        venv_bin = str(Path(layout.tandem_executable()).parent)
+        base = {
+            "PATH": f"{venv_bin}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "HOME": os.environ.get("HOME", "/root"),
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+            "PYTHONUNBUFFERED": "1",
+            "HOSTNAME": self.pod_name,
+        }
+        full = {**base, **env}
+        full["KUBECONFIG"] = str(r.cdir.kubeconfig)
+        full["TANDEM_POD_IP"] = self.pod_ip
+        for k in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
+            full.pop(k, None)
+        return argv, full
+
+    def _start(self, argv: list[str], env: dict[str, str]) -> None:
+        with self.log_path.open("a") as f:
+            f.write(f"=== {_now()} start #{self.restart_count} on {self.pod_ip}: {' '.join(argv)}\n")
+        self.proc = procs.spawn(
+            argv, log=self.log_path, marker=self.runner.cdir.marker, env=env, cwd=self.runner.cdir.path
+        )
+        log.info("started %s/%s pid %d", self.namespace, self.pod_name, self.proc.pid)
+
+    def _supervise(self, started_at: str) -> int | None:
+        """Probes until the process exits (returns its code) or a stop is requested (returns None)."""
+        assert self.proc is not None
+        readiness = self.container.get("readinessProbe")
+        startup = self.container.get("startupProbe")
+        if readiness is None and startup is None:
+            self._set_ready(True, started_at)
+        probe = startup or readiness
+        delay = float((probe or {}).get("initialDelaySeconds", 0))
+        successes = failures = 0
+        started_ok = startup is None
+        next_probe = time.monotonic() + delay
+        while True:
+            wait = max(0.0, next_probe - time.monotonic()) if probe is not None else 3600.0
+            if self._wait_stop_or_exit(wait):
+                return None
+            code = self.proc.poll()
+            if code is not None:
+                self._set_ready(False, started_at, patch=False)
+                with self.log_path.open("a") as f:
+                    f.write(f"=== {_now()} exited with code {code}\n")
+                return code
+            if probe is None:
+                continue
+            period = min(float(probe.get("periodSeconds", 10)), MAX_PROBE_PERIOD)
+            next_probe = time.monotonic() + period
+            ok = self._probe(probe)
+            if not started_ok:
+                if ok:
+                    started_ok = True
+                    probe = readiness
+                    if probe is None:
+                        self._set_ready(True, started_at)
+                    else:
+                        next_probe = time.monotonic() + float(probe.get("initialDelaySeconds", 0))
+                continue
+            if ok:
+                successes, failures = successes + 1, 0
+                if not self.ready and successes >= int(probe.get("successThreshold", 1)):
+                    self._set_ready(True, started_at)
+            else:
+                successes, failures = 0, failures + 1
+                if self.ready and failures >= int(probe.get("failureThreshold", 3)):
+                    self._set_ready(False, started_at)
+
+    def _wait_stop_or_exit(self, timeout: float) -> bool:
+        """Sleeps up to `timeout`, waking early when the process exits; True if a stop was requested."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if self._stop_event.wait(min(max(remaining, 0.0), 0.5)):
+                return True
+            if self.proc.poll() is not None or remaining <= 0:
+                return False
+
+    def _probe(self, probe: dict[str, Any]) -> bool:
+        timeout = float(probe.get("timeoutSeconds", 1))
+        if "httpGet" in probe:
+            hg = probe["httpGet"]
+            host = hg.get("host") or self.pod_ip
+            port = self._port(hg.get("port"))
+            scheme = str(hg.get("scheme", "HTTP")).lower()
+            url = f"{scheme}://{host}:{port}{hg.get('path', '/')}"
+            req = urllib.request.Request(
+                url, headers={h["name"]: h["value"] for h in hg.get("httpHeaders") or []}
+            )
+            ctx = ssl._create_unverified_context() if scheme == "https" else None
+            try:
+                with urllib.request.urlopen(req, timeout=timeout, context=ctx) as resp:
+                    return 200 <= int(resp.status) < 400
+            except urllib.error.HTTPError as e:
+                return 200 <= e.code < 400
+            except (OSError, ValueError):
+                return False
+        if "tcpSocket" in probe:
+            ts = probe["tcpSocket"]
+            try:
+                with socket.create_connection(
+                    (ts.get("host") or self.pod_ip, self._port(ts.get("port"))), timeout
+                ):
+                    return True
+            except OSError:
+                return False
+        # exec and grpc probes are not run here; the process being alive counts as success.
+        return True
+
+    def _port(self, port: Any) -> int:
+        if isinstance(port, int) or (isinstance(port, str) and port.isdigit()):
+            return int(port)
+        for p in self.container.get("ports") or []:
+            if p.get("name") == port:
+                return int(p["containerPort"])
+        raise ValueError(f"unknown named port {port!r}")
+
+    def _terminate(self) -> None:
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=self._stop_grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        # Anything the process left in its group goes too.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with self.log_path.open("a") as f:
+            f.write(f"=== {_now()} stopped (exit {proc.returncode})\n")
+        log.info("stopped %s/%s pid %d", self.namespace, self.pod_name, proc.pid)
+
+    def _delete_pod(self) -> None:
+        body = client.V1DeleteOptions(
+            grace_period_seconds=0, preconditions=client.V1Preconditions(uid=self.uid)
+        )
+        with contextlib.suppress(ApiException):
+            self.runner.core.delete_namespaced_pod(self.pod_name, self.namespace, body=body)
+
+    # --- status ---------------------------------------------------------------------------------
+    def _container_statuses(self, main: dict[str, Any]) -> list[dict[str, Any]]:
+        out = []
+        for c in self.pod["spec"]["containers"]:
+            if c["name"] == self.container["name"]:
+                out.append(main)
+            else:  # sidecars are not run; they count as running and ready
+                out.append(
+                    {
+                        "name": c["name"],
+                        "image": c.get("image", ""),
+                        "imageID": "",
+                        "ready": True,
+                        "started": True,
+                        "restartCount": 0,
+                        "state": {"running": {"startedAt": _now()}},
+                    }
+                )
+        return out
+
+    def _main_status(self, state: dict[str, Any], *, ready: bool, started: bool) -> dict[str, Any]:
+        status: dict[str, Any] = {
+            "name": self.container["name"],
+            "image": self.container.get("image", ""),
+            "imageID": "",
+            "ready": ready,
+            "started": started,
+            "restartCount": self.restart_count,
+            "state": state,
+        }
+        if self.proc is not None:
+            status["containerID"] = f"tandem://{self.proc.pid}"
+        if self._last_state is not None:
+            status["lastState"] = self._last_state
+        return status
+
+    def _conditions(self, ready: bool) -> list[dict[str, Any]]:
+        now = _now()
+        reason = {} if ready else {"reason": "ContainersNotReady"}
+        return [
+            {"type": "Ready", "status": str(ready), "lastTransitionTime": now, **reason},
+            {"type": "ContainersReady", "status": str(ready), "lastTransitionTime": now, **reason},
+        ]
+
+    def _patch(self, status: dict[str, Any]) -> None:
+        if self._stop_event.is_set():
+            return
+        try:
+            self.runner.core.patch_namespaced_pod_status(self.pod_name, self.namespace, {"status": status})
+        except ApiException as e:
+            if e.status != 404:
+                log.warning("status patch of %s/%s failed: %s", self.namespace, self.pod_name, e.reason)
+
+    def _patch_running(self, started_at: str, *, ready: bool) -> None:
+        self.ready = ready
+        main = self._main_status({"running": {"startedAt": started_at}}, ready=ready, started=True)
+        self._patch(
+            {"conditions": self._conditions(ready), "containerStatuses": self._container_statuses(main)}
+        )
+
+    def _set_ready(self, ready: bool, started_at: str, *, patch: bool = True) -> None:
+        if ready == self.ready:
+            return
+        self.ready = ready
+        if patch:
+            self._patch_running(started_at, ready=ready)
+
+    def _patch_waiting(self, reason: str, message: str) -> None:
+        self.ready = False
+        main = self._main_status(
+            {"waiting": {"reason": reason, "message": message}}, ready=False, started=False
+        )
+        self._patch(
+            {"conditions": self._conditions(False), "containerStatuses": self._container_statuses(main)}
+        )
+
+    def _patch_finished(self, code: int) -> None:
+        self.ready = False
+        assert self._last_state is not None
+        main = self._main_status(self._last_state, ready=False, started=False)
+        main.pop("lastState", None)
+        self._patch(
+            {
+                "phase": "Succeeded" if code == 0 else "Failed",
+                "conditions": self._conditions(False),
+                "containerStatuses": self._container_statuses(main),
+            }
+        )
+
+
+class Runner:
+    """Watches scheduled pods and keeps one PodWorker per running tandem pod."""
+
+    def __init__(self, cdir: ClusterDir) -> None:
+        self.cdir = cdir
+        self.api = kube.client_from(cdir.kubeconfig)
+        self.core = client.CoreV1Api(self.api)
+        self._workers: dict[str, PodWorker] = {}
+        self._lock = threading.Lock()
+
+    # Secret/ConfigMap reads for env resolution.
+    def _read(self, kind: str, ns: str, name: str) -> dict[str, str] | None:
+        try:
+            if kind == "secret":
+                obj = self.core.read_namespaced_secret(name, ns)
+                return {k: base64.b64decode(v).decode() for k, v in (obj.data or {}).items()}
+            cm = self.core.read_namespaced_config_map(name, ns)
+            return dict(cm.data or {})
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def secret(self, ns: str, name: str) -> dict[str, str] | None:
+        return self._read("secret", ns, name)
+
+    def configmap(self, ns: str, name: str) -> dict[str, str] | None:
+        return self._read("configmap", ns, name)
+
+    def secret_key(self, ns: str, name: str, key: str) -> str | None:
+        return (self.secret(ns, name) or {}).get(key)
+
+    def configmap_key(self, ns: str, name: str, key: str) -> str | None:
+        return (self.configmap(ns, name) or {}).get(key)
+
+    def forget(self, uid: str) -> None:
+        with self._lock:
+            self._workers.pop(uid, None)
+
+    def on_pod(self, pod: dict[str, Any], *, deleted: bool = False) -> None:
+        if not is_tandem_pod(pod):
+            return
+        meta = pod["metadata"]
+        uid = meta["uid"]
+        with self._lock:
+            worker = self._workers.get(uid)
+        if deleted or meta.get("deletionTimestamp"):
+            if worker is not None:
+                worker.request_stop(self._grace_left(pod), delete_pod=not deleted)
+            elif not deleted:
+                self._delete_now(pod)
+            return
+        status = pod.get("status") or {}
+        if worker is not None:
+            worker.update(pod)
+            return
+        if status.get("podIP") and status.get("phase") == "Running":
+            statuses = status.get("containerStatuses") or []
+            # A pod the runner finished before (restartPolicy Never) or ran in an earlier life.
+            if statuses and "terminated" in (statuses[0].get("state") or {}):
+                return
+            worker = PodWorker(self, pod)
+            with self._lock:
+                self._workers[uid] = worker
+            worker.start()
+
+    def _grace_left(self, pod: dict[str, Any]) -> float:
+        meta = pod["metadata"]
+        if ts := meta.get("deletionTimestamp"):
+            return max(0.0, _parse_time(ts) - time.time())
+        return float(pod["spec"].get("terminationGracePeriodSeconds", 30))
+
+    def _delete_now(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        body = client.V1DeleteOptions(
+            grace_period_seconds=0, preconditions=client.V1Preconditions(uid=meta["uid"])
+        )
+        with contextlib.suppress(ApiException):
+            self.core.delete_namespaced_pod(meta["name"], meta["namespace"], body=body)
+
+    def _relist(self) -> str:
+        resp = self.core.list_pod_for_all_namespaces(field_selector="spec.nodeName!=", _preload_content=False)
+        data = kube.raw(resp)
+        seen = set()
+        for pod in data["items"]:
+            seen.add(pod["metadata"]["uid"])
+            self.on_pod(pod)
+        with self._lock:
+            gone = [w for uid, w in self._workers.items() if uid not in seen]
+        for w in gone:
+            w.request_stop(w._stop_grace, delete_pod=False)
+        return str(data["metadata"]["resourceVersion"])
+
+    def run(self) -> None:
+        rv = ""
+        while True:
+            try:
+                if not rv:
+                    rv = self._relist()
+                w = watch.Watch()  # type: ignore[no-untyped-call]
+                for event in w.stream(  # type: ignore[no-untyped-call]
+                    self.core.list_pod_for_all_namespaces,
+                    field_selector="spec.nodeName!=",
+                    resource_version=rv,
+                    allow_watch_bookmarks=True,
+                    timeout_seconds=300,
+                    _request_timeout=330,
+                    deserialize=False,
+                ):
+                    obj = event["object"]
+                    rv = obj.get("metadata", {}).get("resourceVersion") or rv
+                    if event["type"] != "BOOKMARK":
+                        self.on_pod(obj, deleted=event["type"] == "DELETED")
+            except _Stop:
+                raise
+            except ApiException as e:
+                if e.status != 410:
+                    log.warning("watch failed: %s; relisting", e.reason)
+                    time.sleep(2)
+                rv = ""
+            except Exception as e:
+                log.warning("watch failed: %r; relisting", e)
+                time.sleep(2)
+                rv = ""
+
+    def shutdown(self) -> None:
+        with self._lock:
+            workers = list(self._workers.values())
+        for w in workers:
+            w.request_stop(min(w._stop_grace, SHUTDOWN_GRACE), delete_pod=False)
+        for w in workers:
+            w.join(timeout=SHUTDOWN_GRACE + 15)
+        kube.close(self.api)
+
+
+def main(cdir: ClusterDir) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    runner = Runner(cdir)
+
+    def stop(signum: int, frame: object) -> None:
+        raise _Stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    log.info("pod runner watching pods of %s", cdir.path)
+    try:
+        runner.run()
+    except _Stop:
+        log.info("stopping")
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        runner.shutdown()
+    return 0

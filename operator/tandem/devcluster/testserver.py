@@ -1,0 +1,59 @@
+"""A tiny HTTP server for the dev cluster's own tests: `/health` and Prometheus `/metrics`.
+
+Run by the pod runner as `tandem dev testserver --host $(POD_IP) --port N`; it can turn healthy
+late (`--ready-after`) or crash (`--exit-after`, `--exit-code`) to exercise the runner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+
+
+def serve(
+    host: str, port: int, *, ready_after: float = 0.0, exit_after: float = 0.0, exit_code: int = 1
+) -> int:
+    registry = CollectorRegistry()
+    requests = Counter("tandem_testserver_requests", "HTTP requests served", ["path"], registry=registry)
+    Gauge("tandem_testserver_start_time_seconds", "start time", registry=registry).set(time.time())
+    started = time.monotonic()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            requests.labels(path=self.path).inc()
+            if self.path == "/metrics":
+                self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+            elif self.path == "/health":
+                ok = time.monotonic() - started >= ready_after
+                self._send(200 if ok else 503, b"ok\n" if ok else b"starting\n", "text/plain")
+            else:
+                self._send(404, b"not found\n", "text/plain")
+
+        def _send(self, code: int, body: bytes, ctype: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    print(f"testserver on {host}:{port} (pod {os.environ.get('POD_NAME', '?')})", flush=True)
+    if exit_after > 0:
+
+        def crash() -> None:
+            time.sleep(exit_after)
+            print(f"testserver exiting with code {exit_code}", flush=True)
+            os._exit(exit_code)
+
+        threading.Thread(target=crash, daemon=True).start()
+    with contextlib.suppress(KeyboardInterrupt):
+        server.serve_forever(poll_interval=1.0)
+    return 0
