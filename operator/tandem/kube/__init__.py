@@ -1,0 +1,1 @@
+"""Adapters to the Kubernetes API: the only package that imports `kubernetes`."""

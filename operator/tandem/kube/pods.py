@@ -1,0 +1,244 @@
+"""Watching one PDDeployment's pods and the PDDeployment itself, for the router.
+
+Two daemon threads run the synchronous `kubernetes` client: one lists then watches the pods that
+carry the PDDeployment's selector labels, one lists then watches the PDDeployment object. Each
+hands plain frozen records (`PodInfo`, `PddInfo`) to callbacks; a full relist is reported as one
+`SYNC` event so the receiver can replace its view. Errors never stop a watcher: it backs off
+(doubling, capped) and relists, and the receiver keeps its last view meanwhile.
+
+The `kubernetes` package is imported only inside the threads, so importing this module (for the
+records and their pure converters) stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from tandem.api.meta import GROUP, LABEL_PDD, LABEL_ROLE, PLURAL, POOL_ROLES, VERSION
+
+log = logging.getLogger(__name__)
+
+PodEventKind = Literal["ADDED", "MODIFIED", "DELETED", "SYNC"]
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """The part of a Pod the router routes by."""
+
+    name: str
+    pddeployment: str | None
+    role: str | None
+    ip: str | None
+    phase: str | None
+    ready: bool
+    terminating: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PddInfo:
+    """The part of a PDDeployment the router reads."""
+
+    name: str
+    serving_mode: str | None  # spec.serving.mode: Disaggregated | Colocated
+    rollout_weight: int | None  # status.rollout.weight: percent of traffic on P/D, while rolling
+    model_name: str | None  # spec.model.name: the served model name
+    max_model_len: int | None  # spec.model.maxModelLen
+
+
+def _get(obj: Mapping[str, Any], *path: str) -> Any:
+    value: Any = obj
+    for key in path:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    return value
+
+
+def pod_info_from(obj: Mapping[str, Any]) -> PodInfo:
+    """A `PodInfo` from a Pod in its JSON (camelCase) form."""
+    labels = _get(obj, "metadata", "labels") or {}
+    conditions = _get(obj, "status", "conditions") or []
+    ready = any(
+        isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True" for c in conditions
+    )
+    return PodInfo(
+        name=str(_get(obj, "metadata", "name") or ""),
+        pddeployment=labels.get(LABEL_PDD),
+        role=labels.get(LABEL_ROLE),
+        ip=_get(obj, "status", "podIP") or None,
+        phase=_get(obj, "status", "phase"),
+        ready=ready,
+        terminating=_get(obj, "metadata", "deletionTimestamp") is not None,
+    )
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def pdd_info_from(obj: Mapping[str, Any]) -> PddInfo:
+    """A `PddInfo` from a PDDeployment object."""
+    mode = _get(obj, "spec", "serving", "mode")
+    model = _get(obj, "spec", "model", "name")
+    return PddInfo(
+        name=str(_get(obj, "metadata", "name") or ""),
+        serving_mode=mode if isinstance(mode, str) else None,
+        rollout_weight=_int_or_none(_get(obj, "status", "rollout", "weight")),
+        model_name=model if isinstance(model, str) else None,
+        max_model_len=_int_or_none(_get(obj, "spec", "model", "maxModelLen")),
+    )
+
+
+def pod_label_selector(pdd_name: str) -> str:
+    return f"{LABEL_PDD}={pdd_name},{LABEL_ROLE} in ({','.join(POOL_ROLES)})"
+
+
+def _kubernetes(module: str) -> Any:
+    """A `kubernetes` submodule, untyped on purpose: the records above are the typed surface."""
+    return importlib.import_module(f"kubernetes.{module}")
+
+
+def _api_client() -> Any:
+    client, config = _kubernetes("client"), _kubernetes("config")
+
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+        configuration = client.Configuration()
+        config.load_incluster_config(client_configuration=configuration)
+        return client.ApiClient(configuration)
+    return config.new_client_from_config()
+
+
+class _Backoff:
+    def __init__(self, initial: float, maximum: float) -> None:
+        self.initial, self.maximum, self.delay = initial, maximum, initial
+
+    def next(self) -> float:
+        delay, self.delay = self.delay, min(self.delay * 2, self.maximum)
+        return delay
+
+    def reset(self) -> None:
+        self.delay = self.initial
+
+
+class PddWatcher:
+    """Watches one PDDeployment's pods and object; calls back from its own threads."""
+
+    def __init__(
+        self,
+        namespace: str,
+        pdd_name: str,
+        on_pods: Callable[[PodEventKind, list[PodInfo]], None],
+        on_pdd: Callable[[PddInfo | None], None],
+        *,
+        watch_timeout_s: int = 60,
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 15.0,
+    ) -> None:
+        self.namespace = namespace
+        self.pdd_name = pdd_name
+        self._on_pods = on_pods
+        self._on_pdd = on_pdd
+        self._watch_timeout_s = watch_timeout_s
+        self._backoff = (backoff_initial_s, backoff_max_s)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for target, name in ((self._run_pods, "pods"), (self._run_pdd, "pddeployment")):
+            thread = threading.Thread(target=target, name=f"tandem-watch-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self, what: str, once: Callable[[Any], None]) -> None:
+        backoff = _Backoff(*self._backoff)
+        api_client: Any = None
+        while not self._stop.is_set():
+            try:
+                if api_client is None:
+                    api_client = _api_client()
+                once(api_client)
+                backoff.reset()
+            except Exception as error:  # any failure: keep the last view, back off, relist
+                delay = backoff.next()
+                log.warning("watch of %s failed (%s); retrying in %.1fs", what, error, delay)
+                self._stop.wait(delay)
+
+    def _run_pods(self) -> None:
+        self._loop("pods", self._watch_pods)
+
+    def _run_pdd(self) -> None:
+        self._loop("pddeployment", self._watch_pdd)
+
+    def _watch_pods(self, api_client: Any) -> None:
+        client, watch = _kubernetes("client"), _kubernetes("watch")
+        core = client.CoreV1Api(api_client)
+        selector = pod_label_selector(self.pdd_name)
+        listing = core.list_namespaced_pod(self.namespace, label_selector=selector, _request_timeout=15)
+        pods = [pod_info_from(api_client.sanitize_for_serialization(p)) for p in listing.items]
+        self._on_pods("SYNC", pods)
+        version = listing.metadata.resource_version
+        while not self._stop.is_set():
+            stream = watch.Watch().stream(
+                core.list_namespaced_pod,
+                self.namespace,
+                label_selector=selector,
+                resource_version=version,
+                timeout_seconds=self._watch_timeout_s,
+                allow_watch_bookmarks=True,
+                _request_timeout=self._watch_timeout_s + 15,
+            )
+            for event in stream:
+                kind, obj = event["type"], event["object"]
+                if kind == "ERROR":
+                    raise RuntimeError(f"watch error: {event.get('raw_object')}")
+                raw = obj if isinstance(obj, dict) else api_client.sanitize_for_serialization(obj)
+                version = _get(raw, "metadata", "resourceVersion") or version
+                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                    self._on_pods(kind, [pod_info_from(raw)])
+                if self._stop.is_set():
+                    return
+
+    def _watch_pdd(self, api_client: Any) -> None:
+        client, watch = _kubernetes("client"), _kubernetes("watch")
+        custom = client.CustomObjectsApi(api_client)
+        selector = f"metadata.name={self.pdd_name}"
+        listing = custom.list_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, field_selector=selector, _request_timeout=15
+        )
+        listing = dict(listing)
+        items = listing.get("items") or []
+        self._on_pdd(pdd_info_from(items[0]) if items else None)
+        version = _get(listing, "metadata", "resourceVersion")
+        while not self._stop.is_set():
+            stream = watch.Watch().stream(
+                custom.list_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                field_selector=selector,
+                resource_version=version,
+                timeout_seconds=self._watch_timeout_s,
+                allow_watch_bookmarks=True,
+                _request_timeout=self._watch_timeout_s + 15,
+            )
+            for event in stream:
+                kind, obj = event["type"], event["object"]
+                if kind == "ERROR":
+                    raise RuntimeError(f"watch error: {event.get('raw_object')}")
+                version = _get(obj, "metadata", "resourceVersion") or version
+                if kind in ("ADDED", "MODIFIED"):
+                    self._on_pdd(pdd_info_from(obj))
+                elif kind == "DELETED":
+                    self._on_pdd(None)
+                if self._stop.is_set():
+                    return

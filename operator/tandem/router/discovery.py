@@ -1,0 +1,55 @@
+"""Pod events -> the router's view of ready engine endpoints, as a pure reducer.
+
+The watcher (`tandem.kube.pods`) reports ADDED/MODIFIED/DELETED pods and full relists (SYNC);
+`apply_pod_event` folds them into a name -> PodInfo map and `endpoints_by_role` turns that map into
+the base URLs the balancer chooses from. A pod is routable when it belongs to this PDDeployment,
+has a pool role, is Running and Ready, has an IP, and is not being deleted (a terminating pod gets
+no new requests while it drains).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from tandem.api.meta import POOL_ROLES
+from tandem.kube.pods import PodEventKind, PodInfo
+
+
+def apply_pod_event(
+    pods: Mapping[str, PodInfo], kind: PodEventKind, infos: Iterable[PodInfo]
+) -> dict[str, PodInfo]:
+    """The pod map after one watch event (SYNC replaces the whole map)."""
+    if kind == "SYNC":
+        return {pod.name: pod for pod in infos}
+    updated = dict(pods)
+    for pod in infos:
+        if kind == "DELETED":
+            updated.pop(pod.name, None)
+        else:
+            updated[pod.name] = pod
+    return updated
+
+
+def is_routable(pod: PodInfo, pdd_name: str) -> bool:
+    return (
+        pod.pddeployment == pdd_name
+        and pod.role in POOL_ROLES
+        and pod.phase == "Running"
+        and pod.ready
+        and not pod.terminating
+        and bool(pod.ip)
+    )
+
+
+def base_url(ip: str, port: int) -> str:
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{port}"
+
+
+def endpoints_by_role(pods: Mapping[str, PodInfo], pdd_name: str, port: int) -> dict[str, list[str]]:
+    """Every pool role -> sorted base URLs of its routable pods (empty list when none)."""
+    view: dict[str, list[str]] = {role: [] for role in POOL_ROLES}
+    for pod in pods.values():
+        if is_routable(pod, pdd_name) and pod.role is not None and pod.ip is not None:
+            view[pod.role].append(base_url(pod.ip, port))
+    return {role: sorted(urls) for role, urls in view.items()}

@@ -1,0 +1,430 @@
+"""One client request through the router: path choice, the prefill and decode legs, retries, metrics.
+
+The decisions are the pure rules of `failure` and `paths`; this module moves bytes and time. The
+client side is behind `Responder`, so the flow knows whether a byte has reached the client (the
+line between "re-prefill elsewhere" and "end the stream with an error") without knowing aiohttp.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from tandem.router.errors import error_body
+from tandem.router.failure import (
+    Action,
+    LegFailure,
+    RetryBudget,
+    blames_pod,
+    client_status,
+    on_decode_failure,
+    on_prefill_failure,
+)
+from tandem.router.metrics import PathMetrics
+from tandem.router.paths import Path, Unavailable, choose_path
+from tandem.router.protocol import (
+    ENDPOINT_PATHS,
+    Endpoint,
+    RequestFacts,
+    decode_body,
+    kv_transfer_params_of,
+    prefill_body,
+)
+from tandem.router.sse import EventKind, SseSplitter, classify, error_event
+from tandem.router.state import RouterState
+from tandem.router.upstream import Answer, LegError, Upstream
+
+log = logging.getLogger(__name__)
+
+
+class ClientGone(Exception):
+    """The client closed its connection; both legs are abandoned."""
+
+
+class Responder(Protocol):
+    """The client's side of the exchange, as the flow sees it."""
+
+    @property
+    def started(self) -> bool: ...  # has any byte of the answer been sent?
+
+    async def answer(self, status: int, body: bytes, content_type: str) -> None: ...
+
+    async def start_stream(self, status: int, content_type: str) -> None: ...
+
+    async def write(self, data: bytes) -> None: ...  # raises ClientGone
+
+    async def end(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    prefill_s: float = 60.0  # the whole prefill leg
+    decode_idle_s: float = 60.0  # any wait for bytes on a decode or colocated leg, the first too
+    decode_total_s: float = 1800.0  # a whole decode or colocated leg
+
+
+@dataclass
+class ClientRequest:
+    endpoint: Endpoint
+    body: dict[str, Any]
+    raw: bytes
+    facts: RequestFacts
+    request_id: str
+    arrived: float
+    forward_headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Failed:
+    failure: LegFailure
+    detail: str
+    answer: Answer | None = None  # the engine's own answer, when it gave one
+
+
+@dataclass
+class _Tally:
+    """What one request produced, for metrics."""
+
+    arrived: float
+    status: int = 200
+    prompt_tokens: int | None = None
+    output_tokens: int = 0
+    usage_tokens: int | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+
+
+def _usage_of(body: bytes) -> tuple[int | None, int | None]:
+    try:
+        usage = json.loads(body).get("usage") or {}
+    except (ValueError, AttributeError):
+        return None, None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    return (
+        prompt if isinstance(prompt, int) else None,
+        completion if isinstance(completion, int) else None,
+    )
+
+
+class Flow:
+    def __init__(
+        self,
+        state: RouterState,
+        upstream: Upstream,
+        *,
+        timeouts: Timeouts,
+        max_retries: int,
+        budget: RetryBudget,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.state = state
+        self.upstream = upstream
+        self.timeouts = timeouts
+        self.max_retries = max_retries
+        self.budget = budget
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.metrics = state.metrics
+
+    async def serve(self, request: ClientRequest, responder: Responder) -> None:
+        state = self.state
+        path = choose_path(
+            state.disaggregated_share(),
+            self.rng.random(),
+            has_prefill=bool(state.endpoints["prefill"]),
+            has_decode=bool(state.endpoints["decode"]),
+            has_colocated=bool(state.endpoints["colocated"]),
+            colocated_fallback=state.colocated_fallback,
+        )
+        if isinstance(path, Unavailable):
+            self.metrics.rejected.labels("no_ready_pods").inc()
+            await responder.answer(503, error_body(503, path.message), "application/json")
+            return
+        self.budget.on_request(self.clock())
+        path_metrics = self.metrics.by_path[path]
+        path_metrics.in_flight.inc()
+        tally = _Tally(arrived=request.arrived)
+        try:
+            if path == "disaggregated":
+                await self._disaggregated(request, responder, tally, path_metrics)
+            else:
+                await self._colocated(request, responder, tally, path_metrics)
+        except ClientGone:
+            tally.status = 499
+        except BaseException:
+            tally.status = 499  # cancelled: the client went away while we waited on an engine
+            raise
+        finally:
+            path_metrics.in_flight.dec()
+            self._record(request, path, tally, path_metrics)
+
+    def _record(self, request: ClientRequest, path: Path, tally: _Tally, metrics: PathMetrics) -> None:
+        now = self.clock()
+        self.metrics.requests.labels(path, f"{tally.status // 100}xx").inc()
+        if tally.status != 200:
+            return
+        metrics.e2e.observe(now - request.arrived)
+        metrics.prompt_tokens.inc(tally.prompt_tokens or request.facts.prompt_tokens)
+        output = tally.usage_tokens if tally.usage_tokens is not None else tally.output_tokens
+        metrics.generation_tokens.inc(output)
+        first, last = tally.first_token_at, tally.last_token_at
+        if first is not None and last is not None and output > 1 and last > first:
+            metrics.tpot.observe((last - first) / (output - 1))
+
+    def _may_retry(self, attempt: int) -> bool:
+        return attempt < self.max_retries and self.budget.try_spend(self.clock())
+
+    def _pick(self, role: str, exclude: set[str]) -> str | None:
+        now = self.clock()
+        pod = self.state.balancer.pick(role, now, exclude)
+        # Every pod already tried: trying one again beats failing the request.
+        return pod if pod is not None else self.state.balancer.pick(role, now)
+
+    def _leg_failed(self, role: str, pod: str, failed: _Failed) -> None:
+        self.metrics.failures.labels(role, failed.failure.value).inc()
+        if blames_pod(failed.failure):
+            self.state.balancer.mark_failed(pod, self.clock())
+        log.warning("%s leg on %s failed: %s", role, pod, failed.detail)
+
+    def _headers(self, request: ClientRequest, request_id: str) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+        headers.update(request.forward_headers)
+        return headers
+
+    async def _give_up(self, responder: Responder, tally: _Tally, failed: _Failed, action: Action) -> None:
+        if action is Action.PASS_THROUGH and failed.answer is not None:
+            tally.status = failed.answer.status
+            await responder.answer(failed.answer.status, failed.answer.body, failed.answer.content_type)
+        elif responder.started:
+            tally.status = 502
+            await responder.write(error_event(f"engine failed mid-answer: {failed.detail}"))
+            await responder.end()
+        else:
+            status = client_status(failed.failure)
+            tally.status = status
+            await responder.answer(status, error_body(status, failed.detail), "application/json")
+
+    async def _disaggregated(
+        self, request: ClientRequest, responder: Responder, tally: _Tally, metrics: PathMetrics
+    ) -> None:
+        tried_prefill: set[str] = set()
+        tried_decode: set[str] = set()
+        prefill_bytes = json.dumps(prefill_body(request.body)).encode()
+        attempt = 0
+        while True:
+            request_id = request.request_id if attempt == 0 else f"{request.request_id}-{attempt}"
+            prefill_pod = self._pick("prefill", tried_prefill)
+            if prefill_pod is None:
+                self.metrics.rejected.labels("no_ready_pods").inc()
+                tally.status = 503
+                await responder.answer(503, error_body(503, "no ready prefill pod"), "application/json")
+                return
+            tried_prefill.add(prefill_pod)
+            outcome = await self._prefill(request, prefill_pod, prefill_bytes, request_id, tally)
+            if isinstance(outcome, _Failed):
+                self._leg_failed("prefill", prefill_pod, outcome)
+                may_retry = self._may_retry(attempt)
+                action = on_prefill_failure(outcome.failure, may_retry)
+                if action is Action.RETRY_PREFILL:
+                    self.metrics.retries.labels("prefill", outcome.failure.value).inc()
+                    attempt += 1
+                    continue
+                await self._give_up(responder, tally, outcome, action)
+                return
+            decode_pod = self._pick("decode", tried_decode)
+            if decode_pod is None:
+                self.metrics.rejected.labels("no_ready_pods").inc()
+                tally.status = 503
+                await responder.answer(503, error_body(503, "no ready decode pod"), "application/json")
+                return
+            tried_decode.add(decode_pod)
+            body = json.dumps(decode_body(request.body, outcome)).encode()
+            failed = await self._relay(
+                request, "decode", decode_pod, body, request_id, responder, tally, metrics
+            )
+            if failed is None:
+                return
+            self._leg_failed("decode", decode_pod, failed)
+            # The pair's KV is dropped with the failed attempt; P frees it when its lease lapses.
+            action = on_decode_failure(failed.failure, responder.started, self._may_retry(attempt))
+            if action is Action.REPREFILL:
+                self.metrics.retries.labels("decode", failed.failure.value).inc()
+                attempt += 1
+                continue
+            await self._give_up(responder, tally, failed, action)
+            return
+
+    async def _colocated(
+        self, request: ClientRequest, responder: Responder, tally: _Tally, metrics: PathMetrics
+    ) -> None:
+        tried: set[str] = set()
+        attempt = 0
+        while True:
+            pod = self._pick("colocated", tried)
+            if pod is None:
+                tally.status = 503
+                self.metrics.rejected.labels("no_ready_pods").inc()
+                await responder.answer(503, error_body(503, "no ready colocated pod"), "application/json")
+                return
+            tried.add(pod)
+            request_id = request.request_id if attempt == 0 else f"{request.request_id}-{attempt}"
+            failed = await self._relay(
+                request, "colocated", pod, request.raw, request_id, responder, tally, metrics
+            )
+            if failed is None:
+                return
+            self._leg_failed("colocated", pod, failed)
+            action = on_decode_failure(failed.failure, responder.started, self._may_retry(attempt))
+            if action is Action.REPREFILL:
+                self.metrics.retries.labels("colocated", failed.failure.value).inc()
+                attempt += 1
+                continue
+            await self._give_up(responder, tally, failed, action)
+            return
+
+    async def _prefill(
+        self, request: ClientRequest, pod: str, body: bytes, request_id: str, tally: _Tally
+    ) -> dict[str, Any] | _Failed | None:
+        """P's `kv_transfer_params` (None when P returned none), or why the leg failed."""
+        balancer, started = self.state.balancer, self.clock()
+        tokens = request.facts.prompt_tokens
+        balancer.acquire(pod, tokens)
+        in_flight = self.metrics.upstream_in_flight.labels("prefill")
+        in_flight.inc()
+        outcome: dict[str, Any] | _Failed | None
+        try:
+            url = pod + ENDPOINT_PATHS[request.endpoint]
+            answer = await self.upstream.post(
+                url, body, self._headers(request, request_id), timeout_s=self.timeouts.prefill_s
+            )
+            if answer.status >= 400:
+                failure = LegFailure.CLIENT_ERROR if answer.status < 500 else LegFailure.SERVER_ERROR
+                outcome = _Failed(failure, f"prefill answered {answer.status}", answer)
+            else:
+                try:
+                    parsed = json.loads(answer.body)
+                except ValueError:
+                    outcome = _Failed(LegFailure.BAD_ANSWER, "prefill answer is not JSON")
+                else:
+                    outcome = kv_transfer_params_of(parsed)
+                    prompt = (parsed.get("usage") or {}).get("prompt_tokens")
+                    if isinstance(prompt, int):
+                        tally.prompt_tokens = prompt
+                    balancer.mark_ok(pod)
+        except LegError as error:
+            outcome = _Failed(error.failure, error.detail)
+        finally:
+            balancer.release(pod, tokens)
+            in_flight.dec()
+        label = outcome.failure.value if isinstance(outcome, _Failed) else "ok"
+        self.metrics.prefill_leg.labels(label).observe(self.clock() - started)
+        return outcome
+
+    async def _relay(
+        self,
+        request: ClientRequest,
+        role: str,
+        pod: str,
+        body: bytes,
+        request_id: str,
+        responder: Responder,
+        tally: _Tally,
+        metrics: PathMetrics,
+    ) -> _Failed | None:
+        """Runs a decode (or colocated) leg, passing its answer to the client; None on success."""
+        balancer, started = self.state.balancer, self.clock()
+        tokens = request.facts.expected_tokens
+        balancer.acquire(pod, tokens)
+        in_flight = self.metrics.upstream_in_flight.labels(role)
+        in_flight.inc()
+        outcome: _Failed | None = None
+        try:
+            outcome = await self._relay_answer(request, pod, body, request_id, responder, tally, metrics)
+        except LegError as error:
+            outcome = _Failed(error.failure, error.detail)
+        finally:
+            balancer.release(pod, tokens)
+            in_flight.dec()
+            path = "colocated" if role == "colocated" else "disaggregated"
+            label = outcome.failure.value if outcome is not None else "ok"
+            self.metrics.decode_leg.labels(path, label).observe(self.clock() - started)
+        if outcome is None:
+            balancer.mark_ok(pod)
+        return outcome
+
+    async def _relay_answer(
+        self,
+        request: ClientRequest,
+        pod: str,
+        body: bytes,
+        request_id: str,
+        responder: Responder,
+        tally: _Tally,
+        metrics: PathMetrics,
+    ) -> _Failed | None:
+        url = pod + ENDPOINT_PATHS[request.endpoint]
+        headers = self._headers(request, request_id)
+        timeouts = self.timeouts
+        async with self.upstream.stream(
+            url, body, headers, idle_timeout_s=timeouts.decode_idle_s, total_timeout_s=timeouts.decode_total_s
+        ) as answer:
+            if answer.status != 200:
+                data = await answer.read_all()
+                failure = LegFailure.CLIENT_ERROR if 400 <= answer.status < 500 else LegFailure.SERVER_ERROR
+                return _Failed(
+                    failure,
+                    f"engine answered {answer.status}",
+                    Answer(answer.status, data, answer.content_type),
+                )
+            if not request.facts.stream:
+                data = await answer.read_all()
+                prompt, completion = _usage_of(data)
+                if prompt is not None:
+                    tally.prompt_tokens = prompt
+                tally.usage_tokens = completion
+                await responder.answer(200, data, answer.content_type)
+                return None
+            return await self._relay_stream(answer.chunks(), answer.content_type, responder, tally, metrics)
+
+    async def _relay_stream(
+        self,
+        chunks: Any,
+        content_type: str,
+        responder: Responder,
+        tally: _Tally,
+        metrics: PathMetrics,
+    ) -> _Failed | None:
+        splitter = SseSplitter()
+        saw_done = False
+        async for chunk in chunks:
+            for raw in splitter.feed(chunk):
+                event = classify(raw)
+                kind = event.kind
+                if kind is EventKind.ERROR:
+                    return _Failed(LegFailure.STREAM_ERROR, event.error_message or "error event in stream")
+                if not responder.started:
+                    await responder.start_stream(200, content_type)
+                if kind is EventKind.TOKEN:
+                    now = self.clock()
+                    if tally.first_token_at is None:
+                        tally.first_token_at = now
+                        metrics.ttft.observe(now - tally.arrived)
+                    elif tally.last_token_at is not None:
+                        metrics.itl.observe(now - tally.last_token_at)
+                    tally.last_token_at = now
+                    tally.output_tokens += 1
+                if event.completion_tokens is not None:
+                    tally.usage_tokens = event.completion_tokens
+                await responder.write(raw)
+                if kind is EventKind.DONE:
+                    saw_done = True
+        if not saw_done:
+            return _Failed(LegFailure.TRUNCATED, "stream ended without [DONE]")
+        await responder.end()
+        return None

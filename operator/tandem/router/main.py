@@ -1,0 +1,193 @@
+"""`tandem router`: flags, wiring, and the serve loop.
+
+Two ways to find engines: `--pddeployment NAME` (watch that PDDeployment's pods in `--namespace`,
+in-cluster config in a pod, `KUBECONFIG` outside), or static `--prefill/--decode/--colocated URL`
+lists (tests, benchmarks, running beside engines by hand).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Literal
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tandem.api.meta import ENGINE_PORT, ROUTER_PORT
+from tandem.kube.pods import PddInfo, PddWatcher, PodEventKind, PodInfo
+from tandem.router.balancer import Balancer
+from tandem.router.failure import RetryBudget
+from tandem.router.flow import Flow, Timeouts
+from tandem.router.metrics import RouterMetrics
+from tandem.router.server import RouterApp, refresh_models
+from tandem.router.state import RouterState
+from tandem.router.upstream import Upstream
+
+log = logging.getLogger("tandem.router")
+
+
+class RouterConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    namespace: str | None = None
+    pddeployment: str | None = None
+    host: str = "127.0.0.1"
+    port: int = ROUTER_PORT
+    engine_port: int = ENGINE_PORT
+    prefill: list[str] = Field(default_factory=list)
+    decode: list[str] = Field(default_factory=list)
+    colocated: list[str] = Field(default_factory=list)
+    model: str | None = None
+    max_model_len: int | None = Field(default=None, ge=1)
+    serving_mode: Literal["Disaggregated", "Colocated"] | None = None
+    colocated_fallback: bool = True
+    prefill_timeout_s: float = Field(default=60.0, gt=0)
+    decode_idle_timeout_s: float = Field(default=60.0, gt=0)
+    decode_timeout_s: float = Field(default=1800.0, gt=0)
+    connect_timeout_s: float = Field(default=3.0, gt=0)
+    max_retries: int = Field(default=2, ge=0)
+    retry_budget_ratio: float = Field(default=0.2, ge=0)
+    quarantine_s: float = Field(default=5.0, ge=0)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    event_loop: Literal["asyncio", "uvloop"] = "asyncio"
+
+    @model_validator(mode="after")
+    def _one_discovery(self) -> RouterConfig:
+        static = self.prefill or self.decode or self.colocated
+        if self.pddeployment and static:
+            raise ValueError("give either --pddeployment or static --prefill/--decode/--colocated URLs")
+        if not self.pddeployment and not static:
+            raise ValueError("give --pddeployment NAME or at least one --prefill/--decode/--colocated URL")
+        return self
+
+
+def parse_args(argv: Sequence[str]) -> RouterConfig:
+    parser = argparse.ArgumentParser(prog="tandem router", description="P/D router for one PDDeployment")
+    add = parser.add_argument
+    add("--namespace", default=os.environ.get("POD_NAMESPACE"), help="namespace of the PDDeployment")
+    add("--pddeployment", help="name of the PDDeployment whose pods to route to")
+    add("--host", default="127.0.0.1", help="address to listen on")
+    add("--port", type=int, default=ROUTER_PORT)
+    add("--engine-port", type=int, default=ENGINE_PORT, help="engine HTTP port inside pods")
+    add("--prefill", action="append", default=[], metavar="URL", help="static prefill engine (repeatable)")
+    add("--decode", action="append", default=[], metavar="URL", help="static decode engine (repeatable)")
+    add(
+        "--colocated", action="append", default=[], metavar="URL", help="static colocated engine (repeatable)"
+    )
+    add("--model", help="served model name (else learned from the PDDeployment and the engines)")
+    add("--max-model-len", type=int, help="context limit (else from the PDDeployment or engines' /v1/models)")
+    add("--serving-mode", choices=["Disaggregated", "Colocated"], help="static mode's serving mode")
+    add("--no-colocated-fallback", dest="colocated_fallback", action="store_false",
+        help="answer 503 instead of serving colocated when no prefill/decode pod is ready")  # fmt: skip
+    add(
+        "--prefill-timeout",
+        dest="prefill_timeout_s",
+        type=float,
+        default=60.0,
+        help="seconds, whole prefill leg",
+    )
+    add("--decode-idle-timeout", dest="decode_idle_timeout_s", type=float, default=60.0,
+        help="seconds without bytes on a decode/colocated leg, the first token included")  # fmt: skip
+    add(
+        "--decode-timeout",
+        dest="decode_timeout_s",
+        type=float,
+        default=1800.0,
+        help="seconds, whole decode leg",
+    )
+    add("--connect-timeout", dest="connect_timeout_s", type=float, default=3.0)
+    add(
+        "--max-retries", type=int, default=2, help="extra attempts per request (prefill retries, re-prefills)"
+    )
+    add("--retry-budget-ratio", type=float, default=0.2, help="router-wide retries per request")
+    add("--quarantine", dest="quarantine_s", type=float, default=5.0, help="seconds a failed pod sits out")
+    add("--max-body-bytes", type=int, default=4 * 1024 * 1024)
+    add("--event-loop", choices=["asyncio", "uvloop"], default="asyncio")
+    add("--log-level", default="INFO")
+    args = vars(parser.parse_args(list(argv)))
+    logging.basicConfig(
+        level=args.pop("log_level").upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    try:
+        return RouterConfig(**args)
+    except ValueError as error:
+        parser.error(str(error))
+        raise  # unreachable: parser.error exits
+
+
+def build(config: RouterConfig) -> tuple[RouterApp, RouterState, Flow]:
+    metrics = RouterMetrics()
+    balancer = Balancer(rng=random.Random(), quarantine_s=config.quarantine_s)
+    state = RouterState(
+        balancer=balancer,
+        metrics=metrics,
+        pdd_name=config.pddeployment,
+        engine_port=config.engine_port,
+        serving_mode=config.serving_mode,
+        colocated_fallback=config.colocated_fallback,
+    )
+    if config.model:
+        state.catalog.configured[config.model] = config.max_model_len
+    if not config.pddeployment:
+        state.set_static({"prefill": config.prefill, "decode": config.decode, "colocated": config.colocated})
+    flow = Flow(
+        state,
+        Upstream(connect_timeout_s=config.connect_timeout_s),
+        timeouts=Timeouts(config.prefill_timeout_s, config.decode_idle_timeout_s, config.decode_timeout_s),
+        max_retries=config.max_retries,
+        budget=RetryBudget(ratio=config.retry_budget_ratio),
+    )
+    app = RouterApp(state, flow, max_body_bytes=config.max_body_bytes, max_model_len=config.max_model_len)
+    return app, state, flow
+
+
+async def serve(config: RouterConfig) -> None:
+    app, state, flow = build(config)
+    loop = asyncio.get_running_loop()
+    watcher: PddWatcher | None = None
+    if config.pddeployment:
+
+        def on_pods(kind: PodEventKind, infos: list[PodInfo]) -> None:
+            loop.call_soon_threadsafe(state.on_pods, kind, infos)
+
+        def on_pdd(info: PddInfo | None) -> None:
+            loop.call_soon_threadsafe(state.on_pdd, info)
+
+        watcher = PddWatcher(config.namespace or "default", config.pddeployment, on_pods, on_pdd)
+        watcher.start()
+    runner = web.AppRunner(app.app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, backlog=2048)
+    await site.start()
+    refresher = asyncio.create_task(refresh_models(state, flow))
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    print(f"tandem router listening on http://{config.host}:{config.port}", file=sys.stderr, flush=True)
+    try:
+        await stop.wait()
+    finally:
+        refresher.cancel()
+        if watcher is not None:
+            watcher.stop()
+        await runner.cleanup()
+        await flow.upstream.close()
+
+
+def main(argv: Sequence[str]) -> int:
+    config = parse_args(argv)
+    if config.event_loop == "uvloop":
+        import uvloop  # type: ignore[import-not-found,unused-ignore]
+
+        uvloop.install()
+    asyncio.run(serve(config))
+    return 0

@@ -1,0 +1,124 @@
+"""The router's Prometheus metrics: what the user sees, per path, and what each leg costs.
+
+All names start with `tandem_router_`. Latencies are measured at the router, so they include the
+hop, both legs and any retry: the numbers the autoscaler and the rollout analysis judge by.
+Each `RouterMetrics` owns its registry, so several routers can live in one process (tests).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from tandem.router.paths import PATHS
+
+# vLLM's TTFT buckets (reference §3.2) cut below 1 ms too, for the router's own overhead.
+TTFT_BUCKETS: Final = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
+)  # fmt: skip
+ITL_BUCKETS: Final = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+E2E_BUCKETS: Final = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
+    30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
+)  # fmt: skip
+LEG_BUCKETS: Final = TTFT_BUCKETS
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.ttft = Histogram(
+            "tandem_router_time_to_first_token_seconds",
+            "Client-visible time from request arrival to the first generated token.",
+            ["path"], buckets=TTFT_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.itl = Histogram(
+            "tandem_router_inter_token_latency_seconds",
+            "Gap between successive streamed token chunks, as the client sees it.",
+            ["path"], buckets=ITL_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.tpot = Histogram(
+            "tandem_router_time_per_output_token_seconds",
+            "Per request: (end - first token) / (output tokens - 1).",
+            ["path"], buckets=ITL_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            "tandem_router_e2e_request_latency_seconds",
+            "Client-visible time from request arrival to the end of the answer.",
+            ["path"], buckets=E2E_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.prefill_leg = Histogram(
+            "tandem_router_prefill_leg_seconds",
+            "Duration of one prefill leg (request to P until its answer), successful or not.",
+            ["outcome"], buckets=LEG_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.decode_leg = Histogram(
+            "tandem_router_decode_leg_seconds",
+            "Duration of one decode (or colocated) leg, from sending until the last byte.",
+            ["path", "outcome"], buckets=E2E_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.requests = Counter(
+            "tandem_router_requests_total",
+            "Client requests finished, by path and HTTP status class sent to the client.",
+            ["path", "code"], registry=r,
+        )  # fmt: skip
+        self.retries = Counter(
+            "tandem_router_retries_total",
+            "Legs tried again: leg is prefill (another P) or decode (re-prefill elsewhere).",
+            ["leg", "reason"], registry=r,
+        )  # fmt: skip
+        self.failures = Counter(
+            "tandem_router_failures_total",
+            "Failed legs by role and reason (connect, timeout, http_5xx, http_4xx, stream_error, ...).",
+            ["role", "reason"], registry=r,
+        )  # fmt: skip
+        self.rejected = Counter(
+            "tandem_router_rejected_requests_total",
+            "Requests answered by the router itself without an engine (bad input, no pods).",
+            ["reason"], registry=r,
+        )  # fmt: skip
+        self.in_flight = Gauge(
+            "tandem_router_in_flight_requests", "Client requests being served, by path.",
+            ["path"], registry=r,
+        )  # fmt: skip
+        self.upstream_in_flight = Gauge(
+            "tandem_router_upstream_in_flight_requests", "Legs outstanding at engines, by role.",
+            ["role"], registry=r,
+        )  # fmt: skip
+        self.prompt_tokens = Counter(
+            "tandem_router_prompt_tokens_total", "Prompt tokens of served requests.",
+            ["path"], registry=r,
+        )  # fmt: skip
+        self.generation_tokens = Counter(
+            "tandem_router_generation_tokens_total", "Output tokens streamed or returned to clients.",
+            ["path"], registry=r,
+        )  # fmt: skip
+        self.endpoints = Gauge(
+            "tandem_router_ready_endpoints", "Ready engine pods the router routes to, by role.",
+            ["role"], registry=r,
+        )  # fmt: skip
+        self.retry_budget = Gauge(
+            "tandem_router_retry_budget_available", "Retries the router-wide budget still allows.",
+            registry=r,
+        )  # fmt: skip
+        # Bound children for the hot path: `labels()` costs more than the observation itself.
+        self.by_path = {path: PathMetrics(self, path) for path in PATHS}
+
+
+class PathMetrics:
+    __slots__ = ("e2e", "generation_tokens", "in_flight", "itl", "prompt_tokens", "tpot", "ttft")
+
+    def __init__(self, metrics: RouterMetrics, path: str) -> None:
+        self.ttft = metrics.ttft.labels(path)
+        self.itl = metrics.itl.labels(path)
+        self.tpot = metrics.tpot.labels(path)
+        self.e2e = metrics.e2e.labels(path)
+        self.in_flight = metrics.in_flight.labels(path)
+        self.prompt_tokens = metrics.prompt_tokens.labels(path)
+        self.generation_tokens = metrics.generation_tokens.labels(path)

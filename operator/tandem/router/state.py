@@ -1,0 +1,112 @@
+"""The router's live view: ready endpoints per role, the PDDeployment's serving settings, the models.
+
+Fed by the pod watcher (or fixed by static flags) and read by every request. All updates happen on
+the event loop (the watcher's threads hop over with `call_soon_threadsafe`), so no locks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tandem.api.meta import POOL_ROLES
+from tandem.kube.pods import PddInfo, PodEventKind, PodInfo
+from tandem.router.balancer import Balancer
+from tandem.router.discovery import apply_pod_event, endpoints_by_role
+from tandem.router.metrics import RouterMetrics
+from tandem.router.paths import disaggregated_share
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelCatalog:
+    """Served model names and their context limits, from flags, the PDDeployment and the engines."""
+
+    configured: dict[str, int | None] = field(default_factory=dict)  # flags and the PDDeployment
+    from_engines: dict[str, dict[str, Any]] = field(default_factory=dict)  # model id -> engine card
+
+    def names(self) -> set[str]:
+        return set(self.configured) | set(self.from_engines)
+
+    def max_model_len(self, name: str) -> int | None:
+        configured = self.configured.get(name)
+        if configured is not None:
+            return configured
+        card = self.from_engines.get(name, {})
+        value = card.get("max_model_len")
+        return value if isinstance(value, int) else None
+
+    def learn_from_engine(self, body: bytes) -> bool:
+        try:
+            cards = json.loads(body).get("data", [])
+        except (ValueError, AttributeError):
+            return False
+        learned = False
+        for card in cards if isinstance(cards, list) else []:
+            if isinstance(card, dict) and isinstance(card.get("id"), str):
+                self.from_engines[card["id"]] = card
+                learned = True
+        return learned
+
+    def cards(self) -> list[dict[str, Any]]:
+        cards = {name: dict(card) for name, card in self.from_engines.items()}
+        for name, limit in self.configured.items():
+            card = cards.setdefault(name, {"id": name, "object": "model", "owned_by": "tandem"})
+            if limit is not None:
+                card["max_model_len"] = limit
+        return [cards[name] for name in sorted(cards)]
+
+
+@dataclass
+class RouterState:
+    balancer: Balancer
+    metrics: RouterMetrics
+    pdd_name: str | None = None
+    engine_port: int = 8000
+    serving_mode: str | None = None
+    rollout_weight: int | None = None
+    colocated_fallback: bool = True
+    catalog: ModelCatalog = field(default_factory=ModelCatalog)
+    pods: dict[str, PodInfo] = field(default_factory=dict)
+    endpoints: dict[str, list[str]] = field(default_factory=lambda: {role: [] for role in POOL_ROLES})
+    # Bumped whenever the endpoint set changes; the model refresher watches it.
+    generation: int = 0
+
+    def set_static(self, endpoints: Mapping[str, Iterable[str]]) -> None:
+        self._set_endpoints({role: sorted(endpoints.get(role, ())) for role in POOL_ROLES})
+
+    def on_pods(self, kind: PodEventKind, infos: list[PodInfo]) -> None:
+        self.pods = apply_pod_event(self.pods, kind, infos)
+        if self.pdd_name is not None:
+            self._set_endpoints(endpoints_by_role(self.pods, self.pdd_name, self.engine_port))
+
+    def on_pdd(self, info: PddInfo | None) -> None:
+        if info is None:
+            log.warning("PDDeployment %s not found; keeping the last serving settings", self.pdd_name)
+            return
+        self.serving_mode = info.serving_mode
+        self.rollout_weight = info.rollout_weight
+        if info.model_name:
+            self.catalog.configured[info.model_name] = info.max_model_len
+
+    def _set_endpoints(self, endpoints: dict[str, list[str]]) -> None:
+        if endpoints == self.endpoints:
+            return
+        log.info("endpoints: %s", {role: len(urls) for role, urls in endpoints.items()})
+        self.endpoints = endpoints
+        self.generation += 1
+        for role, urls in endpoints.items():
+            self.balancer.set_pool(role, urls)
+            self.metrics.endpoints.labels(role).set(len(urls))
+
+    def disaggregated_share(self) -> int:
+        mode = self.serving_mode
+        if mode is None:
+            # No PDDeployment (static mode): serve P/D when both pools exist.
+            has_pd = bool(self.endpoints["prefill"]) and bool(self.endpoints["decode"])
+            mode = "Disaggregated" if has_pd or not self.endpoints["colocated"] else "Colocated"
+        return disaggregated_share(mode, self.rollout_weight)

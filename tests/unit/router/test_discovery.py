@@ -1,0 +1,135 @@
+"""Pod events -> endpoints, and which path a request takes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tandem.kube.pods import PodInfo, pdd_info_from, pod_info_from, pod_label_selector
+from tandem.router.discovery import apply_pod_event, endpoints_by_role
+from tandem.router.paths import Unavailable, choose_path, disaggregated_share
+
+
+def pod(name: str, role: str = "decode", ip: str | None = "127.20.0.5", **over: Any) -> PodInfo:
+    fields: dict[str, Any] = dict(
+        name=name, pddeployment="llm", role=role, ip=ip, phase="Running", ready=True, terminating=False
+    )
+    fields.update(over)
+    return PodInfo(**fields)
+
+
+def test_pod_info_from_a_pod_object() -> None:
+    obj = {
+        "metadata": {
+            "name": "llm-decode-0",
+            "labels": {"tandem.dev/pddeployment": "llm", "tandem.dev/role": "decode"},
+        },
+        "status": {
+            "phase": "Running",
+            "podIP": "127.20.1.4",
+            "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
+        },
+    }
+    assert pod_info_from(obj) == pod("llm-decode-0", ip="127.20.1.4")
+    obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert pod_info_from(obj).terminating
+    assert not pod_info_from({"metadata": {"name": "x"}}).ready
+
+
+def test_pdd_info_reads_mode_weight_and_model() -> None:
+    info = pdd_info_from(
+        {
+            "metadata": {"name": "llm"},
+            "spec": {"serving": {"mode": "Colocated"}, "model": {"name": "m", "maxModelLen": 4096}},
+            "status": {"rollout": {"weight": 10}},
+        }
+    )
+    assert (info.serving_mode, info.rollout_weight, info.model_name, info.max_model_len) == (
+        "Colocated",
+        10,
+        "m",
+        4096,
+    )
+
+
+def test_selector() -> None:
+    assert pod_label_selector("llm") == (
+        "tandem.dev/pddeployment=llm,tandem.dev/role in (prefill,decode,colocated)"
+    )
+
+
+EVENTS = [
+    ("SYNC", [pod("p0", "prefill", "127.20.0.1"), pod("d0", "decode", "127.20.0.2")]),
+    ("ADDED", [pod("d1", "decode", None, ready=False, phase="Pending")]),  # not yet routable
+    ("MODIFIED", [pod("d1", "decode", "127.20.0.3")]),  # now Ready with an IP
+    ("MODIFIED", [pod("p0", "prefill", "127.20.0.1", terminating=True)]),  # draining
+    ("ADDED", [pod("c0", "colocated", "127.20.0.4")]),
+    ("ADDED", [pod("x0", "decode", "127.20.0.9", pddeployment="other")]),  # not ours
+    ("ADDED", [pod("r0", "router", "127.20.0.8")]),  # not a pool
+    ("DELETED", [pod("d0", "decode", "127.20.0.2")]),
+]
+EXPECTED = [
+    {"prefill": ["127.20.0.1"], "decode": ["127.20.0.2"], "colocated": []},
+    {"prefill": ["127.20.0.1"], "decode": ["127.20.0.2"], "colocated": []},
+    {"prefill": ["127.20.0.1"], "decode": ["127.20.0.2", "127.20.0.3"], "colocated": []},
+    {"prefill": [], "decode": ["127.20.0.2", "127.20.0.3"], "colocated": []},
+    {"prefill": [], "decode": ["127.20.0.2", "127.20.0.3"], "colocated": ["127.20.0.4"]},
+    {"prefill": [], "decode": ["127.20.0.2", "127.20.0.3"], "colocated": ["127.20.0.4"]},
+    {"prefill": [], "decode": ["127.20.0.2", "127.20.0.3"], "colocated": ["127.20.0.4"]},
+    {"prefill": [], "decode": ["127.20.0.3"], "colocated": ["127.20.0.4"]},
+]
+
+
+def test_events_fold_into_endpoints_step_by_step() -> None:
+    pods: dict[str, PodInfo] = {}
+    for (kind, infos), expected in zip(EVENTS, EXPECTED, strict=True):
+        pods = apply_pod_event(pods, kind, infos)  # type: ignore[arg-type]
+        urls = {role: [f"http://{ip}:8000" for ip in ips] for role, ips in expected.items()}
+        assert endpoints_by_role(pods, "llm", 8000) == urls, (kind, infos)
+
+
+def test_sync_replaces_everything() -> None:
+    pods = apply_pod_event({}, "SYNC", [pod("a"), pod("b")])
+    assert set(apply_pod_event(pods, "SYNC", [pod("c")])) == {"c"}
+
+
+def test_ipv6_urls_are_bracketed() -> None:
+    assert endpoints_by_role({"a": pod("a", ip="::1")}, "llm", 8000)["decode"] == ["http://[::1]:8000"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "weight", "share"),
+    [("Disaggregated", None, 100), ("Colocated", None, 0), (None, None, 100), ("Colocated", 30, 30)],
+)
+def test_share(mode: str | None, weight: int | None, share: int) -> None:
+    assert disaggregated_share(mode, weight) == share
+
+
+@pytest.mark.parametrize(
+    ("share", "draw", "ready", "fallback", "path"),
+    [
+        (100, 0.5, "pdc", True, "disaggregated"),
+        (0, 0.5, "pdc", True, "colocated"),
+        (30, 0.29, "pdc", True, "disaggregated"),
+        (30, 0.30, "pdc", True, "colocated"),
+        (100, 0.5, "dc", True, "colocated"),  # no prefill: colocated when allowed
+        (100, 0.5, "dc", False, "no ready prefill pod"),
+        (100, 0.5, "", True, "no ready prefill and decode pod"),
+        (0, 0.5, "pd", True, "disaggregated"),  # colocated wanted but none: P/D serves
+        (0, 0.5, "p", True, "no ready colocated pod"),
+    ],
+)
+def test_choose_path(share: int, draw: float, ready: str, fallback: bool, path: str) -> None:
+    chosen = choose_path(
+        share,
+        draw,
+        has_prefill="p" in ready,
+        has_decode="d" in ready,
+        has_colocated="c" in ready,
+        colocated_fallback=fallback,
+    )
+    if isinstance(chosen, Unavailable):
+        assert path in chosen.message
+    else:
+        assert chosen == path
