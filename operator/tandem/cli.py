@@ -16,7 +16,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("tandem.controller.main", "run the operator (kopf) against the current kubeconfig"),
     "router": ("tandem.router.main", "run the P/D router for one PDDeployment"),
     "engine": ("tandem.engine.main", "run the vLLM-compatible simulation engine (`vllm serve` arguments)"),
-    "dev": ("tandem.devcluster.cli", "local control plane for tests and the demo: `dev cluster up|down|status`"),
+    "dev": (
+        "tandem.devcluster.cli",
+        "local control plane for tests and the demo: `dev cluster up|down|status`",
+    ),
 }
 
 

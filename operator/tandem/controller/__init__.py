@@ -1,0 +1,1 @@
+"""The operator shell: kopf watches, a keyed work queue, leader election and one reconcile pass."""

@@ -1,0 +1,62 @@
+"""Posts Kubernetes Events about a PDDeployment (what the operator did, and what went wrong)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from datetime import UTC, datetime
+
+from tandem.kube.rest import KubeError, KubeRest, Obj
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "tandem-operator"
+
+
+class EventRecorder:
+    """Creates core/v1 Events; a failure to post one is logged, never raised."""
+
+    def __init__(self, kube: KubeRest) -> None:
+        self.kube = kube
+        self.host = os.environ.get("POD_NAME", "") or os.uname().nodename
+
+    def normal(self, obj: Obj, reason: str, message: str) -> None:
+        self._post(obj, "Normal", reason, message)
+
+    def warning(self, obj: Obj, reason: str, message: str) -> None:
+        self._post(obj, "Warning", reason, message)
+
+    def _post(self, obj: Obj, kind: str, reason: str, message: str) -> None:
+        md = obj.get("metadata", {})
+        namespace = md.get("namespace", "default")
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "name": f"{md.get('name', 'unknown')}.{uuid.uuid4().hex[:16]}",
+                "namespace": namespace,
+            },
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion"),
+                "kind": obj.get("kind"),
+                "name": md.get("name"),
+                "namespace": namespace,
+                "uid": md.get("uid"),
+                "resourceVersion": md.get("resourceVersion"),
+            },
+            "type": kind,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": COMPONENT, "host": self.host},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.host,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self.kube.create_event(namespace, event)
+        except KubeError as exc:
+            log.warning("could not post event %s/%s: %s", reason, md.get("name"), exc)

@@ -1,0 +1,230 @@
+"""`tandem operator`: kopf watches feed a keyed work queue; the leader reconciles from it.
+
+kopf watches PDDeployments and the StatefulSets, Deployments and Pods that carry a PDDeployment's
+label, and only enqueues the owning PDDeployment's key (no kopf-stored state, no finalizers, so
+uninstalling the operator never leaves objects stuck). A worker pops keys, reads the object fresh
+and runs one `Reconciler` pass in a thread. A resync enqueues every PDDeployment periodically, and
+on winning leadership. Passes that are not yet converged ask to be requeued after a delay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+from aiohttp import web
+
+from tandem.api import meta
+from tandem.controller import metrics
+from tandem.controller.events import EventRecorder
+from tandem.controller.leader import LeaderElector
+from tandem.controller.reconcile import Reconciler
+from tandem.controller.workqueue import WorkQueue
+from tandem.kube.rest import PDDEPLOYMENT, KubeError, KubeRest, load_api_client
+
+log = logging.getLogger("tandem.operator")
+
+Key = tuple[str, str]  # (namespace, name)
+
+MAX_ERROR_BACKOFF_SECONDS = 300.0
+
+
+class Runtime:
+    """The operator's moving parts, shared by the kopf handlers and the worker."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.kube = KubeRest(load_api_client())
+        self.reconciler = Reconciler(self.kube, EventRecorder(self.kube))
+        self.queue: WorkQueue[Key] = WorkQueue()
+        self.failures: dict[Key, int] = {}
+        self.health = metrics.Health(max_silence=max(120.0, args.resync_seconds * 2))
+        identity = args.identity or f"{socket.gethostname()}-{os.getpid()}"
+        self.elector = LeaderElector(self.kube, args.lease_namespace, args.lease_name, identity)
+        self._writes_seen: dict[tuple[str, str], int] = {}
+
+    def enqueue(self, namespace: str | None, name: str | None, delay: float = 0.0) -> None:
+        if namespace and name:
+            self.queue.add((namespace, name), delay)
+            metrics.QUEUE_DEPTH.set(len(self.queue))
+
+    def namespaces(self) -> list[str | None]:
+        return list(self.args.namespace) or [None]
+
+    def _export_writes(self) -> None:
+        for (verb, kind), count in list(self.kube.writes.items()):
+            seen = self._writes_seen.get((verb, kind), 0)
+            if count > seen:
+                metrics.API_WRITES.labels(verb=verb, kind=kind).inc(count - seen)
+                self._writes_seen[(verb, kind)] = count
+
+    async def work(self) -> None:
+        while True:
+            key = await self.queue.get()
+            metrics.QUEUE_DEPTH.set(len(self.queue))
+            self.health.beat()
+            try:
+                if self.elector.is_leader:
+                    await self._pass(key)
+            finally:
+                self.queue.done(key)
+                self._export_writes()
+
+    async def _pass(self, key: Key) -> None:
+        namespace, name = key
+        started = time.monotonic()
+        try:
+            body = await asyncio.to_thread(self.kube.get, PDDEPLOYMENT, namespace, name)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                self.failures.pop(key, None)
+                return
+            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            result = await asyncio.to_thread(self.reconciler.reconcile, body, now)
+        except Exception as exc:
+            failures = self.failures[key] = self.failures.get(key, 0) + 1
+            delay = min(MAX_ERROR_BACKOFF_SECONDS, 2.0**failures)
+            reason = "api" if isinstance(exc, KubeError) else type(exc).__name__
+            metrics.RECONCILES.labels(result="error").inc()
+            metrics.RECONCILE_ERRORS.labels(reason=reason).inc()
+            log.exception("reconcile %s/%s failed; retrying in %.0fs", namespace, name, delay)
+            self.queue.add(key, delay)
+            return
+        finally:
+            metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+        self.failures.pop(key, None)
+        metrics.RECONCILES.labels(result=result.phase or "unknown").inc()
+        if result.applied or result.deleted or result.status_written:
+            log.info(
+                "%s/%s: phase %s; applied %s; deleted %s; status %s",
+                namespace,
+                name,
+                result.phase,
+                result.applied or "-",
+                result.deleted or "-",
+                "written" if result.status_written else "unchanged",
+            )
+        if result.requeue_after is not None:
+            self.queue.add(key, result.requeue_after)
+
+    async def resync(self) -> None:
+        """Enqueue every PDDeployment now and then, and at once on becoming leader."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.elector.became_leader.wait(), self.args.resync_seconds)
+            self.health.beat()
+            if not self.elector.is_leader:
+                continue
+            for namespace in self.namespaces():
+                try:
+                    items = await asyncio.to_thread(self.kube.list, PDDEPLOYMENT, namespace)
+                except KubeError as exc:
+                    log.warning("resync list failed: %s", exc)
+                    continue
+                for item in items:
+                    self.enqueue(item["metadata"]["namespace"], item["metadata"]["name"])
+            if self.elector.became_leader.is_set():
+                self.elector.became_leader.clear()
+
+    async def leadership(self) -> None:
+        task = asyncio.create_task(self.elector.run())
+        while not task.done():
+            metrics.LEADER.set(1 if self.elector.is_leader else 0)
+            await asyncio.sleep(1)
+        await task
+
+
+def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.event(meta.GROUP, meta.VERSION, meta.PLURAL, registry=registry)  # type: ignore[arg-type]
+    async def pddeployment_event(event: dict[str, Any], namespace: str, name: str, **_: Any) -> None:
+        if event.get("type") == "DELETED":
+            runtime.queue.forget((namespace, name))
+            return
+        runtime.enqueue(namespace, name)
+
+    async def child_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+        runtime.enqueue(namespace, labels.get(meta.LABEL_PDD))
+
+    for group, version, plural in (
+        ("apps", "v1", "statefulsets"),
+        ("apps", "v1", "deployments"),
+        ("", "v1", "pods"),
+    ):
+        kopf.on.event(group, version, plural, labels={meta.LABEL_PDD: kopf.PRESENT}, registry=registry)(
+            child_event
+        )
+
+    @kopf.on.startup(registry=registry)
+    async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.posting.enabled = False  # tandem posts its own Events
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 330
+        settings.networking.error_backoffs = [1, 2, 5, 10, 20, 30]
+
+    return registry
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="tandem operator", description="Run the PDDeployment operator.")
+    parser.add_argument("--namespace", "-n", action="append", default=[], help="watch only these namespaces")
+    parser.add_argument("--probe-host", default="127.0.0.1", help="address of /healthz and /metrics")
+    parser.add_argument("--probe-port", type=int, default=8081)
+    parser.add_argument("--resync-seconds", type=float, default=300.0, help="periodic full resync")
+    parser.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "default"))
+    parser.add_argument("--lease-name", default="tandem-operator")
+    parser.add_argument("--identity", default=os.environ.get("POD_NAME", ""), help="leader election identity")
+    parser.add_argument("--workers", type=int, default=4, help="PDDeployments reconciled in parallel")
+    parser.add_argument("--verbose", "-v", action="store_true")
+    args = parser.parse_args(list(argv))
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
+    if args.resync_seconds < 5:
+        parser.error("--resync-seconds must be at least 5")
+    return args
+
+
+async def run(args: argparse.Namespace) -> None:
+    runtime = Runtime(args)
+    registry = build_registry(runtime)
+    app = metrics.make_app(runtime.health)
+    web_runner = web.AppRunner(app, access_log=None)
+    await web_runner.setup()
+    await web.TCPSite(web_runner, args.probe_host, args.probe_port).start()
+    log.info("probes on http://%s:%d/healthz and /metrics", args.probe_host, args.probe_port)
+    tasks = [
+        *(asyncio.create_task(runtime.work()) for _ in range(args.workers)),
+        asyncio.create_task(runtime.resync()),
+        asyncio.create_task(runtime.leadership()),
+    ]
+    try:
+        await kopf.operator(
+            registry=registry,
+            standalone=True,
+            clusterwide=not args.namespace,
+            namespaces=list(args.namespace),
+        )
+    finally:
+        for task in tasks:
+            task.cancel()
+        await web_runner.cleanup()
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("kopf").setLevel(logging.INFO if args.verbose else logging.WARNING)
+    asyncio.run(run(args))
+    return 0

@@ -1,0 +1,165 @@
+"""A small typed REST layer over the official `kubernetes` client for the operator.
+
+The operator handles every kind generically (plain dicts in, plain dicts out), so it talks to
+paths rather than to the generated per-kind APIs: get, list by label, server-side apply, delete,
+status merge-patch and event creation. Calls are synchronous; the controller runs them in a
+thread. Every write is counted in `writes`, which the operator exports as a metric.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+import kubernetes
+
+from tandem.api import meta
+
+Obj = dict[str, Any]
+
+USER_AGENT = "tandem-operator/0.1.0"
+
+
+class KubeError(Exception):
+    """An API call failed; `status` is the HTTP status (0 for a connection failure)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Kind:
+    """Where a kind lives in the API."""
+
+    api_version: str
+    kind: str
+    plural: str
+
+    def collection(self, namespace: str | None) -> str:
+        base = f"/api/{self.api_version}" if "/" not in self.api_version else f"/apis/{self.api_version}"
+        return f"{base}/namespaces/{namespace}/{self.plural}" if namespace else f"{base}/{self.plural}"
+
+    def path(self, namespace: str, name: str) -> str:
+        return f"{self.collection(namespace)}/{name}"
+
+
+PDDEPLOYMENT = Kind(meta.API_VERSION, meta.KIND, meta.PLURAL)
+POD = Kind("v1", "Pod", "pods")
+EVENT = Kind("v1", "Event", "events")
+
+
+def load_api_client() -> Any:
+    """An ApiClient from the in-cluster service account, else from KUBECONFIG / ~/.kube/config."""
+    configuration = kubernetes.client.Configuration()
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        kubernetes.config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration
+        )
+    client = kubernetes.client.ApiClient(configuration)
+    client.user_agent = USER_AGENT
+    return client
+
+
+class KubeRest:
+    """Generic, thread-safe calls against one apiserver."""
+
+    def __init__(self, api_client: Any, field_manager: str = meta.FIELD_MANAGER) -> None:
+        self._client = api_client
+        self._field_manager = field_manager
+        self._lock = threading.Lock()
+        self.writes: Counter[tuple[str, str]] = Counter()  # (verb, kind) -> count
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, str] | None = None,
+        body: Obj | None = None,
+        content_type: str = "application/json",
+        timeout: float = 30.0,
+    ) -> Obj:
+        if query:
+            path = f"{path}?{urlencode(query)}"
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        serialized = self._client.param_serialize(
+            method=method, resource_path=path, header_params=headers, auth_settings=["BearerToken"]
+        )
+        _method, url, header_params, _body, _post = serialized
+        payload = json.dumps(body) if body is not None else None
+        try:
+            response = self._client.call_api(
+                method, url, header_params=header_params, body=payload, _request_timeout=timeout
+            )
+            raw = response.read()
+            status = int(response.status)
+        except kubernetes.client.exceptions.ApiException as exc:
+            raw = exc.body or b""
+            status = int(exc.status or 0)
+        except Exception as exc:  # connection refused, TLS failure, timeout
+            raise KubeError(0, type(exc).__name__, str(exc)) from exc
+        data: Obj = json.loads(raw) if raw else {}
+        if status >= 400:
+            raise KubeError(status, str(data.get("reason", "")), str(data.get("message", raw[:300])))
+        return data
+
+    def _count(self, verb: str, kind: str) -> None:
+        with self._lock:
+            self.writes[(verb, kind)] += 1
+
+    def get(self, kind: Kind, namespace: str, name: str) -> Obj | None:
+        try:
+            return self.request("GET", kind.path(namespace, name))
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list(self, kind: Kind, namespace: str | None, label_selector: str = "") -> list[Obj]:
+        query = {"labelSelector": label_selector} if label_selector else None
+        items: list[Obj] = self.request("GET", kind.collection(namespace), query).get("items", [])
+        return items
+
+    def apply(self, kind: Kind, obj: Obj) -> Obj:
+        """Server-side apply under the operator's field manager, taking over conflicting fields."""
+        self._count("apply", kind.kind)
+        md = obj["metadata"]
+        query = {"fieldManager": self._field_manager, "force": "true"}
+        return self.request(
+            "PATCH", kind.path(md["namespace"], md["name"]), query, obj, "application/apply-patch+yaml"
+        )
+
+    def delete(self, kind: Kind, namespace: str, name: str, uid: str | None = None) -> None:
+        """Delete in the background (children go by garbage collection); a uid guards against races."""
+        self._count("delete", kind.kind)
+        body: Obj = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        try:
+            self.request("DELETE", kind.path(namespace, name), body=body)
+        except KubeError as exc:
+            if exc.status not in (404, 409):
+                raise
+
+    def patch_status(self, kind: Kind, namespace: str, name: str, status: Obj) -> Obj:
+        self._count("patch-status", kind.kind)
+        return self.request(
+            "PATCH",
+            kind.path(namespace, name) + "/status",
+            {"fieldManager": self._field_manager},
+            {"status": status},
+            "application/merge-patch+json",
+        )
+
+    def create_event(self, namespace: str, event: Obj) -> None:
+        self._count("create", "Event")
+        self.request("POST", EVENT.collection(namespace), body=event)

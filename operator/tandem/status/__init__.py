@@ -1,0 +1,1 @@
+"""Status derivation: the observed world -> conditions, pools and phase (pure)."""

@@ -1,0 +1,217 @@
+"""Derives a PDDeployment's status from what the operator observed (pure: time is an argument).
+
+Input is a snapshot of the world after a reconcile pass: the child workloads' status, pod
+problems the apiserver cannot reject up front (unschedulable, image pull failures, crash loops),
+and errors from applying children. Output is the full status, with kstatus conditions (`Ready`,
+`Reconciling`, `Stalled`) present from the first pass and `Available` saying whether requests
+can be served at all. Condition transition times are carried over while a status is unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from tandem.api import meta
+from tandem.api.models import PDDeployment, ServingMode
+from tandem.api.status import (
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    KVTransferStatus,
+    PDDeploymentStatus,
+    Phase,
+    PoolsStatus,
+    PoolStatus,
+)
+from tandem.perf.kv import kv_bytes_per_token, kv_transfer_seconds
+
+
+@dataclass(frozen=True)
+class WorkloadState:
+    """The status of one StatefulSet or Deployment as read from the API."""
+
+    generation: int = 0
+    observed_generation: int = 0
+    replicas: int = 0
+    ready_replicas: int = 0
+    updated_replicas: int = 0
+
+
+@dataclass(frozen=True)
+class PodProblem:
+    """Something keeping a pod from running that no admission check could catch."""
+
+    pod: str
+    role: str
+    reason: str  # CamelCase: Unschedulable, ImagePullFailed, CrashLoopBackOff, ...
+    message: str
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything a status derivation needs from one reconcile pass."""
+
+    workloads: Mapping[str, WorkloadState] = field(default_factory=dict)  # role -> state, if it exists
+    desired_replicas: Mapping[str, int] = field(default_factory=dict)  # role -> replicas asked for
+    pod_problems: Sequence[PodProblem] = ()
+    apply_errors: Sequence[str] = ()
+
+
+# Reasons that stop progress until something outside the operator changes (kstatus "Stalled").
+_STALLING_REASONS = ("Unschedulable", "ImagePullFailed", "CrashLoopBackOff", "ConfigError")
+
+
+def _tp(pdd: PDDeployment, role: str) -> int:
+    return 0 if role == "router" else pdd.spec.pool(role).tensor_parallel_size
+
+
+def _pool_status(pdd: PDDeployment, role: str, observed: Observed) -> PoolStatus:
+    desired = observed.desired_replicas.get(role, 0)
+    workload = observed.workloads.get(role, WorkloadState())
+    return PoolStatus(
+        replicas=workload.replicas,
+        ready_replicas=workload.ready_replicas,
+        desired_replicas=desired,
+        gpus=desired * _tp(pdd, role),
+        ready=f"{workload.ready_replicas}/{desired}",
+    )
+
+
+def _converged(role: str, observed: Observed) -> bool:
+    desired = observed.desired_replicas.get(role, 0)
+    workload = observed.workloads.get(role)
+    if workload is None:
+        return desired == 0
+    return (
+        workload.observed_generation >= workload.generation
+        and workload.replicas == desired
+        and workload.updated_replicas == desired
+        and workload.ready_replicas == desired
+    )
+
+
+def _serving_roles(mode: ServingMode) -> tuple[str, ...]:
+    return ("prefill", "decode") if mode is ServingMode.Disaggregated else ("colocated",)
+
+
+def _kv_status(pdd: PDDeployment) -> KVTransferStatus:
+    model = pdd.spec.model
+    per_token = model.kv_bytes_per_token
+    if per_token is None and model.uri.startswith("hf://"):
+        per_token = kv_bytes_per_token(model.uri.removeprefix("hf://").split("@", 1)[0])
+    if per_token is None:
+        return KVTransferStatus()
+    seconds = kv_transfer_seconds(1000, per_token, pdd.spec.kv_transfer.bandwidth_gbps)
+    return KVTransferStatus(bytes_per_token=per_token, ms_per_thousand_tokens=round(seconds * 1000))
+
+
+def _problem_summary(problems: Sequence[PodProblem]) -> tuple[str, str]:
+    first = problems[0]
+    others = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return first.reason, f"pod {first.pod} ({first.role}): {first.message}{others}"
+
+
+def _progress_message(pools: PoolsStatus, roles: Sequence[str]) -> str:
+    parts = [f"{role} {getattr(pools, role).ready}" for role in roles]
+    return "waiting for pods to be ready: " + ", ".join(parts)
+
+
+def derive_status(
+    pdd: PDDeployment,
+    observed: Observed,
+    previous: Sequence[Condition],
+    now: str,
+) -> PDDeploymentStatus:
+    """The status to write after a reconcile pass; `now` is an RFC 3339 timestamp."""
+    generation = pdd.metadata.generation
+    roles = [*meta.POOL_ROLES, "router"]
+    pools = PoolsStatus(**{role: _pool_status(pdd, role, observed) for role in roles})
+    active_roles = [role for role in roles if observed.desired_replicas.get(role, 0) > 0]
+    converged = all(_converged(role, observed) for role in roles)
+
+    stalling = [p for p in observed.pod_problems if p.reason in _STALLING_REASONS]
+    if observed.apply_errors:
+        stalled: tuple[str, str] | None = ("ApplyFailed", "; ".join(observed.apply_errors))
+    elif stalling:
+        stalled = _problem_summary(stalling)
+    else:
+        stalled = None
+
+    serving_roles = (*_serving_roles(pdd.spec.serving.mode), "router")
+    available = all(getattr(pools, role).ready_replicas >= 1 for role in serving_roles)
+
+    conditions: list[tuple[str, ConditionStatus, str, str]] = []
+    if stalled is not None:
+        reason, message = stalled
+        conditions += [
+            (ConditionType.Ready, "False", reason, message),
+            (ConditionType.Reconciling, "False", reason, "progress is blocked: " + message),
+            (ConditionType.Stalled, "True", reason, message),
+        ]
+        phase = Phase.Degraded
+    elif converged:
+        message = "all pools have their desired replicas ready: " + ", ".join(
+            f"{role} {getattr(pools, role).ready}" for role in active_roles
+        )
+        conditions += [
+            (ConditionType.Ready, "True", "AllReplicasReady", message),
+            (ConditionType.Reconciling, "False", "Converged", message),
+            (ConditionType.Stalled, "False", "Progressing", "no problem blocks progress"),
+        ]
+        phase = Phase.Healthy
+    else:
+        message = _progress_message(pools, active_roles)
+        conditions += [
+            (ConditionType.Ready, "False", "WaitingForReplicas", message),
+            (ConditionType.Reconciling, "True", "WaitingForReplicas", message),
+            (ConditionType.Stalled, "False", "Progressing", "no problem blocks progress"),
+        ]
+        phase = Phase.Progressing
+    mode = pdd.spec.serving.mode.value
+    if available:
+        conditions.append((ConditionType.Available, "True", "Serving", f"{mode} path has ready pods"))
+    else:
+        missing = [role for role in serving_roles if getattr(pools, role).ready_replicas < 1]
+        conditions.append(
+            (ConditionType.Available, "False", "NoReadyPods", f"no ready pods in: {', '.join(missing)}")
+        )
+
+    return PDDeploymentStatus(
+        observed_generation=generation,
+        phase=phase,
+        mode=mode,
+        conditions=merge_conditions(previous, conditions, generation, now),
+        pools=pools,
+        kv_transfer=_kv_status(pdd),
+    )
+
+
+def merge_conditions(
+    previous: Sequence[Condition],
+    current: Sequence[tuple[str, ConditionStatus, str, str]],
+    generation: int,
+    now: str,
+) -> list[Condition]:
+    """New conditions, keeping each one's lastTransitionTime while its status is unchanged.
+
+    Conditions the operator does not own (set by other features) are kept as they were.
+    """
+    before = {c.type: c for c in previous}
+    owned = {str(kind) for kind, *_ in current}
+    merged = []
+    for kind, status, reason, message in current:
+        old = before.get(str(kind))
+        since = old.last_transition_time if old is not None and old.status == status else now
+        merged.append(
+            Condition(
+                type=str(kind),
+                status=status,
+                observed_generation=generation,
+                last_transition_time=since,
+                reason=reason,
+                message=message[:32768],
+            )
+        )
+    merged += [c for c in previous if c.type not in owned]
+    return merged

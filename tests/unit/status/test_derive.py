@@ -1,0 +1,138 @@
+"""Status derivation: conditions, phase and pools from observed workloads (table-driven)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tandem.api.models import PDDeployment
+from tandem.api.status import Condition
+from tandem.status.derive import Observed, PodProblem, WorkloadState, derive_status
+
+NOW = "2026-11-29T10:00:00Z"
+EARLIER = "2026-11-29T09:00:00Z"
+
+
+def pdd(mode: str = "Disaggregated", generation: int = 3) -> PDDeployment:
+    return PDDeployment.model_validate(
+        {
+            "metadata": {"name": "llama", "namespace": "ns", "uid": "u1", "generation": generation},
+            "spec": {
+                "model": {"name": "llama-8b", "uri": "hf://meta-llama/Llama-3.1-8B-Instruct"},
+                "engine": {"type": "sim", "image": "img"},
+                "prefill": {"replicas": 1},
+                "decode": {"replicas": 2, "tensorParallelSize": 2},
+                "colocated": {"replicas": 1},
+                "serving": {"mode": mode},
+            },
+        }
+    )
+
+
+DESIRED = {"prefill": 1, "decode": 2, "colocated": 0, "router": 1}
+
+
+def ready(n: int, generation: int = 1) -> WorkloadState:
+    return WorkloadState(generation, generation, n, n, n)
+
+
+ALL_READY = {"prefill": ready(1), "decode": ready(2), "router": ready(1)}
+
+
+def conditions(status_conditions: list[Condition]) -> dict[str, tuple[str, str]]:
+    return {c.type: (c.status, c.reason) for c in status_conditions}
+
+
+@pytest.mark.parametrize(
+    ("observed", "phase", "expected"),
+    [
+        (
+            Observed(workloads={}, desired_replicas=DESIRED),
+            "Progressing",
+            {"Ready": ("False", "WaitingForReplicas"), "Reconciling": ("True", "WaitingForReplicas"),
+             "Stalled": ("False", "Progressing"), "Available": ("False", "NoReadyPods")},
+        ),
+        (
+            Observed(workloads=ALL_READY, desired_replicas=DESIRED),
+            "Healthy",
+            {"Ready": ("True", "AllReplicasReady"), "Reconciling": ("False", "Converged"),
+             "Stalled": ("False", "Progressing"), "Available": ("True", "Serving")},
+        ),
+        (
+            Observed(workloads={**ALL_READY, "decode": WorkloadState(1, 1, 2, 1, 2)},
+                     desired_replicas=DESIRED),
+            "Progressing",
+            {"Ready": ("False", "WaitingForReplicas"), "Available": ("True", "Serving")},
+        ),
+        (
+            Observed(workloads={**ALL_READY, "decode": WorkloadState(2, 1, 2, 2, 2)},
+                     desired_replicas=DESIRED),
+            "Progressing",  # the StatefulSet controller has not seen the latest generation yet
+            {"Reconciling": ("True", "WaitingForReplicas")},
+        ),
+        (
+            Observed(
+                workloads={**ALL_READY, "decode": ready(1)},
+                desired_replicas=DESIRED,
+                pod_problems=[PodProblem("llama-decode-1", "decode", "Unschedulable", "0/7 nodes: no gpu")],
+            ),
+            "Degraded",
+            {"Ready": ("False", "Unschedulable"), "Reconciling": ("False", "Unschedulable"),
+             "Stalled": ("True", "Unschedulable"), "Available": ("True", "Serving")},
+        ),
+        (
+            Observed(workloads=ALL_READY, desired_replicas=DESIRED, apply_errors=["StatefulSet/x: no"]),
+            "Degraded",
+            {"Stalled": ("True", "ApplyFailed")},
+        ),
+    ],
+)  # fmt: skip
+def test_conditions_and_phase(observed: Observed, phase: str, expected: dict[str, tuple[str, str]]) -> None:
+    status = derive_status(pdd(), observed, [], NOW)
+    got = conditions(status.conditions)
+    assert status.phase == phase
+    for kind, value in expected.items():
+        assert got[kind] == value, kind
+    assert {"Ready", "Reconciling", "Stalled", "Available"} <= set(got)
+    assert status.observed_generation == 3
+    assert all(c.observed_generation == 3 for c in status.conditions)
+
+
+def test_pools_report_gpus_and_ready_counts() -> None:
+    status = derive_status(pdd(), Observed(workloads=ALL_READY, desired_replicas=DESIRED), [], NOW)
+    assert status.pools.decode.gpus == 4
+    assert status.pools.decode.ready == "2/2"
+    assert status.pools.prefill.gpus == 1
+    assert status.pools.router.gpus == 0
+    assert status.pools.colocated.desired_replicas == 0
+
+
+def test_colocated_mode_needs_colocated_pods_to_be_available() -> None:
+    observed = Observed(workloads=ALL_READY, desired_replicas={**DESIRED, "colocated": 1})
+    status = derive_status(pdd("Colocated"), observed, [], NOW)
+    assert conditions(status.conditions)["Available"] == ("False", "NoReadyPods")
+    assert status.mode == "Colocated"
+
+
+def test_transition_time_kept_while_status_unchanged() -> None:
+    observed = Observed(workloads=ALL_READY, desired_replicas=DESIRED)
+    first = derive_status(pdd(), observed, [], EARLIER)
+    again = derive_status(pdd(), observed, first.conditions, NOW)
+    assert [c.last_transition_time for c in again.conditions] == [EARLIER] * 4
+    broken = Observed(workloads={**ALL_READY, "decode": ready(1)}, desired_replicas=DESIRED)
+    later = derive_status(pdd(), broken, again.conditions, NOW)
+    by_type = {c.type: c.last_transition_time for c in later.conditions}
+    assert by_type["Ready"] == NOW
+    assert by_type["Stalled"] == EARLIER
+
+
+def test_foreign_conditions_are_kept() -> None:
+    foreign = Condition(type="RolloutProgressing", status="True", last_transition_time=EARLIER, reason="Step")
+    status = derive_status(pdd(), Observed(desired_replicas=DESIRED), [foreign], NOW)
+    assert "RolloutProgressing" in conditions(status.conditions)
+
+
+def test_kv_transfer_estimate_from_known_architecture() -> None:
+    status = derive_status(pdd(), Observed(desired_replicas=DESIRED), [], NOW)
+    assert status.kv_transfer.bytes_per_token == 131072
+    # 1,000 tokens x 128 KiB at 400 Gb/s = 2.6 ms
+    assert status.kv_transfer.ms_per_thousand_tokens == 3
