@@ -1,0 +1,84 @@
+"""Starting a router in-process for tests, and reading what it answers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import generate_latest
+
+from tandem.router.flow import Flow
+from tandem.router.main import RouterConfig, build
+from tandem.router.state import RouterState
+
+
+@dataclass
+class RunningRouter:
+    url: str
+    state: RouterState
+    flow: Flow
+
+    def metrics_text(self) -> str:
+        return generate_latest(self.state.metrics.registry).decode()
+
+    def sample(self, name: str, **labels: str) -> float:
+        value = self.state.metrics.registry.get_sample_value(name, labels)
+        return 0.0 if value is None else value
+
+
+@asynccontextmanager
+async def running_router(**config: Any) -> AsyncIterator[RunningRouter]:
+    app, state, flow = build(RouterConfig(host="127.0.0.1", port=0, **config))
+    runner = web.AppRunner(app.app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield RunningRouter(f"http://127.0.0.1:{port}", state, flow)
+    finally:
+        await runner.cleanup()
+        await flow.upstream.close()
+
+
+@dataclass
+class StreamResult:
+    status: int
+    events: list[Any]  # decoded JSON payloads, "[DONE]" as the string
+    text: str  # concatenated generated text
+
+    @property
+    def errors(self) -> list[Any]:
+        return [e for e in self.events if isinstance(e, dict) and "error" in e]
+
+
+def text_of(payload: Any) -> str:
+    if not isinstance(payload, dict):
+        return ""
+    out = []
+    for choice in payload.get("choices") or []:
+        if "text" in choice:
+            out.append(choice["text"] or "")
+        elif "delta" in choice:
+            out.append(choice["delta"].get("content") or "")
+        elif "message" in choice:
+            out.append(choice["message"].get("content") or "")
+    return "".join(out)
+
+
+async def stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> StreamResult:
+    async with session.post(url, json={**body, "stream": True}) as response:
+        raw = await response.read()
+    if response.status != 200:
+        return StreamResult(response.status, [json.loads(raw)], "")
+    events: list[Any] = []
+    for block in raw.decode().split("\n\n"):
+        if block.startswith("data: "):
+            data = block[6:]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return StreamResult(200, events, "".join(text_of(e) for e in events))
