@@ -36,8 +36,8 @@ OPERATOR_OWNED_FLAGS: Final = (
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 MODEL_URI_PATTERN: Final = (
     r"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*(@[-A-Za-z0-9_.]+)?"
-    r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?"
-    r"|file:///[^\s]+)$"
+    r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^ ]*)?"
+    r"|file:///[^ ]+)$"
 )
 
 Spec = dict[str, Any]
