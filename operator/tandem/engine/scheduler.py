@@ -1,0 +1,274 @@
+"""Continuous batching, as vLLM V1's scheduler does it, with time passed in. Pure.
+
+Each `schedule(now)` builds one engine step under the token budget (`max_num_batched_tokens`) and
+the sequence cap (`max_num_seqs`): running sequences first (a decode is 1 token, an unfinished
+prompt its next chunk), then waiting ones while budget and KV blocks last. Without chunked prefill a
+prompt is only admitted whole. When a running sequence needs a block and none is free the newest
+running sequence is preempted (blocks freed, recomputed later). `complete(step, now)` applies the
+step: computed tokens advance and every sequence that caught up samples one output token.
+
+Disaggregation: a sequence arriving with remote KV waits in WAITING_FOR_REMOTE_KVS; the step lists
+it in `pulls` once its blocks are allocated; `remote_kv_done` then marks all but the last prompt
+token computed (D recomputes that one and samples the first output token itself), or applies the
+load-failure policy. A prefill-for-remote-decode sequence finishes holding its blocks, which the
+caller hands to the KV connector instead of freeing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from tandem.engine.blocks import BlockPool
+from tandem.perf import PrefillChunk
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request inside the engine. Times are engine-clock seconds."""
+
+    request_id: str
+    prompt_tokens: int
+    max_tokens: int
+    arrival: float
+    remote_kv: bool = False  # decode leg of P/D: the prompt's KV comes from a prefill engine
+    hold_blocks_on_finish: bool = False  # prefill leg of P/D: keep KV for the decode engine to pull
+    status: Status = Status.WAITING
+    num_computed: int = 0
+    num_output: int = 0
+    blocks: list[int] = field(default_factory=list)
+    pull_started: bool = False
+    finish_reason: str | None = None  # "length" | "abort" | "error"
+    error: str | None = None
+    prompt_tokens_from_remote: int = 0
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.num_output
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+
+@dataclass
+class StepEntry:
+    seq: Sequence
+    tokens: int
+    offset: int
+
+    @property
+    def is_decode(self) -> bool:
+        return self.offset >= self.seq.prompt_tokens
+
+
+@dataclass
+class Step:
+    entries: list[StepEntry] = field(default_factory=list)
+    pulls: list[Sequence] = field(default_factory=list)  # start these KV pulls now
+    preempted: int = 0
+
+    @property
+    def has_compute(self) -> bool:
+        return bool(self.entries)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(e.tokens for e in self.entries)
+
+    def perf_inputs(self) -> tuple[list[PrefillChunk], int, int]:
+        """(prefill chunks, decode batch, decode context tokens) for `Profile.step_seconds`."""
+        chunks = [PrefillChunk(e.offset, e.tokens) for e in self.entries if not e.is_decode]
+        decodes = [e for e in self.entries if e.is_decode]
+        return chunks, len(decodes), sum(e.offset + 1 for e in decodes)
+
+
+@dataclass
+class StepResult:
+    new_tokens: list[Sequence] = field(default_factory=list)  # sampled one token this step
+    finished: list[Sequence] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        pool: BlockPool,
+        block_size: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        chunked_prefill: bool,
+        recompute_on_kv_failure: bool = False,
+    ) -> None:
+        self.pool = pool
+        self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.chunked_prefill = chunked_prefill
+        self.recompute_on_kv_failure = recompute_on_kv_failure
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    # --- intake -------------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        seq.status = Status.WAITING_FOR_REMOTE_KVS if seq.remote_kv else Status.WAITING
+        self.waiting.append(seq)
+
+    def abort(self, seq: Sequence, now: float, reason: str = "abort") -> None:
+        if seq.finished:
+            return
+        if seq in self.running:
+            self.running.remove(seq)
+        else:
+            with contextlib.suppress(ValueError):
+                self.waiting.remove(seq)
+        self._finish(seq, reason, now, hold=False)
+
+    def remote_kv_done(self, seq: Sequence, ok: bool, now: float, error: str | None = None) -> bool:
+        """Applies a finished pull; returns False when the request failed (policy `fail`)."""
+        if seq.finished:
+            return False
+        seq.status = Status.WAITING
+        if ok:
+            seq.num_computed = max(0, seq.prompt_tokens - 1)
+            seq.prompt_tokens_from_remote = seq.num_computed
+            return True
+        if self.recompute_on_kv_failure:
+            seq.num_computed = 0
+            return True
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.error = error or "KV transfer failed"
+        self._finish(seq, "error", now, hold=False)
+        return False
+
+    # --- queries ------------------------------------------------------------------------------
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def _blocks_needed(self, seq: Sequence, tokens_after: int) -> int:
+        return max(0, math.ceil(tokens_after / self.block_size) - len(seq.blocks))
+
+    def _grow(self, seq: Sequence, tokens_after: int) -> bool:
+        got = self.pool.allocate(self._blocks_needed(seq, tokens_after))
+        if got is None:
+            return False
+        seq.blocks.extend(got)
+        return True
+
+    # --- one step -----------------------------------------------------------------------------
+    def schedule(self, now: float) -> Step:
+        step = Step()
+        budget = self.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            remaining = seq.total_tokens - seq.num_computed
+            n = min(remaining, budget)
+            if n <= 0:
+                i += 1
+                continue
+            while not self._grow(seq, seq.num_computed + n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                step.preempted += 1
+                if victim is seq:
+                    break
+            if seq not in self.running:
+                break
+            step.entries.append(StepEntry(seq, n, seq.num_computed))
+            budget -= n
+            i += 1
+
+        if not step.preempted:
+            self._admit(step, budget, now)
+        return step
+
+    def _admit(self, step: Step, budget: int, now: float) -> None:
+        for seq in self.waiting:  # blocks for remote KV are taken in arrival order
+            if seq.status is Status.WAITING_FOR_REMOTE_KVS and not seq.pull_started:
+                if not self._grow(seq, seq.prompt_tokens):
+                    break
+                seq.pull_started = True
+                step.pulls.append(seq)
+        admitted: list[Sequence] = []
+        for seq in self.waiting:
+            if seq.status is Status.WAITING_FOR_REMOTE_KVS:
+                continue  # parked until its KV arrives; does not block the queue
+            if budget <= 0 or len(self.running) >= self.max_num_seqs:
+                break
+            remaining = seq.total_tokens - seq.num_computed
+            n = min(remaining, budget)
+            if n < remaining and not self.chunked_prefill:
+                break
+            if not self._grow(seq, seq.num_computed + n):
+                break
+            admitted.append(seq)
+            seq.status = Status.RUNNING
+            if seq.first_scheduled is None:
+                seq.first_scheduled = now
+            self.running.append(seq)
+            step.entries.append(StepEntry(seq, n, seq.num_computed))
+            budget -= n
+        for seq in admitted:
+            self.waiting.remove(seq)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.pool.free(seq.blocks)
+        seq.blocks = []
+        seq.num_computed = 0
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def complete(self, step: Step, now: float) -> StepResult:
+        result = StepResult()
+        for entry in step.entries:
+            seq = entry.seq
+            if seq.finished:  # aborted while the step ran
+                continue
+            seq.num_computed = entry.offset + entry.tokens
+            if seq.num_computed < seq.total_tokens:
+                continue
+            seq.num_output += 1
+            if seq.first_token is None:
+                seq.first_token = now
+            seq.last_token = now
+            result.new_tokens.append(seq)
+            if seq.num_output >= seq.max_tokens:
+                self.running.remove(seq)
+                self._finish(seq, "length", now, hold=seq.hold_blocks_on_finish)
+                result.finished.append(seq)
+        return result
+
+    def _finish(self, seq: Sequence, reason: str, now: float, hold: bool) -> None:
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason
+        seq.finished_at = now
+        if not hold:
+            self.pool.free(seq.blocks)
+            seq.blocks = []

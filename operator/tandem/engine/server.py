@@ -1,0 +1,314 @@
+"""The HTTP shell: vLLM's OpenAI-compatible routes, /metrics, /health, and the sim's /debug and /admin.
+
+Routes: GET /health, GET|POST /ping, GET /version, GET /v1/models, POST /v1/completions,
+POST /v1/chat/completions, GET /metrics, GET /debug/kv, GET /debug/state, GET|POST|DELETE /admin/faults.
+Streaming responses start (status 200) when the first token is ready, so failures before it, such
+as a failed KV pull under policy `fail`, are plain HTTP 500s; later failures are an error event
+inside the 200 stream followed by `data: [DONE]`, as in vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from tandem import __version__
+from tandem.engine.config import EngineConfig
+from tandem.engine.core import EngineCore, Job, RemotePrefill
+from tandem.engine.openai import (
+    DONE,
+    ChunkWriter,
+    GenerationRequest,
+    RequestError,
+    error_body,
+    full_response,
+    parse_generation,
+)
+from tandem.engine.scheduler import Sequence
+from tandem.engine.settings import Faults
+from tandem.engine.tokens import output_text
+
+SIM_VERSION = f"0.11.0+tandem.sim.{__version__}"
+_JSON = "application/json"
+
+
+def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        body=json.dumps(data, separators=(",", ":")).encode(),
+        status=status,
+        content_type=_JSON,
+        headers=headers,
+    )
+
+
+def _error(message: str, status: int, kind: str) -> web.Response:
+    return _json(error_body(message, kind, status), status)
+
+
+class EngineServer:
+    def __init__(self, config: EngineConfig, core: EngineCore) -> None:
+        self.config = config
+        self.core = core
+        self.draining = False
+        self.requests_seen = 0
+        self._started = time.time()
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        r = app.router
+        r.add_get("/health", self.health)
+        r.add_route("*", "/ping", self.health)
+        r.add_get("/version", self.version)
+        r.add_get("/v1/models", self.models)
+        r.add_post("/v1/completions", self.completions)
+        r.add_post("/v1/chat/completions", self.chat_completions)
+        r.add_get("/metrics", self.metrics)
+        r.add_get("/debug/kv", self.debug_kv)
+        r.add_get("/debug/state", self.debug_state)
+        r.add_get("/admin/faults", self.get_faults)
+        r.add_post("/admin/faults", self.post_faults)
+        r.add_delete("/admin/faults", self.delete_faults)
+        return app
+
+    async def _hang_if_asked(self) -> None:
+        await self.core.wait_while_hung()
+
+    # --- plain routes ---------------------------------------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        await self._hang_if_asked()
+        return web.Response(status=503 if self.draining else 200)
+
+    async def version(self, request: web.Request) -> web.Response:
+        return _json({"version": SIM_VERSION})
+
+    async def models(self, request: web.Request) -> web.Response:
+        await self._hang_if_asked()
+        if (denied := self._check_key(request)) is not None:
+            return denied
+        created = int(self._started)
+        data: list[dict[str, Any]] = [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm",
+                "root": self.config.model,
+                "parent": None,
+                "max_model_len": self.config.max_model_len,
+                "permission": [],
+            }
+            for name in self.config.served_model_names
+        ]
+        return _json({"object": "list", "data": data})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        await self._hang_if_asked()
+        body, content_type = self.core.metrics.exposition()
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    async def debug_kv(self, request: web.Request) -> web.Response:
+        return _json(self.core.debug_kv())
+
+    async def debug_state(self, request: web.Request) -> web.Response:
+        core = self.core
+        return _json(
+            {
+                "model": self.config.model,
+                "served_model_names": list(self.config.served_model_names),
+                "perf_model": self.config.arch.model_id,
+                "profile": self.config.profile.model_dump(),
+                "time_scale": self.config.sim.time_scale,
+                "running": core.scheduler.num_running,
+                "waiting": core.scheduler.num_waiting,
+                "kv_cache_usage": core.pool.usage,
+                "num_gpu_blocks": core.pool.num_blocks,
+                "steps": core.steps,
+                "modelled_busy_seconds": core.step_seconds_total,
+                "draining": self.draining,
+                "faults": core.faults.model_dump(),
+            }
+        )
+
+    async def get_faults(self, request: web.Request) -> web.Response:
+        return _json(self.core.faults.model_dump())
+
+    async def post_faults(self, request: web.Request) -> web.Response:
+        try:
+            patch = await request.json()
+            if not isinstance(patch, dict):
+                raise ValueError("body must be a JSON object")
+            faults = self.core.faults.merged(patch)
+        except ValueError as exc:  # includes JSON and pydantic validation errors
+            return _error(str(exc), 400, "BadRequestError")
+        self.core.set_faults(faults)
+        if faults.crash:
+            asyncio.get_running_loop().call_later(0.05, os._exit, 1)
+        return _json(faults.model_dump())
+
+    async def delete_faults(self, request: web.Request) -> web.Response:
+        self.core.set_faults(Faults())
+        return _json(self.core.faults.model_dump())
+
+    def _check_key(self, request: web.Request) -> web.Response | None:
+        key = self.config.args.api_key or os.environ.get("VLLM_API_KEY")
+        if key and request.headers.get("Authorization") != f"Bearer {key}":
+            return _json({"error": "Unauthorized"}, 401)
+        return None
+
+    # --- generation ----------------------------------------------------------------------------
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        await self._hang_if_asked()
+        faults = self.core.faults
+        self.requests_seen += 1
+        if faults.crash_after_requests is not None and self.requests_seen >= faults.crash_after_requests:
+            os._exit(1)
+        if (denied := self._check_key(request)) is not None:
+            return denied
+        if self.draining:
+            return _error("The server is shutting down.", 503, "ServiceUnavailableError")
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error("request body is not valid JSON", 400, "BadRequestError")
+        cfg = self.config
+        try:
+            req = parse_generation(
+                body,
+                chat,
+                cfg.served_model_names,
+                cfg.max_model_len,
+                cfg.args.seed,
+                cfg.args.enable_force_include_usage,
+            )
+        except RequestError as exc:
+            return _error(str(exc), exc.status, exc.kind)
+        if faults.error_rate and self.core.rng.random() < faults.error_rate:
+            return _error("injected fault", faults.error_status, "InternalServerError")
+
+        base_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        response_id = f"{'chatcmpl' if chat else 'cmpl'}-{base_id}"
+        internal_id = f"{response_id}{'' if chat else '-0'}-{secrets.token_hex(4)}"
+        headers = {"X-Request-Id": base_id} if cfg.args.enable_request_id_headers else None
+        job = self._make_job(req, internal_id)
+        self.core.submit(job)
+        try:
+            if req.stream:
+                return await self._stream(request, req, job, response_id, headers)
+            return await self._complete(req, job, response_id, headers)
+        finally:
+            if not job.seq.finished:
+                self.core.abort(job)
+
+    def _make_job(self, req: GenerationRequest, internal_id: str) -> Job:
+        kv_cfg = self.config.kv_transfer
+        params = req.kv_transfer_params or {}
+        hold = bool(kv_cfg and kv_cfg.is_producer and params.get("do_remote_decode"))
+        remote: RemotePrefill | None = None
+        if kv_cfg and kv_cfg.is_consumer and params.get("do_remote_prefill") and params.get("remote_host"):
+            try:
+                remote = RemotePrefill(
+                    remote_request_id=str(params.get("remote_request_id") or ""),
+                    remote_block_ids=[int(b) for b in params.get("remote_block_ids") or []],
+                    remote_engine_id=str(params.get("remote_engine_id") or ""),
+                    remote_host=str(params["remote_host"]),
+                    remote_port=int(params["remote_port"]),
+                    tp_size=int(params.get("tp_size") or 1),
+                )
+            except (KeyError, TypeError, ValueError):
+                # A malformed handle: the pull fails at once and kv_load_failure_policy decides.
+                remote = RemotePrefill("", [], "", "", 0, 1)
+        seq = Sequence(
+            request_id=internal_id,
+            prompt_tokens=req.prompt_tokens,
+            max_tokens=req.max_tokens,
+            arrival=self.core.now(),
+            remote_kv=remote is not None,
+            hold_blocks_on_finish=hold,
+        )
+        return Job(seq=seq, internal_id=internal_id, max_tokens_param=req.max_tokens_param, remote=remote)
+
+    async def _complete(
+        self, req: GenerationRequest, job: Job, response_id: str, headers: dict[str, str] | None
+    ) -> web.Response:
+        seq = job.seq
+        while not seq.finished:
+            await self.core.wait_progress(job, seq.num_output)
+        if seq.finish_reason == "error":
+            return _error(seq.error or "request failed", 500, "InternalServerError")
+        if seq.finish_reason == "abort":
+            return _error("request aborted", 500, "InternalServerError")
+        text = output_text(req.prompt_key, req.seed, 0, seq.num_output)
+        data = full_response(
+            req,
+            response_id,
+            int(time.time()),
+            text,
+            seq.finish_reason or "length",
+            seq.num_output,
+            job.kv_transfer_params,
+        )
+        return _json(data, headers=headers)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        req: GenerationRequest,
+        job: Job,
+        response_id: str,
+        headers: dict[str, str] | None,
+    ) -> web.StreamResponse:
+        seq = job.seq
+        await self.core.wait_progress(job, 0)
+        if seq.finished and seq.finish_reason in ("error", "abort"):
+            return _error(seq.error or "request failed", 500, "InternalServerError")
+        faults = self.core.faults
+        fail_after: int | None = None
+        if faults.stream_error_rate and self.core.rng.random() < faults.stream_error_rate:
+            fail_after = faults.stream_error_after_tokens
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", **(headers or {})})
+        await response.prepare(request)
+        chunks = ChunkWriter(req, response_id, int(time.time()))
+        out: list[bytes] = [chunks.role_chunk()] if req.chat else []
+        sent = 0
+        while True:
+            produced = seq.num_output
+            if fail_after is not None and produced >= fail_after:
+                produced = fail_after
+            for i in range(sent, produced):
+                last = seq.finished and i == seq.num_output - 1
+                text = output_text(req.prompt_key, req.seed, i, i + 1)
+                out.append(chunks.token_chunk(text, seq.finish_reason if last else None, i + 1))
+            sent = produced
+            if fail_after is not None and sent >= fail_after:
+                out.append(ChunkWriter.error_chunk("injected fault: error inside the stream"))
+                out.append(DONE)
+                await response.write(b"".join(out))
+                self.core.abort(job)
+                break
+            if seq.finished:
+                if seq.finish_reason in ("error", "abort"):
+                    out.append(ChunkWriter.error_chunk(seq.error or f"request {seq.finish_reason}"))
+                elif req.include_usage:
+                    out.append(chunks.usage_chunk(seq.num_output))
+                out.append(DONE)
+                await response.write(b"".join(out))
+                break
+            if out:
+                await response.write(b"".join(out))
+                out = []
+            await self.core.wait_progress(job, sent)
+        await response.write_eof()
+        return response
