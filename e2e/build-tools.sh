@@ -55,7 +55,14 @@ build_helm() {
 
 build_prometheus() {
   # Only Kubernetes service discovery (file/http/static are always in); no UI assets.
-  (cd "$here/tools/prometheus" && go build -trimpath -ldflags "-s -w" \
+  # The Go module v0.MMM.P is Prometheus v(M).(MM).P, e.g. v0.314.0 = 3.14.0.
+  local v; v=$(module_version "$here/tools/prometheus" github.com/prometheus/prometheus)
+  local mm=${v#v0.}; mm=${mm%%.*}
+  local pv="${mm:0:1}.$((10#${mm:1})).${v##*.}"
+  local ldf="-s -w" p=github.com/prometheus/common/version
+  ldf="$ldf -X $p.Version=$pv -X $p.Revision=go-module-$v -X $p.Branch=HEAD -X $p.BuildUser=tandem"
+  ldf="$ldf -X $p.BuildDate=20260101-00:00:00"
+  (cd "$here/tools/prometheus" && go build -trimpath -ldflags "$ldf" \
     -tags remove_all_sd,enable_kubernetes_sd -o "$1/prometheus" github.com/prometheus/prometheus/cmd/prometheus)
 }
 

@@ -1,4 +1,4 @@
-"""A tiny HTTP server for the dev cluster's own tests: `/health` and Prometheus `/metrics`.
+"""A tiny HTTP server for the dev cluster's own tests: `/health`, Prometheus `/metrics`, `/env`.
 
 Run by the pod runner as `tandem dev testserver --host $(POD_IP) --port N`; it can turn healthy
 late (`--ready-after`) or crash (`--exit-after`, `--exit-code`) to exercise the runner.
@@ -7,6 +7,7 @@ late (`--ready-after`) or crash (`--exit-after`, `--exit-code`) to exercise the 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import threading
 import time
@@ -28,6 +29,8 @@ def serve(
             requests.labels(path=self.path).inc()
             if self.path == "/metrics":
                 self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+            elif self.path == "/env":
+                self._send(200, json.dumps(dict(os.environ)).encode(), "application/json")
             elif self.path == "/health":
                 ok = time.monotonic() - started >= ready_after
                 self._send(200 if ok else 503, b"ok\n" if ok else b"starting\n", "text/plain")

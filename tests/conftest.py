@@ -1,0 +1,77 @@
+"""Shared pytest fixtures: the local control plane (`cluster`) and a fresh namespace per test.
+
+`cluster` (session-scoped) starts a dev cluster with the same code as `tandem dev cluster up`, in a
+temporary directory, and stops it at the end of the session; with `TANDEM_KUBECONFIG` set it uses
+that running cluster instead and leaves it alone. Tests that use it get the `cluster` marker.
+Missing binaries are a failure, not a skip: `make tools` builds them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tandem.devcluster import cluster as devcluster
+from tandem.devcluster import layout, procs
+from tandem.devcluster.handle import ClusterHandle
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]:
+    if kubeconfig := os.environ.get("TANDEM_KUBECONFIG"):
+        yield ClusterHandle.from_kubeconfig(Path(kubeconfig))
+        return
+    bins = layout.bin_dir()
+    missing = layout.missing_binaries(bins, (*layout.CONTROL_PLANE_BINARIES, "kubectl", "helm"))
+    if missing:
+        pytest.fail(
+            f"dev cluster binaries missing in {bins}: {', '.join(missing)}. "
+            "Run `make tools` (e2e/build-tools.sh) first, or set TANDEM_BIN_DIR.",
+            pytrace=False,
+        )
+    cdir = layout.ClusterDir(tmp_path_factory.mktemp("cluster"))
+    try:
+        devcluster.up(cdir)
+    except devcluster.ClusterError as e:
+        pytest.fail(f"dev cluster did not start: {e}", pytrace=False)
+    try:
+        yield ClusterHandle.from_dir(cdir.path, owned=True)
+    finally:
+        devcluster.down(cdir)
+
+
+@pytest.fixture
+def namespace(cluster: ClusterHandle, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A new namespace (with its default ServiceAccount) for one test, deleted afterwards."""
+    from kubernetes import client
+
+    from tandem.devcluster import kube
+
+    base = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"t-{base}-{uuid.uuid4().hex[:6]}"
+    api = cluster.api_client()
+    core = client.CoreV1Api(api)
+    try:
+        core.create_namespace({"metadata": {"name": name, "labels": {"tandem.dev/test": "true"}}})
+        procs.wait_until(
+            lambda: kube.has_service_account(api, name, "default"),
+            timeout=60,
+            what=f"ServiceAccount default in {name}",
+        )
+        yield name
+    finally:
+        with contextlib.suppress(client.ApiException):
+            core.delete_namespace(name, propagation_policy="Background")
+        kube.close(api)

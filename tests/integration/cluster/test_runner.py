@@ -1,0 +1,100 @@
+"""The pod runner: tandem's own pods become local processes on their pod IP, like a kubelet runs them."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tandem.devcluster import kube
+from tandem.devcluster.handle import ClusterHandle
+from tandem.devcluster.testing import eventually, pods, runner_test_pod
+
+pytestmark = pytest.mark.cluster
+
+
+def _pid(pod: dict[str, Any]) -> int:
+    cid = pod["status"]["containerStatuses"][0]["containerID"]
+    assert cid.startswith("tandem://")
+    return int(cid.removeprefix("tandem://"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def test_runner_starts_and_stops_a_process_with_its_pod(
+    cluster: ClusterHandle, namespace: str, core: Any
+) -> None:
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "tok"}, "stringData": {"token": "s3cret"}})
+    body = runner_test_pod("web", "--ready-after", "2")
+    body["spec"]["containers"][0]["env"].append(
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "tok", "key": "token"}}}
+    )
+    core.create_namespaced_pod(namespace, body)
+
+    # KWOK's tandem stage: Running with a pod IP, not Ready until /health answers.
+    first = eventually(
+        lambda: p if (p := pods(core, namespace)[0])["status"].get("podIP") else None, what="pod IP"
+    )
+    assert not kube.is_ready(first)
+    pod = eventually(lambda: next((p for p in pods(core, namespace) if kube.is_ready(p)), None), what="Ready")
+    ip = pod["status"]["podIP"]
+    pid = _pid(pod)
+    assert _alive(pid)
+    assert "testserver" in Path(f"/proc/{pid}/cmdline").read_text()
+
+    with urllib.request.urlopen(f"http://{ip}:9400/env", timeout=5) as r:
+        env = json.load(r)
+    assert env["TANDEM_POD_IP"] == ip
+    assert env["POD_IP"] == ip
+    assert env["TOKEN"] == "s3cret"
+    assert Path(env["KUBECONFIG"]).read_text().count("https://127.0.0.1:") == 1
+    assert "KUBERNETES_SERVICE_HOST" not in env
+
+    logs = list((cluster.dir / "pods").glob(f"{namespace}_web_*.log"))
+    if cluster.owned:
+        assert len(logs) == 1
+        assert f"--host {ip}" in logs[0].read_text()
+
+    core.delete_namespaced_pod("web", namespace)
+    eventually(lambda: not pods(core, namespace), timeout=60, what="pod gone")
+    eventually(lambda: not _alive(pid), timeout=30, what=f"process {pid} gone")
+
+
+def test_runner_shows_a_crash_as_restart_count(namespace: str, core: Any) -> None:
+    core.create_namespaced_pod(namespace, runner_test_pod("crashy", "--exit-after", "1", "--exit-code", "3"))
+
+    def restarted() -> dict[str, Any] | None:
+        p = pods(core, namespace)[0]
+        statuses = p["status"].get("containerStatuses") or []
+        return dict(statuses[0]) if statuses and statuses[0].get("restartCount", 0) >= 1 else None
+
+    status = eventually(restarted, timeout=60, what="restartCount >= 1")
+    assert status["lastState"]["terminated"]["exitCode"] == 3
+    assert status["lastState"]["terminated"]["reason"] == "Error"
+
+    def crash_looping() -> bool:
+        p = pods(core, namespace)[0]
+        st = p["status"]["containerStatuses"][0]
+        return st.get("state", {}).get("waiting", {}).get(
+            "reason"
+        ) == "CrashLoopBackOff" and not kube.is_ready(p)
+
+    eventually(crash_looping, timeout=60, what="CrashLoopBackOff and not Ready")
+
+
+def test_pods_it_cannot_run_are_left_to_kwok(namespace: str, core: Any) -> None:
+    body = runner_test_pod("vllm")
+    body["spec"]["containers"][0]["command"] = ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"]
+    body["spec"]["containers"][0]["args"] = []
+    core.create_namespaced_pod(namespace, body)
+    pod = eventually(lambda: next((p for p in pods(core, namespace) if kube.is_ready(p)), None), what="Ready")
+    assert "containerID" not in pod["status"]["containerStatuses"][0]
