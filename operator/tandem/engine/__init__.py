@@ -1,4 +1,49 @@
-"""tandem's vLLM-compatible simulation engine (`tandem engine serve MODEL [vllm serve args]`).
+"""tandem's vLLM-compatible simulation engine: `tandem engine serve MODEL [vllm serve args]`.
 
-Documented in full in the module docstrings below and in worker_image/README.md; summary here.
+It takes exactly the arguments `vllm serve` gets (see `args.py`; flags vLLM lacks are refused with
+exit status 2, configurations vLLM would refuse exit 1 with vLLM's message), speaks vLLM's OpenAI
+API, `/metrics` and NIXL two-phase P/D protocol, and paces continuous batching by `tandem.perf`.
+
+Modules: `args` (command line) -> `config` (defaults and start-up checks) + `settings` (env);
+`scheduler`/`blocks` (continuous batching, pure); `kvheld` (prefill-side leases, pure);
+`tokens` (deterministic tokenizer and output); `openai` (request/response formats, pure);
+`metrics` (vLLM metric families); `core` (real-time step loop, KV pulls); `sidechannel` (NIXL
+side channel over TCP); `server` (aiohttp routes); `main` (entry point, signals, drain).
+
+Environment (all optional):
+  TANDEM_SIM_GPU                GPU profile to use (default H100).
+  TANDEM_SIM_PERF_MODEL         HF id whose architecture/profile to simulate when MODEL is not a known
+                                HF id (unknown models fall back to meta-llama/Llama-3.1-8B-Instruct).
+  TANDEM_SIM_TIME_SCALE         multiplies every modelled latency (steps and KV transfer); 0 = no model
+                                latency (as fast as the CPU allows), 1 = real time (default).
+  TANDEM_SIM_KV_BANDWIDTH_GBPS  P->D link speed in Gb/s for KV transfer time (default 400).
+  TANDEM_SIM_KV_SCALE           bytes actually sent over the side channel = modelled KV bytes / this
+                                (default 1024: an 8k-token Llama-3.1-8B prompt sends 1 MiB, not 1 GiB).
+  TANDEM_SIM_RANDOM_SEED        seed of the fault-injection dice (default 0).
+  TANDEM_SIM_FAULTS             JSON object of faults active from the start (fields below).
+  VLLM_NIXL_SIDE_CHANNEL_HOST   side-channel bind address, also advertised as `remote_host`
+                                (default localhost, as vLLM); tests set 127.x.
+  VLLM_NIXL_SIDE_CHANNEL_PORT   side-channel port (default 5600; 0 = any free port).
+  VLLM_NIXL_ABORT_REQUEST_TIMEOUT  lease of held prefill KV in seconds when kv_connector_extra_config
+                                has no `kv_lease_duration` (default 30).
+  VLLM_API_KEY                  as `--api-key`.
+
+Faults (`settings.Faults`), off by default; set at start with TANDEM_SIM_FAULTS='{"slowdown": 3}' or at
+run time with `POST /admin/faults` (JSON merged into the current faults; `GET` shows, `DELETE` clears):
+  crash: true                   exit(1) at once (at start when given in the env).
+  crash_after_requests: N       exit(1) when the Nth completion request arrives (counted from start).
+  hang: true                    stop stepping; every route except /admin and /debug stops answering
+                                until hang is set back to false.
+  slowdown: F                   every step and KV transfer takes F times longer.
+  kv_pull_failure_rate: R       fraction of KV reads that fail: on a decode engine its pulls fail, on a
+                                prefill engine it refuses reads (NIXL_ERR_BACKEND); policy decides.
+  error_rate: R, error_status   fraction of completion requests answered at once with HTTP error_status
+                                (default 500) and an OpenAI error body.
+  stream_error_rate: R, stream_error_after_tokens: N
+                                fraction of streams that, after N tokens, send
+                                `data: {"error": {...}}` then `data: [DONE]` inside the 200 response.
+
+Debug: `GET /debug/kv` (held prefill KV with age and expiry, pool usage, expired leases),
+`GET /debug/state` (queue sizes, profile, faults). Leaked/held KV is also in `/metrics` as
+`tandem:kv_held_blocks`, `tandem:kv_held_requests` and `vllm:nixl_num_kv_expired_reqs_total`.
 """
