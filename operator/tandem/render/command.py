@@ -1,0 +1,133 @@
+"""The exact engine command line of each pool: `vllm serve MODEL ...` (or the sim engine's equivalent).
+
+Pure. Order: MODEL, the flags tandem derives from the spec (host, port, served name, TP, revision,
+context limit, `--kv-transfer-config`), the role's defaults (colocated: chunked prefill with an
+ITL-friendly token budget; decode and colocated: `--shutdown-timeout`), then `spec.engine.extraArgs`,
+then the pool's `engineArgs`. A role default is left out when the user's arguments set that flag,
+so every flag appears at most once and `kubectl get sts -o yaml` shows what runs.
+
+Needs vLLM >= 0.18 (`--shutdown-timeout`) with `kv_load_failure_policy` in KVTransferConfig.
+`engine.type: sim` runs `tandem engine serve` with the same arguments (its parser accepts every
+flag rendered here) and reads sim-only settings from `TANDEM_SIM_*` variables (see `env.py`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from tandem.api import meta
+from tandem.api.meta import Role
+from tandem.api.models import EngineType, KVConnector, PDDeployment
+from tandem.render import lifecycle, model_source
+
+VLLM_COMMAND = ("vllm", "serve")
+SIM_COMMAND = ("tandem", "engine", "serve")
+
+KV_ROLES: dict[Role, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
+
+# Colocated serves prefill and decode in one batch; a step carries at most this many prefill tokens,
+# which bounds how long a long prompt stalls running streams. vLLM's tuning guide recommends a
+# small budget such as 2048 for inter-token latency (its H100 default, 8192, favours TTFT).
+COLOCATED_MAX_NUM_BATCHED_TOKENS = 2048
+
+# vLLM's LMCache P/D example names the RPC channel of each side.
+LMCACHE_RPC_PORTS: dict[Role, str] = {"prefill": "producer1", "decode": "consumer1"}
+
+
+def is_disaggregated(role: Role) -> bool:
+    return role in KV_ROLES
+
+
+def flag_values(args: Sequence[str], flag: str) -> list[str | None]:
+    """Values given for `flag` in `args` (`--f v`, `--f=v`; None for a bare flag), in order."""
+    values: list[str | None] = []
+    for i, arg in enumerate(args):
+        if arg == flag:
+            nxt = args[i + 1] if i + 1 < len(args) else None
+            values.append(None if nxt is None or nxt.startswith("-") else nxt)
+        elif arg.startswith(flag + "="):
+            values.append(arg[len(flag) + 1 :])
+    return values
+
+
+def sets_flag(args: Sequence[str], *flags: str) -> bool:
+    return any(flag_values(args, flag) for flag in flags)
+
+
+def user_args(pdd: PDDeployment, role: Role) -> list[str]:
+    return [*pdd.spec.engine.extra_args, *pdd.spec.pool(role).engine_args]
+
+
+def kv_transfer_config(pdd: PDDeployment, role: Role) -> dict[str, Any] | None:
+    """vLLM's KVTransferConfig for a P/D role (None for colocated)."""
+    if not is_disaggregated(role):
+        return None
+    kv = pdd.spec.kv_transfer
+    config: dict[str, Any] = {
+        "kv_connector": kv.connector.value,
+        "kv_role": KV_ROLES[role],
+        "kv_load_failure_policy": kv.load_failure_policy.value,
+    }
+    if kv.connector is KVConnector.MooncakeConnector:
+        protocol = "rdma" if pdd.spec.network.rdma.enabled else "tcp"
+        config["kv_connector_extra_config"] = {"mooncake_protocol": protocol}
+    elif kv.connector is KVConnector.LMCacheConnectorV1:
+        config["kv_connector_extra_config"] = {
+            "discard_partial_chunks": False,
+            "lmcache_rpc_port": LMCACHE_RPC_PORTS[role],
+        }
+    return config
+
+
+def shutdown_timeout(pdd: PDDeployment, role: Role) -> float | None:
+    """The `--shutdown-timeout` in effect: the user's (last one wins, as in argparse) or tandem's."""
+    given = [v for v in flag_values(user_args(pdd, role), "--shutdown-timeout") if v is not None]
+    if given:
+        try:
+            return max(float(given[-1]), 0.0)
+        except ValueError:
+            return None
+    return lifecycle.shutdown_timeout_seconds(role)
+
+
+def _role_defaults(pdd: PDDeployment, role: Role) -> list[str]:
+    given = user_args(pdd, role)
+    defaults: list[str] = []
+    if role == "colocated":
+        if not sets_flag(given, "--enable-chunked-prefill", "--no-enable-chunked-prefill"):
+            defaults.append("--enable-chunked-prefill")
+        if not sets_flag(given, "--max-num-batched-tokens"):
+            defaults += ["--max-num-batched-tokens", str(COLOCATED_MAX_NUM_BATCHED_TOKENS)]
+    drain = lifecycle.shutdown_timeout_seconds(role)
+    if drain is not None and not sets_flag(given, "--shutdown-timeout"):
+        defaults += ["--shutdown-timeout", str(drain)]
+    return defaults
+
+
+def engine_command(pdd: PDDeployment, role: Role) -> list[str]:
+    """The container command of `role`'s engine, complete (no image entrypoint logic is assumed)."""
+    spec = pdd.spec
+    source = model_source.parse(spec.model.uri)
+    prefix = SIM_COMMAND if spec.engine.type is EngineType.sim else VLLM_COMMAND
+    command = [
+        *prefix,
+        source.model,
+        "--host",
+        "$(POD_IP)",
+        "--port",
+        str(meta.ENGINE_PORT),
+        "--served-model-name",
+        spec.model.name,
+        "--tensor-parallel-size",
+        str(spec.pool(role).tensor_parallel_size),
+    ]
+    if source.revision is not None:
+        command += ["--revision", source.revision]
+    if spec.model.max_model_len is not None:
+        command += ["--max-model-len", str(spec.model.max_model_len)]
+    kv_config = kv_transfer_config(pdd, role)
+    if kv_config is not None:
+        command += ["--kv-transfer-config", json.dumps(kv_config, separators=(",", ":"))]
+    return [*command, *_role_defaults(pdd, role), *user_args(pdd, role)]

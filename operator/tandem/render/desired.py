@@ -1,0 +1,59 @@
+"""`render(pdd, replicas)`: every child object a PDDeployment wants, in apply order.
+
+Pure: no I/O, no clock, no Kubernetes client; plain dicts out. The operator applies the list with
+server-side apply and deletes owned children of `CHILD_KINDS` that are not in it.
+
+A pool's objects exist when its desired replicas or its spec replicas are above zero: a pool the
+autoscaler or a rollout scaled to zero keeps its StatefulSet (at 0), one that neither the spec nor
+a decision wants disappears. Order: ServiceAccount, Role, RoleBinding, Services, StatefulSets,
+Deployment, PodDisruptionBudgets; pools in the order prefill, decode, colocated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from tandem.api import meta
+from tandem.api.meta import Role
+from tandem.api.models import PDDeployment
+from tandem.render import names, pool, router
+
+Manifest = names.Manifest
+
+# (apiVersion, kind, plural) of every kind `render` produces.
+CHILD_KINDS: Final[tuple[tuple[str, str, str], ...]] = (
+    ("v1", "ServiceAccount", "serviceaccounts"),
+    ("rbac.authorization.k8s.io/v1", "Role", "roles"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
+    ("v1", "Service", "services"),
+    ("apps/v1", "StatefulSet", "statefulsets"),
+    ("apps/v1", "Deployment", "deployments"),
+    ("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
+)
+
+
+def desired_pools(pdd: PDDeployment, replicas: Mapping[str, int] | None = None) -> dict[Role, int]:
+    """Pools that exist, with their replica counts (`replicas` overrides `spec.<pool>.replicas`)."""
+    result: dict[Role, int] = {}
+    for role in meta.POOL_ROLES:
+        spec_replicas = pdd.spec.pool(role).replicas
+        desired = spec_replicas if replicas is None else replicas.get(role, spec_replicas)
+        if desired > 0 or spec_replicas > 0:
+            result[role] = max(desired, 0)
+    return result
+
+
+def render(pdd: PDDeployment, replicas: Mapping[str, int] | None = None) -> list[Manifest]:
+    pools = desired_pools(pdd, replicas)
+    return [
+        router.service_account(pdd),
+        router.role(pdd),
+        router.role_binding(pdd),
+        *(pool.headless_service(pdd, role) for role in pools),
+        router.service(pdd),
+        *(pool.statefulset(pdd, role, replicas=count) for role, count in pools.items()),
+        router.deployment(pdd),
+        *(pool.disruption_budget(pdd, role) for role in pools),
+        router.disruption_budget(pdd),
+    ]

@@ -1,0 +1,163 @@
+"""The router's objects: Deployment, Service, ServiceAccount, Role, RoleBinding, PodDisruptionBudget.
+
+Pure. The router discovers ready engine pods by watching Pods and reads its own PDDeployment, so
+its Role grants exactly get/list/watch on those two (the PDDeployment by name). It runs as a
+non-root user with a read-only root filesystem; it writes nothing but temporary files.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tandem.api import meta
+from tandem.api.models import PDDeployment
+from tandem.render import lifecycle, names
+
+Manifest = names.Manifest
+ROLE: meta.Role = "router"
+CONTAINER_NAME = "router"
+SERVICE_PORT = 80
+NONROOT_UID = 65532  # the conventional "nonroot" user of distroless images
+# The router streams decode answers back; on SIGTERM it may still be relaying them.
+ROUTER_GRACE_SECONDS = (
+    lifecycle.PRESTOP_SECONDS + lifecycle.STREAM_DRAIN_SECONDS + lifecycle.EXIT_MARGIN_SECONDS
+)
+
+
+def router_command(pdd: PDDeployment) -> list[str]:
+    return [
+        "tandem",
+        "router",
+        "--namespace",
+        "$(POD_NAMESPACE)",
+        "--pddeployment",
+        pdd.metadata.name,
+        "--host",
+        "$(POD_IP)",
+        "--port",
+        str(meta.ROUTER_PORT),
+    ]
+
+
+def _probe(period: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": "/health", "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": 3,
+        "failureThreshold": 3,
+    }
+
+
+def _container(pdd: PDDeployment) -> dict[str, Any]:
+    router = pdd.spec.router
+    return {
+        "name": CONTAINER_NAME,
+        "image": router.image,
+        "command": router_command(pdd),
+        "env": [
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        ],
+        "ports": [{"name": "http", "containerPort": meta.ROUTER_PORT, "protocol": "TCP"}],
+        "resources": {
+            "requests": {key: str(value) for key, value in router.resources.requests.items()},
+            "limits": {key: str(value) for key, value in router.resources.limits.items()},
+        },
+        "readinessProbe": _probe(5),
+        "livenessProbe": _probe(10),
+        "lifecycle": {"preStop": {"sleep": {"seconds": lifecycle.PRESTOP_SECONDS}}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+
+
+def deployment(pdd: PDDeployment) -> Manifest:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": names.object_meta(pdd, ROLE),
+        "spec": {
+            "replicas": pdd.spec.router.replicas,
+            "selector": {"matchLabels": names.selector(pdd, ROLE)},
+            # Keep every ready router serving while a new one starts.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": {
+                "metadata": {
+                    "labels": names.labels(pdd, ROLE),
+                    "annotations": names.scrape_annotations(meta.ROUTER_PORT, meta.ROUTER_METRICS_PATH),
+                },
+                "spec": {
+                    "serviceAccountName": names.child_name(pdd, ROLE),
+                    "enableServiceLinks": False,
+                    "terminationGracePeriodSeconds": ROUTER_GRACE_SECONDS,
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": NONROOT_UID,
+                        "runAsGroup": NONROOT_UID,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [_container(pdd)],
+                    "volumes": [{"name": "tmp", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+
+
+def service(pdd: PDDeployment) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": names.object_meta(pdd, ROLE),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": names.selector(pdd, ROLE),
+            "ports": [{"name": "http", "port": SERVICE_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def service_account(pdd: PDDeployment) -> Manifest:
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": names.object_meta(pdd, ROLE)}
+
+
+def role(pdd: PDDeployment) -> Manifest:
+    read = ["get", "list", "watch"]
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": names.object_meta(pdd, ROLE),
+        "rules": [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": read},
+            {
+                "apiGroups": [meta.GROUP],
+                "resources": [meta.PLURAL],
+                "resourceNames": [pdd.metadata.name],
+                "verbs": read,
+            },
+        ],
+    }
+
+
+def role_binding(pdd: PDDeployment) -> Manifest:
+    name = names.child_name(pdd, ROLE)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": names.object_meta(pdd, ROLE),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": pdd.metadata.namespace}],
+    }
+
+
+def disruption_budget(pdd: PDDeployment) -> Manifest:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": names.object_meta(pdd, ROLE),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": names.selector(pdd, ROLE)}},
+    }
