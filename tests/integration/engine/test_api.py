@@ -1,0 +1,105 @@
+"""OpenAI-compatible routes of the sim engine over real HTTP: formats, usage, ids and errors."""
+
+from __future__ import annotations
+
+import json
+
+from .harness import NAME, Engine
+
+PROMPT = "The quick brown fox jumps over the lazy dog."
+
+
+def test_health_models_and_version(colocated: Engine) -> None:
+    assert colocated.request("GET", "/health")[0] == 200
+    status, models = colocated.get("/v1/models")
+    assert status == 200
+    assert models["data"][0]["id"] == NAME
+    assert models["data"][0]["max_model_len"] == 16384
+    assert colocated.get("/version")[1]["version"]
+
+
+def test_non_streaming_completion_has_usage_and_length_finish(colocated: Engine) -> None:
+    status, body = colocated.post("/v1/completions", {"model": NAME, "prompt": PROMPT, "max_tokens": 7})
+    assert status == 200
+    assert body["object"] == "text_completion"
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 10, "completion_tokens": 7, "total_tokens": 17}
+    assert len(body["choices"][0]["text"].split()) == 7
+
+
+def test_streaming_completion_format_and_usage(colocated: Engine) -> None:
+    body = {
+        "model": NAME,
+        "prompt": PROMPT,
+        "max_tokens": 5,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    status, events = colocated.stream("/v1/completions", body)
+    assert status == 200
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    token_chunks, usage_chunk = chunks[:-1], chunks[-1]
+    assert len(token_chunks) == 5
+    assert [c["choices"][0]["finish_reason"] for c in token_chunks] == [None] * 4 + ["length"]
+    assert usage_chunk["choices"] == []
+    assert usage_chunk["usage"]["completion_tokens"] == 5
+    streamed = "".join(c["choices"][0]["text"] for c in token_chunks)
+    _, whole = colocated.post("/v1/completions", {"model": NAME, "prompt": PROMPT, "max_tokens": 5})
+    assert streamed == whole["choices"][0]["text"]
+
+
+def test_streaming_chat_opens_with_role_and_has_no_usage_unless_asked(colocated: Engine) -> None:
+    body = {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}
+    status, events = colocated.stream("/v1/chat/completions", body)
+    assert status == 200
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert all(c["choices"] for c in chunks)  # no usage chunk
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_chat_non_streaming(colocated: Engine) -> None:
+    body = {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 4}
+    status, reply = colocated.post("/v1/chat/completions", body)
+    assert status == 200
+    assert reply["object"] == "chat.completion"
+    assert reply["choices"][0]["message"]["role"] == "assistant"
+    assert reply["usage"]["completion_tokens"] == 4
+
+
+def test_output_is_deterministic_per_prompt_and_seed(colocated: Engine) -> None:
+    def text(seed: int | None) -> str:
+        body = {
+            "model": NAME,
+            "prompt": PROMPT,
+            "max_tokens": 6,
+            **({"seed": seed} if seed is not None else {}),
+        }
+        return str(colocated.post("/v1/completions", body)[1]["choices"][0]["text"])
+
+    assert text(7) == text(7)
+    assert text(7) != text(8)
+    assert text(None) == text(0)  # the engine's --seed (default 0)
+
+
+def test_request_id_header_sets_the_response_id(colocated: Engine) -> None:
+    status, body = colocated.post(
+        "/v1/completions",
+        {"model": NAME, "prompt": PROMPT, "max_tokens": 1},
+        headers={"X-Request-Id": "req-42"},
+    )
+    assert status == 200
+    assert body["id"] == "cmpl-req-42"
+
+
+def test_unknown_model_and_oversized_requests_are_refused(colocated: Engine) -> None:
+    status, body = colocated.post("/v1/completions", {"model": "nope", "prompt": PROMPT, "max_tokens": 1})
+    assert status == 404
+    assert "does not exist" in body["error"]["message"]
+    status, body = colocated.post("/v1/completions", {"model": NAME, "prompt": PROMPT, "max_tokens": 16384})
+    assert status == 400
+    assert "maximum context length is 16384" in body["error"]["message"]
+    status, _, _ = colocated.request("POST", "/v1/completions", None)
+    assert status == 400
