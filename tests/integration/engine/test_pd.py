@@ -61,7 +61,8 @@ def test_disaggregated_answer_equals_colocated(prefill: Engine, decode: Engine, 
     assert disaggregated == local["choices"][0]["text"]
 
     kv = prefill.get("/debug/kv")[1]
-    assert kv["held"] == [] and kv["pool"]["used"] == 0  # freed once pulled
+    assert kv["held"] == []  # freed once pulled
+    assert kv["pool"]["used"] == 0
     assert metric(decode, "vllm:nixl_xfer_time_seconds_count") >= 1
     assert metric(decode, "vllm:nixl_bytes_transferred_sum") >= 600 * 131072
 
@@ -132,7 +133,8 @@ def test_lease_expiry_frees_blocks_and_decode_recomputes(
     assert short_lease_prefill.get("/debug/kv")[1]["held_blocks"] > 0
     wait_for(lambda: short_lease_prefill.get("/debug/kv")[1]["expired_total"] == 1)
     kv = short_lease_prefill.get("/debug/kv")[1]
-    assert kv["held"] == [] and kv["pool"]["used"] == 0
+    assert kv["held"] == []
+    assert kv["pool"]["used"] == 0
     assert params["remote_request_id"] in kv["recently_expired"]
     assert metric(short_lease_prefill, "vllm:nixl_num_kv_expired_reqs_total") == 1
 
@@ -145,8 +147,16 @@ def test_lease_expiry_frees_blocks_and_decode_recomputes(
 def test_unreachable_prefill_follows_policy(decode: Engine, recompute_decode: Engine) -> None:
     from .harness import free_port
 
-    params = {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [0], "remote_engine_id": "x",
-              "remote_request_id": "gone", "remote_host": "127.0.0.1", "remote_port": free_port(), "tp_size": 1}  # fmt: skip
+    params = {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_block_ids": [0],
+        "remote_engine_id": "x",
+        "remote_request_id": "gone",
+        "remote_host": "127.0.0.1",
+        "remote_port": free_port(),
+        "tp_size": 1,
+    }
     body = {"model": NAME, "prompt": "a b c", "max_tokens": 2, "kv_transfer_params": params}
     assert decode.post("/v1/completions", body)[0] == 500
     assert decode.post("/v1/completions", {**body, "stream": True})[0] == 500  # before the first byte
