@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import socket
+import urllib.error
 from collections.abc import Iterator
 
 import pytest
@@ -74,10 +77,8 @@ def test_hang_stops_answering_until_released(engine: Engine) -> None:
 
 
 def test_crash_exits_the_process(engine: Engine) -> None:
-    try:
+    with contextlib.suppress(OSError):  # the reply may or may not make it out before exit
         engine.post("/admin/faults", {"crash": True})
-    except OSError:
-        pass
     assert engine.proc.wait(timeout=20) == 1
 
 
@@ -85,7 +86,7 @@ def test_crash_after_requests_from_the_environment() -> None:
     engine = start_engine(env={"TANDEM_SIM_FAULTS": json.dumps({"crash_after_requests": 2})})
     try:
         assert engine.post("/v1/completions", BODY)[0] == 200
-        with pytest.raises(OSError):
+        with pytest.raises((ConnectionError, urllib.error.URLError, http.client.HTTPException)):
             engine.post("/v1/completions", BODY)
         assert engine.proc.wait(timeout=20) == 1
     finally:
