@@ -81,6 +81,9 @@ for tool in $tools; do
     printf '%s\n' "$stamp_src" > "$out.tmp/.stamp"
     rm -rf "$out" && mv "$out.tmp" "$out"
     log "$tool: built in $(( $(date +%s) - start ))s"
+    for old in "$cache/tools/$tool"-*; do # earlier versions of this tool
+      [ "$old" = "$out" ] || rm -rf "$old"
+    done
   fi
   for f in "$out"/*; do ln -sfn "$f" "$bindir/$(basename "$f")"; done
 done

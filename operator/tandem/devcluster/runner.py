@@ -82,6 +82,8 @@ class PodWorker(threading.Thread):
         self.pod_ip: str = pod["status"]["podIP"]
         self.log_path = runner.cdir.pod_logs / f"{self.namespace}_{self.pod_name}_{self.uid[:8]}.log"
         self._stop_event = threading.Event()
+        # Set on a stop request or when the process exits: wakes the probe loop.
+        self._wake = threading.Event()
         self._stop_grace = 30.0
         self._delete_after_stop = False
         self.proc: subprocess.Popen[bytes] | None = None
@@ -97,6 +99,7 @@ class PodWorker(threading.Thread):
         self._stop_grace = max(0.0, grace)
         self._delete_after_stop = self._delete_after_stop or delete_pod
         self._stop_event.set()
+        self._wake.set()
 
     # --- the worker thread ----------------------------------------------------------------------
     def run(self) -> None:
@@ -185,10 +188,20 @@ class PodWorker(threading.Thread):
     def _start(self, argv: list[str], env: dict[str, str]) -> None:
         with self.log_path.open("a") as f:
             f.write(f"=== {_now()} start #{self.restart_count} on {self.pod_ip}: {' '.join(argv)}\n")
+        self._wake.clear()
+        if self._stop_event.is_set():
+            self._wake.set()
         self.proc = procs.spawn(
             argv, log=self.log_path, marker=self.runner.cdir.marker, env=env, cwd=self.runner.cdir.path
         )
-        log.info("started %s/%s pid %d", self.namespace, self.pod_name, self.proc.pid)
+        proc = self.proc
+
+        def wake_on_exit() -> None:
+            proc.wait()
+            self._wake.set()
+
+        threading.Thread(target=wake_on_exit, daemon=True).start()
+        log.info("started %s/%s pid %d", self.namespace, self.pod_name, proc.pid)
 
     def _supervise(self, started_at: str) -> int | None:
         """Probes until the process exits (returns its code) or a stop is requested (returns None)."""
@@ -237,14 +250,8 @@ class PodWorker(threading.Thread):
 
     def _wait_stop_or_exit(self, timeout: float) -> bool:
         """Sleeps up to `timeout`, waking early when the process exits; True if a stop was requested."""
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            if self._stop_event.wait(min(max(remaining, 0.0), 0.5)):
-                return True
-            if self.proc.poll() is not None or remaining <= 0:
-                return False
+        self._wake.wait(timeout)
+        return self._stop_event.is_set()
 
     def _probe(self, probe: dict[str, Any]) -> bool:
         timeout = float(probe.get("timeoutSeconds", 1))

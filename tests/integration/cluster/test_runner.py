@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tandem.api import meta
 from tandem.devcluster import kube
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.testing import eventually, pods, runner_test_pod
@@ -98,3 +100,47 @@ def test_pods_it_cannot_run_are_left_to_kwok(namespace: str, core: Any) -> None:
     core.create_namespaced_pod(namespace, body)
     pod = eventually(lambda: next((p for p in pods(core, namespace) if kube.is_ready(p)), None), what="Ready")
     assert "containerID" not in pod["status"]["containerStatuses"][0]
+
+
+def test_runner_runs_a_sim_engine_worker(cluster: ClusterHandle, namespace: str, core: Any) -> None:
+    """The contract with the renderer: `tandem engine serve MODEL --host $(POD_IP) --port 8000`."""
+    annotations = {
+        meta.ANNOTATION_SCRAPE: "true",
+        meta.ANNOTATION_SCRAPE_PORT: str(meta.ENGINE_PORT),
+        meta.ANNOTATION_SCRAPE_PATH: "/metrics",
+    }
+    model = "meta-llama/Llama-3.1-8B-Instruct"
+    core.create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"name": "decode-0", "annotations": annotations},
+            "spec": {
+                "nodeSelector": {"network.tandem.dev/rdma": "true"},
+                "containers": [
+                    {
+                        "name": "vllm",
+                        "image": "tandem/sim:dev",
+                        "command": ["tandem", "engine", "serve", model],
+                        "args": ["--host", "$(POD_IP)", "--port", str(meta.ENGINE_PORT)],
+                        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                        "resources": {"limits": {"nvidia.com/gpu": "1", "rdma/hca": "1"}},
+                        "readinessProbe": {
+                            "httpGet": {"path": "/health", "port": meta.ENGINE_PORT},
+                            "periodSeconds": 5,
+                        },
+                    }
+                ],
+            },
+        },
+    )
+    pod = eventually(lambda: next((p for p in pods(core, namespace) if kube.is_ready(p)), None), what="Ready")
+    ip = pod["status"]["podIP"]
+    with urllib.request.urlopen(f"http://{ip}:{meta.ENGINE_PORT}/v1/models", timeout=10) as r:
+        assert model in [m["id"] for m in json.load(r)["data"]]
+
+    def scraped() -> bool:
+        query = urllib.parse.urlencode({"query": f'up{{namespace="{namespace}",pod="decode-0"}}'})
+        with urllib.request.urlopen(f"{cluster.prometheus_url}/api/v1/query?{query}", timeout=5) as r:
+            return [x["value"][1] for x in json.load(r)["data"]["result"]] == ["1"]
+
+    eventually(scraped, timeout=120, what="Prometheus scraping the engine")
