@@ -1,9 +1,9 @@
 """The engine core: runs the scheduler in real time, paced by the perf model, and does KV transfer.
 
 One asyncio task steps the scheduler: plan a step, sleep until the step's modelled end, apply it,
-wake the requests that got tokens. Step ends are chained (`end = max(previous end, now) + d`), so
+wake the requests that got tokens. While busy, step ends are chained (`end = previous end + d`), so
 the time spent delivering tokens overlaps the next step, as a GPU's next forward overlaps the
-host's work, and pacing does not drift under CPU load. Durations are scaled by
+host's work, and a late wake-up does not accumulate into drift. Durations are scaled by
 TANDEM_SIM_TIME_SCALE and the `slowdown` fault.
 
 KV transfer: as a producer the core keeps finished remote-decode prefills in a `HeldKVTable` and
@@ -122,10 +122,14 @@ class EngineCore:
     def now(self) -> float:
         return self._loop.time()
 
-    async def wait_while_hung(self) -> None:
+    async def wait_while_hung(self) -> bool:
+        """Blocks while the `hang` fault is on; True if it had to wait."""
+        waited = False
         while self.faults.hang:
+            waited = True
             self._unhang.clear()
             await self._unhang.wait()
+        return waited
 
     def set_faults(self, faults: Faults) -> None:
         self.faults = faults
@@ -188,7 +192,8 @@ class EngineCore:
     async def _run(self) -> None:
         step_end = self.now()
         while True:
-            await self.wait_while_hung()
+            if await self.wait_while_hung():
+                step_end = self.now()
             step = self.scheduler.schedule(self.now())
             for seq in step.pulls:
                 self._spawn(self._pull(self.jobs[seq]))
@@ -198,9 +203,11 @@ class EngineCore:
                 self._refresh_gauges()
                 self._wake.clear()
                 await self._wake.wait()
+                step_end = self.now()  # idle: the next step starts when work arrives
                 continue
-            duration = self._step_duration(step)
-            step_end = max(step_end, self.now()) + duration
+            # While busy, steps are chained on the modelled clock, not on when this task got the
+            # CPU back: a late wake-up is made up by the next steps instead of accumulating.
+            step_end += self._step_duration(step)
             delay = step_end - self.now()
             await asyncio.sleep(delay if delay > 0 else 0)
             self._apply(step, step_end)

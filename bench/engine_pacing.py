@@ -1,0 +1,196 @@
+"""Engine pacing benchmark: N concurrent streams against one sim engine process at real-time pace.
+
+Prints the timing error of what clients observe against the perf model (the same workload replayed
+through the pure scheduler in virtual time), and the engine process' CPU seconds per 1,000 tokens.
+
+    .venv/bin/python bench/engine_pacing.py [--streams 256] [--prompt-tokens 200] [--max-tokens 200]
+
+Loopback only (127.0.0.1). Figures depend on the machine's load; nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import aiohttp
+
+from tandem.engine.args import parse_serve_args
+from tandem.engine.blocks import BlockPool
+from tandem.engine.config import resolve
+from tandem.engine.scheduler import Scheduler, Sequence
+from tandem.engine.settings import SimSettings
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def engine_args(port: int) -> list[str]:
+    return [
+        MODEL,
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--served-model-name",
+        "bench",
+        "--max-model-len",
+        "16384",
+    ]
+
+
+def modelled(
+    streams: int, prompt_tokens: int, max_tokens: int, argv: list[str]
+) -> tuple[list[float], list[float]]:
+    """(ttft, e2e) per request from the pure scheduler in virtual time, all arriving at t=0."""
+    config = resolve(parse_serve_args(argv), SimSettings())
+    sched = Scheduler(
+        BlockPool(config.num_gpu_blocks),
+        config.block_size,
+        config.max_num_seqs,
+        config.max_num_batched_tokens,
+        config.chunked_prefill,
+    )
+    seqs = [Sequence(f"r{i}", prompt_tokens, max_tokens, 0.0) for i in range(streams)]
+    for seq in seqs:
+        sched.add(seq)
+    now = 0.0
+    while sched.has_work:
+        step = sched.schedule(now)
+        now += config.profile.step_seconds(*step.perf_inputs())
+        sched.complete(step, now)
+    return [s.first_token or 0.0 for s in seqs], [s.finished_at or 0.0 for s in seqs]
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def one_stream(
+    session: aiohttp.ClientSession, url: str, body: dict[str, object]
+) -> tuple[float, float, int]:
+    start = time.monotonic()
+    first = 0.0
+    tokens = 0
+    async with session.post(url, json=body) as resp:
+        resp.raise_for_status()
+        async for line in resp.content:
+            if line.startswith(b"data: {"):
+                tokens += 1
+                if tokens == 1:
+                    first = time.monotonic() - start
+    return first, time.monotonic() - start, tokens
+
+
+async def run_streams(
+    port: int, streams: int, prompt_tokens: int, max_tokens: int
+) -> list[tuple[float, float, int]]:
+    url = f"http://{HOST}:{port}/v1/completions"
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=600)
+    ) as session:
+        bodies = [
+            {"model": "bench", "prompt": " ".join(f"s{i}w{j}" for j in range(prompt_tokens)), "max_tokens": max_tokens,
+             "stream": True}
+            for i in range(streams)
+        ]  # fmt: skip
+        return await asyncio.gather(*(one_stream(session, url, b) for b in bodies))
+
+
+def wait_healthy(port: int, proc: subprocess.Popen[bytes]) -> None:
+    import urllib.request
+
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise SystemExit(f"engine exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://{HOST}:{port}/health", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit("engine did not start")
+
+
+def scrape_mean(port: int, histogram: str) -> float:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://{HOST}:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return float(values[histogram + "_sum"] / values[histogram + "_count"])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--streams", type=int, default=256)
+    parser.add_argument("--prompt-tokens", type=int, default=200)
+    parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument("--time-scale", type=float, default=1.0)
+    ns = parser.parse_args()
+
+    port = free_port()
+    argv = engine_args(port)
+    env = {**os.environ, "TANDEM_SIM_TIME_SCALE": str(ns.time_scale)}
+    proc = subprocess.Popen([sys.executable, "-m", "tandem.cli", "engine", "serve", *argv], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_healthy(port, proc)
+        cpu_before = cpu_seconds(proc.pid)
+        wall_start = time.monotonic()
+        results = asyncio.run(run_streams(port, ns.streams, ns.prompt_tokens, ns.max_tokens))
+        wall = time.monotonic() - wall_start
+        cpu = cpu_seconds(proc.pid) - cpu_before
+        engine_e2e_mean = scrape_mean(port, "vllm:e2e_request_latency_seconds")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+    model_ttft, model_e2e = modelled(ns.streams, ns.prompt_tokens, ns.max_tokens, argv)
+    tokens = sum(r[2] for r in results)
+    observed_e2e = [r[1] for r in results]
+    observed_ttft = [r[0] for r in results]
+    per_request_err = [abs(o - m) / m for o, m in zip(sorted(observed_e2e), sorted(model_e2e), strict=True)]
+    makespan_model = max(model_e2e)
+    print(
+        f"streams={ns.streams} prompt_tokens={ns.prompt_tokens} max_tokens={ns.max_tokens} time_scale={ns.time_scale}"
+    )
+    print(f"tokens received: {tokens} (expected {ns.streams * ns.max_tokens})")
+    if ns.time_scale > 0:
+        scale = ns.time_scale
+        print(f"makespan: observed {wall:.3f} s, model {makespan_model * scale:.3f} s, "
+              f"error {abs(wall - makespan_model * scale) / (makespan_model * scale):.2%}")  # fmt: skip
+        print(f"mean e2e: observed {statistics.mean(observed_e2e):.3f} s, model {statistics.mean(model_e2e) * scale:.3f} s, "
+              f"error {abs(statistics.mean(observed_e2e) - statistics.mean(model_e2e) * scale) / (statistics.mean(model_e2e) * scale):.2%}")  # fmt: skip
+        model_mean = statistics.mean(model_e2e) * scale
+        print(f"engine-side mean e2e (vllm:e2e_request_latency_seconds): {engine_e2e_mean:.3f} s, "
+              f"error {abs(engine_e2e_mean - model_mean) / model_mean:.2%}")  # fmt: skip
+        print(
+            f"mean TTFT: observed {statistics.mean(observed_ttft):.3f} s, model {statistics.mean(model_ttft) * scale:.3f} s"
+        )
+        print(f"per-request e2e error (rank-matched): mean {statistics.mean(per_request_err):.2%}, "
+              f"max {max(per_request_err):.2%}")  # fmt: skip
+    print(f"engine CPU: {cpu:.2f} s over {wall:.2f} s wall ({cpu / wall:.0%} of one core); "
+          f"{cpu / (tokens / 1000):.3f} CPU s per 1,000 tokens")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
