@@ -104,11 +104,8 @@ async def run_streams(
     async with aiohttp.ClientSession(
         connector=connector, timeout=aiohttp.ClientTimeout(total=600)
     ) as session:
-        bodies = [
-            {"model": "bench", "prompt": " ".join(f"s{i}w{j}" for j in range(prompt_tokens)), "max_tokens": max_tokens,
-             "stream": True}
-            for i in range(streams)
-        ]  # fmt: skip
+        prompts = [" ".join(f"s{i}w{j}" for j in range(prompt_tokens)) for i in range(streams)]
+        bodies = [{"model": "bench", "prompt": p, "max_tokens": max_tokens, "stream": True} for p in prompts]
         return await asyncio.gather(*(one_stream(session, url, b) for b in bodies))
 
 
@@ -138,6 +135,12 @@ def scrape_mean(port: int, histogram: str) -> float:
     return float(values[histogram + "_sum"] / values[histogram + "_count"])
 
 
+def compare(label: str, observed: float, model: float) -> None:
+    print(
+        f"{label}: observed {observed:.3f} s, model {model:.3f} s, error {abs(observed - model) / model:.2%}"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, default=256)
@@ -165,30 +168,27 @@ def main() -> int:
 
     model_ttft, model_e2e = modelled(ns.streams, ns.prompt_tokens, ns.max_tokens, argv)
     tokens = sum(r[2] for r in results)
-    observed_e2e = [r[1] for r in results]
-    observed_ttft = [r[0] for r in results]
-    per_request_err = [abs(o - m) / m for o, m in zip(sorted(observed_e2e), sorted(model_e2e), strict=True)]
-    makespan_model = max(model_e2e)
-    print(
-        f"streams={ns.streams} prompt_tokens={ns.prompt_tokens} max_tokens={ns.max_tokens} time_scale={ns.time_scale}"
-    )
+    scale = ns.time_scale
+    print(f"streams={ns.streams} prompt={ns.prompt_tokens} max_tokens={ns.max_tokens} time_scale={scale}")
     print(f"tokens received: {tokens} (expected {ns.streams * ns.max_tokens})")
-    if ns.time_scale > 0:
-        scale = ns.time_scale
-        print(f"makespan: observed {wall:.3f} s, model {makespan_model * scale:.3f} s, "
-              f"error {abs(wall - makespan_model * scale) / (makespan_model * scale):.2%}")  # fmt: skip
-        print(f"mean e2e: observed {statistics.mean(observed_e2e):.3f} s, model {statistics.mean(model_e2e) * scale:.3f} s, "
-              f"error {abs(statistics.mean(observed_e2e) - statistics.mean(model_e2e) * scale) / (statistics.mean(model_e2e) * scale):.2%}")  # fmt: skip
-        model_mean = statistics.mean(model_e2e) * scale
-        print(f"engine-side mean e2e (vllm:e2e_request_latency_seconds): {engine_e2e_mean:.3f} s, "
-              f"error {abs(engine_e2e_mean - model_mean) / model_mean:.2%}")  # fmt: skip
-        print(
-            f"mean TTFT: observed {statistics.mean(observed_ttft):.3f} s, model {statistics.mean(model_ttft) * scale:.3f} s"
+    if scale > 0:
+        compare("makespan", wall, max(model_e2e) * scale)
+        compare("client mean e2e", statistics.mean(r[1] for r in results), statistics.mean(model_e2e) * scale)
+        compare(
+            "engine mean e2e (vllm:e2e_request_latency)", engine_e2e_mean, statistics.mean(model_e2e) * scale
         )
-        print(f"per-request e2e error (rank-matched): mean {statistics.mean(per_request_err):.2%}, "
-              f"max {max(per_request_err):.2%}")  # fmt: skip
-    print(f"engine CPU: {cpu:.2f} s over {wall:.2f} s wall ({cpu / wall:.0%} of one core); "
-          f"{cpu / (tokens / 1000):.3f} CPU s per 1,000 tokens")  # fmt: skip
+        compare(
+            "client mean TTFT", statistics.mean(r[0] for r in results), statistics.mean(model_ttft) * scale
+        )
+        ranked = zip(sorted(r[1] for r in results), sorted(model_e2e), strict=True)
+        errors = [abs(o - m * scale) / (m * scale) for o, m in ranked]
+        print(
+            f"per-request e2e error (rank-matched): mean {statistics.mean(errors):.2%}, max {max(errors):.2%}"
+        )
+    print(
+        f"engine CPU: {cpu:.2f} s over {wall:.2f} s wall ({cpu / wall:.0%} of one core); "
+        f"{cpu / (tokens / 1000):.3f} CPU s per 1,000 tokens"
+    )
     return 0
 
 
