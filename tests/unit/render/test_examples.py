@@ -1,0 +1,85 @@
+"""The examples: each is a valid PDDeployment whose engine commands the sim engine accepts; sim-pd
+fits the dev cluster's fake nodes."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tandem.api.models import EngineType, PDDeployment
+from tandem.engine.args import parse_serve_args
+from tandem.engine.config import resolve
+from tandem.engine.settings import SimSettings
+from tandem.render import render
+
+ROOT = Path(__file__).resolve().parents[3]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+DEV_NODES = ROOT / "e2e" / "nodes" / "h100-rdma.yaml"
+
+
+def _load(path: Path) -> PDDeployment:
+    return PDDeployment.model_validate(yaml.safe_load(path.read_text()))
+
+
+def _engine_containers(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o["spec"]["template"]["spec"]["containers"][0] for o in objects if o["kind"] == "StatefulSet"]
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_example_is_a_valid_pddeployment_with_a_comment_header(example: Path) -> None:
+    assert example.read_text().startswith("# ")
+    pdd = _load(example)
+    assert pdd.kind == "PDDeployment"
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_sim_engine_parser_accepts_every_engine_command(example: Path) -> None:
+    for container in _engine_containers(render(_load(example))):
+        command = container["command"]
+        prefix = 3 if command[0] == "tandem" else 2
+        parse_serve_args(command[prefix:])
+
+
+def test_sim_example_starts_on_the_sim_engine_with_its_rendered_env() -> None:
+    pdd = _load(ROOT / "examples" / "sim-pd.yaml")
+    assert pdd.spec.engine.type is EngineType.sim
+    for container in _engine_containers(render(pdd)):
+        env = {
+            e["name"]: e["value"].replace("$(POD_IP)", "127.0.0.1") for e in container["env"] if "value" in e
+        }
+        config = resolve(parse_serve_args(container["command"][3:]), SimSettings.from_env(env))
+        assert config.sim.kv_bandwidth_gbps == pdd.spec.kv_transfer.bandwidth_gbps
+        assert not config.notes  # a known model: no fallback to another architecture
+
+
+def test_sim_example_fits_the_dev_cluster() -> None:
+    nodes = [n for n in yaml.safe_load_all(DEV_NODES.read_text()) if n]
+    pods = []
+    for obj in render(_load(ROOT / "examples" / "sim-pd.yaml")):
+        if obj["kind"] == "StatefulSet":
+            pods += [obj["spec"]["template"]["spec"]] * obj["spec"]["replicas"]
+    free = [
+        Counter({k: int(v) for k, v in n["status"]["allocatable"].items() if k.count("/") == 1})
+        for n in nodes
+    ]
+    for pod in pods:
+        want = Counter(
+            {k: int(v) for k, v in pod["containers"][0]["resources"]["limits"].items() if "/" in k}
+        )
+        terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"
+        ]
+        fits = [
+            i
+            for i, node in enumerate(nodes)
+            if all(
+                node["metadata"]["labels"].get(e["key"]) in e["values"] for e in terms[0]["matchExpressions"]
+            )
+            and all(free[i][k] >= v for k, v in want.items())
+        ]
+        assert fits, f"no dev node fits {want}"
+        free[fits[0]] -= want
