@@ -1,0 +1,38 @@
+"""The stand-in tokenizer and the deterministic sampler."""
+
+from __future__ import annotations
+
+from tandem.engine.tokens import (
+    VOCAB_SIZE,
+    count_prompt_tokens,
+    output_text,
+    output_token_id,
+    prompt_key,
+    render_chat,
+)
+
+
+def test_prompt_tokens_are_words_and_punctuation() -> None:
+    assert count_prompt_tokens("Hello, world!") == 4
+    assert count_prompt_tokens("") == 0
+
+
+def test_output_is_a_function_of_prompt_seed_and_index() -> None:
+    key = prompt_key("a prompt")
+    assert output_text(key, 0, 0, 10) == output_text(key, 0, 0, 10)
+    assert output_text(key, 0, 0, 10) == output_text(key, 0, 0, 1) + output_text(key, 0, 1, 10)
+    assert output_text(key, 0, 0, 10) != output_text(key, 1, 0, 10)
+    assert output_text(key, 0, 0, 10) != output_text(prompt_key("another"), 0, 0, 10)
+    assert all(0 <= output_token_id(key, 0, i) < VOCAB_SIZE for i in range(100))
+
+
+def test_token_id_prompts_have_their_own_identity() -> None:
+    assert prompt_key([1, 2, 3]) == prompt_key([1, 2, 3])
+    assert prompt_key([1, 2, 3]) != prompt_key([1, 2, 4])
+
+
+def test_chat_rendering_is_stable_and_reads_content_parts() -> None:
+    plain = render_chat([{"role": "user", "content": "hi there"}])
+    parts = render_chat([{"role": "user", "content": [{"type": "text", "text": "hi there"}]}])
+    assert plain == parts
+    assert plain.endswith("<|assistant|>\n")
