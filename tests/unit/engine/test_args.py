@@ -134,10 +134,8 @@ def test_contradictions_are_refused(argv: tuple[str, ...], message: str) -> None
 
 
 def test_fp8_kv_cache_halves_bytes_and_lease_comes_from_extra_config() -> None:
-        (
-            ("--no-enable-chunked-prefill", "--max-model-len", "16384", "--max-num-batched-tokens", "4096"),
-            "smaller",
-        ),
+    extra = '"kv_connector_extra_config":{"kv_lease_duration":2}'
+    kv = '{"kv_connector":"NixlConnector","kv_role":"kv_both",' + extra + "}"
     config = resolved("--kv-cache-dtype", "fp8", "--kv-transfer-config", kv)
     assert config.kv_bytes_per_token == 65536
     assert config.kv_lease_seconds == 2
