@@ -12,7 +12,7 @@ Deployment, PodDisruptionBudgets; pools in the order prefill, decode, colocated.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final
+from typing import Any, Final
 
 from tandem.api import meta
 from tandem.api.meta import Role
@@ -46,7 +46,7 @@ def desired_pools(pdd: PDDeployment, replicas: Mapping[str, int] | None = None) 
 
 def render(pdd: PDDeployment, replicas: Mapping[str, int] | None = None) -> list[Manifest]:
     pools = desired_pools(pdd, replicas)
-    return [
+    objects = [
         router.service_account(pdd),
         router.role(pdd),
         router.role_binding(pdd),
@@ -57,3 +57,17 @@ def render(pdd: PDDeployment, replicas: Mapping[str, int] | None = None) -> list
         *(pool.disruption_budget(pdd, role) for role in pools),
         router.disruption_budget(pdd),
     ]
+    return [_unshared(obj) for obj in objects]
+
+
+def _unshared(node: Any) -> Any:
+    """A copy in which no dict or list appears twice (copy.deepcopy keeps shared references shared).
+
+    Builders reuse constants and sub-objects; the caller owns, and may mutate, every part it gets,
+    and YAML dumps of shared parts would show anchors.
+    """
+    if isinstance(node, dict):
+        return {key: _unshared(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_unshared(value) for value in node]
+    return node

@@ -234,3 +234,21 @@ def test_grace_period_covers_prestop_and_drain(pdd: PDDeployment) -> None:
         prestop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
         drain = [float(v) for v in flag_values(container["command"], "--shutdown-timeout") if v]
         assert spec["terminationGracePeriodSeconds"] >= prestop + (drain[-1] if drain else 0), role
+
+
+@PROPERTY
+@given(pdd=pddeployments())
+def test_objects_share_no_mutable_parts(pdd: PDDeployment) -> None:
+    seen: set[int] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict | list):
+            assert id(node) not in seen, node
+            seen.add(id(node))
+            for child in node.values() if isinstance(node, dict) else node:
+                walk(child)
+
+    objects = render(pdd)
+    walk(objects)
+    objects[0]["metadata"]["labels"]["x"] = "y"
+    assert "x" not in render(pdd)[0]["metadata"]["labels"]
