@@ -1,0 +1,106 @@
+{{/* Names, labels and the image of the tandem chart's objects. */}}
+
+{{- define "tandem.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 52 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The operator's objects: "<release>-tandem", or the release name if it already says tandem. */}}
+{{- define "tandem.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "tandem.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels every object of the release carries (the CRD adds its own part-of label). */}}
+{{- define "tandem.releaseLabels" -}}
+helm.sh/chart: {{ include "tandem.chart" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* The operator's selector: never carries tandem.dev/pddeployment, which marks a PDDeployment's children. */}}
+{{- define "tandem.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tandem.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "tandem.labels" -}}
+{{ include "tandem.releaseLabels" . }}
+app.kubernetes.io/name: {{ include "tandem.name" . }}
+app.kubernetes.io/component: operator
+app.kubernetes.io/part-of: tandem
+{{- end }}
+
+{{- define "tandem.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "tandem.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "tandem.leaseName" -}}
+{{- default (include "tandem.fullname" .) .Values.operator.leaseName }}
+{{- end }}
+
+{{- define "tandem.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/*
+The permissions the operator needs in every namespace it reconciles: in a ClusterRole for a
+cluster-wide install, in one Role per namespace otherwise. Derived from tandem.render.CHILD_KINDS
+(children it applies and prunes) and tandem.controller (reads, status, events, secret checks).
+*/}}
+{{- define "tandem.namespacedRules" -}}
+- apiGroups: [tandem.dev]
+  resources: [pddeployments]
+  verbs: [get, list, watch]
+- apiGroups: [tandem.dev]
+  resources: [pddeployments/status]
+  verbs: [get, patch, update]
+# Children of a PDDeployment, applied with server-side apply and pruned.
+- apiGroups: [apps]
+  resources: [statefulsets, deployments]
+  verbs: [get, list, watch, create, update, patch, delete]
+- apiGroups: [""]
+  resources: [services, serviceaccounts]
+  verbs: [get, list, watch, create, update, patch, delete]
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, list, watch, create, update, patch, delete]
+# The router's Role and RoleBinding (RBAC lets the operator grant only what it holds itself:
+# get/list/watch on pods and pddeployments).
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [get, list, watch, create, update, patch, delete]
+# Pod status for readiness and problems (unschedulable, image pulls, crash loops).
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch]
+# Only to report a missing image pull secret or model token secret; never listed or watched.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create, patch]
+{{- end }}
