@@ -40,6 +40,9 @@ build_etcd() {
 
 build_kwok() {
   (cd "$here/tools/kwok" && go build -trimpath -ldflags "-s -w" -o "$1/kwok" sigs.k8s.io/kwok/cmd/kwok)
+  # The Logs CRD, so that `kubectl logs` reaches the pod runner's log files through kwok's server.
+  local src; src=$(cd "$here/tools/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)
+  install -m 0644 "$src/kustomize/crd/bases/kwok.x-k8s.io_logs.yaml" "$1/kwok-logs-crd.yaml"
 }
 
 build_helm() {

@@ -61,6 +61,13 @@ def main(argv: Sequence[str]) -> int:
     ts.add_argument("--exit-code", type=int, default=1)
 
     args = parser.parse_args(list(argv))
+    try:
+        return _run(args)
+    except BrokenPipeError:  # e.g. `tandem dev cluster status | head`
+        return 0
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "cluster":
         from tandem.devcluster import cluster
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from tandem.devcluster import layout, pki, procs
+from tandem.devcluster import kube, layout, pki, procs
 from tandem.devcluster.layout import ClusterDir
 
 # Never dialled: Service cluster IPs are bookkeeping only here (nothing routes them, and Services
@@ -187,7 +187,7 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0) -> State:
 
     t0 = time.monotonic()
     cdir.path.mkdir(parents=True, exist_ok=True)
-    for sub in (cdir.etcd_data, cdir.prometheus_data, cdir.kwok_workdir, cdir.pki):
+    for sub in (cdir.etcd_data, cdir.prometheus_data, cdir.kwok_workdir, cdir.pki, cdir.logs, cdir.pod_logs):
         shutil.rmtree(sub, ignore_errors=True)
     cdir.logs.mkdir(parents=True, exist_ok=True)
     cdir.pod_logs.mkdir(parents=True, exist_ok=True)
@@ -269,6 +269,10 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0) -> State:
                 "--enable-priority-and-fairness=false",
                 "--profiling=false",
                 "--event-ttl=1h",
+                # logs/exec/port-forward dial a node's InternalIP (127.0.0.1: KWOK's server), never
+                # its hostname; KWOK serves with the apiserver's cert, which this CA signed.
+                "--kubelet-preferred-address-types=InternalIP",
+                f"--kubelet-certificate-authority={certs.ca_crt}",
                 "--v=0",
             ],
         )
@@ -314,10 +318,20 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0) -> State:
                 "--v=0",
             ],
         )
+        logs_crd = bins / "kwok-logs-crd.yaml"
+        kwok_logs: list[str] = []
+        if logs_crd.exists():
+            api = kube.client_from(cdir.kubeconfig)
+            try:
+                kube.apply_crd(api, yaml.safe_load(logs_crd.read_text()))
+            finally:
+                kube.close(api)
+            kwok_logs = ["--enable-crds=Logs"]
         start(
             "kwok",
             [
                 str(bins / "kwok"),
+                *kwok_logs,
                 f"--kubeconfig={kc}",
                 f"--config={layout.KWOK_STAGES}",
                 "--manage-all-nodes=false",
@@ -327,12 +341,12 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0) -> State:
                 "--node-name=kwok",
                 f"--node-port={state.kwok_port}",
                 f"--server-address=127.0.0.1:{state.kwok_port}",
+                f"--tls-cert-file={certs.apiserver_crt}",
+                f"--tls-private-key-file={certs.apiserver_key}",
                 "--node-lease-duration-seconds=40",
             ],
             env={**_base_env(), "KWOK_WORKDIR": str(cdir.kwok_workdir)},
         )
-
-        from tandem.devcluster import kube
 
         api = kube.client_from(cdir.kubeconfig)
         try:
@@ -430,8 +444,6 @@ def status(cdir: ClusterDir) -> dict[str, Any]:
         },
     }
     if report["running"]:
-        from tandem.devcluster import kube
-
         api = kube.client_from(cdir.kubeconfig)
         try:
             report["nodes"] = kube.node_summary(api)

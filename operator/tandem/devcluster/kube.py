@@ -6,6 +6,7 @@ Objects are read as plain JSON dicts (camelCase, as the API sends them) to keep 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -35,6 +36,25 @@ def create_or_keep_node(api: client.ApiClient, node: dict[str, Any]) -> None:
     except ApiException as e:
         if e.status != 409:
             raise
+
+
+def apply_crd(api: client.ApiClient, crd: dict[str, Any], *, timeout: float = 60) -> None:
+    """Creates a CustomResourceDefinition (unless it exists) and waits until it is Established."""
+    ext = client.ApiextensionsV1Api(api)
+    name = crd["metadata"]["name"]
+    try:
+        ext.create_custom_resource_definition(crd)  # type: ignore[arg-type]
+    except ApiException as e:
+        if e.status != 409:
+            raise
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        obj = raw(ext.read_custom_resource_definition(name, _preload_content=False))
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"CRD {name} not Established after {timeout:.0f}s")
 
 
 def list_nodes(api: client.ApiClient) -> list[dict[str, Any]]:

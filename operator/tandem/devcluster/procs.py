@@ -15,6 +15,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 MARKER_ENV = "TANDEM_DEVCLUSTER"
 
@@ -34,16 +35,20 @@ def free_port() -> int:
 def spawn(
     argv: Sequence[str],
     *,
-    log: Path,
+    log: Path | None,
     marker: str,
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Starts `argv` in its own session with stdout and stderr appended to `log`."""
+    """Starts `argv` in its own session with stdout and stderr appended to `log` (a pipe if None)."""
     full_env = dict(os.environ if env is None else env)
     full_env[MARKER_ENV] = marker
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as out:
+    with contextlib.ExitStack() as stack:
+        if log is None:
+            out: Any = subprocess.PIPE
+        else:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            out = stack.enter_context(log.open("ab"))
         proc = subprocess.Popen(
             list(argv),
             stdin=subprocess.DEVNULL,

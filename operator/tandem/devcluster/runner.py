@@ -29,7 +29,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
@@ -82,6 +82,8 @@ class PodWorker(threading.Thread):
         self.pod_ip: str = pod["status"]["podIP"]
         self.log_path = runner.cdir.pod_logs / f"{self.namespace}_{self.pod_name}_{self.uid[:8]}.log"
         self._stop_event = threading.Event()
+        self._log_lock = threading.Lock()
+        self._log_file: IO[bytes] | None = None
         # Set on a stop request or when the process exits: wakes the probe loop.
         self._wake = threading.Event()
         self._stop_grace = 30.0
@@ -104,6 +106,7 @@ class PodWorker(threading.Thread):
     # --- the worker thread ----------------------------------------------------------------------
     def run(self) -> None:
         try:
+            self._register_logs()
             self._loop()
         except Exception:
             log.exception("worker for %s/%s failed", self.namespace, self.pod_name)
@@ -112,6 +115,10 @@ class PodWorker(threading.Thread):
             if self._delete_after_stop:
                 self._delete_pod()
             self.runner.forget(self.uid)
+            with self._log_lock:
+                if self._log_file is not None:
+                    self._log_file.close()
+                    self._log_file = None
 
     def _loop(self) -> None:
         backoff = BACKOFF_INITIAL
@@ -186,13 +193,12 @@ class PodWorker(threading.Thread):
         return argv, full
 
     def _start(self, argv: list[str], env: dict[str, str]) -> None:
-        with self.log_path.open("a") as f:
-            f.write(f"=== {_now()} start #{self.restart_count} on {self.pod_ip}: {' '.join(argv)}\n")
+        self._note(f"start #{self.restart_count} on {self.pod_ip}: {' '.join(argv)}")
         self._wake.clear()
         if self._stop_event.is_set():
             self._wake.set()
         self.proc = procs.spawn(
-            argv, log=self.log_path, marker=self.runner.cdir.marker, env=env, cwd=self.runner.cdir.path
+            argv, log=None, marker=self.runner.cdir.marker, env=env, cwd=self.runner.cdir.path
         )
         proc = self.proc
 
@@ -200,7 +206,14 @@ class PodWorker(threading.Thread):
             proc.wait()
             self._wake.set()
 
+        def relay() -> None:
+            assert proc.stdout is not None
+            with proc.stdout:
+                for line in iter(proc.stdout.readline, b""):
+                    self._write_log(line)
+
         threading.Thread(target=wake_on_exit, daemon=True).start()
+        threading.Thread(target=relay, daemon=True).start()
         log.info("started %s/%s pid %d", self.namespace, self.pod_name, proc.pid)
 
     def _supervise(self, started_at: str) -> int | None:
@@ -222,8 +235,7 @@ class PodWorker(threading.Thread):
             code = self.proc.poll()
             if code is not None:
                 self._set_ready(False, started_at, patch=False)
-                with self.log_path.open("a") as f:
-                    f.write(f"=== {_now()} exited with code {code}\n")
+                self._note(f"exited with code {code}")
                 return code
             if probe is None:
                 continue
@@ -307,9 +319,49 @@ class PodWorker(threading.Thread):
         # Anything the process left in its group goes too.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        with self.log_path.open("a") as f:
-            f.write(f"=== {_now()} stopped (exit {proc.returncode})\n")
+        self._note(f"stopped (exit {proc.returncode})")
         log.info("stopped %s/%s pid %d", self.namespace, self.pod_name, proc.pid)
+
+    # --- logs -----------------------------------------------------------------------------------
+    def _write_log(self, line: bytes) -> None:
+        """One line of output in the CRI log format, which `kubectl logs` reads through KWOK."""
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ").encode()
+        with self._log_lock:
+            if self._log_file is None:
+                self._log_file = self.log_path.open("ab")
+            self._log_file.write(stamp + b" stdout F " + line.rstrip(b"\n") + b"\n")
+            self._log_file.flush()
+
+    def _note(self, text: str) -> None:
+        self._write_log(f"=== [pod runner] {text}".encode())
+
+    def _register_logs(self) -> None:
+        """A KWOK `Logs` object naming this pod's log file (garbage-collected with the pod)."""
+        body = {
+            "apiVersion": "kwok.x-k8s.io/v1alpha1",
+            "kind": "Logs",
+            "metadata": {
+                "name": self.pod_name,
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Pod", "name": self.pod_name, "uid": self.uid}
+                ],
+            },
+            "spec": {
+                "logs": [
+                    {"containers": [self.container["name"]], "logsFile": str(self.log_path), "follow": True}
+                ]
+            },
+        }
+        custom = client.CustomObjectsApi(self.runner.api)
+        try:
+            custom.create_namespaced_custom_object("kwok.x-k8s.io", "v1alpha1", self.namespace, "logs", body)
+        except ApiException as e:
+            if e.status == 409:
+                custom.replace_namespaced_custom_object(
+                    "kwok.x-k8s.io", "v1alpha1", self.namespace, "logs", self.pod_name, body
+                )
+            elif e.status != 404:  # 404: the cluster has no Logs CRD; `kubectl logs` won't work
+                log.warning("could not register logs of %s/%s: %s", self.namespace, self.pod_name, e.reason)
 
     def _delete_pod(self) -> None:
         body = client.V1DeleteOptions(
