@@ -92,6 +92,15 @@ def shutdown_timeout(pdd: PDDeployment, role: Role) -> float | None:
     return lifecycle.shutdown_timeout_seconds(role)
 
 
+def _colocated_token_budget(given: Sequence[str]) -> int:
+    """COLOCATED_MAX_NUM_BATCHED_TOKENS, raised to the user's --max-num-seqs (vLLM refuses less)."""
+    budget = COLOCATED_MAX_NUM_BATCHED_TOKENS
+    for value in flag_values(given, "--max-num-seqs"):
+        if value is not None and value.isdigit():
+            budget = max(budget, int(value))
+    return budget
+
+
 def _role_defaults(pdd: PDDeployment, role: Role) -> list[str]:
     given = user_args(pdd, role)
     defaults: list[str] = []
@@ -99,7 +108,7 @@ def _role_defaults(pdd: PDDeployment, role: Role) -> list[str]:
         if not sets_flag(given, "--enable-chunked-prefill", "--no-enable-chunked-prefill"):
             defaults.append("--enable-chunked-prefill")
         if not sets_flag(given, "--max-num-batched-tokens"):
-            defaults += ["--max-num-batched-tokens", str(COLOCATED_MAX_NUM_BATCHED_TOKENS)]
+            defaults += ["--max-num-batched-tokens", str(_colocated_token_budget(given))]
     drain = lifecycle.shutdown_timeout_seconds(role)
     if drain is not None and not sets_flag(given, "--shutdown-timeout"):
         defaults += ["--shutdown-timeout", str(drain)]

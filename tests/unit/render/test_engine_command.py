@@ -268,3 +268,18 @@ def test_sim_engine_accepts_every_rendered_command(make_pdd: MakePdd, connector:
     assert args.served_model_name == ("llama-8b",)
     assert args.max_model_len == 16384
     assert (args.kv_transfer_config is None) == (role == "colocated")
+
+
+@pytest.mark.parametrize(
+    ("max_num_seqs", "want_budget"),
+    [
+        pytest.param("256", "2048", id="fewer sequences than the budget"),
+        pytest.param("4096", "4096", id="budget raised to max-num-seqs"),
+    ],
+)
+def test_colocated_token_budget_is_never_below_max_num_seqs(
+    make_pdd: MakePdd, max_num_seqs: str, want_budget: str
+) -> None:
+    pdd = make_pdd({"colocated": {"replicas": 1, "engineArgs": ["--max-num-seqs", max_num_seqs]}})
+    command = engine_command(pdd, "colocated")
+    assert flag_values(command, "--max-num-batched-tokens") == [want_budget]
