@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from tandem.api.meta import POOL_ROLES
 from tandem.api.models import PDDeployment
 from tandem.api.rules import OPERATOR_OWNED_FLAGS
+from tandem.engine.args import parse_serve_args
 from tandem.render import engine_command, render
 from tandem.render.command import flag_values, user_args
 
@@ -252,3 +253,13 @@ def test_objects_share_no_mutable_parts(pdd: PDDeployment) -> None:
     walk(objects)
     objects[0]["metadata"]["labels"]["x"] = "y"
     assert "x" not in render(pdd)[0]["metadata"]["labels"]
+
+
+@PROPERTY
+@given(pdd=pddeployments())
+def test_the_sim_engine_parses_every_rendered_command(pdd: PDDeployment) -> None:
+    for role in POOL_ROLES:
+        command = engine_command(pdd, role)
+        args = parse_serve_args(command[3:] if command[0] == "tandem" else command[2:])
+        assert args.tensor_parallel_size == pdd.spec.pool(role).tensor_parallel_size
+        assert args.served_model_name == (pdd.spec.model.name,)
