@@ -65,7 +65,11 @@ def _use_uvloop() -> None:
 async def serve(config: EngineConfig) -> int:
     core = EngineCore(config, config.sim.faults)
     server = EngineServer(config, core)
-    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False, shutdown_timeout=1.0)
+    # handler_cancellation: a client that disconnects cancels its handler, which aborts the request
+    # (frees its KV blocks, counts finished_reason="abort"), as vLLM does.
+    runner = web.AppRunner(
+        server.app(), access_log=None, handle_signals=False, shutdown_timeout=1.0, handler_cancellation=True
+    )
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

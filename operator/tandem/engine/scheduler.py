@@ -173,6 +173,8 @@ class Scheduler:
         return max(0, math.ceil(tokens_after / self.block_size) - len(seq.blocks))
 
     def _grow(self, seq: Sequence, tokens_after: int) -> bool:
+        if tokens_after <= len(seq.blocks) * self.block_size:
+            return True  # the common decode step: the last block still has room
         got = self.pool.allocate(self._blocks_needed(seq, tokens_after))
         if got is None:
             return False

@@ -33,7 +33,7 @@ from tandem.engine.openai import (
 )
 from tandem.engine.scheduler import Sequence
 from tandem.engine.settings import Faults
-from tandem.engine.tokens import output_text
+from tandem.engine.tokens import output_text, output_token_id, token_text
 
 SIM_VERSION = f"0.11.0+tandem.sim.{__version__}"
 _JSON = "application/json"
@@ -289,7 +289,7 @@ class EngineServer:
                 produced = fail_after
             for i in range(sent, produced):
                 last = seq.finished and i == seq.num_output - 1
-                text = output_text(req.prompt_key, req.seed, i, i + 1)
+                text = token_text(output_token_id(req.prompt_key, req.seed, i))
                 out.append(chunks.token_chunk(text, seq.finish_reason if last else None, i + 1))
             sent = produced
             if fail_after is not None and sent >= fail_after:

@@ -103,3 +103,42 @@ def test_unknown_model_and_oversized_requests_are_refused(colocated: Engine) -> 
     assert "maximum context length is 16384" in body["error"]["message"]
     status, _, _ = colocated.request("POST", "/v1/completions", None)
     assert status == 400
+
+
+def test_client_disconnect_aborts_the_request() -> None:
+    import http.client
+    import time
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from .harness import start_engine
+
+    engine = start_engine(env={"TANDEM_SIM_TIME_SCALE": "1"})
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", engine.port, timeout=30)
+        body = json.dumps({"model": NAME, "prompt": PROMPT, "max_tokens": 5000, "stream": True})
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        assert response.status == 200
+        response.read1(100)  # some tokens arrived
+        conn.close()
+
+        def aborted() -> float:
+            raw = engine.request("GET", "/metrics")[2].decode()
+            samples = [s for f in text_string_to_metric_families(raw) for s in f.samples]
+            hits = [
+                s.value
+                for s in samples
+                if s.name == "vllm:request_success_total" and s.labels["finished_reason"] == "abort"
+            ]
+            return float(hits[0]) if hits else 0.0
+
+        deadline = time.monotonic() + 20
+        while aborted() < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert aborted() == 1
+        state = engine.get("/debug/state")[1]
+        assert state["running"] == 0
+        assert state["kv_cache_usage"] == 0
+    finally:
+        engine.stop()
