@@ -193,7 +193,8 @@ def main() -> int:
     )
     # The client's own lag shows up in the client-side figures; the engine-side e2e is the engine's pacing.
     print(
-        f"client CPU: {client_cpu:.2f} s ({client_cpu / wall:.0%} of one core); load average {os.getloadavg()[0]:.1f}"
+        f"client CPU: {client_cpu:.2f} s ({client_cpu / wall:.0%} of one core); "
+        f"load average {os.getloadavg()[0]:.1f}"
     )
     return 0
 
