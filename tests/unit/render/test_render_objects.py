@@ -294,3 +294,14 @@ def test_image_pull_settings_come_from_the_engine_spec(make_pdd: MakePdd) -> Non
 
 def test_render_is_deterministic(make_pdd: MakePdd) -> None:
     assert render(make_pdd()) == render(make_pdd())
+
+
+def test_the_router_accepts_its_rendered_command(make_pdd: MakePdd) -> None:
+    from tandem.router.main import parse_args
+
+    deployment = _by_key(render(make_pdd()))[("Deployment", "demo-router")]
+    command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:2] == ["tandem", "router"]
+    config = parse_args(command[2:])
+    assert config.pddeployment == "demo"
+    assert config.port == 8080
