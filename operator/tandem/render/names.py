@@ -49,10 +49,10 @@ def owner_reference(pdd: PDDeployment) -> dict[str, Any]:
     }
 
 
-def object_meta(pdd: PDDeployment, role: Role, *, name: str | None = None) -> dict[str, Any]:
+def object_meta(pdd: PDDeployment, role: Role) -> dict[str, Any]:
     """metadata of a child: name, namespace, labels and the controller owner reference."""
     return {
-        "name": name or child_name(pdd, role),
+        "name": child_name(pdd, role),
         "namespace": pdd.metadata.namespace,
         "labels": labels(pdd, role),
         "ownerReferences": [owner_reference(pdd)],
