@@ -106,6 +106,8 @@ class EngineCore:
                 self.config.sim.nixl_side_channel_host, self.config.sim.nixl_side_channel_port
             )
             self._tasks.append(asyncio.create_task(self._expire_leases()))
+            if kv.is_consumer:
+                self._tasks.append(asyncio.create_task(self._heartbeat_leases()))
         self._tasks.append(asyncio.create_task(self._run()))
 
     async def stop(self) -> None:
@@ -353,6 +355,33 @@ class EngineCore:
             ids = request.get("remote_request_ids") or []
             return {"ok": True, "extended": [rid for rid in ids if self.held.extend(str(rid), now)]}
         return {"ok": False, "error": f"unknown op {op!r}"}
+
+    async def _heartbeat_leases(self) -> None:
+        """vLLM >= 0.22: keep the prefill engine's lease alive for requests still waiting here.
+
+        Pulls start as soon as blocks are free, so only requests queued for blocks need it; one
+        message per prefill engine every lease/6 seconds, each extending to 2/3 of a lease.
+        """
+        while True:
+            await asyncio.sleep(self.config.kv_lease_seconds / 6)
+            by_peer: dict[tuple[str, int], list[str]] = {}
+            for job in self.jobs.values():
+                remote = job.remote
+                if (
+                    remote is not None
+                    and remote.remote_host
+                    and not job.seq.pull_started
+                    and not job.seq.finished
+                ):
+                    by_peer.setdefault((remote.remote_host, remote.remote_port), []).append(
+                        remote.remote_request_id
+                    )
+            for (host, port), ids in by_peer.items():
+                self._spawn(self._send_heartbeat(host, port, ids))
+
+    async def _send_heartbeat(self, host: str, port: int, ids: list[str]) -> None:
+        if await send_simple(host, port, {"op": "heartbeat", "remote_request_ids": ids}) is None:
+            self.metrics.nixl_failed_notifications.inc()
 
     async def _expire_leases(self) -> None:
         period = min(1.0, self.held.lease_seconds / 4)

@@ -161,3 +161,39 @@ def test_unreachable_prefill_follows_policy(decode: Engine, recompute_decode: En
     assert decode.post("/v1/completions", body)[0] == 500
     assert decode.post("/v1/completions", {**body, "stream": True})[0] == 500  # before the first byte
     assert recompute_decode.post("/v1/completions", body)[0] == 200
+
+
+def test_heartbeats_keep_the_lease_while_decode_waits_for_blocks(colocated: Engine) -> None:
+    lease = {"kv_connector_extra_config": {"kv_lease_duration": 1.0}}
+    prefill = start_engine("--kv-transfer-config", kv_config("kv_producer", **lease), side_channel=True)
+    small_decode = start_engine(
+        "--kv-transfer-config",
+        kv_config("kv_consumer", **lease),
+        "--num-gpu-blocks-override",
+        "40",
+        "--max-model-len",
+        "640",
+        side_channel=True,
+        env={"TANDEM_SIM_TIME_SCALE": "1", "TANDEM_SIM_FAULTS": json.dumps({"slowdown": 15})},
+    )
+    try:
+        import threading
+
+        # 600 prompt tokens take 38 of the 40 blocks; 30 slowed-down steps keep them ~3 s.
+        blocker_body = {"model": NAME, "prompt": " ".join(["x"] * 600), "max_tokens": 30}
+        blocker = threading.Thread(target=small_decode.post, args=("/v1/completions", blocker_body))
+        blocker.start()
+        wait_for(lambda: small_decode.get("/debug/state")[1]["kv_cache_usage"] >= 0.95)
+        body = {"model": NAME, "prompt": " ".join(f"h{i}" for i in range(100)), "max_tokens": 3}
+        params = prefill_leg(prefill, body, "req-heartbeat")
+        status, answer = small_decode.post(
+            "/v1/completions", {**body, "kv_transfer_params": params}, timeout=60
+        )
+        blocker.join(timeout=60)
+        assert status == 200, answer  # without heartbeats the 1 s lease would have lapsed
+        assert prefill.get("/debug/kv")[1]["expired_total"] == 0
+        _, local = colocated.post("/v1/completions", body)
+        assert answer["choices"][0]["text"] == local["choices"][0]["text"]
+    finally:
+        prefill.stop()
+        small_decode.stop()
