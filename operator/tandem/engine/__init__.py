@@ -20,6 +20,8 @@ Environment (all optional):
   TANDEM_SIM_KV_SCALE           bytes actually sent over the side channel = modelled KV bytes / this
                                 (default 1024: an 8k-token Llama-3.1-8B prompt sends 1 MiB, not 1 GiB).
   TANDEM_SIM_RANDOM_SEED        seed of the fault-injection dice (default 0).
+  TANDEM_SIM_NIXL_HANDSHAKE_SECONDS  extra delay of a decode engine's first read from each prefill
+                                engine id (NIXL handshake; ~5 s measured by llm-d; default 0).
   TANDEM_SIM_FAULTS             JSON object of faults active from the start (fields below).
   VLLM_NIXL_SIDE_CHANNEL_HOST   side-channel bind address, also advertised as `remote_host`
                                 (default localhost, as vLLM); tests set 127.x.

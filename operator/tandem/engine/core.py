@@ -88,6 +88,7 @@ class EngineCore:
         self.side_channel_port: int | None = None
         self.rng = random.Random(config.sim.random_seed)
         self.jobs: dict[Sequence, Job] = {}
+        self._handshaken: set[str] = set()  # remote engine ids this engine has read from
         self.steps = 0
         self.step_seconds_total = 0.0
         self._wake = asyncio.Event()
@@ -269,6 +270,12 @@ class EngineCore:
         error = self._precheck_pull(remote)
         ok = False
         m = self.metrics
+        if error is None and remote.remote_engine_id not in self._handshaken:
+            # First contact with a prefill engine: NIXL fetches and registers its agent metadata.
+            delay = self.config.sim.nixl_handshake_seconds * self.config.sim.time_scale
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self._handshaken.add(remote.remote_engine_id)
         if error is None:
             request = {
                 "remote_request_id": remote.remote_request_id,

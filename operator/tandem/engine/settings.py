@@ -51,6 +51,7 @@ class SimSettings(BaseModel):
     kv_bandwidth_gbps: float = Field(default=DEFAULT_KV_BANDWIDTH_GBPS, gt=0)
     kv_scale: int = Field(default=DEFAULT_KV_SCALE, ge=1)
     random_seed: int = 0
+    nixl_handshake_seconds: float = Field(default=0.0, ge=0)
     nixl_side_channel_host: str = "localhost"
     nixl_side_channel_port: int = Field(default=5600, ge=0, le=65535)
     abort_request_timeout: float | None = Field(default=None, gt=0)
@@ -65,6 +66,7 @@ class SimSettings(BaseModel):
             "TANDEM_SIM_KV_BANDWIDTH_GBPS": "kv_bandwidth_gbps",
             "TANDEM_SIM_KV_SCALE": "kv_scale",
             "TANDEM_SIM_RANDOM_SEED": "random_seed",
+            "TANDEM_SIM_NIXL_HANDSHAKE_SECONDS": "nixl_handshake_seconds",
             "VLLM_NIXL_SIDE_CHANNEL_HOST": "nixl_side_channel_host",
             "VLLM_NIXL_SIDE_CHANNEL_PORT": "nixl_side_channel_port",
             "VLLM_NIXL_ABORT_REQUEST_TIMEOUT": "abort_request_timeout",

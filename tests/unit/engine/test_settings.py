@@ -53,3 +53,7 @@ def test_fault_patches_merge_and_validate() -> None:
     assert faults.slowdown == 3
     with pytest.raises(ValueError, match="kv_pull_failure_rate"):
         faults.merged({"kv_pull_failure_rate": -1})
+
+
+def test_handshake_delay_is_read() -> None:
+    assert SimSettings.from_env({"TANDEM_SIM_NIXL_HANDSHAKE_SECONDS": "5"}).nixl_handshake_seconds == 5
