@@ -34,7 +34,7 @@ Faults (`settings.Faults`), off by default; set at start with TANDEM_SIM_FAULTS=
 run time with `POST /admin/faults` (JSON merged into the current faults; `GET` shows, `DELETE` clears):
   crash: true                   exit(1) at once (at start when given in the env).
   crash_after_requests: N       exit(1) when the Nth completion request arrives (counted from start).
-  hang: true                    stop stepping; every route except /admin and /debug stops answering
+  hang: true                    stop stepping; /health, /v1/* and /metrics stop answering
                                 until hang is set back to false.
   slowdown: F                   every step and KV transfer takes F times longer.
   kv_pull_failure_rate: R       fraction of KV reads that fail: on a decode engine its pulls fail, on a

@@ -91,6 +91,8 @@ class EngineCore:
         self._handshaken: set[str] = set()  # remote engine ids this engine has read from
         self.steps = 0
         self.step_seconds_total = 0.0
+        self.lag_seconds_total = 0.0  # how late step completions ran against the modelled clock
+        self.lag_seconds_max = 0.0
         self._wake = asyncio.Event()
         self.idle = asyncio.Event()  # set while no request is in flight
         self.idle.set()
@@ -213,7 +215,11 @@ class EngineCore:
             step_end += self._step_duration(step)
             delay = step_end - self.now()
             await asyncio.sleep(delay if delay > 0 else 0)
-            self._apply(step, step_end)
+            now = self.now()
+            lag = max(0.0, now - step_end)
+            self.lag_seconds_total += lag
+            self.lag_seconds_max = max(self.lag_seconds_max, lag)
+            self._apply(step, now)
 
     def _step_duration(self, step: Step) -> float:
         chunks, batch, context = step.perf_inputs()

@@ -131,6 +131,8 @@ class EngineServer:
                 "num_gpu_blocks": core.pool.num_blocks,
                 "steps": core.steps,
                 "modelled_busy_seconds": core.step_seconds_total,
+                "mean_step_lag_seconds": core.lag_seconds_total / core.steps if core.steps else 0.0,
+                "max_step_lag_seconds": core.lag_seconds_max,
                 "draining": self.draining,
                 "faults": core.faults.model_dump(),
             }

@@ -7,6 +7,7 @@ every output token itself after pulling the KV, returns the same text as a coloc
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Sequence
@@ -39,8 +40,14 @@ def _mix(x: int) -> int:
     return x ^ (x >> 31)
 
 
+@functools.lru_cache(maxsize=1024)
+def _seed_mix(seed: int) -> int:
+    return _mix(seed & _MASK64)
+
+
 def output_token_id(key: int, seed: int, index: int) -> int:
-    return _mix(key ^ _mix(seed & _MASK64) ^ _mix(index + 0x5151)) % VOCAB_SIZE
+    # One mix per token (this runs once per streamed token): a distinct odd stride per index.
+    return _mix(((key ^ _seed_mix(seed)) + index * 0xD1B54A32D192ED03) & _MASK64) % VOCAB_SIZE
 
 
 def token_text(token_id: int) -> str:
