@@ -10,6 +10,11 @@ Modules: `args` (command line) -> `config` (defaults and start-up checks) + `set
 `metrics` (vLLM metric families); `core` (real-time step loop, KV pulls); `sidechannel` (NIXL
 side channel over TCP); `server` (aiohttp routes); `main` (entry point, signals, drain).
 
+Generation: prompt tokens are words and punctuation; output token i is a pure function of
+(prompt, seed, i) (seed: the request's, else `--seed`), so a P/D answer equals a colocated one.
+With `max_tokens` set, exactly that many tokens come back (finish_reason "length"); without it
+(and without `ignore_eos`), the "model" stops at a deterministic 64..511 tokens ("stop").
+
 Environment (all optional):
   TANDEM_SIM_GPU                GPU profile to use (default H100).
   TANDEM_SIM_PERF_MODEL         HF id whose architecture/profile to simulate when MODEL is not a known

@@ -171,6 +171,7 @@ class EngineCore:
         self.jobs.pop(seq, None)
         if not self.jobs:
             self.idle.set()
+        # vLLM's NIXL connector only hands out KV of prefills that finished length-capped.
         if seq.finish_reason == "length" and seq.hold_blocks_on_finish and seq.blocks:
             self.held.hold(job.internal_id, seq.blocks, seq.prompt_tokens, self.now())
             job.kv_transfer_params = {

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from tandem.engine.tokens import count_prompt_tokens, prompt_key, render_chat
+from tandem.engine.tokens import count_prompt_tokens, natural_length, prompt_key, render_chat
 
 DONE = b"data: [DONE]\n\n"
 
@@ -34,6 +34,7 @@ class GenerationRequest:
     prompt_key: int
     max_tokens: int
     max_tokens_param: int  # what the client asked (or the default), for the metric
+    stops_at_eos: bool  # no limit given: generation ends at a deterministic EOS (finish_reason "stop")
     seed: int
     stream: bool
     include_usage: bool
@@ -86,10 +87,18 @@ def parse_generation(
             f"{n_prompt + (limit or 0)} tokens ({n_prompt} in the messages, {limit or 0} in the completion). "
             "Please reduce the length of the messages or completion."
         )
-    max_tokens = limit if limit is not None else max_model_len - n_prompt
     seed = body.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise RequestError("seed must be an integer")
+    seed = default_seed if seed is None else seed
+    default_limit = max_model_len - n_prompt  # vLLM's default: the rest of the context
+    stops_at_eos = limit is None and not body.get("ignore_eos", False)
+    if limit is not None:
+        max_tokens = limit
+    elif stops_at_eos:
+        max_tokens = min(natural_length(key, seed), default_limit)
+    else:
+        max_tokens = default_limit
     stream = bool(body.get("stream", False))
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
@@ -105,8 +114,9 @@ def parse_generation(
         prompt_tokens=n_prompt,
         prompt_key=key,
         max_tokens=max_tokens,
-        max_tokens_param=max_tokens,
-        seed=default_seed if seed is None else seed,
+        max_tokens_param=limit if limit is not None else default_limit,
+        stops_at_eos=stops_at_eos,
+        seed=seed,
         stream=stream,
         include_usage=bool(options.get("include_usage")) or force_usage,
         continuous_usage=bool(options.get("continuous_usage_stats")),

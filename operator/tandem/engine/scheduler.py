@@ -43,12 +43,13 @@ class Sequence:
     arrival: float
     remote_kv: bool = False  # decode leg of P/D: the prompt's KV comes from a prefill engine
     hold_blocks_on_finish: bool = False  # prefill leg of P/D: keep KV for the decode engine to pull
+    reason_at_max_tokens: str = "length"  # "stop" when max_tokens is where the model samples EOS
     status: Status = Status.WAITING
     num_computed: int = 0
     num_output: int = 0
     blocks: list[int] = field(default_factory=list)
     pull_started: bool = False
-    finish_reason: str | None = None  # "length" | "abort" | "error"
+    finish_reason: str | None = None  # "length" | "stop" | "abort" | "error"
     error: str | None = None
     prompt_tokens_from_remote: int = 0
     first_scheduled: float | None = None
@@ -263,7 +264,7 @@ class Scheduler:
             result.new_tokens.append(seq)
             if seq.num_output >= seq.max_tokens:
                 self.running.remove(seq)
-                self._finish(seq, "length", now, hold=seq.hold_blocks_on_finish)
+                self._finish(seq, seq.reason_at_max_tokens, now, hold=seq.hold_blocks_on_finish)
                 result.finished.append(seq)
         return result
 

@@ -239,6 +239,7 @@ class EngineServer:
             arrival=self.core.now(),
             remote_kv=remote is not None,
             hold_blocks_on_finish=hold,
+            reason_at_max_tokens="stop" if req.stops_at_eos else "length",
         )
         return Job(seq=seq, internal_id=internal_id, max_tokens_param=req.max_tokens_param, remote=remote)
 

@@ -50,6 +50,11 @@ def output_token_id(key: int, seed: int, index: int) -> int:
     return _mix(((key ^ _seed_mix(seed)) + index * 0xD1B54A32D192ED03) & _MASK64) % VOCAB_SIZE
 
 
+def natural_length(key: int, seed: int) -> int:
+    """Where the "model" samples EOS when the client sets no token limit: 64..511 tokens."""
+    return 64 + _mix(key ^ _seed_mix(seed) ^ 0xE05) % 448
+
+
 def token_text(token_id: int) -> str:
     first, second = divmod(token_id, len(_SYLLABLES))
     return " " + _SYLLABLES[first] + _SYLLABLES[second]

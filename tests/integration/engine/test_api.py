@@ -142,3 +142,12 @@ def test_client_disconnect_aborts_the_request() -> None:
         assert state["kv_cache_usage"] == 0
     finally:
         engine.stop()
+
+
+def test_without_a_limit_the_model_stops_by_itself(colocated: Engine) -> None:
+    body = {"model": NAME, "prompt": PROMPT}
+    status, reply = colocated.post("/v1/completions", body)
+    assert status == 200
+    assert reply["choices"][0]["finish_reason"] == "stop"
+    assert 64 <= reply["usage"]["completion_tokens"] <= 511
+    assert colocated.post("/v1/completions", body)[1]["choices"][0]["text"] == reply["choices"][0]["text"]

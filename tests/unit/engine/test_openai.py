@@ -7,6 +7,7 @@ import json
 import pytest
 
 from tandem.engine.openai import ChunkWriter, RequestError, full_response, parse_generation
+from tandem.engine.tokens import natural_length
 
 NAMES = ("llama-8b",)
 
@@ -19,7 +20,11 @@ def test_defaults_and_limits() -> None:
     req = parse({"prompt": "one two three"})
     assert req.model == "llama-8b"
     assert req.prompt_tokens == 3
-    assert req.max_tokens == 97  # vLLM: the rest of the context
+    assert req.max_tokens_param == 97  # vLLM: the rest of the context
+    assert req.stops_at_eos  # ... and the model stops by itself, deterministically
+    assert req.max_tokens == min(97, natural_length(req.prompt_key, 0))
+    assert parse({"prompt": "one two three", "ignore_eos": True}).max_tokens == 97
+    assert not parse({"prompt": "one two three", "max_tokens": 5}).stops_at_eos
     assert not req.stream
     chat = parse({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 2}, chat=True)
     assert chat.max_tokens == 2

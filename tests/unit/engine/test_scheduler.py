@@ -178,3 +178,11 @@ def test_block_pool_refuses_what_it_cannot_give() -> None:
     assert pool.usage == pytest.approx(2 / 3)
     pool.free(got)
     assert pool.num_free == 3
+
+
+def test_a_natural_end_finishes_with_stop() -> None:
+    sched = make()
+    seq = Sequence("eos", 10, 2, 0.0, reason_at_max_tokens="stop")
+    sched.add(seq)
+    run_to_end(sched)
+    assert seq.finish_reason == "stop"

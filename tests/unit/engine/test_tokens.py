@@ -5,6 +5,7 @@ from __future__ import annotations
 from tandem.engine.tokens import (
     VOCAB_SIZE,
     count_prompt_tokens,
+    natural_length,
     output_text,
     output_token_id,
     prompt_key,
@@ -36,3 +37,11 @@ def test_chat_rendering_is_stable_and_reads_content_parts() -> None:
     parts = render_chat([{"role": "user", "content": [{"type": "text", "text": "hi there"}]}])
     assert plain == parts
     assert plain.endswith("<|assistant|>\n")
+
+
+def test_natural_length_is_deterministic_and_bounded() -> None:
+    lengths = {natural_length(prompt_key(f"p{i}"), 0) for i in range(200)}
+    assert min(lengths) >= 64
+    assert max(lengths) <= 511
+    assert len(lengths) > 50
+    assert natural_length(prompt_key("p"), 1) == natural_length(prompt_key("p"), 1)
