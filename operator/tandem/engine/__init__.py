@@ -15,6 +15,25 @@ Generation: prompt tokens are words and punctuation; output token i is a pure fu
 With `max_tokens` set, exactly that many tokens come back (finish_reason "length"); without it
 (and without `ignore_eos`), the "model" stops at a deterministic 64..511 tokens ("stop").
 
+P/D (reference section 2.1), with `--kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":...}'`:
+  prefill (kv_producer|kv_both): a request with `kv_transfer_params: {"do_remote_decode": true}`
+    that finishes length-capped (max_tokens 1) keeps its KV blocks and answers, non-streaming, with
+    top-level `kv_transfer_params`: do_remote_prefill=true, do_remote_decode=false, remote_block_ids,
+    remote_engine_id, remote_request_id ("cmpl-<X-Request-Id>-0-<8 hex>" / "chatcmpl-<id>-<8 hex>"),
+    remote_host (VLLM_NIXL_SIDE_CHANNEL_HOST), remote_port (side-channel port), tp_size.
+    Blocks are freed when a decode engine has read them, on a `release`, or when the lease lapses
+    (kv_connector_extra_config.kv_lease_duration, else VLLM_NIXL_ABORT_REQUEST_TIMEOUT, else 30 s);
+    decode engines heartbeat leases of requests still queued for blocks.
+  decode (kv_consumer|kv_both): the same body plus those params; the engine reads the KV over the
+    side channel (size: prompt tokens x KV bytes/token / TANDEM_SIM_KV_SCALE; time: KV per TP rank
+    at TANDEM_SIM_KV_BANDWIDTH_GBPS), then computes only the last prompt token and samples every
+    output token itself. A failed read (unknown/expired handle, unreachable prefill, block or
+    prompt mismatch, decode TP not a multiple of prefill TP, injected fault) follows
+    `kv_load_failure_policy`: "fail" (default) -> HTTP 500 (streams too: a stream's 200 is only
+    sent with its first token), "recompute" -> local prefill, HTTP 200.
+SIGTERM: stop accepting (503), finish in-flight requests for up to `--shutdown-timeout` seconds
+(vLLM's default 0: abort them at once), exit 0.
+
 Environment (all optional):
   TANDEM_SIM_GPU                GPU profile to use (default H100).
   TANDEM_SIM_PERF_MODEL         HF id whose architecture/profile to simulate when MODEL is not a known
