@@ -48,6 +48,7 @@ class Job:
     seq: Sequence
     internal_id: str
     max_tokens_param: int
+    prompt_key: int | None = None
     remote: RemotePrefill | None = None
     waiter: asyncio.Future[None] | None = None
     last_emit: float | None = None
@@ -173,7 +174,7 @@ class EngineCore:
             self.idle.set()
         # vLLM's NIXL connector only hands out KV of prefills that finished length-capped.
         if seq.finish_reason == "length" and seq.hold_blocks_on_finish and seq.blocks:
-            self.held.hold(job.internal_id, seq.blocks, seq.prompt_tokens, self.now())
+            self.held.hold(job.internal_id, seq.blocks, seq.prompt_tokens, self.now(), job.prompt_key)
             job.kv_transfer_params = {
                 "do_remote_prefill": True,
                 "do_remote_decode": False,
@@ -288,6 +289,7 @@ class EngineCore:
                 "remote_request_id": remote.remote_request_id,
                 "remote_block_ids": remote.remote_block_ids,
                 "prompt_tokens": job.seq.prompt_tokens,
+                "prompt_key": job.prompt_key,
                 "engine_id": self.engine_id,
             }
             outcome = await read_remote_kv(remote.remote_host, remote.remote_port, request, read_timeout=60.0)
@@ -337,8 +339,13 @@ class EngineCore:
             return {"ok": False, "error": "NIXL_ERR_BACKEND (injected fault)"}, 0, 0.0, nothing
         try:
             blocks = [int(b) for b in request.get("remote_block_ids") or []]
-            tokens = request.get("prompt_tokens")
-            entry = self.held.begin_read(rid, blocks, int(tokens) if tokens is not None else None)
+            tokens, key = request.get("prompt_tokens"), request.get("prompt_key")
+            entry = self.held.begin_read(
+                rid,
+                blocks,
+                int(tokens) if tokens is not None else None,
+                int(key) if key is not None else None,
+            )
         except (HeldKVError, TypeError, ValueError) as exc:
             return {"ok": False, "error": str(exc)}, 0, 0.0, nothing
         per_gpu = self.config.arch.kv_bytes_per_token_per_gpu(self.config.tensor_parallel_size)

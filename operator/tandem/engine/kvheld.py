@@ -18,6 +18,7 @@ class HeldKV:
     prompt_tokens: int
     held_at: float
     expires_at: float
+    prompt_key: int | None = None  # identity of the prompt the KV was computed for
     reading: bool = False  # a decode engine is reading it right now
 
 
@@ -42,12 +43,25 @@ class HeldKVTable:
     def entries(self) -> list[HeldKV]:
         return list(self._held.values())
 
-    def hold(self, remote_request_id: str, blocks: list[int], prompt_tokens: int, now: float) -> HeldKV:
-        entry = HeldKV(remote_request_id, blocks, prompt_tokens, now, now + self.lease_seconds)
+    def hold(
+        self,
+        remote_request_id: str,
+        blocks: list[int],
+        prompt_tokens: int,
+        now: float,
+        prompt_key: int | None = None,
+    ) -> HeldKV:
+        entry = HeldKV(remote_request_id, blocks, prompt_tokens, now, now + self.lease_seconds, prompt_key)
         self._held[remote_request_id] = entry
         return entry
 
-    def begin_read(self, remote_request_id: str, block_ids: list[int], prompt_tokens: int | None) -> HeldKV:
+    def begin_read(
+        self,
+        remote_request_id: str,
+        block_ids: list[int],
+        prompt_tokens: int | None,
+        prompt_key: int | None = None,
+    ) -> HeldKV:
         entry = self._held.get(remote_request_id)
         if entry is None:
             raise HeldKVError(f"unknown or expired KV handle {remote_request_id!r}")
@@ -60,6 +74,8 @@ class HeldKVTable:
                 f"prompt mismatch for {remote_request_id!r}: decode has {prompt_tokens} tokens, "
                 f"prefill computed {entry.prompt_tokens}"
             )
+        if prompt_key is not None and entry.prompt_key is not None and prompt_key != entry.prompt_key:
+            raise HeldKVError(f"prompt mismatch for {remote_request_id!r}: the prompts differ")
         entry.reading = True
         return entry
 

@@ -241,7 +241,13 @@ class EngineServer:
             hold_blocks_on_finish=hold,
             reason_at_max_tokens="stop" if req.stops_at_eos else "length",
         )
-        return Job(seq=seq, internal_id=internal_id, max_tokens_param=req.max_tokens_param, remote=remote)
+        return Job(
+            seq=seq,
+            internal_id=internal_id,
+            max_tokens_param=req.max_tokens_param,
+            prompt_key=req.prompt_key,
+            remote=remote,
+        )
 
     async def _complete(
         self, req: GenerationRequest, job: Job, response_id: str, headers: dict[str, str] | None

@@ -1,7 +1,7 @@
 """The NIXL side channel over TCP: the decode engine reads a prefill engine's held KV.
 
 Wire format (one connection per read): the reader sends one JSON line
-`{"op": "read", "remote_request_id", "remote_block_ids", "prompt_tokens", "engine_id"}`;
+`{"op": "read", "remote_request_id", "remote_block_ids", "prompt_tokens", "prompt_key", "engine_id"}`;
 the holder answers one JSON line, `{"ok": true, "bytes": N}` followed by N payload bytes, or
 `{"ok": false, "error": "..."}`. Other ops: `release` (decode gave up; free now) and `heartbeat`
 (extend the leases of `remote_request_ids`), each answered with `{"ok": true}`.

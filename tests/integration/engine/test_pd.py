@@ -98,6 +98,12 @@ def test_prompt_mismatch_is_refused(prefill: Engine, decode: Engine) -> None:
     )
     assert status == 500
     assert "mismatch" in reply["error"]["message"]
+    params = prefill_leg(prefill, {"model": NAME, "prompt": PROMPT, "max_tokens": 1}, "req-pd-same-length")
+    same_length = PROMPT.replace("w1 ", "v1 ", 1)
+    body = {"model": NAME, "prompt": same_length, "max_tokens": 2, "kv_transfer_params": params}
+    status, reply = decode.post("/v1/completions", body)
+    assert status == 500
+    assert "prompts differ" in reply["error"]["message"]
 
 
 @pytest.fixture(scope="module")

@@ -56,3 +56,11 @@ def test_release_frees_at_once() -> None:
     table.hold("r1", [7, 8], 20, now=0)
     assert table.release("r1") == [7, 8]
     assert table.release("r1") == []
+
+
+def test_a_different_prompt_of_the_same_length_is_refused() -> None:
+    table = HeldKVTable(lease_seconds=30)
+    table.hold("r1", [1], 5, now=0, prompt_key=111)
+    with pytest.raises(HeldKVError, match="prompts differ"):
+        table.begin_read("r1", [1], 5, prompt_key=222)
+    table.begin_read("r1", [1], 5, prompt_key=111)
