@@ -37,9 +37,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def engine_args(port: int) -> list[str]:
+def engine_args(port: int, model: str, tp: int) -> list[str]:
     return [
-        MODEL,
+        model,
+        "--tensor-parallel-size",
+        str(tp),
         "--host",
         HOST,
         "--port",
@@ -72,6 +74,15 @@ def modelled(
         now += config.profile.step_seconds(*step.perf_inputs())
         sched.complete(step, now)
     return [s.first_token or 0.0 for s in seqs], [s.finished_at or 0.0 for s in seqs]
+
+
+def runqueue_wait_seconds(pid: int) -> float:
+    """Time the process was runnable but not running (CPU starvation), from /proc/PID/schedstat."""
+    total = 0.0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+            total += int(f.read().split()[1]) / 1e9
+    return total
 
 
 def cpu_seconds(pid: int) -> float:
@@ -153,21 +164,27 @@ def main() -> int:
     parser.add_argument("--prompt-tokens", type=int, default=200)
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--time-scale", type=float, default=1.0)
+    parser.add_argument(
+        "--model", default=MODEL, help="HF id with a profile (e.g. meta-llama/Llama-3.1-70B-Instruct)"
+    )
+    parser.add_argument("--tp", type=int, default=1)
     ns = parser.parse_args()
 
     port = free_port()
-    argv = engine_args(port)
+    argv = engine_args(port, ns.model, ns.tp)
     env = {**os.environ, "TANDEM_SIM_TIME_SCALE": str(ns.time_scale)}
     proc = subprocess.Popen([sys.executable, "-m", "tandem.cli", "engine", "serve", *argv], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         wait_healthy(port, proc)
         cpu_before = cpu_seconds(proc.pid)
+        wait_before = runqueue_wait_seconds(proc.pid)
         client_before = time.process_time()
         wall_start = time.monotonic()
         results = asyncio.run(run_streams(port, ns.streams, ns.prompt_tokens, ns.max_tokens))
         wall = time.monotonic() - wall_start
         cpu = cpu_seconds(proc.pid) - cpu_before
+        starved = runqueue_wait_seconds(proc.pid) - wait_before
         client_cpu = time.process_time() - client_before
         engine_e2e_mean = scrape_mean(port, "vllm:e2e_request_latency_seconds")
         with urllib.request.urlopen(f"http://{HOST}:{port}/debug/state", timeout=10) as r:
@@ -179,7 +196,10 @@ def main() -> int:
     model_ttft, model_e2e = modelled(ns.streams, ns.prompt_tokens, ns.max_tokens, argv)
     tokens = sum(r[2] for r in results)
     scale = ns.time_scale
-    print(f"streams={ns.streams} prompt={ns.prompt_tokens} max_tokens={ns.max_tokens} time_scale={scale}")
+    print(
+        f"{ns.model} TP{ns.tp}: streams={ns.streams} prompt={ns.prompt_tokens} "
+        f"max_tokens={ns.max_tokens} time_scale={scale}"
+    )
     print(f"tokens received: {tokens} (expected {ns.streams * ns.max_tokens})")
     if scale > 0:
         compare("makespan", wall, max(model_e2e) * scale)
@@ -204,6 +224,7 @@ def main() -> int:
         f"engine CPU: {cpu:.2f} s over {wall:.2f} s wall ({cpu / wall:.0%} of one core); "
         f"{cpu / (tokens / 1000):.3f} CPU s per 1,000 tokens"
     )
+    print(f"engine waited {starved:.2f} s for a CPU while runnable (other processes on this machine)")
     # The client's own lag shows up in the client-side figures; the engine-side e2e is the engine's pacing.
     print(
         f"client CPU: {client_cpu:.2f} s ({client_cpu / wall:.0%} of one core); "
