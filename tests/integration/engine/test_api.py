@@ -151,3 +151,20 @@ def test_without_a_limit_the_model_stops_by_itself(colocated: Engine) -> None:
     assert reply["choices"][0]["finish_reason"] == "stop"
     assert 64 <= reply["usage"]["completion_tokens"] <= 511
     assert colocated.post("/v1/completions", body)[1]["choices"][0]["text"] == reply["choices"][0]["text"]
+
+
+def test_api_key_and_request_id_echo() -> None:
+    from .harness import start_engine
+
+    engine = start_engine("--api-key", "s3cret", "--enable-request-id-headers")
+    try:
+        body = {"model": NAME, "prompt": PROMPT, "max_tokens": 1}
+        assert engine.post("/v1/completions", body)[0] == 401
+        status, headers, _ = engine.request(
+            "POST", "/v1/completions", body, headers={"Authorization": "Bearer s3cret", "X-Request-Id": "abc"}
+        )
+        assert status == 200
+        assert headers["X-Request-Id"] == "abc"
+        assert engine.request("GET", "/health")[0] == 200  # probes need no key
+    finally:
+        engine.stop()
