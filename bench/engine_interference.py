@@ -131,7 +131,8 @@ def main() -> int:
         procs = [colocated, prefill, decode]
         ports = {"colocated": colocated_port, "prefill": prefill_port, "decode": decode_port}
         print(
-            f"{ns.streams} steady streams; a {ns.long_prompt}-token prompt every {ns.every} s for {ns.duration} s"
+            f"{ns.streams} steady streams; a {ns.long_prompt}-token prompt every {ns.every} s "
+            f"for {ns.duration} s"
         )
         for mode in ("colocated", "disaggregated"):
             gaps, sent = asyncio.run(run(mode, ports, ns))
