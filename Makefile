@@ -35,6 +35,10 @@ unit: venv
 crd: venv
 	$(BIN)/tandem crd > crds/pddeployment.yaml
 
+# The README's first command: local cluster, helm install, a sim P/D model and a real trace, live.
+demo: venv tools
+	$(BIN)/python -m tandem.demo
+
 # Everything: lint, types, unit, integration and e2e tests against the real local control plane.
 test: venv tools lint typecheck
 	$(BIN)/pytest -q -p no:cacheprovider tests

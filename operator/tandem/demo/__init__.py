@@ -1,0 +1,8 @@
+"""`make demo`: the local cluster, the Helm chart, a sim P/D model and a real trace, live.
+
+- `trace`: reading a window of a request trace and scaling its arrival rate (pure).
+- `stats`: latency samples, percentiles and SLO attainment (pure).
+- `load`: replaying the trace through the router over HTTP, measuring TTFT and TPOT per request.
+- `view`: the live terminal panel and the final report, as text (pure).
+- `main`: the script: cluster, helm, apply, replay, watch, report, stop.
+"""
