@@ -10,9 +10,12 @@ the cluster's marker.
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
+import re
 import shutil
 import ssl
+import tempfile
 import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
@@ -27,8 +30,13 @@ from tandem.devcluster.layout import ClusterDir
 # Never dialled: Service cluster IPs are bookkeeping only here (nothing routes them, and Services
 # get no endpoints for loopback pods). Kept inside 127.0.0.0/8 like every other address.
 SERVICE_CIDR = "127.100.0.0/16"
+# Pod CIDRs: e2e/nodes/ gives each node 127.20.N.0/24; each running cluster on this machine gets
+# its own second octet (20, 21, ...) so that two clusters never hand out the same pod IP.
+POD_OCTETS = range(20, 100)
 # Fallback pod CIDR of KWOK for nodes without spec.podCIDR (every node in e2e/nodes/ has one).
-KWOK_FALLBACK_CIDR = "127.19.0.0/16"
+KWOK_FALLBACK_SUBNET = 250
+# Serialises the choice of pod octet between clusters starting at the same time.
+OCTET_LOCK = Path(tempfile.gettempdir()) / "tandem-devcluster.lock"
 
 START_ORDER = (
     "etcd",
@@ -58,6 +66,7 @@ class State:
     started_at: float
     pids: dict[str, int] = field(default_factory=dict)
     startup_seconds: float = 0.0
+    pod_octet: int = POD_OCTETS[0]
 
     @property
     def apiserver_url(self) -> str:
@@ -159,11 +168,37 @@ def _fail(cdir: ClusterDir, what: str, log: Path) -> ClusterError:
     return ClusterError(f"{what} (log: {log})\n{tail}")
 
 
-def _load_nodes() -> list[dict[str, Any]]:
+def _with_octet(cidr: str, octet: int) -> str:
+    return re.sub(r"^127\.\d+\.", f"127.{octet}.", cidr)
+
+
+def _load_nodes(octet: int) -> list[dict[str, Any]]:
+    """The fake nodes of e2e/nodes/, with pod CIDRs moved to 127.<octet>.N.0/24."""
     nodes: list[dict[str, Any]] = []
     for f in sorted(layout.NODES_DIR.glob("*.yaml")):
         nodes += [d for d in yaml.safe_load_all(f.read_text()) if d]
+    for node in nodes:
+        spec = node.setdefault("spec", {})
+        if "podCIDR" in spec:
+            spec["podCIDR"] = _with_octet(spec["podCIDR"], octet)
+        if "podCIDRs" in spec:
+            spec["podCIDRs"] = [_with_octet(c, octet) for c in spec["podCIDRs"]]
     return nodes
+
+
+def _pick_pod_octet(cdir: ClusterDir) -> int:
+    """The lowest pod octet no other running cluster on this machine uses."""
+    used = set()
+    for marker in procs.markers():
+        if marker == cdir.marker:
+            continue
+        other = load_state(ClusterDir(Path(marker)))
+        if other is not None:
+            used.add(other.pod_octet)
+    free = [o for o in POD_OCTETS if o not in used]
+    if not free:
+        raise ClusterError(f"all pod octets {POD_OCTETS.start}-{POD_OCTETS.stop - 1} are in use")
+    return free[0]
 
 
 def up(cdir: ClusterDir, *, timeout: float = 180.0) -> State:
@@ -204,6 +239,9 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0) -> State:
         started_at=time.time(),
     )
     etcd_peer = procs.free_port()
+    # Held until etcd runs with this cluster's marker and state.json names the octet.
+    lock = OCTET_LOCK.open("a")
+    fcntl.flock(lock, fcntl.LOCK_EX)
 
     def start(name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         log = cdir.logs / f"{name}.log"
@@ -225,6 +263,7 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0) -> State:
             raise _fail(cdir, str(e), cdir.logs / f"{component}.log") from e
 
     try:
+        state.pod_octet = _pick_pod_octet(cdir)
         etcd_url = f"http://127.0.0.1:{state.etcd_port}"
         peer_url = f"http://127.0.0.1:{etcd_peer}"
         start(
@@ -245,6 +284,7 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0) -> State:
                 "--log-level=warn",
             ],
         )
+        fcntl.flock(lock, fcntl.LOCK_UN)
         wait("etcd /health", lambda: _http_ok(f"{etcd_url}/health"), "etcd")
 
         start(
@@ -336,7 +376,7 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0) -> State:
                 f"--config={layout.KWOK_STAGES}",
                 "--manage-all-nodes=false",
                 "--manage-nodes-with-label-selector=type=kwok",
-                f"--cidr={KWOK_FALLBACK_CIDR}",
+                f"--cidr=127.{state.pod_octet}.{KWOK_FALLBACK_SUBNET}.0/24",
                 "--node-ip=127.0.0.1",
                 "--node-name=kwok",
                 f"--node-port={state.kwok_port}",
@@ -350,7 +390,7 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0) -> State:
 
         api = kube.client_from(cdir.kubeconfig)
         try:
-            nodes = _load_nodes()
+            nodes = _load_nodes(state.pod_octet)
             for node in nodes:
                 kube.create_or_keep_node(api, node)
             names = [n["metadata"]["name"] for n in nodes]
@@ -388,6 +428,8 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0) -> State:
     except BaseException:
         down(cdir, quiet=True)
         raise
+    finally:
+        lock.close()
 
     state.startup_seconds = round(time.monotonic() - t0, 1)
     state.save(cdir.state)

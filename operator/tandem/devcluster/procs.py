@@ -81,6 +81,23 @@ def has_marker(pid: int, marker: str) -> bool:
     return f"{MARKER_ENV}={marker}".encode() in environ.split(b"\0")
 
 
+def markers() -> set[str]:
+    """The TANDEM_DEVCLUSTER values of all live processes: the directories of running clusters."""
+    prefix = f"{MARKER_ENV}=".encode()
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        for var in environ.split(b"\0"):
+            if var.startswith(prefix):
+                found.add(var[len(prefix) :].decode(errors="replace"))
+    return found
+
+
 def marked_pids(marker: str) -> list[int]:
     """All live processes that carry `marker`."""
     pids = []

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tandem.devcluster import cluster as devcluster
 from tandem.devcluster import layout, procs
 
 pytestmark = pytest.mark.cluster
@@ -29,6 +30,12 @@ def test_up_twice_status_and_down_leaves_no_process(tmp_path: Path) -> None:
         assert cdir.kubeconfig.exists()
         pids = procs.marked_pids(cdir.marker)
         assert len(pids) >= 7
+        # Other clusters on this machine (the session's, a demo) hand out other pod IPs.
+        octet = devcluster.load_state(cdir).pod_octet  # type: ignore[union-attr]
+        assert f"podCIDR=127.{octet}.1.0/24" in first.stdout
+        for other in procs.markers() - {cdir.marker}:
+            state = devcluster.load_state(layout.ClusterDir(Path(other)))
+            assert state is None or state.pod_octet != octet
 
         second = _tandem("dev", "cluster", "up", cluster_dir=cdir.path)
         assert second.returncode == 0, second.stderr
