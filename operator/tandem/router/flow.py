@@ -402,16 +402,19 @@ class Flow:
     ) -> _Failed | None:
         splitter = SseSplitter()
         saw_done = False
+        clock = self.clock
         async for chunk in chunks:
+            # Events that arrived together leave together: one write per engine read.
+            out: list[bytes] = []
+            failed: _Failed | None = None
             for raw in splitter.feed(chunk):
                 event = classify(raw)
                 kind = event.kind
                 if kind is EventKind.ERROR:
-                    return _Failed(LegFailure.STREAM_ERROR, event.error_message or "error event in stream")
-                if not responder.started:
-                    await responder.start_stream(200, content_type)
+                    failed = _Failed(LegFailure.STREAM_ERROR, event.error_message or "error event in stream")
+                    break
                 if kind is EventKind.TOKEN:
-                    now = self.clock()
+                    now = clock()
                     if tally.first_token_at is None:
                         tally.first_token_at = now
                         metrics.ttft.observe(now - tally.arrived)
@@ -419,11 +422,17 @@ class Flow:
                         metrics.itl.observe(now - tally.last_token_at)
                     tally.last_token_at = now
                     tally.output_tokens += 1
+                elif kind is EventKind.DONE:
+                    saw_done = True
                 if event.completion_tokens is not None:
                     tally.usage_tokens = event.completion_tokens
-                await responder.write(raw)
-                if kind is EventKind.DONE:
-                    saw_done = True
+                out.append(raw)
+            if out:
+                if not responder.started:
+                    await responder.start_stream(200, content_type)
+                await responder.write(out[0] if len(out) == 1 else b"".join(out))
+            if failed is not None:
+                return failed
         if not saw_done:
             return _Failed(LegFailure.TRUNCATED, "stream ended without [DONE]")
         await responder.end()

@@ -29,7 +29,7 @@ from tandem.router.flow import Flow, Timeouts
 from tandem.router.metrics import RouterMetrics
 from tandem.router.server import RouterApp, refresh_models
 from tandem.router.state import RouterState
-from tandem.router.upstream import Upstream
+from tandem.router.upstream import make_upstream
 
 log = logging.getLogger("tandem.router")
 
@@ -57,7 +57,8 @@ class RouterConfig(BaseModel):
     retry_budget_ratio: float = Field(default=0.2, ge=0)
     quarantine_s: float = Field(default=5.0, ge=0)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
-    event_loop: Literal["asyncio", "uvloop"] = "asyncio"
+    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
+    upstream_client: Literal["lean", "aiohttp"] = "lean"
 
     @model_validator(mode="after")
     def _one_discovery(self) -> RouterConfig:
@@ -110,7 +111,13 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
     add("--retry-budget-ratio", type=float, default=0.2, help="router-wide retries per request")
     add("--quarantine", dest="quarantine_s", type=float, default=5.0, help="seconds a failed pod sits out")
     add("--max-body-bytes", type=int, default=4 * 1024 * 1024)
-    add("--event-loop", choices=["asyncio", "uvloop"], default="asyncio")
+    add(
+        "--event-loop",
+        choices=["auto", "asyncio", "uvloop"],
+        default="auto",
+        help="auto: uvloop when installed",
+    )
+    add("--upstream-client", choices=["lean", "aiohttp"], default="lean", help="HTTP client for engine legs")
     add("--log-level", default="INFO")
     args = vars(parser.parse_args(list(argv)))
     logging.basicConfig(
@@ -140,7 +147,7 @@ def build(config: RouterConfig) -> tuple[RouterApp, RouterState, Flow]:
         state.set_static({"prefill": config.prefill, "decode": config.decode, "colocated": config.colocated})
     flow = Flow(
         state,
-        Upstream(connect_timeout_s=config.connect_timeout_s),
+        make_upstream(config.upstream_client, connect_timeout_s=config.connect_timeout_s),
         timeouts=Timeouts(config.prefill_timeout_s, config.decode_idle_timeout_s, config.decode_timeout_s),
         max_retries=config.max_retries,
         budget=RetryBudget(ratio=config.retry_budget_ratio),
@@ -185,9 +192,14 @@ async def serve(config: RouterConfig) -> None:
 
 def main(argv: Sequence[str]) -> int:
     config = parse_args(argv)
-    if config.event_loop == "uvloop":
-        import uvloop  # type: ignore[import-not-found,unused-ignore]
-
-        uvloop.install()
+    if config.event_loop != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if config.event_loop == "uvloop":
+                raise
+        else:
+            # uvloop: ~20-40% more requests per CPU-second here (bench/router_overhead.py).
+            uvloop.install()
     asyncio.run(serve(config))
     return 0

@@ -1,0 +1,260 @@
+"""Router overhead: two-phase requests through the router vs the same stream straight from a worker.
+
+Starts a prefill and a decode engine (the sim engine with zero model latency, or the zero-cost
+stub in `router_stub_engine.py`) and a router, all on 127.0.0.1, then drives each target with N
+concurrent keep-alive streams for a fixed time, in the same run:
+- direct: client -> decode engine (one streamed request);
+- router: client -> router -> prefill leg -> decode leg, streamed back.
+It prints p50/p99 latency of whole streamed answers, throughput, the router's added latency and
+the throughput ratio, and the router's requests per CPU-second (its process CPU time over the run:
+the "requests per second on one core" figure, robust to other load on the machine).
+
+    .venv/bin/python bench/router_overhead.py [--engine sim|stub] [--concurrency 1 64 256]
+        [--seconds 5] [--event-loop asyncio|uvloop] [--router-core 0] [--tokens 16]
+
+The load generator is a lean raw-asyncio HTTP/1.1 client so that it, not the router, stays cheap.
+No assertions: it prints figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+MODEL = "bench-model"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _log() -> int:
+    """Children's stderr goes to one file (a pipe nobody reads would block them)."""
+    return os.open("/tmp/tandem-router-bench.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+
+def _pinned(command: list[str], core: int | None) -> list[str]:
+    if core is None or shutil.which("taskset") is None:
+        return command
+    return ["taskset", "-c", str(core), *command]
+
+
+def start_engine(kind: str, port: int, tokens: int, core: int | None) -> subprocess.Popen[bytes]:
+    if kind == "stub":
+        command = [PYTHON, str(ROOT / "bench" / "router_stub_engine.py"), "--port", str(port)]
+        command += ["--model", MODEL, "--tokens", str(tokens)]
+    else:
+        command = [PYTHON, "-m", "tandem.cli", "engine", "serve", MODEL, "--host", "127.0.0.1"]
+        command += ["--port", str(port), "--max-model-len", "8192"]
+    env = {**os.environ, "TANDEM_SIM_TIME_SCALE": "0"}
+    return subprocess.Popen(_pinned(command, core), env=env, stdout=subprocess.DEVNULL, stderr=_log())
+
+
+def start_router(prefill: str, decode: str, port: int, args: argparse.Namespace) -> subprocess.Popen[bytes]:
+    command = [PYTHON, "-m", "tandem.cli", "router", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--prefill", prefill, "--decode", decode, "--log-level", "WARNING"]
+    command += ["--event-loop", args.event_loop, "--upstream-client", args.upstream_client]
+    core = args.router_core
+    return subprocess.Popen(_pinned(command, core), stdout=subprocess.DEVNULL, stderr=_log())
+
+
+async def wait_ready(port: int, path: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            data = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            writer.close()
+            if data.startswith(b"HTTP/1.1 200"):
+                return
+        except (OSError, asyncio.IncompleteReadError, TimeoutError):
+            pass
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"nothing ready on port {port}{path}")
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection that posts a body and reads a whole (chunked) answer."""
+
+    def __init__(self, port: int, request: bytes) -> None:
+        self.port = port
+        self.request = request
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def call(self) -> bool:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        assert self.reader is not None
+        self.writer.write(self.request)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        ok = head.startswith(b"HTTP/1.1 200")
+        lower = head.lower()
+        if b"transfer-encoding: chunked" in lower:
+            body = await self.reader.readuntil(b"\r\n0\r\n\r\n")
+        else:
+            at = lower.find(b"content-length:")
+            length = int(lower[at + 15 : lower.find(b"\r\n", at)])
+            body = await self.reader.readexactly(length)
+        return ok and b"[DONE]" in body and b'"error"' not in body
+
+
+@dataclass
+class Result:
+    latencies: list[float]
+    errors: int
+    seconds: float
+    cpu_s: float | None
+
+    def quantile(self, q: float) -> float:
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+    @property
+    def throughput(self) -> float:
+        return len(self.latencies) / self.seconds
+
+
+def cpu_seconds(pid: int) -> float | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def drive(port: int, concurrency: int, seconds: float, request: bytes, pid: int | None) -> Result:
+    connections = [Connection(port, request) for _ in range(concurrency)]
+    for connection in connections:  # open and warm every connection first
+        await connection.call()
+    latencies: list[float] = []
+    errors = 0
+    stop_at = 0.0
+
+    async def worker(connection: Connection) -> None:
+        nonlocal errors
+        while time.perf_counter() < stop_at:
+            started = time.perf_counter()
+            ok = await connection.call()
+            if ok:
+                latencies.append(time.perf_counter() - started)
+            else:
+                errors += 1
+
+    cpu_before = cpu_seconds(pid) if pid else None
+    started = time.perf_counter()
+    stop_at = started + seconds
+    await asyncio.gather(*(worker(c) for c in connections))
+    elapsed = time.perf_counter() - started
+    cpu_after = cpu_seconds(pid) if pid else None
+    for connection in connections:
+        if connection.writer is not None:
+            connection.writer.close()
+    cpu = cpu_after - cpu_before if cpu_before is not None and cpu_after is not None else None
+    return Result(latencies, errors, elapsed, cpu)
+
+
+def post(path: str, body: dict[str, object]) -> bytes:
+    data = json.dumps(body).encode()
+    head = f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+    return head.encode() + f"Content-Length: {len(data)}\r\n\r\n".encode() + data
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:8.2f}"
+
+
+async def run(args: argparse.Namespace) -> None:
+    ports = {"prefill": free_port(), "decode": free_port(), "router": free_port()}
+    processes = [
+        start_engine(args.engine, ports["prefill"], args.tokens, args.engine_core),
+        start_engine(args.engine, ports["decode"], args.tokens, args.engine_core),
+    ]
+    try:
+        await wait_ready(ports["prefill"], "/health")
+        await wait_ready(ports["decode"], "/health")
+        router = start_router(
+            f"http://127.0.0.1:{ports['prefill']}",
+            f"http://127.0.0.1:{ports['decode']}",
+            ports["router"],
+            args,
+        )
+        processes.append(router)
+        await wait_ready(ports["router"], "/health")
+        await asyncio.sleep(1.5)  # the router learns the model list
+        body = {"model": MODEL, "prompt": "the quick brown fox jumps over the lazy dog", "stream": True}
+        body["max_tokens"] = args.tokens
+        request = post("/v1/completions", body)
+        print(
+            f"engine={args.engine} event_loop={args.event_loop} upstream_client={args.upstream_client} "
+            f"tokens/answer={args.tokens} "
+            f"seconds/point={args.seconds} router core={args.router_core} engines core={args.engine_core} "
+            f"cpus={os.cpu_count()}"
+        )
+        header = (
+            f"{'streams':>7} {'target':>7} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'errors':>6} "
+            f"{'added p50':>9} {'added p99':>9} {'tput ratio':>10} {'router req/cpu-s':>16}"
+        )
+        print(header)
+        for concurrency in args.concurrency:
+            direct = await drive(ports["decode"], concurrency, args.seconds, request, None)
+            routed = await drive(ports["router"], concurrency, args.seconds, request, router.pid)
+            for name, result in (("direct", direct), ("router", routed)):
+                line = (
+                    f"{concurrency:>7} {name:>7} {ms(result.quantile(0.5))} {ms(result.quantile(0.99))} "
+                    f"{result.throughput:8.0f} {result.errors:>6}"
+                )
+                if name == "router":
+                    per_cpu = (
+                        routed.throughput * routed.seconds / routed.cpu_s if routed.cpu_s else float("nan")
+                    )
+                    line += (
+                        f" {ms(routed.quantile(0.5) - direct.quantile(0.5))} "
+                        f"{ms(routed.quantile(0.99) - direct.quantile(0.99))} "
+                        f"{routed.throughput / direct.throughput:10.2f} {per_cpu:16.0f}"
+                    )
+                print(line, flush=True)
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--engine", choices=["sim", "stub"], default="sim")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 256])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--event-loop", choices=["asyncio", "uvloop"], default="asyncio")
+    parser.add_argument("--upstream-client", choices=["lean", "aiohttp"], default="lean")
+    parser.add_argument("--router-core", type=int, default=0)
+    parser.add_argument("--engine-core", type=int, default=1)
+    args = parser.parse_args()
+    if args.engine_core < 0:
+        args.engine_core = None
+    if args.router_core < 0:
+        args.router_core = None
+    asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    main()
