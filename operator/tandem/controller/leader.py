@@ -8,6 +8,7 @@ the Lease only, never to PDDeployments or their children.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -96,7 +97,22 @@ class LeaderElector:
         self.kube.request("PUT", LEASE.path(self.namespace, self.name), body=lease)  # resourceVersion guards
         return True
 
+    def _release(self) -> None:
+        lease = self.kube.get(LEASE, self.namespace, self.name)
+        if lease is not None and (lease.get("spec") or {}).get("holderIdentity") == self.identity:
+            lease["spec"]["holderIdentity"] = ""
+            self.kube.request("PUT", LEASE.path(self.namespace, self.name), body=lease)
+
     async def run(self) -> None:
+        try:
+            await self._loop()
+        finally:
+            if self.is_leader:  # hand over at once instead of making a successor wait out the lease
+                self.is_leader = False
+                with contextlib.suppress(KubeError):
+                    self._release()
+
+    async def _loop(self) -> None:
         while True:
             try:
                 leading = await asyncio.to_thread(self._try_once, datetime.now(UTC).timestamp())

@@ -164,6 +164,12 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
             child_event
         )
 
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # kopf's own readers: no second client library in memory for its watches.
+        info = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+        return info
+
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.posting.enabled = False  # tandem posts its own Events

@@ -87,7 +87,15 @@ def pod_problems(pods: list[Obj]) -> list[PodProblem]:
         status = pod.get("status") or {}
         for cond in status.get("conditions") or []:
             if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-                problems.append(PodProblem(name, role, "Unschedulable", cond.get("message", "")))
+                problems.append(
+                    PodProblem(
+                        name,
+                        role,
+                        "Unschedulable",
+                        cond.get("message", ""),
+                        cond.get("lastTransitionTime", ""),
+                    )
+                )
         for cs in status.get("containerStatuses") or []:
             waiting = (cs.get("state") or {}).get("waiting") or {}
             reason = _WAITING_PROBLEMS.get(waiting.get("reason", ""))
@@ -106,7 +114,7 @@ def missing_secrets(kube: KubeRest, pdd: PDDeployment) -> list[PodProblem]:
     problems = []
     for name, use in wanted:
         if kube.get(SECRET, pdd.metadata.namespace, name) is None:
-            problems.append(PodProblem("-", "all", "ConfigError", f"Secret {name!r} ({use}) not found"))
+            problems.append(PodProblem("", "", "ConfigError", f"Secret {name!r} ({use}) not found"))
     return problems
 
 
@@ -133,7 +141,6 @@ class Reconciler:
         existing: dict[tuple[str, str], Obj] = {}
         for kind in KINDS.values():
             for obj in self.kube.list(kind, ns, selector):
-                obj.setdefault("kind", kind.kind)
                 if _owned_by(obj, pdd.metadata.uid):
                     existing[_key(obj)] = obj
 

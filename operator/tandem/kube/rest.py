@@ -95,10 +95,9 @@ class KubeRest:
             method=method, resource_path=path, header_params=headers, auth_settings=["BearerToken"]
         )
         _method, url, header_params, _body, _post = serialized
-        payload = json.dumps(body) if body is not None else None
         try:
             response = self._client.call_api(
-                method, url, header_params=header_params, body=payload, _request_timeout=timeout
+                method, url, header_params=header_params, body=body, _request_timeout=timeout
             )
             raw = response.read()
             status = int(response.status)
@@ -127,6 +126,9 @@ class KubeRest:
     def list(self, kind: Kind, namespace: str | None, label_selector: str = "") -> list[Obj]:
         query = {"labelSelector": label_selector} if label_selector else None
         items: list[Obj] = self.request("GET", kind.collection(namespace), query).get("items", [])
+        for item in items:  # list items come without their type
+            item.setdefault("apiVersion", kind.api_version)
+            item.setdefault("kind", kind.kind)
         return items
 
     def apply(self, kind: Kind, obj: Obj) -> Obj:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from tandem.api import meta
 from tandem.api.models import PDDeployment, ServingMode
@@ -42,10 +43,11 @@ class WorkloadState:
 class PodProblem:
     """Something keeping a pod from running that no admission check could catch."""
 
-    pod: str
+    pod: str  # empty for a problem of the whole spec (a missing Secret, say)
     role: str
     reason: str  # CamelCase: Unschedulable, ImagePullFailed, CrashLoopBackOff, ...
     message: str
+    since: str = ""  # RFC 3339 time the problem began, when known
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,27 @@ class Observed:
 
 # Reasons that stop progress until something outside the operator changes (kstatus "Stalled").
 _STALLING_REASONS = ("Unschedulable", "ImagePullFailed", "CrashLoopBackOff", "ConfigError")
+# Capacity often frees up by itself (a rollout ending, a node joining): a pod counts as stuck
+# only after it has been unschedulable this long; until then the deployment is progressing.
+UNSCHEDULABLE_GRACE_SECONDS = 60.0
+
+
+def _seconds_between(start: str, end: str) -> float:
+    if not start:
+        return float("inf")
+    return (
+        datetime.fromisoformat(end.replace("Z", "+00:00"))
+        - datetime.fromisoformat(start.replace("Z", "+00:00"))
+    ).total_seconds()
+
+
+def _stalling(problem: PodProblem, now: str) -> bool:
+    if problem.reason not in _STALLING_REASONS:
+        return False
+    return (
+        problem.reason != "Unschedulable"
+        or _seconds_between(problem.since, now) >= UNSCHEDULABLE_GRACE_SECONDS
+    )
 
 
 def _tp(pdd: PDDeployment, role: str) -> int:
@@ -109,7 +132,8 @@ def _kv_status(pdd: PDDeployment) -> KVTransferStatus:
 def _problem_summary(problems: Sequence[PodProblem]) -> tuple[str, str]:
     first = problems[0]
     others = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-    return first.reason, f"pod {first.pod} ({first.role}): {first.message}{others}"
+    where = f"pod {first.pod} ({first.role}): " if first.pod else ""
+    return first.reason, f"{where}{first.message}{others}"
 
 
 def _progress_message(pools: PoolsStatus, roles: Sequence[str]) -> str:
@@ -130,7 +154,7 @@ def derive_status(
     active_roles = [role for role in roles if observed.desired_replicas.get(role, 0) > 0]
     converged = all(_converged(role, observed) for role in roles)
 
-    stalling = [p for p in observed.pod_problems if p.reason in _STALLING_REASONS]
+    stalling = [p for p in observed.pod_problems if _stalling(p, now)]
     if observed.apply_errors:
         stalled: tuple[str, str] | None = ("ApplyFailed", "; ".join(observed.apply_errors))
     elif stalling:
@@ -162,6 +186,8 @@ def derive_status(
         phase = Phase.Healthy
     else:
         message = _progress_message(pools, active_roles)
+        if observed.pod_problems:
+            message += "; " + _problem_summary(observed.pod_problems)[1]
         conditions += [
             (ConditionType.Ready, "False", "WaitingForReplicas", message),
             (ConditionType.Reconciling, "True", "WaitingForReplicas", message),

@@ -73,7 +73,7 @@ def conditions(status_conditions: list[Condition]) -> dict[str, tuple[str, str]]
             Observed(
                 workloads={**ALL_READY, "decode": ready(1)},
                 desired_replicas=DESIRED,
-                pod_problems=[PodProblem("llama-decode-1", "decode", "Unschedulable", "0/7 nodes: no gpu")],
+                pod_problems=[PodProblem("llama-decode-1", "decode", "Unschedulable", "no gpu", EARLIER)],
             ),
             "Degraded",
             {"Ready": ("False", "Unschedulable"), "Reconciling": ("False", "Unschedulable"),
@@ -136,3 +136,19 @@ def test_kv_transfer_estimate_from_known_architecture() -> None:
     assert status.kv_transfer.bytes_per_token == 131072
     # 1,000 tokens x 128 KiB at 400 Gb/s = 2.6 ms
     assert status.kv_transfer.ms_per_thousand_tokens == 3
+
+
+def test_unschedulable_is_progress_until_the_grace_period_ends() -> None:
+    problem = PodProblem(
+        "llama-decode-1", "decode", "Unschedulable", "0/7 nodes: no gpu", "2026-11-29T09:59:30Z"
+    )
+    observed = Observed(
+        workloads={**ALL_READY, "decode": ready(1)}, desired_replicas=DESIRED, pod_problems=[problem]
+    )
+    status = derive_status(pdd(), observed, [], NOW)  # 30 s unschedulable
+    assert status.phase == "Progressing"
+    assert conditions(status.conditions)["Stalled"] == ("False", "Progressing")
+    assert "0/7 nodes: no gpu" in next(c.message for c in status.conditions if c.type == "Reconciling")
+    later = derive_status(pdd(), observed, status.conditions, "2026-11-29T10:00:31Z")
+    assert later.phase == "Degraded"
+    assert conditions(later.conditions)["Stalled"] == ("True", "Unschedulable")

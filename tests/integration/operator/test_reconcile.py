@@ -1,0 +1,343 @@
+"""The operator against the real control plane: examples converge, edits converge, deletion cleans up,
+problems show in status, and a steady state writes nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tandem.api.models import PDDeployment
+from tandem.devcluster.handle import ClusterHandle
+from tandem.render import render
+
+from .conftest import OperatorProcess
+
+EXAMPLES = sorted((Path(__file__).parents[3] / "examples").glob("*.yaml"))
+RDMA_LABEL = "network.tandem.dev/rdma"
+WRITE_VERBS = {"POST", "PUT", "PATCH", "APPLY", "DELETE"}
+OWNED_RESOURCES = {
+    "pddeployments",
+    "statefulsets",
+    "deployments",
+    "services",
+    "poddisruptionbudgets",
+    "serviceaccounts",
+    "roles",
+    "rolebindings",
+}
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 180, interval: float = 1.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+
+
+def get(cluster: ClusterHandle, namespace: str, *what: str) -> dict[str, Any]:
+    result = cluster.kubectl("get", "-n", namespace, *what, "-o", "json", check=False)
+    return json.loads(result.stdout) if result.returncode == 0 else {}
+
+
+def condition(pdd: dict[str, Any], kind: str) -> dict[str, Any]:
+    for cond in (pdd.get("status") or {}).get("conditions") or []:
+        if cond["type"] == kind:
+            return dict(cond)
+    return {}
+
+
+def load_example(path: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(path.read_text())
+    doc["metadata"].pop("namespace", None)  # each test has its own namespace
+    return doc
+
+
+def create_referenced_secrets(cluster: ClusterHandle, namespace: str, doc: dict[str, Any]) -> None:
+    spec = doc["spec"]
+    token = spec["model"].get("tokenSecretRef")
+    if token:
+        cluster.kubectl(
+            "create",
+            "secret",
+            "generic",
+            token["name"],
+            "-n",
+            namespace,
+            f"--from-literal={token['key']}=hf_test",
+        )
+    uri = spec["model"]["uri"]
+    if uri.startswith("pvc://"):  # a statically bound volume: there is no provisioner here
+        claim = uri.removeprefix("pvc://").split("/", 1)[0]
+        volume = f"{namespace}-{claim}"
+        objects = [
+            {"apiVersion": "v1", "kind": "PersistentVolume",
+             "metadata": {"name": volume, "labels": {"tandem.dev/test": "true"}},
+             "spec": {"capacity": {"storage": "1Ti"}, "accessModes": ["ReadOnlyMany"], "storageClassName": "",
+                      "hostPath": {"path": "/models"}, "claimRef": {"namespace": namespace, "name": claim}}},
+            {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+             "metadata": {"name": claim, "namespace": namespace},
+             "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": volume,
+                      "resources": {"requests": {"storage": "1Ti"}}}},
+        ]  # fmt: skip
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objects))
+    for name in spec["engine"].get("imagePullSecrets", []):
+        cluster.kubectl(
+            "create", "secret", "docker-registry", name, "-n", namespace,
+            "--docker-server=registry.invalid", "--docker-username=u", "--docker-password=p",
+        )  # fmt: skip
+
+
+def apply_example(cluster: ClusterHandle, namespace: str, path: Path) -> dict[str, Any]:
+    doc = load_example(path)
+    create_referenced_secrets(cluster, namespace, doc)
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(doc))
+    return get(cluster, namespace, "pdd", doc["metadata"]["name"])
+
+
+def is_ready(cluster: ClusterHandle, namespace: str, name: str) -> dict[str, Any] | None:
+    """The PDDeployment once Ready for its generation; fails at once if it is Stalled instead."""
+    pdd = get(cluster, namespace, "pdd", name)
+    stalled = condition(pdd, "Stalled")
+    assert stalled.get("status") != "True", f"{name} stalled: {stalled}"
+    ready = condition(pdd, "Ready")
+    gen = pdd.get("metadata", {}).get("generation")
+    if ready.get("status") == "True" and pdd["status"].get("observedGeneration") == gen:
+        return pdd
+    return None
+
+
+@pytest.fixture
+def test_volumes(cluster: ClusterHandle) -> Iterator[None]:
+    """PersistentVolumes a test made are cluster-scoped: remove them when it ends."""
+    yield
+    cluster.kubectl("delete", "pv", "-l", "tandem.dev/test=true", "--wait=false", check=False)
+
+
+@pytest.mark.usefixtures("test_volumes")
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_converges_and_children_match_render(
+    cluster: ClusterHandle, operator: OperatorProcess, namespace: str, example: Path
+) -> None:
+    wait_for(
+        "earlier test namespaces to be gone",
+        lambda: no_namespace_terminating(cluster),
+        timeout=300,
+        interval=2,
+    )
+    started = time.monotonic()
+    live = apply_example(cluster, namespace, example)
+    name = live["metadata"]["name"]
+    expected = render(
+        PDDeployment.from_object({**live, "metadata": {**live["metadata"], "namespace": namespace}})
+    )
+    kinds = sorted({obj["kind"].lower() for obj in expected})
+
+    def children() -> set[tuple[str, str]]:
+        items = get(cluster, namespace, ",".join(kinds), "-l", f"tandem.dev/pddeployment={name}")
+        return {(i["kind"], i["metadata"]["name"]) for i in items.get("items", [])}
+
+    want = {(obj["kind"], obj["metadata"]["name"]) for obj in expected}
+    wait_for("all children", lambda: children() >= want, timeout=120)
+    created_after = time.monotonic() - started
+    pdd = wait_for("Ready=True", lambda: is_ready(cluster, namespace, name), timeout=300)
+    ready_after = time.monotonic() - started
+    print(f"\n{example.stem}: children created {created_after:.1f}s, Ready {ready_after:.1f}s after apply")
+    assert children() == want
+
+    for obj in expected:
+        if obj["kind"] != "StatefulSet":
+            continue
+        sts = get(cluster, namespace, "statefulset", obj["metadata"]["name"])
+        assert sts["spec"]["replicas"] == obj["spec"]["replicas"]
+        live_container = sts["spec"]["template"]["spec"]["containers"][0]
+        want_container = obj["spec"]["template"]["spec"]["containers"][0]
+        assert live_container["command"] + live_container.get("args", []) == want_container[
+            "command"
+        ] + want_container.get("args", [])
+        assert sts["metadata"]["ownerReferences"][0]["uid"] == live["metadata"]["uid"]
+
+    pools = pdd["status"]["pools"]
+    for role in ("prefill", "decode", "colocated"):
+        spec_pool = live["spec"].get(role) or {}
+        assert pools[role]["desiredReplicas"] == spec_pool.get("replicas", 0)
+        assert pools[role]["readyReplicas"] == spec_pool.get("replicas", 0)
+        assert pools[role]["gpus"] == spec_pool.get("replicas", 0) * spec_pool.get("tensorParallelSize", 1)
+    assert condition(pdd, "Stalled")["status"] == "False"
+    assert condition(pdd, "Available")["status"] == "True"
+    assert pdd["status"]["phase"] == "Healthy"
+
+    # P/D pods land only on RDMA GPU nodes
+    nodes = {n["metadata"]["name"]: n for n in get(cluster, "", "nodes").get("items", [])}
+    pods = get(cluster, namespace, "pods", "-l", f"tandem.dev/pddeployment={name}")["items"]
+    for pod in pods:
+        role = pod["metadata"]["labels"]["tandem.dev/role"]
+        node = nodes[pod["spec"]["nodeName"]]
+        if role in ("prefill", "decode") and live["spec"].get("network", {}).get("rdma", {}).get(
+            "enabled", True
+        ):
+            assert node["metadata"]["labels"].get(RDMA_LABEL) == "true", (
+                pod["metadata"]["name"],
+                node["metadata"]["name"],
+            )
+        if role != "router":
+            assert int(node["status"]["allocatable"].get("nvidia.com/gpu", "0")) > 0
+
+
+SIM_EXAMPLE = Path(__file__).parents[3] / "examples" / "sim-pd.yaml"
+
+
+def test_unschedulable_shows_in_status(
+    cluster: ClusterHandle, operator: OperatorProcess, namespace: str
+) -> None:
+    doc = load_example(SIM_EXAMPLE)
+    doc["metadata"]["name"] = "too-big"
+    doc["spec"]["decode"] = {**doc["spec"].get("decode", {}), "replicas": 5, "tensorParallelSize": 8}
+    doc["spec"]["prefill"] = {**doc["spec"].get("prefill", {}), "tensorParallelSize": 8}
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(doc))
+
+    def stalled() -> dict[str, Any] | None:
+        pdd = get(cluster, namespace, "pdd", "too-big")
+        return pdd if condition(pdd, "Stalled").get("status") == "True" else None
+
+    pdd = wait_for("Stalled=True", stalled, timeout=180)
+    stalled_cond = condition(pdd, "Stalled")
+    assert stalled_cond["reason"] == "Unschedulable"
+    assert "nvidia.com/gpu" in stalled_cond["message"] or "Insufficient" in stalled_cond["message"]
+    assert condition(pdd, "Ready")["status"] == "False"
+    assert pdd["status"]["phase"] == "Degraded"
+    events = get(cluster, namespace, "events", "--field-selector", "involvedObject.name=too-big")["items"]
+    assert any(e["reason"] == "Unschedulable" and e["type"] == "Warning" for e in events)
+
+
+def test_missing_image_pull_secret_shows_in_status(
+    cluster: ClusterHandle, operator: OperatorProcess, namespace: str
+) -> None:
+    doc = load_example(SIM_EXAMPLE)
+    doc["metadata"]["name"] = "no-secret"
+    doc["spec"]["engine"]["imagePullSecrets"] = ["registry-creds"]
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(doc))
+
+    def stalled() -> dict[str, Any] | None:
+        pdd = get(cluster, namespace, "pdd", "no-secret")
+        return pdd if condition(pdd, "Stalled").get("status") == "True" else None
+
+    pdd = wait_for("Stalled=True", stalled, timeout=120)
+    assert condition(pdd, "Stalled")["reason"] == "ConfigError"
+    assert "registry-creds" in condition(pdd, "Stalled")["message"]
+    cluster.kubectl(
+        "create", "secret", "docker-registry", "registry-creds", "-n", namespace,
+        "--docker-server=registry.invalid", "--docker-username=u", "--docker-password=p",
+    )  # fmt: skip
+    wait_for(
+        "Stalled=False once the secret exists",
+        lambda: condition(get(cluster, namespace, "pdd", "no-secret"), "Stalled").get("status") == "False",
+        timeout=150,
+    )
+
+
+def test_spec_edit_converges_and_delete_collects(
+    cluster: ClusterHandle, operator: OperatorProcess, namespace: str
+) -> None:
+    live = apply_example(cluster, namespace, SIM_EXAMPLE)
+    name = live["metadata"]["name"]
+    wait_for("Ready=True", lambda: is_ready(cluster, namespace, name), timeout=300)
+    decode = live["spec"]["decode"]["replicas"]
+    cluster.kubectl(
+        "patch",
+        "-n",
+        namespace,
+        "pdd",
+        name,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"decode": {"replicas": decode + 1}}}),
+    )
+    pdd = wait_for("Ready=True after the edit", lambda: is_ready(cluster, namespace, name), timeout=300)
+    assert pdd["status"]["pools"]["decode"]["ready"] == f"{decode + 1}/{decode + 1}"
+    assert get(cluster, namespace, "statefulset", f"{name}-decode")["spec"]["replicas"] == decode + 1
+
+    cluster.kubectl("delete", "-n", namespace, "pdd", name, "--wait=true", "--timeout=60s")
+    wait_for(
+        "children garbage-collected",
+        lambda: (
+            not get(
+                cluster,
+                namespace,
+                "statefulsets,deployments,services",
+                "-l",
+                f"tandem.dev/pddeployment={name}",
+            ).get("items", [True])
+        ),
+        timeout=120,
+    )
+
+
+def no_namespace_terminating(cluster: ClusterHandle) -> bool:
+    """Earlier tests' namespaces hold GPUs and delete objects until they are gone."""
+    items = get(cluster, "", "namespaces").get("items", [])
+    return not any(ns["status"].get("phase") == "Terminating" for ns in items)
+
+
+def apiserver_writes(cluster: ClusterHandle) -> dict[str, float]:
+    text = cluster.kubectl("get", "--raw", "/metrics").stdout
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+        if labels.get("verb") in WRITE_VERBS and labels.get("resource") in OWNED_RESOURCES:
+            key = f"{labels['verb']} {labels['resource']}/{labels.get('subresource', '')}"
+            totals[key] = totals.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+def operator_counter(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def test_steady_state_writes_nothing(
+    cluster: ClusterHandle, operator: OperatorProcess, namespace: str
+) -> None:
+    live = apply_example(cluster, namespace, SIM_EXAMPLE)
+    name = live["metadata"]["name"]
+    wait_for("Ready=True", lambda: is_ready(cluster, namespace, name), timeout=300)
+    # earlier tests' namespaces delete their objects meanwhile
+    wait_for(
+        "earlier test namespaces to be gone",
+        lambda: no_namespace_terminating(cluster),
+        timeout=300,
+        interval=2,
+    )
+    time.sleep(5)  # let the last status write and its watch event settle
+    before_api = apiserver_writes(cluster)
+    before_metrics = operator.metrics()
+    window = 70.0  # more than three resync periods of the test operator (20 s)
+    time.sleep(window)
+    after_api = apiserver_writes(cluster)
+    after_metrics = operator.metrics()
+    passes = operator_counter(after_metrics, "tandem_operator_reconciles_total") - operator_counter(
+        before_metrics, "tandem_operator_reconciles_total"
+    )
+    assert passes >= 3, "the operator must have reconciled during the window for this test to mean anything"
+    writes = {
+        k: after_api.get(k, 0) - before_api.get(k, 0)
+        for k in after_api
+        if after_api.get(k, 0) != before_api.get(k, 0)
+    }
+    operator_writes = operator_counter(after_metrics, "tandem_operator_api_writes_total") - operator_counter(
+        before_metrics, "tandem_operator_api_writes_total"
+    )
+    print(f"\nsteady state over {window:.0f}s: {passes:.0f} reconcile passes, apiserver writes {writes or 0}")
+    assert writes == {}
+    assert operator_writes == 0
