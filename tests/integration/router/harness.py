@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,6 +15,7 @@ from prometheus_client import generate_latest
 
 from tandem.router.flow import Flow
 from tandem.router.main import RouterConfig, build
+from tandem.router.server import refresh_models
 from tandem.router.state import RouterState
 
 
@@ -32,16 +34,23 @@ class RunningRouter:
 
 
 @asynccontextmanager
-async def running_router(**config: Any) -> AsyncIterator[RunningRouter]:
+async def running_router(*, learn_models: bool = False, **config: Any) -> AsyncIterator[RunningRouter]:
     app, state, flow = build(RouterConfig(host="127.0.0.1", port=0, **config))
     runner = web.AppRunner(app.app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    refresher = asyncio.create_task(refresh_models(state, flow, interval_s=0.2))
+    if learn_models:
+        for _ in range(100):
+            if state.catalog.from_engines:
+                break
+            await asyncio.sleep(0.1)
     try:
         yield RunningRouter(f"http://127.0.0.1:{port}", state, flow)
     finally:
+        refresher.cancel()
         await runner.cleanup()
         await flow.upstream.close()
 
