@@ -1,0 +1,142 @@
+"""Discovery on the real local control plane: the router follows its PDDeployment's pods.
+
+Sim engine pods (run by the dev cluster's pod runner on loopback pod IPs) come and go; a
+`tandem router --namespace NS --pddeployment NAME` process, given the cluster's kubeconfig like
+the pod runner gives one, must route to exactly the Ready ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import pytest
+from kubernetes import client
+
+from tandem.api import meta
+from tandem.devcluster.handle import ClusterHandle
+
+from .sim import LOOPBACK, MODEL, NAME, free_port
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
+
+PDD = "llm"
+T = TypeVar("T")
+
+
+def eventually(check: Callable[[], T | None], *, timeout: float = 120, what: str = "condition") -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = check()
+        except (OSError, urllib.error.URLError, ValueError):
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.5)
+
+
+def engine_pod(name: str, role: str) -> dict[str, Any]:
+    kv_role = {"prefill": "kv_producer", "decode": "kv_consumer"}[role]
+    kv_config = json.dumps({"kv_connector": "NixlConnector", "kv_role": kv_role})
+    engine_args = ["--host", "$(POD_IP)", "--port", str(meta.ENGINE_PORT), "--served-model-name", NAME]
+    engine_args += ["--max-model-len", "4096", "--kv-transfer-config", kv_config]
+    pod_ip = {"valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {**meta.selector_labels(PDD, role)}},  # type: ignore[arg-type]
+        "spec": {
+            "terminationGracePeriodSeconds": 5,
+            "nodeSelector": {"network.tandem.dev/rdma": "true"},
+            "containers": [
+                {
+                    "name": "vllm",
+                    "image": "tandem/sim:dev",
+                    "command": ["tandem", "engine", "serve", MODEL],
+                    "args": engine_args,
+                    "env": [
+                        {"name": "POD_IP", **pod_ip},
+                        {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", **pod_ip},
+                        {"name": "TANDEM_SIM_TIME_SCALE", "value": "0"},
+                    ],
+                    "resources": {"limits": {"nvidia.com/gpu": "1", "rdma/hca": "1"}},
+                    "readinessProbe": {
+                        "httpGet": {"path": "/health", "port": meta.ENGINE_PORT},
+                        "periodSeconds": 1,
+                    },
+                }
+            ],
+        },
+    }
+
+
+@pytest.fixture
+def core(cluster: ClusterHandle) -> Iterator[client.CoreV1Api]:
+    api = cluster.api_client()
+    yield client.CoreV1Api(api)
+    api.close()
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def complete(router: str) -> tuple[int, Any]:
+    body = json.dumps({"model": NAME, "prompt": "hello there", "max_tokens": 3}).encode()
+    request = urllib.request.Request(router + "/v1/completions", data=body, method="POST")
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_router_follows_pods_as_they_come_and_go(
+    cluster: ClusterHandle, namespace: str, core: client.CoreV1Api
+) -> None:
+    core.create_namespaced_pod(namespace, engine_pod("p0", "prefill"))
+    core.create_namespaced_pod(namespace, engine_pod("d0", "decode"))
+    port = free_port()
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    command = [sys.executable, "-m", "tandem.cli", "router", "--namespace", namespace, "--pddeployment", PDD]
+    command += ["--host", LOOPBACK, "--port", str(port)]
+    router = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://{LOOPBACK}:{port}"
+
+    def endpoints(expected: dict[str, int]) -> bool:
+        return bool(get_json(url + "/health")["endpoints"] == {**{r: 0 for r in meta.POOL_ROLES}, **expected})
+
+    try:
+        eventually(lambda: endpoints({"prefill": 1, "decode": 1}), timeout=240, what="p0 and d0 routable")
+        status, answer = eventually(lambda: (r := complete(url))[0] == 200 and r, what="a P/D answer")
+        assert len(answer["choices"][0]["text"].split()) == 3
+
+        core.create_namespaced_pod(namespace, engine_pod("d1", "decode"))
+        eventually(lambda: endpoints({"prefill": 1, "decode": 2}), timeout=240, what="d1 routable")
+
+        core.delete_namespaced_pod("d0", namespace)
+        eventually(lambda: endpoints({"prefill": 1, "decode": 1}), what="d0 gone from rotation")
+        for _ in range(3):
+            assert complete(url)[0] == 200
+
+        core.delete_namespaced_pod("p0", namespace)
+        eventually(lambda: endpoints({"decode": 1}), what="p0 gone from rotation")
+        status, body = complete(url)
+        assert status == 503
+        assert "prefill" in body["error"]["message"]
+    finally:
+        router.terminate()
+        router.wait(timeout=30)
