@@ -75,10 +75,22 @@ def test_helm_install_runs_an_operator_that_reconciles_the_example(
         lease = get_json(cluster, namespace, "lease", FULLNAME)
         assert lease["spec"]["holderIdentity"] == pods[0]["metadata"]["name"]
 
+        # helm upgrade to two replicas: both Ready, one leader, and the model stays Ready.
+        upgrade = cluster.run(
+            "helm", "upgrade", RELEASE, str(CHART), "-n", namespace, "--reuse-values",
+            "--set", "replicaCount=2", "--wait", "--timeout", "3m", check=False, timeout=300,
+        )  # fmt: skip
+        assert upgrade.returncode == 0, upgrade.stderr
+        pods = get_json(cluster, namespace, "pods", "-l", "app.kubernetes.io/component=operator")["items"]
+        assert len(pods) == 2
+        names = {p["metadata"]["name"] for p in pods}
+        assert get_json(cluster, namespace, "lease", FULLNAME)["spec"]["holderIdentity"] in names
+        wait_ready(cluster, namespace, name)
+
         # Now the operator with nothing but the chart's RBAC: hand the lease over and change the spec.
         cluster.kubectl("scale", "-n", namespace, f"deployment/{FULLNAME}", "--replicas=0")
         cluster.kubectl(
-            "wait", "-n", namespace, "--for=delete", f"pod/{pods[0]['metadata']['name']}", "--timeout=90s"
+            "wait", "-n", namespace, "--for=delete", *(f"pod/{p}" for p in names), "--timeout=90s"
         )
         kubeconfig = service_account_kubeconfig(cluster, namespace, FULLNAME, tmp_path / "sa.kubeconfig")
         args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
