@@ -31,6 +31,7 @@ OPERATOR_OWNED_FLAGS: Final = (
     "--served-model-name",
     "--max-model-len",
     "--kv-transfer-config",
+    "--revision",
 )
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"
