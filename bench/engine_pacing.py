@@ -168,8 +168,16 @@ def main() -> int:
         "--model", default=MODEL, help="HF id with a profile (e.g. meta-llama/Llama-3.1-70B-Instruct)"
     )
     parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--repeat", type=int, default=1, help="runs, each with a fresh engine process")
     ns = parser.parse_args()
+    for run in range(ns.repeat):
+        if ns.repeat > 1:
+            print(f"--- run {run + 1}/{ns.repeat}")
+        run_once(ns)
+    return 0
 
+
+def run_once(ns: argparse.Namespace) -> None:
     port = free_port()
     argv = engine_args(port, ns.model, ns.tp)
     env = {**os.environ, "TANDEM_SIM_TIME_SCALE": str(ns.time_scale)}
@@ -230,7 +238,6 @@ def main() -> int:
         f"client CPU: {client_cpu:.2f} s ({client_cpu / wall:.0%} of one core); "
         f"load average {os.getloadavg()[0]:.1f}"
     )
-    return 0
 
 
 if __name__ == "__main__":
