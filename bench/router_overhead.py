@@ -10,7 +10,8 @@ the throughput ratio, and the router's requests per CPU-second (its process CPU 
 the "requests per second on one core" figure, robust to other load on the machine).
 
     .venv/bin/python bench/router_overhead.py [--engine sim|stub] [--concurrency 1 64 256]
-        [--seconds 5] [--event-loop asyncio|uvloop] [--router-core 0] [--tokens 16]
+        [--seconds 5] [--rate REQ_PER_S] [--event-loop auto|asyncio|uvloop]
+        [--upstream-client lean|aiohttp] [--router-core 0] [--engine-core 1] [--tokens 16]
 
 The load generator is a lean raw-asyncio HTTP/1.1 client so that it, not the router, stays cheap.
 No assertions: it prints figures.
@@ -137,18 +138,34 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def drive(port: int, concurrency: int, seconds: float, request: bytes, pid: int | None) -> Result:
+async def drive(
+    port: int, concurrency: int, seconds: float, request: bytes, pid: int | None, rate: float | None = None
+) -> Result:
+    """Closed loop (each stream sends again as soon as it has its answer) or, with `rate`, open loop:
+    the streams share `rate` requests/s on a fixed schedule and latency counts from the scheduled
+    time, so a late answer also delays (and is charged to) the next request of its stream.
+    """
     connections = [Connection(port, request) for _ in range(concurrency)]
     for connection in connections:  # open and warm every connection first
         await connection.call()
     latencies: list[float] = []
     errors = 0
     stop_at = 0.0
+    interval = concurrency / rate if rate else 0.0
 
-    async def worker(connection: Connection) -> None:
+    async def worker(index: int, connection: Connection) -> None:
         nonlocal errors
-        while time.perf_counter() < stop_at:
-            started = time.perf_counter()
+        next_at = time.perf_counter() + interval * index / concurrency
+        while next_at < stop_at:
+            if interval:
+                delay = next_at - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                started = next_at
+                next_at += interval
+            else:
+                started = time.perf_counter()
+                next_at = started
             ok = await connection.call()
             if ok:
                 latencies.append(time.perf_counter() - started)
@@ -158,7 +175,7 @@ async def drive(port: int, concurrency: int, seconds: float, request: bytes, pid
     cpu_before = cpu_seconds(pid) if pid else None
     started = time.perf_counter()
     stop_at = started + seconds
-    await asyncio.gather(*(worker(c) for c in connections))
+    await asyncio.gather(*(worker(i, c) for i, c in enumerate(connections)))
     elapsed = time.perf_counter() - started
     cpu_after = cpu_seconds(pid) if pid else None
     for connection in connections:
@@ -203,7 +220,7 @@ async def run(args: argparse.Namespace) -> None:
             f"engine={args.engine} event_loop={args.event_loop} upstream_client={args.upstream_client} "
             f"tokens/answer={args.tokens} "
             f"seconds/point={args.seconds} router core={args.router_core} engines core={args.engine_core} "
-            f"cpus={os.cpu_count()}"
+            f"cpus={os.cpu_count()} load={f'open loop {args.rate:g} req/s' if args.rate else 'closed loop'}"
         )
         header = (
             f"{'streams':>7} {'target':>7} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'errors':>6} "
@@ -211,8 +228,9 @@ async def run(args: argparse.Namespace) -> None:
         )
         print(header)
         for concurrency in args.concurrency:
-            direct = await drive(ports["decode"], concurrency, args.seconds, request, None)
-            routed = await drive(ports["router"], concurrency, args.seconds, request, router.pid)
+            rate = args.rate
+            direct = await drive(ports["decode"], concurrency, args.seconds, request, None, rate)
+            routed = await drive(ports["router"], concurrency, args.seconds, request, router.pid, rate)
             for name, result in (("direct", direct), ("router", routed)):
                 line = (
                     f"{concurrency:>7} {name:>7} {ms(result.quantile(0.5))} {ms(result.quantile(0.99))} "
@@ -244,7 +262,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 256])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--tokens", type=int, default=16)
-    parser.add_argument("--event-loop", choices=["asyncio", "uvloop"], default="asyncio")
+    parser.add_argument("--event-loop", choices=["auto", "asyncio", "uvloop"], default="auto")
+    parser.add_argument("--rate", type=float, help="open loop: total requests/s shared by the streams")
     parser.add_argument("--upstream-client", choices=["lean", "aiohttp"], default="lean")
     parser.add_argument("--router-core", type=int, default=0)
     parser.add_argument("--engine-core", type=int, default=1)

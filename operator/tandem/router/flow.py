@@ -7,11 +7,12 @@ line between "re-prefill elsewhere" and "end the stream with an error") without 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -58,7 +59,7 @@ class Responder(Protocol):
 
     async def write(self, data: bytes) -> None: ...  # raises ClientGone
 
-    async def end(self) -> None: ...
+    async def finish(self, data: bytes) -> None: ...  # the last bytes and the end; raises ClientGone
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +98,13 @@ class _Tally:
     usage_tokens: int | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
+
+
+async def _drain(chunks: AsyncIterator[bytes]) -> None:
+    """Reads an engine's answer to its end (so its connection is reused); failures no longer matter."""
+    with contextlib.suppress(LegError):
+        async for _ in chunks:
+            pass
 
 
 def _usage_of(body: bytes) -> tuple[int | None, int | None]:
@@ -143,7 +151,7 @@ class Flow:
             colocated_fallback=state.colocated_fallback,
         )
         if isinstance(path, Unavailable):
-            self.metrics.rejected.labels("no_ready_pods").inc()
+            self.metrics.child(self.metrics.rejected, "no_ready_pods").inc()
             await responder.answer(503, error_body(503, path.message), "application/json")
             return
         self.budget.on_request(self.clock())
@@ -166,7 +174,7 @@ class Flow:
 
     def _record(self, request: ClientRequest, path: Path, tally: _Tally, metrics: PathMetrics) -> None:
         now = self.clock()
-        self.metrics.requests.labels(path, f"{tally.status // 100}xx").inc()
+        self.metrics.child(self.metrics.requests, path, f"{tally.status // 100}xx").inc()
         if tally.status != 200:
             return
         metrics.e2e.observe(now - request.arrived)
@@ -187,7 +195,7 @@ class Flow:
         return pod if pod is not None else self.state.balancer.pick(role, now)
 
     def _leg_failed(self, role: str, pod: str, failed: _Failed) -> None:
-        self.metrics.failures.labels(role, failed.failure.value).inc()
+        self.metrics.child(self.metrics.failures, role, failed.failure.value).inc()
         if blames_pod(failed.failure):
             self.state.balancer.mark_failed(pod, self.clock())
         log.warning("%s leg on %s failed: %s", role, pod, failed.detail)
@@ -203,8 +211,7 @@ class Flow:
             await responder.answer(failed.answer.status, failed.answer.body, failed.answer.content_type)
         elif responder.started:
             tally.status = 502
-            await responder.write(error_event(f"engine failed mid-answer: {failed.detail}"))
-            await responder.end()
+            await responder.finish(error_event(f"engine failed mid-answer: {failed.detail}"))
         else:
             status = client_status(failed.failure)
             tally.status = status
@@ -221,7 +228,7 @@ class Flow:
             request_id = request.request_id if attempt == 0 else f"{request.request_id}-{attempt}"
             prefill_pod = self._pick("prefill", tried_prefill)
             if prefill_pod is None:
-                self.metrics.rejected.labels("no_ready_pods").inc()
+                self.metrics.child(self.metrics.rejected, "no_ready_pods").inc()
                 tally.status = 503
                 await responder.answer(503, error_body(503, "no ready prefill pod"), "application/json")
                 return
@@ -232,14 +239,14 @@ class Flow:
                 may_retry = self._may_retry(attempt)
                 action = on_prefill_failure(outcome.failure, may_retry)
                 if action is Action.RETRY_PREFILL:
-                    self.metrics.retries.labels("prefill", outcome.failure.value).inc()
+                    self.metrics.child(self.metrics.retries, "prefill", outcome.failure.value).inc()
                     attempt += 1
                     continue
                 await self._give_up(responder, tally, outcome, action)
                 return
             decode_pod = self._pick("decode", tried_decode)
             if decode_pod is None:
-                self.metrics.rejected.labels("no_ready_pods").inc()
+                self.metrics.child(self.metrics.rejected, "no_ready_pods").inc()
                 tally.status = 503
                 await responder.answer(503, error_body(503, "no ready decode pod"), "application/json")
                 return
@@ -254,7 +261,7 @@ class Flow:
             # The pair's KV is dropped with the failed attempt; P frees it when its lease lapses.
             action = on_decode_failure(failed.failure, responder.started, self._may_retry(attempt))
             if action is Action.REPREFILL:
-                self.metrics.retries.labels("decode", failed.failure.value).inc()
+                self.metrics.child(self.metrics.retries, "decode", failed.failure.value).inc()
                 attempt += 1
                 continue
             await self._give_up(responder, tally, failed, action)
@@ -269,7 +276,7 @@ class Flow:
             pod = self._pick("colocated", tried)
             if pod is None:
                 tally.status = 503
-                self.metrics.rejected.labels("no_ready_pods").inc()
+                self.metrics.child(self.metrics.rejected, "no_ready_pods").inc()
                 await responder.answer(503, error_body(503, "no ready colocated pod"), "application/json")
                 return
             tried.add(pod)
@@ -282,7 +289,7 @@ class Flow:
             self._leg_failed("colocated", pod, failed)
             action = on_decode_failure(failed.failure, responder.started, self._may_retry(attempt))
             if action is Action.REPREFILL:
-                self.metrics.retries.labels("colocated", failed.failure.value).inc()
+                self.metrics.child(self.metrics.retries, "colocated", failed.failure.value).inc()
                 attempt += 1
                 continue
             await self._give_up(responder, tally, failed, action)
@@ -295,7 +302,7 @@ class Flow:
         balancer, started = self.state.balancer, self.clock()
         tokens = request.facts.prompt_tokens
         balancer.acquire(pod, tokens)
-        in_flight = self.metrics.upstream_in_flight.labels("prefill")
+        in_flight = self.metrics.child(self.metrics.upstream_in_flight, "prefill")
         in_flight.inc()
         outcome: dict[str, Any] | _Failed | None
         try:
@@ -323,7 +330,7 @@ class Flow:
             balancer.release(pod, tokens)
             in_flight.dec()
         label = outcome.failure.value if isinstance(outcome, _Failed) else "ok"
-        self.metrics.prefill_leg.labels(label).observe(self.clock() - started)
+        self.metrics.child(self.metrics.prefill_leg, label).observe(self.clock() - started)
         return outcome
 
     async def _relay(
@@ -341,7 +348,7 @@ class Flow:
         balancer, started = self.state.balancer, self.clock()
         tokens = request.facts.expected_tokens
         balancer.acquire(pod, tokens)
-        in_flight = self.metrics.upstream_in_flight.labels(role)
+        in_flight = self.metrics.child(self.metrics.upstream_in_flight, role)
         in_flight.inc()
         outcome: _Failed | None = None
         try:
@@ -353,7 +360,7 @@ class Flow:
             in_flight.dec()
             path = "colocated" if role == "colocated" else "disaggregated"
             label = outcome.failure.value if outcome is not None else "ok"
-            self.metrics.decode_leg.labels(path, label).observe(self.clock() - started)
+            self.metrics.child(self.metrics.decode_leg, path, label).observe(self.clock() - started)
         if outcome is None:
             balancer.mark_ok(pod)
         return outcome
@@ -394,7 +401,7 @@ class Flow:
 
     async def _relay_stream(
         self,
-        chunks: Any,
+        chunks: AsyncIterator[bytes],
         content_type: str,
         responder: Responder,
         tally: _Tally,
@@ -407,6 +414,7 @@ class Flow:
             # Events that arrived together leave together: one write per engine read.
             out: list[bytes] = []
             failed: _Failed | None = None
+            tokens = 0
             for raw in splitter.feed(chunk):
                 event = classify(raw)
                 kind = event.kind
@@ -414,26 +422,33 @@ class Flow:
                     failed = _Failed(LegFailure.STREAM_ERROR, event.error_message or "error event in stream")
                     break
                 if kind is EventKind.TOKEN:
-                    now = clock()
-                    if tally.first_token_at is None:
-                        tally.first_token_at = now
-                        metrics.ttft.observe(now - tally.arrived)
-                    elif tally.last_token_at is not None:
-                        metrics.itl.observe(now - tally.last_token_at)
-                    tally.last_token_at = now
-                    tally.output_tokens += 1
-                elif kind is EventKind.DONE:
-                    saw_done = True
+                    tokens += 1
                 if event.completion_tokens is not None:
                     tally.usage_tokens = event.completion_tokens
                 out.append(raw)
+                if kind is EventKind.DONE:
+                    saw_done = True
+                    break
+            if tokens:
+                # Inter-token latency is the gap between reads that carried tokens: a paced engine
+                # sends one token per step, and tokens that arrive together reach the client together.
+                now = clock()
+                if tally.first_token_at is None:
+                    tally.first_token_at = now
+                    metrics.ttft.observe(now - tally.arrived)
+                elif tally.last_token_at is not None:
+                    metrics.itl.observe(now - tally.last_token_at)
+                tally.last_token_at = now
+                tally.output_tokens += tokens
             if out:
                 if not responder.started:
                     await responder.start_stream(200, content_type)
-                await responder.write(out[0] if len(out) == 1 else b"".join(out))
+                data = out[0] if len(out) == 1 else b"".join(out)
+                if saw_done:
+                    await responder.finish(data)
+                    await _drain(chunks)
+                    return None
+                await responder.write(data)
             if failed is not None:
                 return failed
-        if not saw_done:
-            return _Failed(LegFailure.TRUNCATED, "stream ended without [DONE]")
-        await responder.end()
-        return None
+        return _Failed(LegFailure.TRUNCATED, "stream ended without [DONE]")

@@ -7,7 +7,7 @@ Each `RouterMetrics` owns its registry, so several routers can live in one proce
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -109,6 +109,15 @@ class RouterMetrics:
         )  # fmt: skip
         # Bound children for the hot path: `labels()` costs more than the observation itself.
         self.by_path = {path: PathMetrics(self, path) for path in PATHS}
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, memoised (label sets on the hot path are few and fixed)."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
 
 class PathMetrics:

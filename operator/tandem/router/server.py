@@ -67,12 +67,13 @@ class AiohttpResponder:
         except ConnectionError as error:
             raise ClientGone() from error
 
-    async def end(self) -> None:
-        if self._stream is not None:
-            try:
-                await self._stream.write_eof()
-            except ConnectionError as error:
-                raise ClientGone() from error
+    async def finish(self, data: bytes) -> None:
+        assert self._stream is not None
+        try:
+            # With the end in the same call, aiohttp sends the last chunk and the terminator together.
+            await self._stream.write_eof(data)
+        except ConnectionError as error:
+            raise ClientGone() from error
 
 
 def _error(status: int, message: str, *, param: str | None = None) -> web.Response:
@@ -101,7 +102,7 @@ class RouterApp:
         return await self._generate(request, "chat")
 
     def _reject(self, reason: str, status: int, message: str, param: str | None = None) -> web.Response:
-        self.state.metrics.rejected.labels(reason).inc()
+        self.state.metrics.child(self.state.metrics.rejected, reason).inc()
         return _error(status, message, param=param)
 
     async def _generate(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:

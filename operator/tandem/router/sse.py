@@ -81,7 +81,10 @@ def _error_message(error: Any) -> str:
 
 def classify(raw: bytes) -> StreamEvent:
     """What one whole event is (see `EventKind`)."""
-    data = _data_of(raw)
+    if raw.startswith(b"data: ") and raw.find(b"\n") == len(raw) - 2:
+        data: bytes | None = raw[6:-2]  # the usual event: one data line
+    else:
+        data = _data_of(raw)
     if data is None:
         return StreamEvent(raw, EventKind.OTHER)
     if data == b"[DONE]":
