@@ -28,6 +28,12 @@ JSON: Final = "application/json"
 _FORWARDED_HEADERS: Final = ("Authorization",)
 
 
+class _StreamResponse(web.StreamResponse):
+    # Headers leave with the first body bytes (one send instead of two): the router only prepares
+    # a stream when it already has bytes to write. (aiohttp's own switch; without it, two sends.)
+    _send_headers_immediately = False
+
+
 class AiohttpResponder:
     """`Responder` over one aiohttp request; `response` is what the handler returns."""
 
@@ -46,7 +52,7 @@ class AiohttpResponder:
         self.response = web.Response(status=status, body=body, headers=headers)
 
     async def start_stream(self, status: int, content_type: str) -> None:
-        stream = web.StreamResponse(
+        stream = _StreamResponse(
             status=status,
             headers={
                 "Content-Type": content_type or "text/event-stream",
