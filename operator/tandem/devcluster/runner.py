@@ -134,7 +134,15 @@ class PodWorker(threading.Thread):
                 continue
             started = time.monotonic()
             started_at = _now()
-            self._start(argv, env)
+            try:
+                self._start(argv, env)
+            except OSError as e:  # e.g. the executable does not exist
+                self._note(f"cannot start: {e}")
+                self._patch_waiting("RunContainerError", str(e))
+                if self._stop_event.wait(backoff):
+                    return
+                backoff = min(backoff * 2, BACKOFF_MAX)
+                continue
             self._patch_running(started_at, ready=False)
             code = self._supervise(started_at)
             if code is None:  # stopped
