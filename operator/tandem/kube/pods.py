@@ -107,11 +107,13 @@ def _kubernetes(module: str) -> Any:
 def _api_client() -> Any:
     client, config = _kubernetes("client"), _kubernetes("config")
 
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+    kubeconfig = os.environ.get("KUBECONFIG")
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not kubeconfig:
         configuration = client.Configuration()
         config.load_incluster_config(client_configuration=configuration)
         return client.ApiClient(configuration)
-    return config.new_client_from_config()
+    # Read KUBECONFIG now: the client library fixes its default path when it is first imported.
+    return config.new_client_from_config(config_file=kubeconfig)
 
 
 class _Backoff:
