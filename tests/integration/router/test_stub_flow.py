@@ -172,3 +172,30 @@ async def test_client_disconnect_cancels_the_leg(engines: dict[str, list[StubEng
             await asyncio.sleep(0.05)
         assert sum(e.cancelled for e in engines["prefill"]) == 1
         assert not any(e.seen for e in engines["decode"])
+
+
+async def test_prefill_timeout_retries_elsewhere(engines: dict[str, list[StubEngine]]) -> None:
+    engines["prefill"][0].script = Script(hold_s=30)
+    config = {**urls(engines, "prefill", "decode"), "prefill_timeout_s": 0.5}
+    async with running_router(**config) as router, aiohttp.ClientSession() as s:
+        for _ in range(8):
+            result = await stream(s, router.url + "/v1/completions", PROMPT)
+            assert result.status == 200
+            assert not result.errors
+        assert len(engines["prefill"][0].seen) == 1  # once, then quarantined
+        assert router.sample("tandem_router_retries_total", leg="prefill", reason="timeout") == 1
+
+
+async def test_silent_decode_times_out_and_the_client_gets_504(engines: dict[str, list[StubEngine]]) -> None:
+    for engine in engines["decode"]:
+        engine.script = Script(hold_s=30)
+    config = {**urls(engines, "prefill", "decode"), "decode_idle_timeout_s": 0.3, "max_retries": 1}
+    async with (
+        running_router(**config) as router,
+        aiohttp.ClientSession() as s,
+        s.post(router.url + "/v1/completions", json={**PROMPT, "stream": True}) as response,
+    ):
+        assert response.status == 504
+        assert (await response.json())["error"]["code"] == 504
+        assert sum(len(e.seen) for e in engines["decode"]) == 2  # the first try and one re-prefill
+        assert router.sample("tandem_router_failures_total", role="decode", reason="timeout") == 2
