@@ -57,6 +57,7 @@ def main(argv: Sequence[str]) -> int:
     ts.add_argument("--host", required=True)
     ts.add_argument("--port", type=int, required=True)
     ts.add_argument("--ready-after", type=float, default=0.0, help="seconds before /health answers 200")
+    ts.add_argument("--unhealthy-after", type=float, default=0.0, help="/health answers 503 after N seconds")
     ts.add_argument("--exit-after", type=float, default=0.0, help="exit with --exit-code after N seconds")
     ts.add_argument("--exit-code", type=int, default=1)
 
@@ -99,6 +100,7 @@ def _run(args: argparse.Namespace) -> int:
         args.host,
         args.port,
         ready_after=args.ready_after,
+        unhealthy_after=args.unhealthy_after,
         exit_after=args.exit_after,
         exit_code=args.exit_code,
     )

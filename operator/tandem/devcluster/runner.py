@@ -67,6 +67,23 @@ class _Stop(Exception):
     """Raised in the main thread by SIGTERM/SIGINT to leave the watch."""
 
 
+class _Probe:
+    """One probe's schedule and counters."""
+
+    def __init__(self, spec: dict[str, Any], now: float) -> None:
+        self.spec = spec
+        self.next_at = now + float(spec.get("initialDelaySeconds", 0))
+        self.period = min(float(spec.get("periodSeconds", 10)), MAX_PROBE_PERIOD)
+        self.success_threshold = int(spec.get("successThreshold", 1))
+        self.failure_threshold = int(spec.get("failureThreshold", 3))
+        self.successes = 0
+        self.failures = 0
+
+    def record(self, ok: bool) -> bool:
+        self.successes, self.failures = (self.successes + 1, 0) if ok else (0, self.failures + 1)
+        return ok
+
+
 class PodWorker(threading.Thread):
     """Runs, probes and restarts the first container of one pod; stops it when told to."""
 
@@ -225,48 +242,60 @@ class PodWorker(threading.Thread):
         log.info("started %s/%s pid %d", self.namespace, self.pod_name, proc.pid)
 
     def _supervise(self, started_at: str) -> int | None:
-        """Probes until the process exits (returns its code) or a stop is requested (returns None)."""
+        """Probes until the process exits (returns its exit code) or a stop is requested (None).
+
+        As a kubelet: a startupProbe gates the others; readinessProbe sets Ready; a failing
+        liveness or startup probe kills the process, which then counts as a crash.
+        """
         assert self.proc is not None
-        readiness = self.container.get("readinessProbe")
-        startup = self.container.get("startupProbe")
-        if readiness is None and startup is None:
-            self._set_ready(True, started_at)
-        probe = startup or readiness
-        delay = float((probe or {}).get("initialDelaySeconds", 0))
-        successes = failures = 0
-        started_ok = startup is None
-        next_probe = time.monotonic() + delay
+        probes: dict[str, _Probe] = {}
+        if startup := self.container.get("startupProbe"):
+            probes["startup"] = _Probe(startup, time.monotonic())
+        else:
+            self._begin_probes(probes, started_at)
         while True:
-            wait = max(0.0, next_probe - time.monotonic()) if probe is not None else 3600.0
-            if self._wait_stop_or_exit(wait):
+            due = min((p.next_at for p in probes.values()), default=time.monotonic() + 3600.0)
+            if self._wait_stop_or_exit(max(0.0, due - time.monotonic())):
                 return None
-            code = self.proc.poll()
-            if code is not None:
-                self._set_ready(False, started_at, patch=False)
-                self._note(f"exited with code {code}")
-                return code
-            if probe is None:
-                continue
-            period = min(float(probe.get("periodSeconds", 10)), MAX_PROBE_PERIOD)
-            next_probe = time.monotonic() + period
-            ok = self._probe(probe)
-            if not started_ok:
-                if ok:
-                    started_ok = True
-                    probe = readiness
-                    if probe is None:
+            if self.proc.poll() is not None:
+                return self._exited()
+            now = time.monotonic()
+            for kind, probe in list(probes.items()):
+                if probe.next_at > now:
+                    continue
+                probe.next_at = now + probe.period
+                ok = probe.record(self._probe(probe.spec))
+                if kind == "readiness":
+                    if ok and not self.ready and probe.successes >= probe.success_threshold:
                         self._set_ready(True, started_at)
-                    else:
-                        next_probe = time.monotonic() + float(probe.get("initialDelaySeconds", 0))
-                continue
-            if ok:
-                successes, failures = successes + 1, 0
-                if not self.ready and successes >= int(probe.get("successThreshold", 1)):
-                    self._set_ready(True, started_at)
-            else:
-                successes, failures = 0, failures + 1
-                if self.ready and failures >= int(probe.get("failureThreshold", 3)):
-                    self._set_ready(False, started_at)
+                    elif not ok and self.ready and probe.failures >= probe.failure_threshold:
+                        self._set_ready(False, started_at)
+                elif ok and kind == "startup":
+                    del probes["startup"]
+                    self._begin_probes(probes, started_at)
+                elif not ok and probe.failures >= probe.failure_threshold:
+                    return self._kill(f"{kind} probe failed {probe.failures} times")
+
+    def _begin_probes(self, probes: dict[str, _Probe], started_at: str) -> None:
+        now = time.monotonic()
+        for kind in ("readiness", "liveness"):
+            if spec := self.container.get(f"{kind}Probe"):
+                probes[kind] = _Probe(spec, now)
+        if "readiness" not in probes:
+            self._set_ready(True, started_at)
+
+    def _exited(self) -> int:
+        assert self.proc is not None
+        code = self.proc.returncode
+        code = 128 - code if code < 0 else code  # killed by signal N: 128 + N, as a kubelet shows it
+        self._set_ready(False, "", patch=False)
+        self._note(f"exited with code {code}")
+        return code
+
+    def _kill(self, reason: str) -> int:
+        self._note(f"{reason}; killing the process")
+        self._terminate(float(self.pod["spec"].get("terminationGracePeriodSeconds", 30)))
+        return self._exited()
 
     def _wait_stop_or_exit(self, timeout: float) -> bool:
         """Sleeps up to `timeout`, waking early when the process exits; True if a stop was requested."""
@@ -312,14 +341,14 @@ class PodWorker(threading.Thread):
                 return int(p["containerPort"])
         raise ValueError(f"unknown named port {port!r}")
 
-    def _terminate(self) -> None:
+    def _terminate(self, grace: float | None = None) -> None:
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=self._stop_grace)
+            proc.wait(timeout=self._stop_grace if grace is None else grace)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)

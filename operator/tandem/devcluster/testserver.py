@@ -1,7 +1,8 @@
 """A tiny HTTP server for the dev cluster's own tests: `/health`, Prometheus `/metrics`, `/env`.
 
-Run by the pod runner as `tandem dev testserver --host $(POD_IP) --port N`; it can turn healthy
-late (`--ready-after`) or crash (`--exit-after`, `--exit-code`) to exercise the runner.
+Run by the pod runner as `tandem dev testserver --host $(POD_IP) --port N`. To exercise the runner
+it can turn healthy late (`--ready-after`), unhealthy (`--unhealthy-after`) or crash
+(`--exit-after`, `--exit-code`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 
 def serve(
-    host: str, port: int, *, ready_after: float = 0.0, exit_after: float = 0.0, exit_code: int = 1
+    host: str,
+    port: int,
+    *,
+    ready_after: float = 0.0,
+    unhealthy_after: float = 0.0,
+    exit_after: float = 0.0,
+    exit_code: int = 1,
 ) -> int:
     registry = CollectorRegistry()
     requests = Counter("tandem_testserver_requests", "HTTP requests served", ["path"], registry=registry)
@@ -32,7 +39,8 @@ def serve(
             elif self.path == "/env":
                 self._send(200, json.dumps(dict(os.environ)).encode(), "application/json")
             elif self.path == "/health":
-                ok = time.monotonic() - started >= ready_after
+                age = time.monotonic() - started
+                ok = age >= ready_after and not (unhealthy_after > 0 and age >= unhealthy_after)
                 self._send(200 if ok else 503, b"ok\n" if ok else b"starting\n", "text/plain")
             else:
                 self._send(404, b"not found\n", "text/plain")

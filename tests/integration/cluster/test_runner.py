@@ -147,3 +147,20 @@ def test_runner_runs_a_sim_engine_worker(cluster: ClusterHandle, namespace: str,
             return [x["value"][1] for x in json.load(r)["data"]["result"]] == ["1"]
 
     eventually(scraped, timeout=120, what="Prometheus scraping the engine")
+
+
+def test_failing_liveness_probe_restarts_the_process(namespace: str, core: Any) -> None:
+    body = runner_test_pod("sick", "--unhealthy-after", "2")
+    body["spec"]["containers"][0]["livenessProbe"] = {
+        "httpGet": {"path": "/health", "port": "http"},
+        "periodSeconds": 1,
+        "failureThreshold": 2,
+    }
+    core.create_namespaced_pod(namespace, body)
+
+    def restarted() -> dict[str, Any] | None:
+        statuses = pods(core, namespace)[0]["status"].get("containerStatuses") or []
+        return dict(statuses[0]) if statuses and statuses[0].get("restartCount", 0) >= 1 else None
+
+    status = eventually(restarted, timeout=60, what="a restart after failed liveness probes")
+    assert status["lastState"]["terminated"]["exitCode"] == 143  # SIGTERM
