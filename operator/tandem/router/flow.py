@@ -7,6 +7,7 @@ line between "re-prefill elsewhere" and "end the stream with an error") without 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -165,8 +166,11 @@ class Flow:
                 await self._colocated(request, responder, tally, path_metrics)
         except ClientGone:
             tally.status = 499
-        except BaseException:
-            tally.status = 499  # cancelled: the client went away while we waited on an engine
+        except asyncio.CancelledError:
+            tally.status = 499  # the client went away while we waited on an engine
+            raise
+        except Exception:
+            tally.status = 500
             raise
         finally:
             path_metrics.in_flight.dec()

@@ -40,7 +40,7 @@ class RouterMetrics:
         )  # fmt: skip
         self.itl = Histogram(
             "tandem_router_inter_token_latency_seconds",
-            "Gap between successive streamed token chunks, as the client sees it.",
+            "Gap between successive engine reads that carried tokens (one per token for a paced engine).",
             ["path"], buckets=ITL_BUCKETS, registry=r,
         )  # fmt: skip
         self.tpot = Histogram(

@@ -199,3 +199,26 @@ async def test_silent_decode_times_out_and_the_client_gets_504(engines: dict[str
         assert (await response.json())["error"]["code"] == 504
         assert sum(len(e.seen) for e in engines["decode"]) == 2  # the first try and one re-prefill
         assert router.sample("tandem_router_failures_total", role="decode", reason="timeout") == 2
+
+
+async def test_client_disconnect_mid_stream_cancels_the_decode_leg(
+    engines: dict[str, list[StubEngine]],
+) -> None:
+    for engine in engines["decode"]:
+        engine.script = Script(token_delay_s=0.2)
+    body = {**PROMPT, "max_tokens": 100, "stream": True}
+    async with running_router(**urls(engines, "prefill", "decode")) as router, aiohttp.ClientSession() as s:
+        response = await s.post(router.url + "/v1/completions", json=body)
+        assert response.status == 200
+        await response.content.readline()  # the first token is here: the decode leg is streaming
+        response.close()  # the client goes away
+        for _ in range(100):
+            if sum(e.cancelled for e in engines["decode"]) == 1:
+                break
+            await asyncio.sleep(0.05)
+        assert sum(e.cancelled for e in engines["decode"]) == 1
+        for _ in range(100):
+            if router.sample("tandem_router_in_flight_requests", path="disaggregated") == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert router.sample("tandem_router_requests_total", path="disaggregated", code="4xx") == 1  # 499
