@@ -224,6 +224,7 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0) -> State:
     cdir.path.mkdir(parents=True, exist_ok=True)
     for sub in (cdir.etcd_data, cdir.prometheus_data, cdir.kwok_workdir, cdir.pki, cdir.logs, cdir.pod_logs):
         shutil.rmtree(sub, ignore_errors=True)
+    cdir.runner_ready.unlink(missing_ok=True)
     cdir.logs.mkdir(parents=True, exist_ok=True)
     cdir.pod_logs.mkdir(parents=True, exist_ok=True)
     cdir.kwok_workdir.mkdir(parents=True, exist_ok=True)
@@ -424,7 +425,7 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0) -> State:
             env={**_base_env(), "PYTHONUNBUFFERED": "1"},
         )
         wait("Prometheus /-/ready", lambda: _http_ok(f"{state.prometheus_url}/-/ready"), "prometheus")
-        check_alive("pod-runner")
+        wait("the pod runner's first pod list", cdir.runner_ready.exists, "pod-runner")
     except BaseException:
         down(cdir, quiet=True)
         raise
@@ -461,8 +462,8 @@ def down(cdir: ClusterDir, *, quiet: bool = False) -> list[int]:
     if leftovers:
         procs.stop(leftovers, cdir.marker, grace=5.0)
         stopped += leftovers
-    if cdir.state.exists():
-        cdir.state.unlink()
+    cdir.state.unlink(missing_ok=True)
+    cdir.runner_ready.unlink(missing_ok=True)
     if not quiet:
         _log(f"down: stopped {len(stopped)} process(es) in {cdir.path}")
     return stopped

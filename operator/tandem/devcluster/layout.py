@@ -95,6 +95,11 @@ class ClusterDir:
         return self.path / "kwok"
 
     @property
+    def runner_ready(self) -> Path:
+        """Touched by the pod runner once it has listed pods and is about to watch."""
+        return self.path / "runner.ready"
+
+    @property
     def marker(self) -> str:
         """The value of TANDEM_DEVCLUSTER in every process of this cluster."""
         return str(self.path)

@@ -596,6 +596,7 @@ class Runner:
             try:
                 if not rv:
                     rv = self._relist()
+                    self.cdir.runner_ready.touch()
                 w = watch.Watch()  # type: ignore[no-untyped-call]
                 for event in w.stream(  # type: ignore[no-untyped-call]
                     self.core.list_pod_for_all_namespaces,
