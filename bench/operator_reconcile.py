@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +39,25 @@ RESOURCES = {
 }  # fmt: skip
 
 
-def writes(cluster: ClusterHandle) -> float:
-    total = 0.0
+def writes(cluster: ClusterHandle) -> Counter[str]:
+    """Write requests served so far, by verb and resource (the apiserver has no per-client count)."""
+    totals: Counter[str] = Counter()
     for line in cluster.kubectl("get", "--raw", "/metrics").stdout.splitlines():
         if line.startswith("apiserver_request_total{"):
             labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
             if labels.get("verb") in WRITE_VERBS and labels.get("resource") in RESOURCES:
-                total += float(line.rsplit(" ", 1)[1])
-    return total
+                totals[f"{labels['verb']} {labels['resource']}"] += int(float(line.rsplit(" ", 1)[1]))
+    return totals
+
+
+def operator_writes(url: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("tandem_operator_api_writes_total{")
+    )
 
 
 def passes(url: str) -> float:
@@ -146,13 +158,14 @@ def run(cluster: ClusterHandle, example: Path, steady_seconds: float) -> None:
         )
 
         time.sleep(5)
-        before_writes, before_passes = writes(cluster), passes(url)
+        before_writes, before_passes, before_own = writes(cluster), passes(url), operator_writes(url)
         time.sleep(steady_seconds)
-        after_writes, after_passes = writes(cluster), passes(url)
+        after_writes, after_passes, after_own = writes(cluster), passes(url), operator_writes(url)
+        delta = after_writes - before_writes
         print(
-            f"steady state {steady_seconds:.0f} s: {after_writes - before_writes:.0f} apiserver writes to "
-            f"PDDeployments, child kinds and events; {after_passes - before_passes:.0f} reconcile passes "
-            "(resync every 60 s)"
+            f"steady state {steady_seconds:.0f} s, {after_passes - before_passes:.0f} reconcile passes "
+            f"(resync every 60 s): operator writes {after_own - before_own:.0f}; apiserver writes to "
+            f"PDDeployments, child kinds and events from all clients {sum(delta.values())} {dict(delta)}"
         )
     finally:
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
