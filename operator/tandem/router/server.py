@@ -99,6 +99,7 @@ class RouterApp:
         self.app.router.add_post("/v1/chat/completions", self.chat)
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_get("/health", self.health)
+        self.app.router.add_get("/ready", self.ready)
         self.app.router.add_get("/metrics", self.metrics)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -150,6 +151,12 @@ class RouterApp:
     async def health(self, request: web.Request) -> web.Response:
         counts = {role: len(urls) for role, urls in self.state.endpoints.items()}
         return web.json_response({"status": "ok", "endpoints": counts})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        """200 once the router knows its pods (a readiness probe); /health stays a liveness check."""
+        counts = {role: len(urls) for role, urls in self.state.endpoints.items()}
+        status = 200 if self.state.synced else 503
+        return web.json_response({"synced": self.state.synced, "endpoints": counts}, status=status)
 
     async def metrics(self, request: web.Request) -> web.Response:
         self.state.metrics.retry_budget.set(self.flow.budget.available)

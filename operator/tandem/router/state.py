@@ -75,12 +75,16 @@ class RouterState:
     endpoints: dict[str, list[str]] = field(default_factory=lambda: {role: [] for role in POOL_ROLES})
     # Bumped whenever the endpoint set changes; the model refresher watches it.
     generation: int = 0
+    # True once the router has a view to route by: static endpoints, or the first pod list.
+    synced: bool = False
 
     def set_static(self, endpoints: Mapping[str, Iterable[str]]) -> None:
         self._set_endpoints({role: sorted(endpoints.get(role, ())) for role in POOL_ROLES})
+        self.synced = True
 
     def on_pods(self, kind: PodEventKind, infos: list[PodInfo]) -> None:
         self.pods = apply_pod_event(self.pods, kind, infos)
+        self.synced = self.synced or kind == "SYNC"
         if self.pdd_name is not None:
             self._set_endpoints(endpoints_by_role(self.pods, self.pdd_name, self.engine_port))
 

@@ -121,6 +121,7 @@ def test_router_follows_pods_as_they_come_and_go(
 
     try:
         eventually(lambda: endpoints({"prefill": 1, "decode": 1}), timeout=240, what="p0 and d0 routable")
+        assert get_json(url + "/ready")["synced"] is True
         status, answer = eventually(lambda: (r := complete(url))[0] == 200 and r, what="a P/D answer")
         assert len(answer["choices"][0]["text"].split()) == 3
 

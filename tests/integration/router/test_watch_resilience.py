@@ -128,8 +128,10 @@ async def test_last_view_survives_an_apiserver_outage(
     await first.start()
     watcher.start()
     try:
+        assert not state.synced
         await until(lambda: state.endpoints["decode"] == ["http://127.0.0.12:8000"])
         await until(lambda: state.serving_mode == "Disaggregated")
+        assert state.synced
         assert state.endpoints["prefill"] == ["http://127.0.0.11:8000"]
         assert state.catalog.max_model_len("m") == 2048
 
