@@ -1,7 +1,9 @@
 """The P/D router: the data plane that runs each request through prefill then decode, or colocated.
 
-Pure parts: `balancer` (pod choice), `sse` (stream parsing), `protocol` (leg bodies), `failure`
-(what to do when a leg fails), `discovery` (pod events -> endpoint view), `paths` (which path a
-request takes). Shell parts: `upstream` (HTTP to engines), `flow` (one request's legs), `server`
-(the HTTP front), `main` (flags and wiring).
+Pure parts: `balancer` (which pod), `sse` (stream events), `protocol` (leg bodies, request checks),
+`failure` (what a failed leg leads to, retry budget), `discovery` (pod events -> endpoints),
+`paths` (disaggregated or colocated), `errors` (OpenAI error bodies). Shell parts: `http1` and
+`upstream` (HTTP to engines), `state` (the live view), `metrics`, `flow` (one request's legs),
+`server` (the aiohttp front), `main` (flags and wiring). Pod and PDDeployment watching lives in
+`tandem.kube.pods`.
 """
