@@ -41,9 +41,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]
             "Run `make tools` (e2e/build-tools.sh) first, or set TANDEM_BIN_DIR.",
             pytrace=False,
         )
+    for orphan in devcluster.reap_orphans():
+        print(f"stopped the cluster of a test session that is gone: {orphan}")
     cdir = layout.ClusterDir(tmp_path_factory.mktemp("cluster"))
     try:
-        devcluster.up(cdir)
+        devcluster.up(cdir, owner_pid=os.getpid())
     except devcluster.ClusterError as e:
         pytest.fail(f"dev cluster did not start: {e}", pytrace=False)
     try:

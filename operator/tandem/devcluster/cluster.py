@@ -67,6 +67,8 @@ class State:
     pids: dict[str, int] = field(default_factory=dict)
     startup_seconds: float = 0.0
     pod_octet: int = POD_OCTETS[0]
+    # A process whose end means the cluster is garbage (a pytest session); 0 for `cluster up`.
+    owner_pid: int = 0
 
     @property
     def apiserver_url(self) -> str:
@@ -201,8 +203,23 @@ def _pick_pod_octet(cdir: ClusterDir) -> int:
     return free[0]
 
 
-def up(cdir: ClusterDir, *, timeout: float = 180.0) -> State:
-    """Starts the cluster in `cdir`, or returns the state of the one already running there."""
+def reap_orphans() -> list[str]:
+    """Stops clusters whose owner process (a pytest session killed before teardown) is gone."""
+    reaped = []
+    for marker in procs.markers():
+        other = ClusterDir(Path(marker))
+        state = load_state(other)
+        if state is not None and state.owner_pid and not Path(f"/proc/{state.owner_pid}").exists():
+            down(other, quiet=True)
+            reaped.append(marker)
+    return reaped
+
+
+def up(cdir: ClusterDir, *, timeout: float = 180.0, owner_pid: int = 0) -> State:
+    """Starts the cluster in `cdir`, or returns the state of the one already running there.
+
+    With `owner_pid`, the cluster counts as an orphan once that process is gone (`reap_orphans`).
+    """
     if is_running(cdir):
         state = load_state(cdir)
         assert state is not None
@@ -238,6 +255,7 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0) -> State:
         prometheus_port=procs.free_port(),
         kwok_port=procs.free_port(),
         started_at=time.time(),
+        owner_pid=owner_pid,
     )
     etcd_peer = procs.free_port()
     # Held until etcd runs with this cluster's marker and state.json names the octet.
