@@ -37,7 +37,7 @@ from tandem.router.protocol import (
     kv_transfer_params_of,
     prefill_body,
 )
-from tandem.router.sse import EventKind, SseSplitter, classify, error_event
+from tandem.router.sse import SseSplitter, error_event, scan
 from tandem.router.state import RouterState
 from tandem.router.upstream import Answer, LegError, Upstream
 
@@ -412,28 +412,13 @@ class Flow:
         metrics: PathMetrics,
     ) -> _Failed | None:
         splitter = SseSplitter()
-        saw_done = False
         clock = self.clock
         async for chunk in chunks:
             # Events that arrived together leave together: one write per engine read.
-            out: list[bytes] = []
-            failed: _Failed | None = None
-            tokens = 0
-            for raw in splitter.feed(chunk):
-                event = classify(raw)
-                kind = event.kind
-                if kind is EventKind.ERROR:
-                    failed = _Failed(LegFailure.STREAM_ERROR, event.error_message or "error event in stream")
-                    break
-                if kind is EventKind.TOKEN:
-                    tokens += 1
-                if event.completion_tokens is not None:
-                    tally.usage_tokens = event.completion_tokens
-                out.append(raw)
-                if kind is EventKind.DONE:
-                    saw_done = True
-                    break
-            if tokens:
+            batch = scan(splitter.feed(chunk))
+            if batch.completion_tokens is not None:
+                tally.usage_tokens = batch.completion_tokens
+            if batch.tokens:
                 # Inter-token latency is the gap between reads that carried tokens: a paced engine
                 # sends one token per step, and tokens that arrive together reach the client together.
                 now = clock()
@@ -443,16 +428,16 @@ class Flow:
                 elif tally.last_token_at is not None:
                     metrics.itl.observe(now - tally.last_token_at)
                 tally.last_token_at = now
-                tally.output_tokens += tokens
-            if out:
+                tally.output_tokens += batch.tokens
+            if batch.forward:
                 if not responder.started:
                     await responder.start_stream(200, content_type)
-                data = out[0] if len(out) == 1 else b"".join(out)
-                if saw_done:
+                data = batch.forward[0] if len(batch.forward) == 1 else b"".join(batch.forward)
+                if batch.done:
                     await responder.finish(data)
                     await _drain(chunks)
                     return None
                 await responder.write(data)
-            if failed is not None:
-                return failed
+            if batch.error_message is not None:
+                return _Failed(LegFailure.STREAM_ERROR, batch.error_message)
         return _Failed(LegFailure.TRUNCATED, "stream ended without [DONE]")

@@ -113,3 +113,45 @@ def error_event(message: str, *, code: int = 502, err_type: str = "BadGatewayErr
     """The event the router writes to end a stream it cannot finish, followed by `[DONE]`."""
     payload = {"error": {"message": message, "type": err_type, "param": None, "code": code}}
     return b"data: " + json.dumps(payload).encode() + b"\n\n" + DONE_EVENT
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """What the events of one engine read amount to."""
+
+    forward: list[bytes]  # the events to pass on: up to [DONE], never an error event or what follows
+    tokens: int
+    done: bool
+    error_message: str | None = None  # set when an error event ended the batch
+    completion_tokens: int | None = None
+
+
+def scan(events: list[bytes]) -> Batch:
+    """Classifies one read's events; the usual batch (tokens, maybe [DONE]) without decoding JSON."""
+    if events:
+        block = events[0] if len(events) == 1 else b"".join(events)
+        if b'"error"' not in block and b'"usage"' not in block:
+            done = events[-1] == DONE_EVENT
+            body = block[: -len(DONE_EVENT)] if done else block
+            if b"[DONE]" not in body and b"\n:" not in block and not block.startswith(b":"):
+                return Batch(events, len(events) - done, done)
+    return _scan_each(events)
+
+
+def _scan_each(events: list[bytes]) -> Batch:
+    forward: list[bytes] = []
+    tokens, completion_tokens = 0, None
+    for raw in events:
+        event = classify(raw)
+        if event.kind is EventKind.ERROR:
+            return Batch(
+                forward, tokens, False, event.error_message or "error event in stream", completion_tokens
+            )
+        if event.kind is EventKind.TOKEN:
+            tokens += 1
+        if event.completion_tokens is not None:
+            completion_tokens = event.completion_tokens
+        forward.append(raw)
+        if event.kind is EventKind.DONE:
+            return Batch(forward, tokens, True, None, completion_tokens)
+    return Batch(forward, tokens, False, None, completion_tokens)

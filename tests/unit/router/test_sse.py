@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tandem.router.sse import DONE_EVENT, EventKind, SseSplitter, classify, error_event
+from tandem.router.sse import DONE_EVENT, EventKind, SseSplitter, classify, error_event, scan
 
 
 def test_splitter_reassembles_events_cut_anywhere() -> None:
@@ -53,3 +53,35 @@ def test_error_event_is_an_error_then_done() -> None:
     events = splitter.feed(raw)
     assert [classify(e).kind for e in events] == [EventKind.ERROR, EventKind.DONE]
     assert json.loads(events[0][6:])["error"]["message"] == "decode died"
+
+
+TOKEN = b'data: {"choices":[{"text":" a"}]}\n\n'
+ERROR = b'data: {"error": {"message": "kv pull failed", "code": 500}}\n\n'
+USAGE = b'data: {"choices": [], "usage": {"completion_tokens": 2}}\n\n'
+
+
+@pytest.mark.parametrize(
+    ("events", "forwarded", "tokens", "done", "error", "usage"),
+    [
+        ([], 0, 0, False, None, None),
+        ([TOKEN, TOKEN], 2, 2, False, None, None),
+        ([TOKEN, DONE_EVENT], 2, 1, True, None, None),
+        ([TOKEN, USAGE, DONE_EVENT], 3, 1, True, None, 2),
+        ([TOKEN, ERROR, DONE_EVENT], 1, 1, False, "kv pull failed", None),
+        ([ERROR], 0, 0, False, "kv pull failed", None),
+        ([b": ping\n\n", TOKEN], 2, 1, False, None, None),
+        ([DONE_EVENT, TOKEN], 1, 0, True, None, None),  # nothing after [DONE] is passed on
+        ([b'data: {"choices":[{"text":"[DONE]"}]}\n\n'], 1, 1, False, None, None),
+    ],
+)
+def test_scan_a_batch(
+    events: list[bytes], forwarded: int, tokens: int, done: bool, error: str | None, usage: int | None
+) -> None:
+    batch = scan(events)
+    assert batch.forward == events[:forwarded]
+    assert (batch.tokens, batch.done, batch.error_message, batch.completion_tokens) == (
+        tokens,
+        done,
+        error,
+        usage,
+    )
