@@ -3,7 +3,9 @@
 Starts a prefill and a decode engine (the sim engine with zero model latency, or the zero-cost
 stub in `router_stub_engine.py`) and a router, all on 127.0.0.1, then drives each target with N
 concurrent keep-alive streams for a fixed time, in the same run:
-- direct: client -> decode engine (one streamed request);
+- direct: client -> decode engine (one streamed request: "direct-to-worker");
+- pd-client: the client itself runs prefill then decode against the engines (the same engine work
+  as the router's path, without the router's hop);
 - router: client -> router -> prefill leg -> decode leg, streamed back.
 It prints p50/p99 latency of whole streamed answers, throughput, the router's added latency and
 the throughput ratio, and the router's requests per CPU-second (its process CPU time over the run:
@@ -34,6 +36,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,13 +106,12 @@ class Connection:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
-    async def call(self) -> bool:
+    async def exchange(self, request: bytes) -> tuple[bool, bytes]:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
         assert self.reader is not None
-        self.writer.write(self.request)
+        self.writer.write(request)
         head = await self.reader.readuntil(b"\r\n\r\n")
-        ok = head.startswith(b"HTTP/1.1 200")
         lower = head.lower()
         if b"transfer-encoding: chunked" in lower:
             body = await self.reader.readuntil(b"\r\n0\r\n\r\n")
@@ -117,7 +119,42 @@ class Connection:
             at = lower.find(b"content-length:")
             length = int(lower[at + 15 : lower.find(b"\r\n", at)])
             body = await self.reader.readexactly(length)
+        return head.startswith(b"HTTP/1.1 200"), body
+
+    async def call(self) -> bool:
+        ok, body = await self.exchange(self.request)
         return ok and b"[DONE]" in body and b'"error"' not in body
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+class ClientTwoPhase:
+    """The two-phase protocol run by the client itself, straight to the engines: the same engine
+    work as through the router, without the router's hop."""
+
+    def __init__(self, prefill_port: int, decode_port: int, body: dict[str, object]) -> None:
+        self.prefill = Connection(prefill_port, b"")
+        self.decode = Connection(decode_port, b"")
+        self.body = body
+        kv = {"do_remote_decode": True, "do_remote_prefill": False}
+        prefill = {**body, "stream": False, "max_tokens": 1, "kv_transfer_params": kv}
+        self.prefill_request = post("/v1/completions", prefill)
+
+    async def call(self) -> bool:
+        ok, answer = await self.prefill.exchange(self.prefill_request)
+        if not ok:
+            return False
+        params = json.loads(answer).get("kv_transfer_params")
+        ok, body = await self.decode.exchange(
+            post("/v1/completions", {**self.body, "kv_transfer_params": params})
+        )
+        return ok and b"[DONE]" in body and b'"error"' not in body
+
+    def close(self) -> None:
+        self.prefill.close()
+        self.decode.close()
 
 
 @dataclass
@@ -145,13 +182,17 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 async def drive(
-    port: int, concurrency: int, seconds: float, request: bytes, pid: int | None, rate: float | None = None
+    make: Callable[[], Connection | ClientTwoPhase],
+    concurrency: int,
+    seconds: float,
+    pid: int | None,
+    rate: float | None = None,
 ) -> Result:
     """Closed loop (each stream sends again as soon as it has its answer) or, with `rate`, open loop:
     the streams share `rate` requests/s on a fixed schedule and latency counts from the scheduled
     time, so a late answer also delays (and is charged to) the next request of its stream.
     """
-    connections = [Connection(port, request) for _ in range(concurrency)]
+    connections = [make() for _ in range(concurrency)]
     for connection in connections:  # open and warm every connection first
         await connection.call()
     latencies: list[float] = []
@@ -159,7 +200,7 @@ async def drive(
     stop_at = 0.0
     interval = concurrency / rate if rate else 0.0
 
-    async def worker(index: int, connection: Connection) -> None:
+    async def worker(index: int, connection: Connection | ClientTwoPhase) -> None:
         nonlocal errors
         next_at = time.perf_counter() + interval * index / concurrency
         while next_at < stop_at:
@@ -185,8 +226,7 @@ async def drive(
     elapsed = time.perf_counter() - started
     cpu_after = cpu_seconds(pid) if pid else None
     for connection in connections:
-        if connection.writer is not None:
-            connection.writer.close()
+        connection.close()
     cpu = cpu_after - cpu_before if cpu_before is not None and cpu_after is not None else None
     return Result(latencies, errors, elapsed, cpu)
 
@@ -229,28 +269,37 @@ async def run(args: argparse.Namespace) -> None:
             f"cpus={os.cpu_count()} load={f'open loop {args.rate:g} req/s' if args.rate else 'closed loop'}"
         )
         header = (
-            f"{'streams':>7} {'target':>7} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'errors':>6} "
-            f"{'added p50':>9} {'added p99':>9} {'tput ratio':>10} {'router req/cpu-s':>16}"
+            f"{'streams':>7} {'target':>9} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'errors':>6} "
+            f"| {'vs direct: +p50':>8} {'+p99':>8} {'tput':>6} | {'vs pd-client: +p50':>8} {'+p99':>8} "
+            f"{'tput':>6} | req/cpu-s"
         )
         print(header)
+        pd_ports = (ports["prefill"], ports["decode"])
+        arms: list[tuple[str, Callable[[], Connection | ClientTwoPhase], int | None]] = [
+            ("direct", lambda: Connection(ports["decode"], request), None),
+            ("pd-client", lambda: ClientTwoPhase(*pd_ports, body), None),
+            ("router", lambda: Connection(ports["router"], request), router.pid),
+        ]
         for concurrency in args.concurrency:
-            rate = args.rate
-            direct = await drive(ports["decode"], concurrency, args.seconds, request, None, rate)
-            routed = await drive(ports["router"], concurrency, args.seconds, request, router.pid, rate)
-            for name, result in (("direct", direct), ("router", routed)):
+            results = {}
+            for name, make, pid in arms:
+                results[name] = result = await drive(make, concurrency, args.seconds, pid, args.rate)
                 line = (
-                    f"{concurrency:>7} {name:>7} {ms(result.quantile(0.5))} {ms(result.quantile(0.99))} "
+                    f"{concurrency:>7} {name:>9} {ms(result.quantile(0.5))} {ms(result.quantile(0.99))} "
                     f"{result.throughput:8.0f} {result.errors:>6}"
                 )
                 if name == "router":
                     per_cpu = (
-                        routed.throughput * routed.seconds / routed.cpu_s if routed.cpu_s else float("nan")
+                        result.throughput * result.seconds / result.cpu_s if result.cpu_s else float("nan")
                     )
-                    line += (
-                        f" {ms(routed.quantile(0.5) - direct.quantile(0.5))} "
-                        f"{ms(routed.quantile(0.99) - direct.quantile(0.99))} "
-                        f"{routed.throughput / direct.throughput:10.2f} {per_cpu:16.0f}"
-                    )
+                    for base in ("direct", "pd-client"):
+                        other = results[base]
+                        line += (
+                            f" | {ms(result.quantile(0.5) - other.quantile(0.5))} "
+                            f"{ms(result.quantile(0.99) - other.quantile(0.99))} "
+                            f"{result.throughput / other.throughput:6.2f}"
+                        )
+                    line += f" | {per_cpu:8.0f}"
                 print(line, flush=True)
     finally:
         for process in processes:
