@@ -32,6 +32,17 @@ async def engines() -> AsyncIterator[dict[str, list[StubEngine]]]:
             await engine.stop()
 
 
+async def until_drawn(session: aiohttp.ClientSession, router_url: str, faulty: StubEngine) -> int:
+    """Sends requests, each of which must succeed, until the faulty engine got one (and 5 more)."""
+    for count in range(1, 61):
+        result = await stream(session, router_url + "/v1/completions", PROMPT)
+        assert result.status == 200
+        assert not result.errors
+        if faulty.seen and count >= 6:
+            return count
+    raise AssertionError("the faulty engine was never chosen")
+
+
 def urls(pools: dict[str, list[StubEngine]], *roles: str) -> dict[str, list[str]]:
     return {role: [e.url for e in pools[role]] for role in roles}
 
@@ -63,36 +74,26 @@ async def test_two_phase_request_and_equal_answers(engines: dict[str, list[StubE
 async def test_prefill_5xx_retries_on_another_prefill_pod(engines: dict[str, list[StubEngine]]) -> None:
     engines["prefill"][0].script = Script(fail_status=503, fail_count=100)
     async with running_router(**urls(engines, "prefill", "decode")) as router, aiohttp.ClientSession() as s:
-        for _ in range(12):
-            result = await stream(s, router.url + "/v1/completions", PROMPT)
-            assert result.status == 200
-            assert not result.errors
-        # p0 failed once (odds of never being drawn: 2^-12), then sat out its quarantine.
+        answers = await until_drawn(s, router.url, engines["prefill"][0])
+        # p0 failed once, then sat out its quarantine: every answer came through p1.
         assert len(engines["prefill"][0].seen) == 1
-        assert len(engines["prefill"][1].seen) == 12
+        assert len(engines["prefill"][1].seen) == answers
         assert router.sample("tandem_router_retries_total", leg="prefill", reason="http_5xx") == 1
 
 
 async def test_kv_pull_failure_reprefills_elsewhere(engines: dict[str, list[StubEngine]]) -> None:
     engines["decode"][0].script = Script(kv_pull_fails=True)
     async with running_router(**urls(engines, "prefill", "decode")) as router, aiohttp.ClientSession() as s:
-        for _ in range(12):
-            result = await stream(s, router.url + "/v1/completions", PROMPT)
-            assert result.status == 200
-            assert not result.errors
+        answers = await until_drawn(s, router.url, engines["decode"][0])
         assert len(engines["decode"][0].seen) == 1
         assert router.sample("tandem_router_retries_total", leg="decode", reason="http_5xx") == 1
-        # 12 answers plus one re-prefill; the re-prefill went to the other prefill pod.
-        assert sum(len(e.seen) for e in engines["prefill"]) == 13
+        assert sum(len(e.seen) for e in engines["prefill"]) == answers + 1  # one re-prefill
 
 
 async def test_decode_cut_before_first_byte_reprefills(engines: dict[str, list[StubEngine]]) -> None:
     engines["decode"][0].script = Script(cut_after_tokens=0)
     async with running_router(**urls(engines, "prefill", "decode")) as router, aiohttp.ClientSession() as s:
-        for _ in range(12):
-            result = await stream(s, router.url + "/v1/completions", PROMPT)
-            assert result.status == 200
-            assert not result.errors
+        await until_drawn(s, router.url, engines["decode"][0])
         assert len(engines["decode"][0].seen) == 1
         assert router.sample("tandem_router_retries_total", leg="decode", reason="truncated") == 1
 
