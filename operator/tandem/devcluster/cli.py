@@ -23,6 +23,8 @@ def _print_status(report: dict[str, object]) -> None:
     print(f"kubeconfig:  {report['kubeconfig']}")
     print(f"apiserver:   {report['apiserver']}")
     print(f"prometheus:  {report['prometheus']}")
+    print(f"pod IPs:     {report['pod_cidrs']} (loopback)")
+    print(f"binaries:    {report['bin_dir']} (kubectl, helm)")
     print("components:")
     components = report.get("components")
     assert isinstance(components, dict)
@@ -36,7 +38,7 @@ def _print_status(report: dict[str, object]) -> None:
                 f"  {n['name']:<14} {'Ready' if n['ready'] else 'NotReady':<9} gpu={n['gpus']:<2} "
                 f"rdma={n['rdma']:<2} fabric={n['fabric'] or '-':<9} podCIDR={n['podCIDR']}"
             )
-    print(f"\nexport KUBECONFIG={report['kubeconfig']}")
+    print(f"\nexport KUBECONFIG={report['kubeconfig']} PATH={report['bin_dir']}:$PATH")
 
 
 def main(argv: Sequence[str]) -> int:

@@ -499,6 +499,7 @@ def status(cdir: ClusterDir) -> dict[str, Any]:
         "apiserver": state.apiserver_url,
         "prometheus": state.prometheus_url,
         "bin_dir": state.bin_dir,
+        "pod_cidrs": f"127.{state.pod_octet}.0.0/16",
         "startup_seconds": state.startup_seconds,
         "components": {
             name: {"pid": state.pids[name], "alive": ok} for name, ok in alive(cdir, state).items()
