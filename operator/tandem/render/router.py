@@ -39,9 +39,9 @@ def router_command(pdd: PDDeployment) -> list[str]:
     ]
 
 
-def _probe(period: int) -> dict[str, Any]:
+def _probe(path: str, period: int) -> dict[str, Any]:
     return {
-        "httpGet": {"path": "/health", "port": "http"},
+        "httpGet": {"path": path, "port": "http"},
         "periodSeconds": period,
         "timeoutSeconds": 3,
         "failureThreshold": 3,
@@ -63,8 +63,9 @@ def _container(pdd: PDDeployment) -> dict[str, Any]:
             "requests": {key: str(value) for key, value in router.resources.requests.items()},
             "limits": {key: str(value) for key, value in router.resources.limits.items()},
         },
-        "readinessProbe": _probe(5),
-        "livenessProbe": _probe(10),
+        # /ready: the router has listed its pods; /health: the process answers.
+        "readinessProbe": _probe("/ready", 5),
+        "livenessProbe": _probe("/health", 10),
         "lifecycle": {"preStop": {"sleep": {"seconds": lifecycle.PRESTOP_SECONDS}}},
         "securityContext": {
             "allowPrivilegeEscalation": False,

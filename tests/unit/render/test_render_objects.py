@@ -239,7 +239,8 @@ def test_router_deployment_runs_the_router_for_this_pddeployment(make_pdd: MakeP
         "tandem", "router", "--namespace", "$(POD_NAMESPACE)", "--pddeployment", "demo",
         "--host", "$(POD_IP)", "--port", "8080",
     ]  # fmt: skip
-    assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["serviceAccountName"] == "demo-router"
