@@ -127,3 +127,39 @@ def test_helm_install_runs_an_operator_that_reconciles_the_example(
         cluster.run("helm", "uninstall", RELEASE, "-n", namespace, "--wait", check=False, timeout=200)
     # `helm.sh/resource-policy: keep`: the CRD (and so every PDDeployment) outlives the release.
     assert get_json(cluster, namespace, "crd", CRD_NAME)["metadata"]["name"] == CRD_NAME
+
+
+def test_cluster_wide_rbac_lets_the_operator_reconcile_another_namespace(
+    cluster: ClusterHandle, namespace: str, tmp_path: Path
+) -> None:
+    """The default install: a ClusterRole, no namespace list/watch. Run as the chart's
+    ServiceAccount, the operator reconciles a PDDeployment in a namespace of its own to Ready."""
+    models = f"{namespace[:50]}-m"
+    adopt_crd(cluster, RELEASE, namespace)
+    install = cluster.run(
+        "helm", "install", RELEASE, str(CHART), "-n", namespace, "--set", "replicaCount=1",
+        check=False, timeout=300,
+    )  # fmt: skip
+    assert install.returncode == 0, install.stderr
+    assert "It reconciles PDDeployments in every namespace." in install.stdout
+    cluster.kubectl("create", "namespace", models)
+    try:
+        # The chart's own pod runs with the runner's admin credentials: keep it out of the way.
+        cluster.kubectl("scale", "-n", namespace, f"deployment/{FULLNAME}", "--replicas=0")
+        kubeconfig = service_account_kubeconfig(cluster, namespace, FULLNAME, tmp_path / "sa.kubeconfig")
+        args = [f"--lease-namespace={namespace}", f"--lease-name={FULLNAME}", "--identity=cluster-wide-test"]
+        operator = OperatorUnderTest(cluster, kubeconfig, args, tmp_path / "op.log")
+        try:
+            operator.wait_leader()
+            doc = example_manifest()
+            cluster.kubectl("apply", "-n", models, "-f", "-", input=yaml.safe_dump(doc))
+            pdd = wait_ready(cluster, models, doc["metadata"]["name"])
+            assert pdd["status"]["phase"] == "Healthy"
+        finally:
+            operator.stop()
+        log = operator.log_text()
+        refused = [line for line in log.splitlines() if "forbidden" in line.lower() or " 403 " in line]
+        assert not refused, "\n".join(refused)
+    finally:
+        cluster.kubectl("delete", "namespace", models, "--wait=false", check=False)
+        cluster.run("helm", "uninstall", RELEASE, "-n", namespace, "--wait", check=False, timeout=200)
