@@ -32,8 +32,10 @@ typecheck: venv
 unit: venv
 	$(BIN)/pytest -q tests/unit
 
+# The CRD is generated from the pydantic models; the chart's copy follows it.
 crd: venv
 	$(BIN)/tandem crd > crds/pddeployment.yaml
+	$(BIN)/python charts/sync-crd.py
 
 # The README's first command: local cluster, helm install, a sim P/D model and a real trace, live.
 demo: venv tools

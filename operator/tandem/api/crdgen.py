@@ -100,6 +100,9 @@ def _status_schema() -> Schema:
     conditions = status["properties"]["conditions"]
     conditions["x-kubernetes-list-type"] = "map"
     conditions["x-kubernetes-list-map-keys"] = ["type"]
+    # Defaulted on read, so a PDDeployment the operator has not seen yet shows observedGeneration 0
+    # (kstatus: InProgress) rather than no status at all (kstatus: Current).
+    status["default"] = {}
     return status
 
 
