@@ -14,6 +14,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "crd": ("tandem.api.crdgen", "print the PDDeployment CustomResourceDefinition generated from the models"),
     "render": ("tandem.render.cli", "render a PDDeployment file into the child objects the operator applies"),
     "operator": ("tandem.controller.main", "run the operator (kopf) against the current kubeconfig"),
+    "probe": ("tandem.controller.probe", "check that the pods matching a selector answer HTTP health checks"),
     "router": ("tandem.router.main", "run the P/D router for one PDDeployment"),
     "engine": ("tandem.engine.main", "run the vLLM-compatible simulation engine (`vllm serve` arguments)"),
     "dev": (

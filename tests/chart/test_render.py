@@ -81,7 +81,8 @@ def test_defaults_render_a_cluster_wide_operator() -> None:
     r = template()
     assert r.kinds() == sorted(
         ["ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
-         "Deployment", "Pod", "Role", "RoleBinding", "Service", "ServiceAccount"]
+         "Deployment", "Pod", "Role", "RoleBinding", "Service", "ServiceAccount",
+         "Role", "RoleBinding", "ServiceAccount"]  # the `helm test` hook's
     )  # fmt: skip
     argv = flags(r)
     assert argv[:2] == ["tandem", "operator"]
@@ -116,6 +117,7 @@ def test_namespaced_install_has_roles_per_namespace_and_no_cluster_writes() -> N
         ("team-a", "tandem-operator"),
         ("team-b", "tandem-operator"),
         (NS, "tandem-leader-election"),
+        (NS, "tandem-test"),  # the `helm test` hook: get/list pods in the release namespace
     }
     for ns in ("team-a", "team-b"):
         binding = r.get("RoleBinding", "tandem-operator", ns)
@@ -232,7 +234,7 @@ def test_pod_monitor_scrapes_the_probe_port() -> None:
     ]
     assert pm["spec"]["namespaceSelector"] == {"matchNames": [NS]}
     assert not r.of_kind("Service")
-    assert not r.of_kind("Pod")  # the helm test needs the Service
+    assert r.get("Pod", "tandem-test-health", NS)  # the helm test needs no Service
 
 
 def test_external_service_account_and_no_rbac() -> None:
@@ -240,6 +242,7 @@ def test_external_service_account_and_no_rbac() -> None:
     assert not r.of_kind("ServiceAccount")
     assert not [o for o in r.objects if o["kind"] in ("Role", "RoleBinding", "ClusterRoleBinding")]
     assert r.get("Deployment", "tandem", NS)["spec"]["template"]["spec"]["serviceAccountName"] == "ops"
+    assert r.get("Pod", "tandem-test-health", NS)["spec"]["serviceAccountName"] == "ops"
 
 
 def test_image_digest_wins_over_tag() -> None:
@@ -249,15 +252,26 @@ def test_image_digest_wins_over_tag() -> None:
     assert operator_container(template())["image"] == "ghcr.io/tandem-dev/tandem:0.1.0"
 
 
-def test_helm_test_hook_checks_health_through_the_service() -> None:
+def test_helm_test_hook_probes_each_operator_pod() -> None:
     r = template()
     pod = r.get("Pod", "tandem-test-health", NS)
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     assert pod["spec"]["restartPolicy"] == "Never"
-    script = pod["spec"]["containers"][0]["command"][-1]
-    assert "http://tandem.tandem-system.svc:8081/healthz" in script
-    service = r.get("Service", "tandem", NS)
-    assert service["spec"]["ports"][0]["targetPort"] == "http-probes"
+    command = pod["spec"]["containers"][0]["command"]
+    assert command[:2] == ["tandem", "probe"]
+    selector = command[command.index("--selector") + 1]
+    operator_labels = r.get("Deployment", "tandem", NS)["spec"]["selector"]["matchLabels"]
+    assert dict(part.split("=") for part in selector.split(",")) == operator_labels
+    assert command[command.index("--port") + 1] == "8081"
+    sa = pod["spec"]["serviceAccountName"]
+    role = r.get("Role", sa, NS)
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]
+    binding = r.get("RoleBinding", sa, NS)
+    assert binding["subjects"][0]["name"] == sa
+    for kind in ("ServiceAccount", "Role", "RoleBinding"):
+        hook = r.get(kind, sa, NS)["metadata"]["annotations"]
+        assert hook["helm.sh/hook"] == "test"
+        assert int(hook["helm.sh/hook-weight"]) < 0  # before the pod
 
 
 def test_release_name_containing_tandem_is_not_repeated() -> None:

@@ -36,6 +36,9 @@ def test_rendered_objects_pass_server_side_validation(
     if case == "namespaced":
         values["watchNamespaces"] = [namespace]
     rendered = template(values, release=f"dry-{case}", namespace=namespace)
+    # Pods are admitted only when their ServiceAccount exists, which a dry run does not create.
+    accounts = [o for o in rendered.objects if o["kind"] == "ServiceAccount"]
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(accounts))
     docs = yaml.safe_dump_all(rendered.objects)
     out = cluster.kubectl(
         "apply", "--server-side", "--force-conflicts", "--dry-run=server", "--field-manager=chart-test",
