@@ -194,13 +194,15 @@ class Scheduler:
             if n <= 0:
                 i += 1
                 continue
+            preempted_self = False
             while not self._grow(seq, seq.num_computed + n):
                 victim = self.running[-1]
                 self._preempt(victim)
                 step.preempted += 1
                 if victim is seq:
+                    preempted_self = True
                     break
-            if seq not in self.running:
+            if preempted_self:
                 break
             step.entries.append(StepEntry(seq, n, seq.num_computed))
             budget -= n
