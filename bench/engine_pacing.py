@@ -85,10 +85,12 @@ def runqueue_wait_seconds(pid: int) -> float:
     return total
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 async def one_stream(port: int, body: bytes) -> tuple[float, float, int]:
@@ -191,7 +193,9 @@ def run_once(ns: argparse.Namespace) -> None:
         wall_start = time.monotonic()
         results = asyncio.run(run_streams(port, ns.streams, ns.prompt_tokens, ns.max_tokens))
         wall = time.monotonic() - wall_start
-        cpu = cpu_seconds(proc.pid) - cpu_before
+        cpu_after = cpu_seconds(proc.pid)
+        user, system = (after - before for after, before in zip(cpu_after, cpu_before, strict=True))
+        cpu = user + system
         starved = runqueue_wait_seconds(proc.pid) - wait_before
         client_cpu = time.process_time() - client_before
         engine_e2e_mean = scrape_mean(port, "vllm:e2e_request_latency_seconds")
@@ -230,7 +234,8 @@ def run_once(ns: argparse.Namespace) -> None:
         )
     print(
         f"engine CPU: {cpu:.2f} s over {wall:.2f} s wall ({cpu / wall:.0%} of one core); "
-        f"{cpu / (tokens / 1000):.3f} CPU s per 1,000 tokens"
+        f"{cpu / (tokens / 1000):.3f} CPU s per 1,000 tokens (user {user / (tokens / 1000):.3f}, "
+        f"system {system / (tokens / 1000):.3f})"
     )
     print(f"engine waited {starved:.2f} s for a CPU while runnable (other processes on this machine)")
     # The client's own lag shows up in the client-side figures; the engine-side e2e is the engine's pacing.

@@ -1,10 +1,12 @@
 """The engine core: runs the scheduler in real time, paced by the perf model, and does KV transfer.
 
 One asyncio task steps the scheduler: plan a step, sleep until the step's modelled end, apply it,
-wake the requests that got tokens. While busy, step ends are chained (`end = previous end + d`), so
-the time spent delivering tokens overlaps the next step, as a GPU's next forward overlaps the
-host's work, and a late wake-up does not accumulate into drift. Durations are scaled by
-TANDEM_SIM_TIME_SCALE and the `slowdown` fault.
+wake the requests that got tokens (or, for a job with a `listener`, call it in the same pass: a
+streaming response writes its new events from there, so a token costs no task wake-up). While
+busy, step ends are chained (`end = previous end + d`), so the time spent delivering tokens
+overlaps the next step, as a GPU's next forward overlaps the host's work, and a late wake-up does
+not accumulate into drift. Durations are scaled by TANDEM_SIM_TIME_SCALE and the `slowdown`
+fault.
 
 KV transfer: as a producer the core keeps finished remote-decode prefills in a `HeldKVTable` and
 serves reads on the NIXL side channel; as a consumer it reads from the prefill engine named in the
@@ -18,6 +20,7 @@ import contextlib
 import math
 import random
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +54,9 @@ class Job:
     prompt_key: int | None = None
     remote: RemotePrefill | None = None
     waiter: asyncio.Future[None] | None = None
+    # Called synchronously, instead of waking `waiter`, whenever the job gets tokens or finishes:
+    # a streaming response writes its events from the step loop itself (see `streaming`).
+    listener: Callable[[], None] | None = None
     last_emit: float | None = None
     kv_transfer_params: dict[str, Any] | None = None
     recomputed_after_kv_failure: bool = False
@@ -191,6 +197,9 @@ class EngineCore:
         self._refresh_gauges()
 
     def _notify(self, job: Job) -> None:
+        if job.listener is not None:
+            job.listener()
+            return
         waiter, job.waiter = job.waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)

@@ -187,6 +187,8 @@ class ChunkWriter:
             self._prefix = ("data: " + head + ',"choices":[{"index":0,"text":').encode()
             self._suffix_open = ',"logprobs":null,"finish_reason":null,"stop_reason":null}]'
             self._suffix_final = ',"logprobs":null,"finish_reason":"{reason}","stop_reason":null}}]'
+        # Everything after the text of a token that is not the last, when no usage rides along.
+        self._open_tail = (("}" if req.chat else "") + self._suffix_open + "}\n\n").encode()
 
     def role_chunk(self) -> bytes:
         """Chat streams open with an empty assistant delta, as vLLM's do."""
@@ -198,6 +200,12 @@ class ChunkWriter:
         return b"data: " + body.encode() + b"\n\n"
 
     def token_chunk(self, text: str, finish_reason: str | None, completion_tokens: int) -> bytes:
+        return self.token_chunk_json(json.dumps(text).encode(), finish_reason, completion_tokens)
+
+    def token_chunk_json(self, text_json: bytes, finish_reason: str | None, completion_tokens: int) -> bytes:
+        """`token_chunk` for text already JSON-encoded (`tokens.token_json`)."""
+        if finish_reason is None and not self.req.continuous_usage:
+            return self._prefix + text_json + self._open_tail
         suffix = (
             self._suffix_open if finish_reason is None else self._suffix_final.format(reason=finish_reason)
         )
@@ -207,7 +215,7 @@ class ChunkWriter:
             suffix += ',"usage":' + json.dumps(
                 usage(self.req.prompt_tokens, completion_tokens), separators=(",", ":")
             )
-        return self._prefix + json.dumps(text).encode() + suffix.encode() + b"}\n\n"
+        return self._prefix + text_json + suffix.encode() + b"}\n\n"
 
     def usage_chunk(self, completion_tokens: int) -> bytes:
         body = (

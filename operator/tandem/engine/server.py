@@ -23,7 +23,6 @@ from tandem import __version__
 from tandem.engine.config import EngineConfig
 from tandem.engine.core import EngineCore, Job, RemotePrefill
 from tandem.engine.openai import (
-    DONE,
     ChunkWriter,
     GenerationRequest,
     RequestError,
@@ -33,7 +32,8 @@ from tandem.engine.openai import (
 )
 from tandem.engine.scheduler import Sequence
 from tandem.engine.settings import Faults
-from tandem.engine.tokens import output_text, output_token_id, token_text
+from tandem.engine.streaming import SSEStream
+from tandem.engine.tokens import output_text
 
 SIM_VERSION = f"0.11.0+tandem.sim.{__version__}"
 _JSON = "application/json"
@@ -290,34 +290,21 @@ class EngineServer:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", **(headers or {})})
         await response.prepare(request)
         chunks = ChunkWriter(req, response_id, int(time.time()))
-        out: list[bytes] = [chunks.role_chunk()] if req.chat else []
-        sent = 0
-        while True:
-            produced = seq.num_output
-            if fail_after is not None and produced >= fail_after:
-                produced = fail_after
-            for i in range(sent, produced):
-                last = seq.finished and i == seq.num_output - 1
-                text = token_text(output_token_id(req.prompt_key, req.seed, i))
-                out.append(chunks.token_chunk(text, seq.finish_reason if last else None, i + 1))
-            sent = produced
-            if fail_after is not None and sent >= fail_after:
-                out.append(ChunkWriter.error_chunk("injected fault: error inside the stream"))
-                out.append(DONE)
-                await response.write(b"".join(out))
-                self.core.abort(job)
-                break
-            if seq.finished:
-                if seq.finish_reason in ("error", "abort"):
-                    out.append(ChunkWriter.error_chunk(seq.error or f"request {seq.finish_reason}"))
-                elif req.include_usage:
-                    out.append(chunks.usage_chunk(seq.num_output))
-                out.append(DONE)
-                await response.write(b"".join(out))
-                break
-            if out:
-                await response.write(b"".join(out))
-                out = []
-            await self.core.wait_progress(job, sent)
+        stream = SSEStream(req, job, chunks, fail_after)
+        first = stream.render()
+        await response.write(chunks.role_chunk() + first if req.chat else first)  # sends the head too
+        chunked = response.headers.get("Transfer-Encoding") == "chunked"
+        while not stream.done:
+            transport = request.transport
+            if stream.can_write_directly(transport) and not response.compression:
+                assert transport is not None
+                await stream.deliver(transport, chunked)  # the step loop writes; back when over or slow
+            else:
+                await self.core.wait_progress(job, stream.sent)
+            data = stream.render()
+            if data:
+                await response.write(data)
+        if stream.failed:
+            self.core.abort(job)
         await response.write_eof()
         return response

@@ -19,7 +19,9 @@ _VOWELS = ("a", "e", "i", "o", "u", "ai", "ou", "ei")
 _CODAS = ("", "n", "r", "s", "l")
 # 16 x 8 x 5 = 640 syllables; words of two syllables give a vocabulary of 409,600 strings.
 _SYLLABLES = tuple(o + v + c for o in _ONSETS for v in _VOWELS for c in _CODAS)
+_SYLLABLE_BYTES = tuple(s.encode() for s in _SYLLABLES)
 VOCAB_SIZE = len(_SYLLABLES) ** 2
+_STRIDE = 0xD1B54A32D192ED03
 
 
 def count_prompt_tokens(text: str) -> int:
@@ -45,9 +47,18 @@ def _seed_mix(seed: int) -> int:
     return _mix(seed & _MASK64)
 
 
-def output_token_id(key: int, seed: int, index: int) -> int:
+def sampler_base(key: int, seed: int) -> int:
+    """What `output_token_id` derives from (prompt, seed); a stream computes it once."""
+    return key ^ _seed_mix(seed)
+
+
+def token_id_at(base: int, index: int) -> int:
     # One mix per token (this runs once per streamed token): a distinct odd stride per index.
-    return _mix(((key ^ _seed_mix(seed)) + index * 0xD1B54A32D192ED03) & _MASK64) % VOCAB_SIZE
+    return _mix((base + index * _STRIDE) & _MASK64) % VOCAB_SIZE
+
+
+def output_token_id(key: int, seed: int, index: int) -> int:
+    return token_id_at(key ^ _seed_mix(seed), index)
 
 
 def natural_length(key: int, seed: int) -> int:
@@ -58,6 +69,12 @@ def natural_length(key: int, seed: int) -> int:
 def token_text(token_id: int) -> str:
     first, second = divmod(token_id, len(_SYLLABLES))
     return " " + _SYLLABLES[first] + _SYLLABLES[second]
+
+
+def token_json(token_id: int) -> bytes:
+    """`json.dumps(token_text(token_id)).encode()`, built from bytes: syllables need no escaping."""
+    first, second = divmod(token_id, len(_SYLLABLES))
+    return b'" ' + _SYLLABLE_BYTES[first] + _SYLLABLE_BYTES[second] + b'"'
 
 
 def output_text(key: int, seed: int, start: int, stop: int) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from tandem.engine.tokens import (
     VOCAB_SIZE,
     count_prompt_tokens,
@@ -10,6 +12,10 @@ from tandem.engine.tokens import (
     output_token_id,
     prompt_key,
     render_chat,
+    sampler_base,
+    token_id_at,
+    token_json,
+    token_text,
 )
 
 
@@ -45,3 +51,13 @@ def test_natural_length_is_deterministic_and_bounded() -> None:
     assert max(lengths) <= 511
     assert len(lengths) > 50
     assert natural_length(prompt_key("p"), 1) == natural_length(prompt_key("p"), 1)
+
+
+def test_streaming_helpers_agree_with_the_reference_functions() -> None:
+    key = prompt_key("a prompt")
+    for seed in (0, 7, -3, 2**70):
+        base = sampler_base(key, seed)
+        for i in (0, 1, 2, 63, 10_000):
+            token = output_token_id(key, seed, i)
+            assert token_id_at(base, i) == token
+            assert token_json(token) == json.dumps(token_text(token)).encode()
