@@ -202,6 +202,11 @@ class ChunkWriter:
     def token_chunk(self, text: str, finish_reason: str | None, completion_tokens: int) -> bytes:
         return self.token_chunk_json(json.dumps(text).encode(), finish_reason, completion_tokens)
 
+    def open_affixes(self) -> tuple[bytes, bytes] | None:
+        """(before, after) the JSON-encoded text in the event of a token that is not the stream's
+        last, when nothing else varies between such events (no per-chunk usage); else None."""
+        return None if self.req.continuous_usage else (self._prefix, self._open_tail)
+
     def token_chunk_json(self, text_json: bytes, finish_reason: str | None, completion_tokens: int) -> bytes:
         """`token_chunk` for text already JSON-encoded (`tokens.token_json`)."""
         if finish_reason is None and not self.req.continuous_usage:

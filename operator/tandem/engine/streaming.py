@@ -45,6 +45,7 @@ class SSEStream:
         self._transport: asyncio.Transport | None = None
         self._chunked = False
         self._wake: asyncio.Future[None] | None = None
+        self._affixes = chunks.open_affixes()
 
     def render(self) -> bytes:
         """The events not rendered yet: new tokens and, once the stream is over, its closing events."""
@@ -111,7 +112,13 @@ class SSEStream:
                 # response (as one write, before the client can hang up), or waiting for a slow client.
                 wake.set_result(None)
                 return
-            data = self.render()
+            seq = self.job.seq
+            if seq.num_output == self.sent + 1 and self._affixes is not None:  # the usual: one token
+                before, after = self._affixes
+                data = before + token_json(token_id_at(self.base, self.sent)) + after
+                self.sent += 1
+            else:
+                data = self.render()
             if data:
                 transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
         except Exception as exc:  # never let one stream break the step loop
