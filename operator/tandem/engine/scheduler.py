@@ -93,9 +93,15 @@ class Step:
 
     def perf_inputs(self) -> tuple[list[PrefillChunk], int, int]:
         """(prefill chunks, decode batch, decode context tokens) for `Profile.step_seconds`."""
-        chunks = [PrefillChunk(e.offset, e.tokens) for e in self.entries if not e.is_decode]
-        decodes = [e for e in self.entries if e.is_decode]
-        return chunks, len(decodes), sum(e.offset + 1 for e in decodes)
+        chunks: list[PrefillChunk] = []
+        batch = context = 0
+        for e in self.entries:
+            if e.offset >= e.seq.prompt_tokens:  # a decode
+                batch += 1
+                context += e.offset + 1
+            else:
+                chunks.append(PrefillChunk(e.offset, e.tokens))
+        return chunks, batch, context
 
 
 @dataclass
@@ -187,15 +193,19 @@ class Scheduler:
         step = Step()
         budget = self.max_num_batched_tokens
         i = 0
+        block_size = self.block_size
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            remaining = seq.total_tokens - seq.num_computed
-            n = min(remaining, budget)
+            remaining = seq.prompt_tokens + seq.num_output - seq.num_computed
+            n = remaining if remaining < budget else budget
             if n <= 0:
                 i += 1
                 continue
             preempted_self = False
-            while not self._grow(seq, seq.num_computed + n):
+            while (  # the common decode step: the last block still has room
+                seq.num_computed + n > len(seq.blocks) * block_size
+                and not self._grow(seq, seq.num_computed + n)
+            ):
                 victim = self.running[-1]
                 self._preempt(victim)
                 step.preempted += 1
@@ -252,12 +262,13 @@ class Scheduler:
 
     def complete(self, step: Step, now: float) -> StepResult:
         result = StepResult()
+        finished = Status.FINISHED
         for entry in step.entries:
             seq = entry.seq
-            if seq.finished:  # aborted while the step ran
+            if seq.status is finished:  # aborted while the step ran
                 continue
             seq.num_computed = entry.offset + entry.tokens
-            if seq.num_computed < seq.total_tokens:
+            if seq.num_computed < seq.prompt_tokens + seq.num_output:
                 continue
             seq.num_output += 1
             if seq.first_token is None:
