@@ -244,22 +244,26 @@ class EngineCore:
         m = self.metrics
         m.iteration_tokens.observe(step.num_tokens)
         m.generation_tokens.inc(len(result.new_tokens))
+        since: dict[float, int] = {}  # previous emit time -> streams: one ITL value each
         for seq in result.new_tokens:
             job = self.jobs.get(seq)
             if job is None:
                 continue
-            if job.last_emit is None:
+            last = job.last_emit
+            if last is None:
                 m.ttft.observe(now - seq.arrival)
                 m.prompt_tokens.inc(seq.prompt_tokens)
                 m.prompt_tokens_external.inc(seq.prompt_tokens_from_remote)
                 m.prompt_tokens_local.inc(seq.prompt_tokens - seq.prompt_tokens_from_remote)
             else:
-                m.itl.observe(now - job.last_emit)
+                since[last] = since.get(last, 0) + 1
             job.last_emit = now
             if seq.finished:
                 self._finished(job)
             else:
                 self._notify(job)
+        for last, count in since.items():
+            m.itl.observe_many(now - last, count)
         self._refresh_gauges()
 
     def _refresh_gauges(self) -> None:

@@ -6,6 +6,8 @@ when a KV connector is configured. `tandem:` metrics are the simulator's own (he
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -36,6 +38,17 @@ def token_buckets(max_model_len: int) -> tuple[float, ...]:
                 return tuple(out)
             out.append(float(value))
         scale *= 10
+
+
+class BulkHistogram(Histogram):
+    """prometheus_client's Histogram (same samples, same exposition) that also takes one value for
+    many observations at once: in a busy step every stream that got a token in the step before has
+    the same inter-token latency, so the step records it once, not once per stream."""
+
+    def observe_many(self, amount: float, count: int) -> None:
+        """As `count` calls of `observe(amount)`, the sum up to float rounding."""
+        self._sum.inc(amount * count)
+        self._buckets[bisect_left(self._upper_bounds, amount)].inc(count)
 
 
 class EngineMetrics:
@@ -97,9 +110,13 @@ class EngineMetrics:
         self.ttft = histogram(
             "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS
         )
-        self.itl = histogram(
-            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS
-        )
+        self.itl: BulkHistogram = BulkHistogram(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            labels,
+            buckets=ITL_BUCKETS,
+            registry=r,
+        ).labels(*values)
         self.tpot = histogram(
             "vllm:request_time_per_output_token_seconds",
             "Histogram of time_per_output_token_seconds per request.",

@@ -39,3 +39,21 @@ def test_nixl_families_only_with_a_connector_and_finished_requests_are_observed(
     assert samples["vllm:request_queue_time_seconds_sum"] == 0.5
     assert samples["vllm:request_decode_time_seconds_sum"] == 1.0
     assert samples["vllm:request_time_per_output_token_seconds_sum"] == 0.5
+
+
+def test_observe_many_is_observe_repeated() -> None:
+    one = EngineMetrics("m", 1000, with_nixl=False, cache_info={"block_size": "16"})
+    many = EngineMetrics("m", 1000, with_nixl=False, cache_info={"block_size": "16"})
+    for value, count in ((0.03125, 5), (0.5, 3), (100.0, 2), (0.01, 1)):  # sums exact in binary
+        for _ in range(count):
+            one.itl.observe(value)
+        many.itl.observe_many(value, count)
+
+    def itl_lines(metrics: EngineMetrics) -> list[str]:
+        text = metrics.exposition()[0].decode()
+        return [
+            line for line in text.splitlines() if "inter_token_latency" in line and "_created" not in line
+        ]
+
+    assert itl_lines(one) == itl_lines(many)
+    assert any('le="+Inf"' in line and line.endswith(" 11.0") for line in itl_lines(many))
