@@ -7,8 +7,9 @@ API, `/metrics` and NIXL two-phase P/D protocol, and paces continuous batching b
 Modules: `args` (command line) -> `config` (defaults and start-up checks) + `settings` (env);
 `scheduler`/`blocks` (continuous batching, pure); `kvheld` (prefill-side leases, pure);
 `tokens` (deterministic tokenizer and output); `openai` (request/response formats, pure);
-`metrics` (vLLM metric families); `core` (real-time step loop, KV pulls); `sidechannel` (NIXL
-side channel over TCP); `server` (aiohttp routes); `main` (entry point, signals, drain).
+`metrics` (vLLM metric families); `core` (real-time step loop, KV pulls); `streaming` (SSE
+streams, written by the step loop); `sidechannel` (NIXL side channel over TCP); `server` (aiohttp
+routes); `main` (entry point, signals, drain).
 
 Generation: prompt tokens are words and punctuation; output token i is a pure function of
 (prompt, seed, i) (seed: the request's, else `--seed`), so a P/D answer equals a colocated one.
