@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ import yaml
 from tandem.devcluster import cluster as devcluster
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.layout import ClusterDir
+from tandem.devcluster.testing import OperatorProcess
 
 REPO = Path(__file__).parents[1]
 WRITE_VERBS = {"POST", "PUT", "PATCH", "APPLY", "DELETE"}
@@ -88,38 +88,13 @@ def run(cluster: ClusterHandle, example: Path, steady_seconds: float) -> None:
         "apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds" / "pddeployment.yaml")
     )
     cluster.kubectl("wait", "--for=condition=Established", "crd/pddeployments.tandem.dev", "--timeout=60s")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
+    log = Path(tempfile.mkdtemp(prefix="tandem-bench-operator-")) / "operator.log"
+    operator = OperatorProcess(cluster, ["--lease-namespace", "default", "--resync-seconds", "60"], log)
+    url = operator.url
     tandem = str(Path(sys.executable).with_name("tandem"))
-    log = tempfile.NamedTemporaryFile(prefix="operator-", suffix=".log", delete=False)  # noqa: SIM115
-    operator = subprocess.Popen(
-        [
-            tandem,
-            "operator",
-            "--probe-port",
-            str(port),
-            "--lease-namespace",
-            "default",
-            "--resync-seconds",
-            "60",
-        ],
-        env=cluster.env(),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
     namespace = f"bench-{int(time.time())}"
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
-                    if b"tandem_operator_leader 1.0" in response.read():
-                        break
-            except OSError:
-                pass
-            time.sleep(0.5)
+        operator.wait_leader(timeout=60)
         cluster.kubectl("create", "namespace", namespace)
         doc = yaml.safe_load(example.read_text())
         doc["metadata"].pop("namespace", None)
@@ -169,8 +144,7 @@ def run(cluster: ClusterHandle, example: Path, steady_seconds: float) -> None:
         )
     finally:
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
-        operator.terminate()
-        operator.wait(timeout=30)
+        operator.stop()
 
 
 def main() -> int:

@@ -3,11 +3,6 @@ a kubeconfig that authenticates as a ServiceAccount, and an operator process run
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +36,6 @@ def adopt_crd(cluster: ClusterHandle, release: str, namespace: str) -> None:
     cluster.kubectl("label", "--overwrite", f"crd/{CRD_NAME}", "app.kubernetes.io/managed-by=Helm")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def service_account_kubeconfig(cluster: ClusterHandle, namespace: str, sa: str, path: Path) -> Path:
     """A kubeconfig for the same apiserver that authenticates with a token of `sa` (TokenRequest)."""
     token = cluster.kubectl("create", "token", sa, "-n", namespace, "--duration=1h").stdout.strip()
@@ -63,41 +51,3 @@ def service_account_kubeconfig(cluster: ClusterHandle, namespace: str, sa: str, 
     }
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-class OperatorUnderTest:
-    """`tandem operator` as a local process with the given kubeconfig and flags."""
-
-    def __init__(self, cluster: ClusterHandle, kubeconfig: Path, args: list[str], log: Path) -> None:
-        self.port = free_port()
-        self.log = log
-        env = {**cluster.env(), "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
-        tandem = str(Path(sys.executable).with_name("tandem"))
-        argv = [tandem, "operator", "--probe-port", str(self.port), *args]
-        with log.open("wb") as out:
-            self.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def wait_leader(self, timeout: float = 90) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"operator exited {self.proc.returncode}:\n{self.log_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
-                    if "tandem_operator_leader 1.0" in r.read().decode():
-                        return
-            except OSError:
-                pass
-            time.sleep(1)
-        raise AssertionError(f"operator not leader after {timeout:.0f}s:\n{self.log_text()[-3000:]}")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()

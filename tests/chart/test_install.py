@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from tandem.devcluster.handle import ClusterHandle
+from tandem.devcluster.testing import OperatorProcess
 
 from .cluster_helpers import (
     CRD_NAME,
-    OperatorUnderTest,
     adopt_crd,
     example_manifest,
     service_account_kubeconfig,
@@ -105,7 +105,7 @@ def test_helm_install_runs_an_operator_that_reconciles_the_example(
         kubeconfig = service_account_kubeconfig(cluster, namespace, FULLNAME, tmp_path / "sa.kubeconfig")
         args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
         own = [a for a in args if not a.startswith(("--probe-host", "--probe-port", "--identity"))]
-        operator = OperatorUnderTest(cluster, kubeconfig, [*own, "--identity=sa-test"], tmp_path / "op.log")
+        operator = OperatorProcess(cluster, [*own, "--identity=sa-test"], tmp_path / "op.log", kubeconfig)
         try:
             operator.wait_leader()
             decode = doc["spec"]["decode"]["replicas"]
@@ -128,7 +128,7 @@ def test_helm_install_runs_an_operator_that_reconciles_the_example(
                 if "customresourcedefinitions" not in line and "namespaces" not in line
             ]
             assert not stray, "\n".join(stray)
-        assert "applied" in log  # it did write, as the ServiceAccount
+        assert "applied" in log, log[-4000:]  # it did write, as the ServiceAccount
     finally:
         cluster.run("helm", "uninstall", RELEASE, "-n", namespace, "--wait", check=False, timeout=200)
     # `helm.sh/resource-policy: keep`: the CRD (and so every PDDeployment) outlives the release.
@@ -154,7 +154,7 @@ def test_cluster_wide_rbac_lets_the_operator_reconcile_another_namespace(
         cluster.kubectl("scale", "-n", namespace, f"deployment/{FULLNAME}", "--replicas=0")
         kubeconfig = service_account_kubeconfig(cluster, namespace, FULLNAME, tmp_path / "sa.kubeconfig")
         args = [f"--lease-namespace={namespace}", f"--lease-name={FULLNAME}", "--identity=cluster-wide-test"]
-        operator = OperatorUnderTest(cluster, kubeconfig, args, tmp_path / "op.log")
+        operator = OperatorProcess(cluster, args, tmp_path / "op.log", kubeconfig)
         try:
             operator.wait_leader()
             doc = example_manifest()

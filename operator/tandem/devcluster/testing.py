@@ -1,14 +1,21 @@
-"""Helpers for tests against the dev cluster: polling, pod listing, a pod the runner can run."""
+"""Helpers for tests against the dev cluster: polling, pod listing, a pod the runner can run, and
+`tandem operator` as a local process."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from kubernetes import client
 
 from tandem.devcluster import kube
+from tandem.devcluster.handle import ClusterHandle
 
 T = TypeVar("T")
 
@@ -55,3 +62,71 @@ def runner_test_pod(name: str, *extra: str, port: int = 9400, **meta: Any) -> di
             ],
         },
     }
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class OperatorProcess:
+    """`tandem operator` started against a dev cluster, its probes on a free loopback port.
+
+    `args` are extra operator flags; `kubeconfig` replaces the cluster's admin kubeconfig (to run
+    with a ServiceAccount's token, say). Output goes to `log`.
+    """
+
+    def __init__(
+        self, cluster: ClusterHandle, args: Sequence[str], log: Path, kubeconfig: Path | None = None
+    ) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        env = {**cluster.env(), "PYTHONUNBUFFERED": "1"}
+        if kubeconfig is not None:
+            env["KUBECONFIG"] = str(kubeconfig)
+        tandem = str(Path(sys.executable).with_name("tandem"))
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [tandem, "operator", "--probe-port", str(self.port), *args],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as response:
+            text: str = response.read().decode()
+            return text
+
+    def is_leader(self) -> bool | None:
+        """None while the probe port does not answer."""
+        try:
+            return "tandem_operator_leader 1.0" in self.metrics()
+        except OSError:
+            return None
+
+    def wait_leader(self, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"operator exited {self.proc.returncode}:\n{self.log_text()[-3000:]}")
+            if self.is_leader():
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"operator not leader after {timeout:.0f}s:\n{self.log_text()[-3000:]}")
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from tandem.devcluster.handle import ClusterHandle
+from tandem.devcluster.testing import OperatorProcess
 
 from .kstatus import compute
-from .operator_process import OperatorProcess, start_operator
 from .recorder import Recorder
 
 pytestmark = pytest.mark.cluster
@@ -44,8 +44,11 @@ def operator(cluster: ClusterHandle, namespace: str, tmp_path: Path) -> Iterator
         "apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds" / "pddeployment.yaml")
     )
     cluster.kubectl("wait", "--for=condition=Established", "crd/pddeployments.tandem.dev", "--timeout=60s")
-    proc = start_operator(cluster, namespace, tmp_path / "operator.log")
+    # Watching only the test's namespace, with its lease there too: other tests' objects are not its.
+    args = ["--namespace", namespace, "--lease-namespace", namespace, "--resync-seconds", "20"]
+    proc = OperatorProcess(cluster, args, tmp_path / "operator.log")
     try:
+        proc.wait_leader(timeout=60)
         yield proc
     finally:
         proc.stop()

@@ -15,9 +15,8 @@ import yaml
 
 from tandem.api.models import PDDeployment
 from tandem.devcluster.handle import ClusterHandle
+from tandem.devcluster.testing import OperatorProcess
 from tandem.render import render
-
-from .conftest import OperatorProcess
 
 EXAMPLES = sorted((Path(__file__).parents[3] / "examples").glob("*.yaml"))
 RDMA_LABEL = "network.tandem.dev/rdma"
