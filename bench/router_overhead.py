@@ -12,8 +12,8 @@ the throughput ratio, and the router's requests per CPU-second (its process CPU 
 the "requests per second on one core" figure, robust to other load on the machine).
 
     .venv/bin/python bench/router_overhead.py [--engine sim|stub] [--concurrency 1 64 256]
-        [--seconds 5] [--rate REQ_PER_S] [--event-loop auto|asyncio|uvloop]
-        [--upstream-client lean|aiohttp] [--router-core 0] [--engine-core 1] [--tokens 16]
+        [--seconds 5] [--rate REQ_PER_S] [--event-loop auto|asyncio|uvloop] [--itl-ms 0]
+        [--router-core 0] [--engine-core 1] [--tokens 16]
 
 The load generator is a lean raw-asyncio HTTP/1.1 client so that it, not the router, stays cheap.
 No assertions: it prints figures.
@@ -62,10 +62,10 @@ def _pinned(command: list[str], core: int | None) -> list[str]:
     return ["taskset", "-c", str(core), *command]
 
 
-def start_engine(kind: str, port: int, tokens: int, core: int | None) -> subprocess.Popen[bytes]:
+def start_engine(kind: str, port: int, args: argparse.Namespace, core: int | None) -> subprocess.Popen[bytes]:
     if kind == "stub":
         command = [PYTHON, str(ROOT / "bench" / "router_stub_engine.py"), "--port", str(port)]
-        command += ["--model", MODEL, "--tokens", str(tokens)]
+        command += ["--model", MODEL, "--tokens", str(args.tokens), "--itl-ms", str(args.itl_ms)]
     else:
         command = [PYTHON, "-m", "tandem.cli", "engine", "serve", MODEL, "--host", "127.0.0.1"]
         command += ["--port", str(port), "--max-model-len", "8192"]
@@ -76,7 +76,7 @@ def start_engine(kind: str, port: int, tokens: int, core: int | None) -> subproc
 def start_router(prefill: str, decode: str, port: int, args: argparse.Namespace) -> subprocess.Popen[bytes]:
     command = [PYTHON, "-m", "tandem.cli", "router", "--host", "127.0.0.1", "--port", str(port)]
     command += ["--prefill", prefill, "--decode", decode, "--log-level", "WARNING"]
-    command += ["--event-loop", args.event_loop, "--upstream-client", args.upstream_client]
+    command += ["--event-loop", args.event_loop]
     core = args.router_core
     return subprocess.Popen(_pinned(command, core), stdout=subprocess.DEVNULL, stderr=_log())
 
@@ -106,7 +106,8 @@ class Connection:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
-    async def exchange(self, request: bytes) -> tuple[bool, bytes]:
+    async def exchange(self, request: bytes) -> tuple[bool, bytes, float]:
+        """(status is 200, body, when the first body bytes arrived)."""
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
         assert self.reader is not None
@@ -114,16 +115,27 @@ class Connection:
         head = await self.reader.readuntil(b"\r\n\r\n")
         lower = head.lower()
         if b"transfer-encoding: chunked" in lower:
-            body = await self.reader.readuntil(b"\r\n0\r\n\r\n")
+            first = await self.reader.read(65536)
+            first_at = time.perf_counter()
+            parts, tail = [first], first[-7:]
+            while not tail.endswith(b"\r\n0\r\n\r\n"):  # the last chunk of a chunked body
+                data = await self.reader.read(65536)
+                if not data:
+                    raise ConnectionError("stream ended early")
+                parts.append(data)
+                tail = (tail + data)[-7:]
+            body = b"".join(parts)
         else:
             at = lower.find(b"content-length:")
             length = int(lower[at + 15 : lower.find(b"\r\n", at)])
             body = await self.reader.readexactly(length)
-        return head.startswith(b"HTTP/1.1 200"), body
+            first_at = time.perf_counter()
+        return head.startswith(b"HTTP/1.1 200"), body, first_at
 
-    async def call(self) -> bool:
-        ok, body = await self.exchange(self.request)
-        return ok and b"[DONE]" in body and b'"error"' not in body
+    async def call(self) -> float | None:
+        """When the first answer bytes came, or None when the answer was not a whole success."""
+        ok, body, first_at = await self.exchange(self.request)
+        return first_at if ok and b"[DONE]" in body and b'"error"' not in body else None
 
     def close(self) -> None:
         if self.writer is not None:
@@ -142,15 +154,15 @@ class ClientTwoPhase:
         prefill = {**body, "stream": False, "max_tokens": 1, "kv_transfer_params": kv}
         self.prefill_request = post("/v1/completions", prefill)
 
-    async def call(self) -> bool:
-        ok, answer = await self.prefill.exchange(self.prefill_request)
+    async def call(self) -> float | None:
+        ok, answer, _ = await self.prefill.exchange(self.prefill_request)
         if not ok:
-            return False
+            return None
         params = json.loads(answer).get("kv_transfer_params")
-        ok, body = await self.decode.exchange(
+        ok, body, first_at = await self.decode.exchange(
             post("/v1/completions", {**self.body, "kv_transfer_params": params})
         )
-        return ok and b"[DONE]" in body and b'"error"' not in body
+        return first_at if ok and b"[DONE]" in body and b'"error"' not in body else None
 
     def close(self) -> None:
         self.prefill.close()
@@ -159,13 +171,14 @@ class ClientTwoPhase:
 
 @dataclass
 class Result:
-    latencies: list[float]
+    latencies: list[float]  # whole answers
+    ttfts: list[float]  # to the first bytes of the answer's body (the first token when streamed)
     errors: int
     seconds: float
     cpu_s: float | None
 
-    def quantile(self, q: float) -> float:
-        ordered = sorted(self.latencies)
+    def quantile(self, q: float, ttft: bool = False) -> float:
+        ordered = sorted(self.ttfts if ttft else self.latencies)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
     @property
@@ -187,15 +200,18 @@ async def drive(
     seconds: float,
     pid: int | None,
     rate: float | None = None,
+    stagger_s: float = 0.0,
 ) -> Result:
     """Closed loop (each stream sends again as soon as it has its answer) or, with `rate`, open loop:
     the streams share `rate` requests/s on a fixed schedule and latency counts from the scheduled
     time, so a late answer also delays (and is charged to) the next request of its stream.
+    `stagger_s` spreads the closed loop's first requests over that time, so that paced streams do
+    not run in lockstep (all arriving, and all sending a token, in the same instant).
     """
     connections = [make() for _ in range(concurrency)]
-    for connection in connections:  # open and warm every connection first
-        await connection.call()
+    await asyncio.gather(*(connection.call() for connection in connections))  # open and warm each
     latencies: list[float] = []
+    ttfts: list[float] = []
     errors = 0
     stop_at = 0.0
     interval = concurrency / rate if rate else 0.0
@@ -203,6 +219,8 @@ async def drive(
     async def worker(index: int, connection: Connection | ClientTwoPhase) -> None:
         nonlocal errors
         next_at = time.perf_counter() + interval * index / concurrency
+        if stagger_s and not interval:
+            await asyncio.sleep(stagger_s * index / concurrency)
         while next_at < stop_at:
             if interval:
                 delay = next_at - time.perf_counter()
@@ -213,9 +231,10 @@ async def drive(
             else:
                 started = time.perf_counter()
                 next_at = started
-            ok = await connection.call()
-            if ok:
+            first_at = await connection.call()
+            if first_at is not None:
                 latencies.append(time.perf_counter() - started)
+                ttfts.append(first_at - started)
             else:
                 errors += 1
 
@@ -228,7 +247,7 @@ async def drive(
     for connection in connections:
         connection.close()
     cpu = cpu_after - cpu_before if cpu_before is not None and cpu_after is not None else None
-    return Result(latencies, errors, elapsed, cpu)
+    return Result(latencies, ttfts, errors, elapsed, cpu)
 
 
 def post(path: str, body: dict[str, object]) -> bytes:
@@ -237,15 +256,15 @@ def post(path: str, body: dict[str, object]) -> bytes:
     return head.encode() + f"Content-Length: {len(data)}\r\n\r\n".encode() + data
 
 
-def ms(seconds: float) -> str:
-    return f"{seconds * 1000:8.2f}"
+def ms(seconds: float, width: int = 8) -> str:
+    return f"{seconds * 1000:{width}.2f}"
 
 
 async def run(args: argparse.Namespace) -> None:
     ports = {"prefill": free_port(), "decode": free_port(), "router": free_port()}
     processes = [
-        start_engine(args.engine, ports["prefill"], args.tokens, args.engine_core),
-        start_engine(args.engine, ports["decode"], args.tokens, args.engine_core),
+        start_engine(args.engine, ports["prefill"], args, args.engine_core),
+        start_engine(args.engine, ports["decode"], args, args.engine_core),
     ]
     try:
         await wait_ready(ports["prefill"], "/health")
@@ -262,18 +281,18 @@ async def run(args: argparse.Namespace) -> None:
         body = {"model": MODEL, "prompt": "the quick brown fox jumps over the lazy dog", "stream": True}
         body["max_tokens"] = args.tokens
         request = post("/v1/completions", body)
+        load = f"open loop {args.rate:g} req/s" if args.rate else "closed loop"
         print(
-            f"engine={args.engine} event_loop={args.event_loop} upstream_client={args.upstream_client} "
-            f"tokens/answer={args.tokens} "
+            f"engine={args.engine} itl_ms={args.itl_ms:g} tokens/answer={args.tokens} "
+            f"event_loop={args.event_loop} "
             f"seconds/point={args.seconds} router core={args.router_core} engines core={args.engine_core} "
-            f"cpus={os.cpu_count()} load={f'open loop {args.rate:g} req/s' if args.rate else 'closed loop'}"
+            f"cpus={os.cpu_count()} load={load}"
         )
-        header = (
-            f"{'streams':>7} {'target':>9} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'errors':>6} "
-            f"| {'vs direct: +p50':>8} {'+p99':>8} {'tput':>6} | {'vs pd-client: +p50':>8} {'+p99':>8} "
-            f"{'tput':>6} | req/cpu-s"
+        print(
+            f"{'streams':>7} {'target':>9} | {'ttft p50':>8} {'p99':>7} | {'e2e p50':>8} {'p99':>7} | "
+            f"{'req/s':>7} {'errors':>6} || router added, ms: {'ttft p50':>8} {'p99':>6} "
+            f"{'e2e p50':>7} {'p99':>6} {'tput':>5} | router {'req/cpu-s':>9} {'cpu%':>5}"
         )
-        print(header)
         pd_ports = (ports["prefill"], ports["decode"])
         arms: list[tuple[str, Callable[[], Connection | ClientTwoPhase], int | None]] = [
             ("direct", lambda: Connection(ports["decode"], request), None),
@@ -283,23 +302,27 @@ async def run(args: argparse.Namespace) -> None:
         for concurrency in args.concurrency:
             results = {}
             for name, make, pid in arms:
-                results[name] = result = await drive(make, concurrency, args.seconds, pid, args.rate)
-                line = (
-                    f"{concurrency:>7} {name:>9} {ms(result.quantile(0.5))} {ms(result.quantile(0.99))} "
-                    f"{result.throughput:8.0f} {result.errors:>6}"
+                stagger = args.tokens * args.itl_ms / 1000
+                results[name] = result = await drive(make, concurrency, args.seconds, pid, args.rate, stagger)
+                print(
+                    f"{concurrency:>7} {name:>9} | {ms(result.quantile(0.5, True))} "
+                    f"{ms(result.quantile(0.99, True), 7)} | {ms(result.quantile(0.5))} "
+                    f"{ms(result.quantile(0.99), 7)} | {result.throughput:7.0f} {result.errors:>6}",
+                    flush=True,
                 )
-                if name == "router":
-                    per_cpu = (
-                        result.throughput * result.seconds / result.cpu_s if result.cpu_s else float("nan")
-                    )
-                    for base in ("direct", "pd-client"):
-                        other = results[base]
-                        line += (
-                            f" | {ms(result.quantile(0.5) - other.quantile(0.5))} "
-                            f"{ms(result.quantile(0.99) - other.quantile(0.99))} "
-                            f"{result.throughput / other.throughput:6.2f}"
-                        )
-                    line += f" | {per_cpu:8.0f}"
+            router_result = results["router"]
+            for base in ("direct", "pd-client"):
+                other = results[base]
+                line = f"{concurrency:>7} {'vs ' + base:>12}" + " " * 47 + "   "
+                line += f"{ms(router_result.quantile(0.5, True) - other.quantile(0.5, True))} "
+                line += f"{ms(router_result.quantile(0.99, True) - other.quantile(0.99, True), 6)} "
+                line += f"{ms(router_result.quantile(0.5) - other.quantile(0.5), 7)} "
+                line += f"{ms(router_result.quantile(0.99) - other.quantile(0.99), 6)} "
+                line += f"{router_result.throughput / other.throughput:5.2f}"
+                if base == "direct" and router_result.cpu_s:
+                    served = router_result.throughput * router_result.seconds
+                    line += f" | {served / router_result.cpu_s:16.0f} "
+                    line += f"{100 * router_result.cpu_s / router_result.seconds:5.0f}"
                 print(line, flush=True)
     finally:
         for process in processes:
@@ -317,16 +340,22 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 256])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument(
+        "--itl-ms", type=float, default=0.0, help="stub engine: gap between token events (streams last)"
+    )
     parser.add_argument("--event-loop", choices=["auto", "asyncio", "uvloop"], default="auto")
     parser.add_argument("--rate", type=float, help="open loop: total requests/s shared by the streams")
-    parser.add_argument("--upstream-client", choices=["lean", "aiohttp"], default="lean")
     parser.add_argument("--router-core", type=int, default=0)
     parser.add_argument("--engine-core", type=int, default=1)
     args = parser.parse_args()
+    if args.itl_ms and args.engine != "stub":
+        parser.error("--itl-ms paces the stub engine; the sim engine runs with zero model latency")
     if args.engine_core < 0:
         args.engine_core = None
     if args.router_core < 0:
         args.router_core = None
+    if args.engine_core is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {args.engine_core})  # the load generator stays off the router's core
     asyncio.run(run(args))
 
 

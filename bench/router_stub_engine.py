@@ -2,8 +2,10 @@
 
 It speaks just enough of vLLM's API for the router's two legs (prefill JSON with
 `kv_transfer_params`, a streamed SSE decode) while spending as little CPU as possible, so a
-benchmark on a small machine measures the router and not the engine. Usage:
-`python bench/router_stub_engine.py --port 8001 [--tokens 16]`.
+benchmark on a small machine measures the router and not the engine. With `--itl-ms` a streamed
+answer sends one token event every ITL milliseconds (zero compute, but streams last, so many are
+in flight at once, as in a decode pool); without it the whole stream leaves in one write. Usage:
+`python bench/router_stub_engine.py --port 8001 [--tokens 16] [--itl-ms 20]`.
 """
 
 from __future__ import annotations
@@ -22,13 +24,16 @@ _KV = {
 }
 
 
+_SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
 def _http(status: str, body: bytes, content_type: bytes = b"application/json") -> bytes:
     head = b"HTTP/1.1 " + status.encode() + b"\r\nContent-Type: " + content_type
     return head + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
 
 
 def _chunked_sse(events: list[bytes]) -> bytes:
-    parts = [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"]
+    parts = [_SSE_HEAD]
     for event in events:
         parts.append(f"{len(event):x}\r\n".encode() + event + b"\r\n")
     parts.append(b"0\r\n\r\n")
@@ -47,6 +52,9 @@ class Canned:
             events.append(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         events.append(b"data: [DONE]\n\n")
         self.stream = _chunked_sse(events)
+        self.stream_head = _SSE_HEAD
+        self.stream_chunks = [f"{len(event):x}\r\n".encode() + event + b"\r\n" for event in events]
+        self.stream_end = b"0\r\n\r\n"
         whole = {**prefill, "choices": [{"index": 0, "text": " t" * tokens, "finish_reason": "length"}]}
         self.whole = _http("200 OK", json.dumps(whole).encode())
         models = {"object": "list", "data": [{"id": model, "object": "model", "max_model_len": 8192}]}
@@ -56,8 +64,9 @@ class Canned:
 
 
 class EngineProtocol(asyncio.Protocol):
-    def __init__(self, canned: Canned) -> None:
+    def __init__(self, canned: Canned, itl_s: float) -> None:
         self.canned = canned
+        self.itl_s = itl_s
         self.buffer = b""
         self.transport: asyncio.Transport | None = None
 
@@ -84,7 +93,24 @@ class EngineProtocol(asyncio.Protocol):
             body = self.buffer[end + 4 : end + 4 + length]
             self.buffer = self.buffer[end + 4 + length :]
             assert self.transport is not None
-            self.transport.write(self.answer(head, body))
+            answer = self.answer(head, body)
+            if answer is self.canned.stream and self.itl_s > 0:
+                self._paced(0)
+            else:
+                self.transport.write(answer)
+
+    def _paced(self, index: int) -> None:
+        """Writes the paced stream's head and first token now, then one token per ITL."""
+        transport, canned = self.transport, self.canned
+        if transport is None or transport.is_closing():
+            return
+        chunks = canned.stream_chunks  # token events, then [DONE]
+        data = canned.stream_head + chunks[0] if index == 0 else chunks[index]
+        if index >= len(chunks) - 2:  # the last token leaves with [DONE] and the end of the body
+            transport.write(data + chunks[-1] + canned.stream_end)
+            return
+        transport.write(data)
+        asyncio.get_running_loop().call_later(self.itl_s, self._paced, index + 1)
 
     def answer(self, head: bytes, body: bytes) -> bytes:
         line = head.split(b"\r\n", 1)[0]
@@ -101,10 +127,10 @@ class EngineProtocol(asyncio.Protocol):
         return self.canned.whole
 
 
-async def serve(host: str, port: int, model: str, tokens: int) -> None:
+async def serve(host: str, port: int, model: str, tokens: int, itl_s: float) -> None:
     canned = Canned(model, tokens)
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: EngineProtocol(canned), host, port, backlog=2048)
+    server = await loop.create_server(lambda: EngineProtocol(canned, itl_s), host, port, backlog=2048)
     async with server:
         await server.serve_forever()
 
@@ -115,8 +141,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--model", default="bench-model")
     parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--itl-ms", type=float, default=0.0, help="gap between streamed token events")
     args = parser.parse_args()
-    asyncio.run(serve(args.host, args.port, args.model, args.tokens))
+    asyncio.run(serve(args.host, args.port, args.model, args.tokens, args.itl_ms / 1000))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""OpenAI-style error bodies, as vLLM writes them: `{"error": {message, type, param, code}}`."""
+"""OpenAI-style error bodies, as vLLM writes them (`{"error": {message, type, param, code}}`), and
+`ClientGone`, the router's one exception for a client that left."""
 
 from __future__ import annotations
 
@@ -24,3 +25,7 @@ def error_type(status: int) -> str:
 def error_body(status: int, message: str, *, param: str | None = None) -> bytes:
     payload = {"error": {"message": message, "type": error_type(status), "param": param, "code": status}}
     return json.dumps(payload).encode()
+
+
+class ClientGone(Exception):
+    """The client closed its connection; whatever serves it is abandoned."""

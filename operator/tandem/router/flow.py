@@ -2,7 +2,8 @@
 
 The decisions are the pure rules of `failure` and `paths`; this module moves bytes and time. The
 client side is behind `Responder`, so the flow knows whether a byte has reached the client (the
-line between "re-prefill elsewhere" and "end the stream with an error") without knowing aiohttp.
+line between "re-prefill elsewhere" and "end the stream with an error") without knowing the HTTP
+server. A streamed answer is passed on by `relay.StreamRelay` inside the socket callbacks.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ import json
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tandem.router.errors import error_body
+from tandem.router.errors import ClientGone, error_body
 from tandem.router.failure import (
     Action,
     LegFailure,
@@ -37,28 +38,26 @@ from tandem.router.protocol import (
     kv_transfer_params_of,
     prefill_body,
 )
-from tandem.router.sse import SseSplitter, error_event, scan
+from tandem.router.relay import StreamClient, StreamRelay
+from tandem.router.sse import error_event
 from tandem.router.state import RouterState
-from tandem.router.upstream import Answer, LegError, Upstream
+from tandem.router.upstream import Answer, LegError, StreamingAnswer, Upstream
 
 log = logging.getLogger(__name__)
 
 
-class ClientGone(Exception):
-    """The client closed its connection; both legs are abandoned."""
+__all__ = ["ClientGone", "ClientRequest", "Flow", "Responder", "Timeouts"]
+
+_BODY_END_WAIT_S = 2.0  # after [DONE], how long to wait for the engine's end of body (keep-alive)
 
 
-class Responder(Protocol):
-    """The client's side of the exchange, as the flow sees it."""
+class Responder(StreamClient, Protocol):
+    """The client's side of the exchange, as the flow sees it (`front.ClientStream`).
 
-    @property
-    def started(self) -> bool: ...  # has any byte of the answer been sent?
+    `started`: has the answer begun? Once it has, a failure can only end the stream.
+    """
 
     async def answer(self, status: int, body: bytes, content_type: str) -> None: ...
-
-    async def start_stream(self, status: int, content_type: str) -> None: ...
-
-    async def write(self, data: bytes) -> None: ...  # raises ClientGone
 
     async def finish(self, data: bytes) -> None: ...  # the last bytes and the end; raises ClientGone
 
@@ -101,11 +100,29 @@ class _Tally:
     last_token_at: float | None = None
 
 
-async def _drain(chunks: AsyncIterator[bytes]) -> None:
-    """Reads an engine's answer to its end (so its connection is reused); failures no longer matter."""
-    with contextlib.suppress(LegError):
-        async for _ in chunks:
-            pass
+class _TokenTimes:
+    """Counts a stream's tokens into its tally and the TTFT / inter-token histograms (per read)."""
+
+    __slots__ = ("metrics", "tally")
+
+    def __init__(self, tally: _Tally, metrics: PathMetrics) -> None:
+        self.tally = tally
+        self.metrics = metrics
+
+    def on_tokens(self, count: int, now: float) -> None:
+        # Inter-token latency is the gap between reads that carried tokens: a paced engine sends
+        # one token per step, and tokens that arrive together reach the client together.
+        tally = self.tally
+        if tally.first_token_at is None:
+            tally.first_token_at = now
+            self.metrics.ttft.observe(now - tally.arrived)
+        elif tally.last_token_at is not None:
+            self.metrics.itl.observe(now - tally.last_token_at)
+        tally.last_token_at = now
+        tally.output_tokens += count
+
+    def on_completion_tokens(self, count: int) -> None:
+        self.tally.usage_tokens = count
 
 
 def _usage_of(body: bytes) -> tuple[int | None, int | None]:
@@ -401,43 +418,31 @@ class Flow:
                 tally.usage_tokens = completion
                 await responder.answer(200, data, answer.content_type)
                 return None
-            return await self._relay_stream(answer.chunks(), answer.content_type, responder, tally, metrics)
+            return await self._relay_stream(answer, responder, tally, metrics)
 
     async def _relay_stream(
-        self,
-        chunks: AsyncIterator[bytes],
-        content_type: str,
-        responder: Responder,
-        tally: _Tally,
-        metrics: PathMetrics,
+        self, answer: StreamingAnswer, responder: Responder, tally: _Tally, metrics: PathMetrics
     ) -> _Failed | None:
-        splitter = SseSplitter()
-        clock = self.clock
-        async for chunk in chunks:
-            # Events that arrived together leave together: one write per engine read.
-            batch = scan(splitter.feed(chunk))
-            if batch.completion_tokens is not None:
-                tally.usage_tokens = batch.completion_tokens
-            if batch.tokens:
-                # Inter-token latency is the gap between reads that carried tokens: a paced engine
-                # sends one token per step, and tokens that arrive together reach the client together.
-                now = clock()
-                if tally.first_token_at is None:
-                    tally.first_token_at = now
-                    metrics.ttft.observe(now - tally.arrived)
-                elif tally.last_token_at is not None:
-                    metrics.itl.observe(now - tally.last_token_at)
-                tally.last_token_at = now
-                tally.output_tokens += batch.tokens
-            if batch.forward:
-                if not responder.started:
-                    await responder.start_stream(200, content_type)
-                data = batch.forward[0] if len(batch.forward) == 1 else b"".join(batch.forward)
-                if batch.done:
-                    await responder.finish(data)
-                    await _drain(chunks)
-                    return None
-                await responder.write(data)
-            if batch.error_message is not None:
-                return _Failed(LegFailure.STREAM_ERROR, batch.error_message)
-        return _Failed(LegFailure.TRUNCATED, "stream ended without [DONE]")
+        relay = StreamRelay(
+            responder,
+            answer,
+            answer.content_type,
+            _TokenTimes(tally, metrics),
+            idle_timeout_s=self.timeouts.decode_idle_s,
+            clock=self.clock,
+        )
+        try:
+            answer.attach(relay)
+            result = await relay.outcome
+            if result is None and not relay.ended.done():
+                # The client has its whole answer; reading the engine's end of body keeps the
+                # connection reusable (otherwise leaving the stream closes it, which costs little).
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(relay.ended), _BODY_END_WAIT_S)
+        finally:
+            relay.close()
+        if result is None:
+            return None
+        if result.failure is None:
+            raise ClientGone()
+        return _Failed(result.failure, result.detail)

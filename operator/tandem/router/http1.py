@@ -16,12 +16,20 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Mapping
-from typing import Final, cast
+from typing import Final, Protocol, cast
 from urllib.parse import urlsplit
 
 _MAX_HEAD: Final = 64 * 1024
 _CRLF: Final = b"\r\n"
 _IN_TRAILER: Final = -2  # after the last (zero-size) chunk, before the final empty line
+
+
+class BodySink(Protocol):
+    """Takes a body's bytes inside the socket callback, instead of a task reading them."""
+
+    def on_data(self, data: bytes) -> None: ...
+
+    def on_end(self, error: BaseException | None) -> None: ...  # None: the body ended whole
 
 
 class ProtocolViolation(ConnectionError):
@@ -45,6 +53,7 @@ class Response:
         "_head_done",
         "_length_left",
         "_pending",
+        "_sink",
         "_waiter",
         "done",
         "got_bytes",
@@ -63,6 +72,7 @@ class Response:
         self._pending = b""  # unparsed chunked framing
         self._chunks: deque[bytes] = deque()
         self._waiter: asyncio.Future[None] | None = None
+        self._sink: BodySink | None = None
         self._error: BaseException | None = None
         self.done = False
         self.got_bytes = False
@@ -168,6 +178,9 @@ class Response:
 
     def _push(self, data: bytes) -> None:
         if data:
+            if self._sink is not None:
+                self._sink.on_data(data)
+                return
             self._chunks.append(data)
             self._wake()
 
@@ -175,6 +188,8 @@ class Response:
         self.done = True
         self._wake()
         self._conn.response_done(self)
+        if self._sink is not None:
+            self._sink.on_end(None)
 
     def fail(self, error: BaseException) -> None:
         if self.done:
@@ -184,6 +199,24 @@ class Response:
         self.done = True  # a close-delimited body simply ends here
         self._wake()
         self._conn.response_done(self)
+        if self._sink is not None:
+            self._sink.on_end(self._error)
+
+    def set_sink(self, sink: BodySink) -> None:
+        """From now on the body goes to `sink` as it arrives (what has arrived already, first)."""
+        self._sink = sink
+        if self._chunks:
+            data = b"".join(self._chunks)
+            self._chunks.clear()
+            sink.on_data(data)
+        if self.done and self._sink is sink:
+            sink.on_end(self._error)
+
+    def pause_reading(self) -> None:
+        self._conn.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._conn.resume_reading()
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -233,6 +266,7 @@ class Response:
 
     def close(self) -> None:
         """Releases the connection: back to the pool when the answer was read whole, else closed."""
+        self._sink = None  # the sink usually refers back to this response: no cycle for the GC
         self._conn.release(self)
 
 
@@ -248,6 +282,7 @@ class Connection(asyncio.Protocol):
         self.response: Response | None = None
         self.closed = False
         self.reusable = True
+        self.reading_paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but have the same methods.
@@ -274,6 +309,16 @@ class Connection(asyncio.Protocol):
         self.transport.write(data)
         return response
 
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self.closed and not self.reading_paused:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and not self.closed and self.reading_paused:
+            self.reading_paused = False
+            self.transport.resume_reading()
+
     def response_done(self, response: Response) -> None:
         if not response.keep_alive:
             self.reusable = False
@@ -283,6 +328,7 @@ class Connection(asyncio.Protocol):
             return
         self.response = None
         if response.done and response._error is None and self.reusable and not self.closed:
+            self.resume_reading()  # a relay may have paused it for a slow client
             self.pool.put_back(self)
         else:
             self.close()

@@ -1,89 +1,47 @@
-"""The router's HTTP front (aiohttp): OpenAI endpoints, /v1/models, /health, /metrics.
+"""The router's endpoints: OpenAI completions and chat, /v1/models, /health, /ready, /metrics.
 
-A thin shell: it reads and checks the client's request (size, JSON, model, context length), hands
-it to `Flow`, and adapts aiohttp's response objects to the flow's `Responder`. Handlers run with
-cancellation on client disconnect, which is what cancels both legs of an abandoned request.
+A thin shell over `front` (the HTTP/1.1 server): it reads and checks the client's request (size,
+JSON, model, context length) and hands it to `Flow`, with the connection's `ClientStream` as the
+flow's `Responder`. The front cancels a request's task when its client disconnects, which is
+what cancels both legs of an abandoned request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
+import os
 import time
-import uuid
-from typing import Final
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
 
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tandem.router.errors import error_body
-from tandem.router.flow import ClientGone, ClientRequest, Flow
+from tandem.router.flow import ClientRequest, Flow
+from tandem.router.front import ClientStream, FrontRequest
 from tandem.router.protocol import BadRequest, Endpoint, check_fits, request_facts
 from tandem.router.state import RouterState
 
 log = logging.getLogger(__name__)
 
 JSON: Final = "application/json"
-_FORWARDED_HEADERS: Final = ("Authorization",)
+_FORWARDED_HEADERS: Final = {"authorization": "Authorization"}  # client header -> sent to engines
+_GENERATE: Final[dict[str, Endpoint]] = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 
 
-class _StreamResponse(web.StreamResponse):
-    # Headers leave with the first body bytes (one send instead of two): the router only prepares
-    # a stream when it already has bytes to write. (aiohttp's own switch; without it, two sends.)
-    _send_headers_immediately = False
+class RequestIds:
+    """Ids for requests that come without `X-Request-Id`: a random per-process prefix and a counter
+    (unique across router replicas without a uuid4 per request)."""
 
+    def __init__(self) -> None:
+        self._prefix = os.urandom(8).hex()
+        self._counter = itertools.count(1)
 
-class AiohttpResponder:
-    """`Responder` over one aiohttp request; `response` is what the handler returns."""
-
-    def __init__(self, request: web.Request, request_id: str) -> None:
-        self._request = request
-        self._request_id = request_id
-        self.response: web.StreamResponse | None = None
-        self._stream: web.StreamResponse | None = None
-
-    @property
-    def started(self) -> bool:
-        return self.response is not None
-
-    async def answer(self, status: int, body: bytes, content_type: str) -> None:
-        headers = {"Content-Type": content_type or JSON, "X-Request-Id": self._request_id}
-        self.response = web.Response(status=status, body=body, headers=headers)
-
-    async def start_stream(self, status: int, content_type: str) -> None:
-        stream = _StreamResponse(
-            status=status,
-            headers={
-                "Content-Type": content_type or "text/event-stream",
-                "Cache-Control": "no-cache",
-                "X-Request-Id": self._request_id,
-            },
-        )
-        self.response = self._stream = stream
-        try:
-            await stream.prepare(self._request)
-        except ConnectionError as error:
-            raise ClientGone() from error
-
-    async def write(self, data: bytes) -> None:
-        assert self._stream is not None
-        try:
-            await self._stream.write(data)
-        except ConnectionError as error:
-            raise ClientGone() from error
-
-    async def finish(self, data: bytes) -> None:
-        assert self._stream is not None
-        try:
-            # With the end in the same call, aiohttp sends the last chunk and the terminator together.
-            await self._stream.write_eof(data)
-        except ConnectionError as error:
-            raise ClientGone() from error
-
-
-def _error(status: int, message: str, *, param: str | None = None) -> web.Response:
-    return web.Response(status=status, body=error_body(status, message, param=param), content_type=JSON)
+    def next(self) -> str:
+        return f"{self._prefix}-{next(self._counter)}"
 
 
 class RouterApp:
@@ -94,36 +52,54 @@ class RouterApp:
         self.flow = flow
         self.max_body_bytes = max_body_bytes
         self.max_model_len = max_model_len
-        self.app = web.Application(client_max_size=max_body_bytes)
-        self.app.router.add_post("/v1/completions", self.completions)
-        self.app.router.add_post("/v1/chat/completions", self.chat)
-        self.app.router.add_get("/v1/models", self.models)
-        self.app.router.add_get("/health", self.health)
-        self.app.router.add_get("/ready", self.ready)
-        self.app.router.add_get("/metrics", self.metrics)
+        self._ids = RequestIds()
+        self._gets: dict[str, Callable[[ClientStream], Awaitable[None]]] = {
+            "/v1/models": self.models,
+            "/health": self.health,
+            "/ready": self.ready,
+            "/metrics": self.metrics,
+        }
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, "completions")
+    async def handle(self, request: FrontRequest, client: ClientStream) -> None:
+        """The front's handler: routes by path and method."""
+        endpoint = _GENERATE.get(request.path)
+        if endpoint is not None:
+            if request.method != "POST":
+                await self._refuse(client, 405, f"{request.method} is not allowed on {request.path}")
+                return
+            await self._generate(request, client, endpoint)
+            return
+        get = self._gets.get(request.path)
+        if get is None:
+            await self._refuse(client, 404, f"no route {request.path}")
+        elif request.method != "GET":
+            await self._refuse(client, 405, f"{request.method} is not allowed on {request.path}")
+        else:
+            await get(client)
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, "chat")
+    @staticmethod
+    async def _refuse(client: ClientStream, status: int, message: str) -> None:
+        await client.answer(status, error_body(status, message), JSON)
 
-    def _reject(self, reason: str, status: int, message: str, param: str | None = None) -> web.Response:
+    def _reject(
+        self, client: ClientStream, reason: str, status: int, message: str, param: str | None = None
+    ) -> None:
         self.state.metrics.child(self.state.metrics.rejected, reason).inc()
-        return _error(status, message, param=param)
+        client.answer_nowait(status, error_body(status, message, param=param), JSON)
 
-    async def _generate(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    async def _generate(self, request: FrontRequest, client: ClientStream, endpoint: Endpoint) -> None:
         arrived = time.monotonic()
-        if request.content_length is not None and request.content_length > self.max_body_bytes:
-            return self._reject("body_too_large", 413, f"request body over {self.max_body_bytes} bytes")
-        try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return self._reject("body_too_large", 413, f"request body over {self.max_body_bytes} bytes")
+        raw = request.body
+        # The front refuses bodies over the limit before reading them; this catches a smaller
+        # limit set on the app itself (tests) the same way.
+        if len(raw) > self.max_body_bytes:
+            self._reject(client, "body_too_large", 413, f"request body over {self.max_body_bytes} bytes")
+            return
         try:
             body = json.loads(raw)
         except ValueError as error:
-            return self._reject("invalid_json", 400, f"request body is not valid JSON: {error}")
+            self._reject(client, "invalid_json", 400, f"request body is not valid JSON: {error}")
+            return
         try:
             facts = request_facts(endpoint, body)
             if facts.model is None:
@@ -135,33 +111,34 @@ class RouterApp:
             check_fits(facts, self.max_model_len or catalog.max_model_len(facts.model))
         except BadRequest as error:
             reason = {404: "unknown_model"}.get(error.status, "invalid_request")
-            return self._reject(reason, error.status, error.message, error.param)
-        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
-        forward = {name: request.headers[name] for name in _FORWARDED_HEADERS if name in request.headers}
+            self._reject(client, reason, error.status, error.message, error.param)
+            return
+        request_id = request.header("x-request-id") or self._ids.next()
+        client.set_header("X-Request-Id", request_id)
+        headers = request.headers
+        forward = {sent: headers[name] for name, sent in _FORWARDED_HEADERS.items() if name in headers}
         client_request = ClientRequest(endpoint, body, raw, facts, request_id, arrived, forward)
-        responder = AiohttpResponder(request, request_id)
-        await self.flow.serve(client_request, responder)
-        if responder.response is None:
-            return _error(502, "no answer")
-        return responder.response
+        await self.flow.serve(client_request, client)
 
-    async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": self.state.catalog.cards()})
+    async def _json(self, client: ClientStream, payload: Any, status: int = 200) -> None:
+        await client.answer(status, json.dumps(payload).encode(), JSON)
 
-    async def health(self, request: web.Request) -> web.Response:
+    async def models(self, client: ClientStream) -> None:
+        await self._json(client, {"object": "list", "data": self.state.catalog.cards()})
+
+    async def health(self, client: ClientStream) -> None:
         counts = {role: len(urls) for role, urls in self.state.endpoints.items()}
-        return web.json_response({"status": "ok", "endpoints": counts})
+        await self._json(client, {"status": "ok", "endpoints": counts})
 
-    async def ready(self, request: web.Request) -> web.Response:
+    async def ready(self, client: ClientStream) -> None:
         """200 once the router knows its pods (a readiness probe); /health stays a liveness check."""
         counts = {role: len(urls) for role, urls in self.state.endpoints.items()}
         status = 200 if self.state.synced else 503
-        return web.json_response({"synced": self.state.synced, "endpoints": counts}, status=status)
+        await self._json(client, {"synced": self.state.synced, "endpoints": counts}, status)
 
-    async def metrics(self, request: web.Request) -> web.Response:
+    async def metrics(self, client: ClientStream) -> None:
         self.state.metrics.retry_budget.set(self.flow.budget.available)
-        body = generate_latest(self.state.metrics.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        await client.answer(200, generate_latest(self.state.metrics.registry), CONTENT_TYPE_LATEST)
 
 
 async def refresh_models(

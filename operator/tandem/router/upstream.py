@@ -1,10 +1,10 @@
 """HTTP to the engines: whole answers and streamed answers, with failures as `LegError` reasons.
 
-Two interchangeable clients behind one small interface, chosen by `--upstream-client`:
-`lean` (default; `http1.Client`, an asyncio HTTP/1.1 client with keep-alive pools) and `aiohttp`
-(aiohttp's client). Both turn transport trouble into `LegError(LegFailure, detail)`, so the flow
-decides with the pure rules in `failure`. Leaving a stream before its end closes its connection,
-which is how an engine learns to abort the request.
+Over `http1.Client` (an asyncio HTTP/1.1 client with keep-alive pools; chosen over aiohttp's client
+with numbers, see `http1`). Transport trouble becomes `LegError(LegFailure, detail)`, so the flow
+decides with the pure rules in `failure`. A streamed answer is either read by a task
+(`read_all`) or handed to a `BodySink` inside the socket callback (`attach`, used by `relay`).
+Leaving a stream before its end closes its connection, which is how an engine learns to abort.
 """
 
 from __future__ import annotations
@@ -13,14 +13,10 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import Literal, Protocol
-
-import aiohttp
+from typing import Protocol
 
 from tandem.router import http1
 from tandem.router.failure import LegFailure
-
-ClientKind = Literal["lean", "aiohttp"]
 
 
 class LegError(Exception):
@@ -43,7 +39,11 @@ class StreamingAnswer(Protocol):
 
     async def read_all(self) -> bytes: ...
 
-    def chunks(self) -> AsyncIterator[bytes]: ...
+    def attach(self, sink: http1.BodySink) -> None: ...
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
 
 
 class Upstream(Protocol):
@@ -66,15 +66,6 @@ class Upstream(Protocol):
     async def close(self) -> None: ...
 
 
-def make_upstream(kind: ClientKind, *, connect_timeout_s: float) -> Upstream:
-    if kind == "aiohttp":
-        return AiohttpUpstream(connect_timeout_s=connect_timeout_s)
-    return LeanUpstream(connect_timeout_s=connect_timeout_s)
-
-
-# -- lean ------------------------------------------------------------------------------------
-
-
 class _LeanStream:
     def __init__(self, response: http1.Response, idle_timeout_s: float) -> None:
         self._response = response
@@ -90,18 +81,14 @@ class _LeanStream:
         except ConnectionError as error:
             raise LegError(LegFailure.TRUNCATED, str(error) or type(error).__name__) from error
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        response, idle = self._response, self._idle
-        while True:
-            try:
-                data = await response.read_chunk(idle)
-            except TimeoutError as error:
-                raise LegError(LegFailure.TIMEOUT, "engine went silent mid-stream") from error
-            except ConnectionError as error:
-                raise LegError(LegFailure.TRUNCATED, str(error) or type(error).__name__) from error
-            if not data:
-                return
-            yield data
+    def attach(self, sink: http1.BodySink) -> None:
+        self._response.set_sink(sink)
+
+    def pause_reading(self) -> None:
+        self._response.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._response.resume_reading()
 
 
 class LeanUpstream:
@@ -163,103 +150,3 @@ class LeanUpstream:
                     response.close()
         except TimeoutError as error:
             raise LegError(LegFailure.TIMEOUT, f"POST {url}: over {total_timeout_s}s") from error
-
-
-# -- aiohttp ---------------------------------------------------------------------------------
-
-
-class _AiohttpStream:
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
-        self._response = response
-        self.status = response.status
-        self.content_type = response.headers.get("Content-Type", "application/octet-stream")
-
-    async def read_all(self) -> bytes:
-        try:
-            return await self._response.read()
-        except TimeoutError as error:
-            raise LegError(LegFailure.TIMEOUT, "engine went silent") from error
-        except aiohttp.ClientError as error:
-            raise LegError(LegFailure.TRUNCATED, str(error) or type(error).__name__) from error
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        content = self._response.content
-        while True:
-            try:
-                data = await content.readany()
-            except TimeoutError as error:
-                raise LegError(LegFailure.TIMEOUT, "engine went silent mid-stream") from error
-            except aiohttp.ClientError as error:
-                raise LegError(LegFailure.TRUNCATED, str(error) or type(error).__name__) from error
-            if not data:
-                return
-            yield data
-
-
-class AiohttpUpstream:
-    def __init__(self, *, connect_timeout_s: float = 3.0) -> None:
-        self._connect_timeout_s = connect_timeout_s
-        self._session: aiohttp.ClientSession | None = None
-
-    def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, ttl_dns_cache=None)
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                cookie_jar=aiohttp.DummyCookieJar(),
-                auto_decompress=False,
-                skip_auto_headers=("User-Agent",),
-            )
-        return self._session
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    async def get(self, url: str, *, timeout_s: float) -> Answer:
-        return await self._call("GET", url, None, {}, timeout_s)
-
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str], *, timeout_s: float) -> Answer:
-        return await self._call("POST", url, body, headers, timeout_s)
-
-    async def _call(
-        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str], timeout_s: float
-    ) -> Answer:
-        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self._connect_timeout_s)
-        try:
-            async with self._get_session().request(
-                method, url, data=body, headers=headers, timeout=timeout
-            ) as response:
-                data = await response.read()
-                return Answer(response.status, data, response.headers.get("Content-Type", ""))
-        except TimeoutError as error:
-            raise LegError(LegFailure.TIMEOUT, f"{method} {url} timed out after {timeout_s}s") from error
-        except aiohttp.ClientError as error:
-            raise LegError(LegFailure.CONNECT, f"{method} {url}: {error or type(error).__name__}") from error
-
-    @asynccontextmanager
-    async def stream(
-        self,
-        url: str,
-        body: bytes,
-        headers: Mapping[str, str],
-        *,
-        idle_timeout_s: float,
-        total_timeout_s: float,
-    ) -> AsyncIterator[StreamingAnswer]:
-        timeout = aiohttp.ClientTimeout(
-            total=total_timeout_s, sock_connect=self._connect_timeout_s, sock_read=idle_timeout_s
-        )
-        try:
-            response = await self._get_session().post(url, data=body, headers=headers, timeout=timeout)
-        except TimeoutError as error:
-            raise LegError(LegFailure.TIMEOUT, f"POST {url}: no answer in {idle_timeout_s}s") from error
-        except aiohttp.ClientError as error:
-            raise LegError(LegFailure.CONNECT, f"POST {url}: {error or type(error).__name__}") from error
-        try:
-            yield _AiohttpStream(response)
-        finally:
-            if not response.content.at_eof():
-                response.close()
-            response.release()

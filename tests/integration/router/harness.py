@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 from prometheus_client import generate_latest
 
 from tandem.router.flow import Flow
+from tandem.router.front import Front
 from tandem.router.main import RouterConfig, build
 from tandem.router.server import refresh_models
 from tandem.router.state import RouterState
@@ -36,11 +36,8 @@ class RunningRouter:
 @asynccontextmanager
 async def running_router(*, learn_models: bool = False, **config: Any) -> AsyncIterator[RunningRouter]:
     app, state, flow = build(RouterConfig(host="127.0.0.1", port=0, **config))
-    runner = web.AppRunner(app.app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    front = Front(app.handle, max_body_bytes=app.max_body_bytes)
+    port = await front.start("127.0.0.1", 0)
     refresher = asyncio.create_task(refresh_models(state, flow, interval_s=0.2))
     if learn_models:
         for _ in range(100):
@@ -51,7 +48,7 @@ async def running_router(*, learn_models: bool = False, **config: Any) -> AsyncI
         yield RunningRouter(f"http://127.0.0.1:{port}", state, flow)
     finally:
         refresher.cancel()
-        await runner.cleanup()
+        await front.stop(grace_s=1.0)
         await flow.upstream.close()
 
 

@@ -1,0 +1,259 @@
+"""The router's HTTP/1.1 server over real sockets: framing, keep-alive, limits, disconnects, drain.
+
+Raw bytes on purpose: these are the cases a client library hides (pipelining, 100-continue, a
+body it never sends, a connection it drops).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from tandem.router.front import ClientStream, Front, FrontRequest
+
+pytestmark = pytest.mark.timeout(30)
+
+Handler = Callable[[FrontRequest, ClientStream], Awaitable[None]]
+
+
+async def echo(request: FrontRequest, client: ClientStream) -> None:
+    """Answers what it got: method, path, body length, one header."""
+    payload = {
+        "method": request.method,
+        "path": request.path,
+        "body": request.body.decode(),
+        "x": request.header("X-Test"),
+    }
+    await client.answer(200, json.dumps(payload).encode(), "application/json")
+
+
+class Served:
+    def __init__(self, front: Front, port: int) -> None:
+        self.front = front
+        self.port = port
+
+    async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_connection("127.0.0.1", self.port)
+
+
+async def serve(handler: Handler, **options: float) -> AsyncIterator[Served]:
+    front = Front(handler, max_body_bytes=int(options.pop("max_body_bytes", 1024)), **options)
+    port = await front.start("127.0.0.1", 0)
+    try:
+        yield Served(front, port)
+    finally:
+        await front.stop(grace_s=0.5)
+
+
+@pytest.fixture
+async def echo_server() -> AsyncIterator[Served]:
+    async for served in serve(echo):
+        yield served
+
+
+async def read_answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ")[1])
+    headers = {}
+    for line in lines[1:]:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    if "content-length" in headers:
+        body = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), 5)
+    elif headers.get("transfer-encoding") == "chunked":
+        parts = []
+        while True:
+            size = int((await asyncio.wait_for(reader.readuntil(b"\r\n"), 5)).strip(), 16)
+            data = await asyncio.wait_for(reader.readexactly(size + 2), 5)
+            if size == 0:
+                break
+            parts.append(data[:-2])
+        body = b"".join(parts)
+    else:
+        body = b""
+    return status, headers, body
+
+
+def post(path: str, body: bytes, extra: str = "") -> bytes:
+    head = f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
+    return head.encode() + body
+
+
+async def test_keep_alive_answers_several_requests_on_one_connection(echo_server: Served) -> None:
+    reader, writer = await echo_server.connect()
+    for n in range(3):
+        writer.write(post("/x", f"body{n}".encode(), "X-Test: yes\r\n"))
+        status, headers, body = await read_answer(reader)
+        assert status == 200
+        assert "connection" not in headers
+        assert json.loads(body) == {"method": "POST", "path": "/x", "body": f"body{n}", "x": "yes"}
+    writer.close()
+
+
+async def test_pipelined_requests_are_answered_in_order(echo_server: Served) -> None:
+    reader, writer = await echo_server.connect()
+    writer.write(b"".join(post(f"/p{n}", f"{n}".encode()) for n in range(5)))
+    for n in range(5):
+        _, _, body = await read_answer(reader)
+        assert json.loads(body)["path"] == f"/p{n}"
+    writer.close()
+
+
+async def test_chunked_request_body_and_query_string(echo_server: Served) -> None:
+    reader, writer = await echo_server.connect()
+    writer.write(
+        b"POST /c?debug=1 HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+    )
+    status, _, body = await read_answer(reader)
+    assert status == 200
+    assert json.loads(body) == {"method": "POST", "path": "/c", "body": "hello world", "x": None}
+    writer.close()
+
+
+async def test_expect_100_continue_gets_a_continue_before_the_body(echo_server: Served) -> None:
+    reader, writer = await echo_server.connect()
+    writer.write(b"POST /e HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
+    interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert interim.startswith(b"HTTP/1.1 100 Continue")
+    writer.write(b"data")
+    status, _, body = await read_answer(reader)
+    assert (status, json.loads(body)["body"]) == (200, "data")
+    writer.close()
+
+
+async def test_body_over_the_limit_is_refused_before_it_is_sent(echo_server: Served) -> None:
+    reader, writer = await echo_server.connect()
+    writer.write(b"POST /big HTTP/1.1\r\nHost: t\r\nContent-Length: 5000\r\nExpect: 100-continue\r\n\r\n")
+    status, headers, body = await read_answer(reader)
+    assert status == 413
+    assert headers.get("connection") == "close"
+    assert "over 1024 bytes" in json.loads(body)["error"]["message"]
+    assert await asyncio.wait_for(reader.read(), 5) == b""  # and the connection is closed
+    writer.close()
+
+
+async def test_chunked_body_over_the_limit_is_refused(echo_server: Served) -> None:
+    reader, writer = await echo_server.connect()
+    chunk = b"x" * 600
+    writer.write(b"POST /big HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n")
+    writer.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) * 2)
+    status, _, _ = await read_answer(reader)
+    assert status == 413
+    writer.close()
+
+
+async def test_malformed_request_gets_400_and_the_connection_closes(echo_server: Served) -> None:
+    reader, writer = await echo_server.connect()
+    writer.write(b"THIS IS NOT HTTP\r\n\r\n")
+    status, headers, body = await read_answer(reader)
+    assert status == 400
+    assert headers.get("connection") == "close"
+    assert json.loads(body)["error"]["code"] == 400
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    writer.close()
+
+
+async def test_connection_close_and_http_1_0_are_honoured(echo_server: Served) -> None:
+    for request in (
+        post("/a", b"1", "Connection: close\r\n"),
+        b"POST /b HTTP/1.0\r\nContent-Length: 1\r\n\r\n1",
+    ):
+        reader, writer = await echo_server.connect()
+        writer.write(request)
+        status, headers, _ = await read_answer(reader)
+        assert status == 200
+        assert headers.get("connection") == "close"
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+
+
+async def test_idle_keep_alive_connections_are_closed() -> None:
+    async for served in serve(echo, keepalive_s=0.3):
+        reader, writer = await served.connect()
+        writer.write(post("/a", b"1"))
+        assert (await read_answer(reader))[0] == 200
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server when idle
+        writer.close()
+
+
+async def test_client_disconnect_cancels_the_handler() -> None:
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def hang(request: FrontRequest, client: ClientStream) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async for served in serve(hang):
+        _, writer = await served.connect()
+        writer.write(post("/v1/completions", b"{}"))
+        await asyncio.wait_for(started.wait(), 5)
+        writer.close()
+        await asyncio.wait_for(cancelled.wait(), 5)
+
+
+async def test_a_stream_is_chunked_with_its_head_sent_with_the_first_bytes() -> None:
+    async def streamer(request: FrontRequest, client: ClientStream) -> None:
+        client.set_header("X-Request-Id", "r1")
+        client.start_stream_nowait(200, "text/event-stream")
+        for n in range(3):
+            await client.write(f"data: {n}\n\n".encode())
+        await client.finish(b"data: [DONE]\n\n")
+
+    async for served in serve(streamer):
+        reader, writer = await served.connect()
+        writer.write(post("/s", b""))
+        status, headers, body = await read_answer(reader)
+        assert status == 200
+        assert headers["content-type"] == "text/event-stream"
+        assert headers["x-request-id"] == "r1"
+        assert body == b"data: 0\n\ndata: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
+        writer.write(post("/again", b""))  # the connection is still usable
+        assert (await read_answer(reader))[0] == 200
+        writer.close()
+
+
+async def test_handler_errors_become_500_before_the_answer_started() -> None:
+    async def broken(request: FrontRequest, client: ClientStream) -> None:
+        raise RuntimeError("boom")
+
+    async for served in serve(broken):
+        reader, writer = await served.connect()
+        writer.write(post("/x", b""))
+        status, _, body = await read_answer(reader)
+        assert status == 500
+        assert json.loads(body)["error"]["message"] == "internal router error"
+        writer.close()
+
+
+async def test_stop_lets_answers_in_progress_finish_and_refuses_new_connections() -> None:
+    release = asyncio.Event()
+
+    async def slow(request: FrontRequest, client: ClientStream) -> None:
+        await release.wait()
+        await client.answer(200, b"done", "text/plain")
+
+    front = Front(slow, max_body_bytes=1024)
+    port = await front.start("127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post("/x", b""))
+    await asyncio.sleep(0.1)
+    stopping = asyncio.create_task(front.stop(grace_s=10))
+    await asyncio.sleep(0.2)
+    with pytest.raises(ConnectionRefusedError):
+        await asyncio.open_connection("127.0.0.1", port)
+    assert not stopping.done()
+    release.set()
+    status, _, body = await read_answer(reader)
+    assert (status, body) == (200, b"done")
+    await asyncio.wait_for(stopping, 5)
+    writer.close()
