@@ -7,22 +7,30 @@ concurrent keep-alive streams for a fixed time, in the same run:
 - pd-client: the client itself runs prefill then decode against the engines (the same engine work
   as the router's path, without the router's hop);
 - router: client -> router -> prefill leg -> decode leg, streamed back.
-It prints p50/p99 latency of whole streamed answers, throughput, the router's added latency and
-the throughput ratio, and the router's requests per CPU-second (its process CPU time over the run:
-the "requests per second on one core" figure, robust to other load on the machine).
+It prints p50/p99 of time to first token (first body bytes) and of whole answers, throughput, the
+router's added latency and throughput ratio against both baselines, and the router's requests per
+CPU-second and CPU use (its process CPU time over the run: the "requests per second on one core"
+figure, robust to other load on the machine).
 
     .venv/bin/python bench/router_overhead.py [--engine sim|stub] [--concurrency 1 64 256]
-        [--seconds 5] [--rate REQ_PER_S] [--event-loop auto|asyncio|uvloop] [--itl-ms 0]
-        [--router-core 0] [--engine-core 1] [--tokens 16]
+        [--seconds 5] [--rate REQ_PER_S] [--itl-ms MS] [--tokens 16]
+        [--event-loop auto|asyncio|uvloop] [--router-core 0] [--engine-core 1]
 
+The router runs pinned to `--router-core`; the engines and this load generator to `--engine-core`.
 The load generator is a lean raw-asyncio HTTP/1.1 client so that it, not the router, stays cheap.
 No assertions: it prints figures.
 
-Reading the figures: with zero model latency a closed loop of N streams keeps the slowest hop
-saturated, so latency there is N / throughput (Little's law) and "added" latency at 64 or 256
-streams measures queueing behind the router's capacity, not its per-request cost. The per-request
-cost shows at 1 stream and in open-loop runs (`--rate`) below saturation; in open loop a stream
-count below rate x latency queues by construction (1 stream cannot carry 1,000 req/s).
+Three loads, three questions:
+- closed loop, no pacing (default): capacity. With zero model latency every stream sends again at
+  once, the slowest hop saturates, and latency there is N / throughput (Little's law): "added"
+  latency at 64 or 256 streams is queueing behind the router's capacity (req/cpu-s), not its
+  per-request cost.
+- open loop (`--rate`): per-request cost below saturation, at a fixed request rate shared by N
+  connections (latency counts from the scheduled send time).
+- paced streams (`--engine stub --itl-ms 20 --tokens 32`): 256 streams really in flight at once,
+  as in a decode pool: the stub spends nothing per token but sends one every ITL, and the streams'
+  starts are spread over one answer's duration. This is the regime the router is for; its
+  per-token relay cost shows here.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Shared pytest fixtures: the local control plane (`cluster`) and a fresh namespace per test.
+"""Shared pytest fixtures: the local control plane (`cluster`), the CRD on it (`crd`), and a fresh
+namespace per test.
 
 `cluster` (session-scoped) starts a dev cluster with the same code as `tandem dev cluster up`, in a
 temporary directory, and stops it at the end of the session; with `TANDEM_KUBECONFIG` set it uses
@@ -77,3 +78,13 @@ def namespace(cluster: ClusterHandle, request: pytest.FixtureRequest) -> Iterato
         with contextlib.suppress(client.ApiException):
             core.delete_namespace(name, propagation_policy="Background")
         kube.close(api)
+
+
+CRD = Path(__file__).parents[1] / "crds" / "pddeployment.yaml"
+
+
+@pytest.fixture(scope="session")
+def crd(cluster: ClusterHandle) -> None:
+    """The PDDeployment CRD, installed once and Established."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/pddeployments.tandem.dev", "--timeout=60s")

@@ -1,24 +1,14 @@
-"""Fixtures for operator tests: the CRD installed once, and one `tandem operator` process."""
+"""Fixtures for operator tests: one `tandem operator` process (the CRD fixture is shared)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.testing import OperatorProcess
-
-REPO = Path(__file__).parents[3]
-CRD = REPO / "crds" / "pddeployment.yaml"
-
-
-@pytest.fixture(scope="session")
-def crd(cluster: ClusterHandle) -> None:
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/pddeployments.tandem.dev", "--timeout=60s")
 
 
 # Module scope: a cluster-wide operator must be gone before other tests run operators of their own

@@ -1,8 +1,9 @@
-"""Discovery on the real local control plane: the router follows its PDDeployment's pods.
+"""Discovery on the real local control plane: the router follows its PDDeployment's pods and spec.
 
 Sim engine pods (run by the dev cluster's pod runner on loopback pod IPs) come and go; a
 `tandem router --namespace NS --pddeployment NAME` process, given the cluster's kubeconfig like
-the pod runner gives one, must route to exactly the Ready ones.
+the pod runner gives one, must route to exactly the Ready ones, by the serving mode its
+PDDeployment sets. No operator runs here: the pods are made by hand, so only the router acts.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, TypeVar
 
 import pytest
 from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
 
 from tandem.api import meta
 from tandem.devcluster.handle import ClusterHandle
@@ -46,10 +48,14 @@ def eventually(check: Callable[[], T | None], *, timeout: float = 120, what: str
 
 
 def engine_pod(name: str, role: str) -> dict[str, Any]:
-    kv_role = {"prefill": "kv_producer", "decode": "kv_consumer"}[role]
-    kv_config = json.dumps({"kv_connector": "NixlConnector", "kv_role": kv_role})
     engine_args = ["--host", "$(POD_IP)", "--port", str(meta.ENGINE_PORT), "--served-model-name", NAME]
-    engine_args += ["--max-model-len", "4096", "--kv-transfer-config", kv_config]
+    engine_args += ["--max-model-len", "4096"]
+    if role != "colocated":
+        kv_role = {"prefill": "kv_producer", "decode": "kv_consumer"}[role]
+        engine_args += [
+            "--kv-transfer-config",
+            json.dumps({"kv_connector": "NixlConnector", "kv_role": kv_role}),
+        ]
     pod_ip = {"valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
     return {
         "apiVersion": "v1",
@@ -103,21 +109,43 @@ def complete(router: str) -> tuple[int, Any]:
         return error.code, json.loads(error.read())
 
 
-def test_router_follows_pods_as_they_come_and_go(
-    cluster: ClusterHandle, namespace: str, core: client.CoreV1Api
-) -> None:
-    core.create_namespaced_pod(namespace, engine_pod("p0", "prefill"))
-    core.create_namespaced_pod(namespace, engine_pod("d0", "decode"))
+def start_router(cluster: ClusterHandle, namespace: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
     env.pop("KUBERNETES_SERVICE_HOST", None)
     command = [sys.executable, "-m", "tandem.cli", "router", "--namespace", namespace, "--pddeployment", PDD]
     command += ["--host", LOOPBACK, "--port", str(port)]
     router = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://{LOOPBACK}:{port}"
+    return router, f"http://{LOOPBACK}:{port}"
+
+
+def has_endpoints(url: str, expected: dict[str, int]) -> bool:
+    return bool(get_json(url + "/health")["endpoints"] == {**{r: 0 for r in meta.POOL_ROLES}, **expected})
+
+
+def served(url: str, path: str) -> float:
+    """`tandem_router_requests_total{path=..., code="2xx"}` as the router's /metrics shows it."""
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+        text = response.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "tandem_router_requests_total" and sample.labels == {
+                "path": path,
+                "code": "2xx",
+            }:
+                return float(sample.value)
+    return 0.0
+
+
+def test_router_follows_pods_as_they_come_and_go(
+    cluster: ClusterHandle, namespace: str, core: client.CoreV1Api
+) -> None:
+    core.create_namespaced_pod(namespace, engine_pod("p0", "prefill"))
+    core.create_namespaced_pod(namespace, engine_pod("d0", "decode"))
+    router, url = start_router(cluster, namespace)
 
     def endpoints(expected: dict[str, int]) -> bool:
-        return bool(get_json(url + "/health")["endpoints"] == {**{r: 0 for r in meta.POOL_ROLES}, **expected})
+        return has_endpoints(url, expected)
 
     try:
         eventually(lambda: endpoints({"prefill": 1, "decode": 1}), timeout=240, what="p0 and d0 routable")
@@ -141,3 +169,56 @@ def test_router_follows_pods_as_they_come_and_go(
     finally:
         router.terminate()
         router.wait(timeout=30)
+
+
+def pddeployment(mode: str) -> dict[str, Any]:
+    pool = {"replicas": 1, "tensorParallelSize": 1}
+    return {
+        "apiVersion": "tandem.dev/v1alpha1",
+        "kind": "PDDeployment",
+        "metadata": {"name": PDD},
+        "spec": {
+            "model": {"name": NAME, "uri": f"hf://{MODEL}", "maxModelLen": 4096},
+            "engine": {"type": "sim", "image": "tandem/sim:dev"},
+            "prefill": pool,
+            "decode": pool,
+            "colocated": pool,
+            "router": {"replicas": 1, "image": "tandem/sim:dev"},
+            "serving": {"mode": mode},
+        },
+    }
+
+
+def test_router_serves_by_its_pddeployment_serving_mode(
+    cluster: ClusterHandle, crd: None, namespace: str, core: client.CoreV1Api
+) -> None:
+    api = cluster.api_client()
+    custom = client.CustomObjectsApi(api)
+    group, version, plural = "tandem.dev", "v1alpha1", "pddeployments"
+    custom.create_namespaced_custom_object(group, version, namespace, plural, pddeployment("Colocated"))
+    for name, role in (("p0", "prefill"), ("d0", "decode"), ("c0", "colocated")):
+        core.create_namespaced_pod(namespace, engine_pod(name, role))
+    router, url = start_router(cluster, namespace)
+    try:
+        every_pool = {"prefill": 1, "decode": 1, "colocated": 1}
+        eventually(lambda: has_endpoints(url, every_pool), timeout=240, what="all three pods routable")
+        eventually(lambda: complete(url)[0] == 200, what="a first answer")
+        for _ in range(3):
+            assert complete(url)[0] == 200
+        assert served(url, "colocated") >= 4
+        assert served(url, "disaggregated") == 0
+
+        patch = {"spec": {"serving": {"mode": "Disaggregated"}}}
+        custom.patch_namespaced_custom_object(group, version, namespace, plural, PDD, patch)
+        eventually(
+            lambda: complete(url)[0] == 200 and served(url, "disaggregated") > 0,
+            what="requests served disaggregated after the mode change",
+        )
+        colocated = served(url, "colocated")
+        for _ in range(3):
+            assert complete(url)[0] == 200
+        assert served(url, "colocated") == colocated  # every request since went prefill -> decode
+    finally:
+        router.terminate()
+        router.wait(timeout=30)
+        api.close()
