@@ -429,6 +429,7 @@ class Flow:
             answer.content_type,
             _TokenTimes(tally, metrics),
             idle_timeout_s=self.timeouts.decode_idle_s,
+            deadline=answer.deadline,
             clock=self.clock,
         )
         try:

@@ -179,7 +179,9 @@ class FrontProtocol(asyncio.Protocol):
         self.paused = False
         self.closed = False
         self.draining = False  # shutting down: finish the answer in progress, take no other
+        # One keep-alive timer per connection, moved forward only when it fires (not per request).
         self._idle_timer: asyncio.TimerHandle | None = None
+        self._idle_since: float | None = None  # when the connection last became idle; None: busy
 
     # -- transport callbacks ---------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -218,7 +220,7 @@ class FrontProtocol(asyncio.Protocol):
 
     # -- parser callbacks ------------------------------------------------------------------
     def on_message_begin(self) -> None:
-        self._disarm_idle()
+        self._idle_since = None
         self._url = b""
         self._headers = {}
         self._body = []
@@ -307,8 +309,10 @@ class FrontProtocol(asyncio.Protocol):
         self._next()
 
     def _arm_idle(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._idle_since = loop.time()
         if self._idle_timer is None and not self.closed:
-            self._idle_timer = asyncio.get_running_loop().call_later(self._keepalive_s, self._idle_expired)
+            self._idle_timer = loop.call_later(self._keepalive_s, self._idle_expired)
 
     def _disarm_idle(self) -> None:
         if self._idle_timer is not None:
@@ -317,8 +321,18 @@ class FrontProtocol(asyncio.Protocol):
 
     def _idle_expired(self) -> None:
         self._idle_timer = None
-        if self._task is None and not self._queue:
-            self.close()
+        if self.closed:
+            return
+        loop = asyncio.get_running_loop()
+        since = self._idle_since
+        if since is not None and self._task is None and not self._queue:
+            left = since + self._keepalive_s - loop.time()
+            if left <= 0:
+                self.close()
+                return
+        else:
+            left = self._keepalive_s  # busy: look again a full period later
+        self._idle_timer = loop.call_later(left, self._idle_expired)
 
     def _refuse_body(self, message: str) -> None:
         """Answers 413 now and closes: the body is not read (the client may still be sending)."""

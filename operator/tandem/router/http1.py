@@ -225,8 +225,15 @@ class Response:
             waiter.set_result(None)
 
     # -- read by the caller ----------------------------------------------------------------
-    async def _wait(self, timeout_s: float | None) -> None:
+    # Timeouts: `timeout_s` bounds each wait for bytes (silence); `deadline` (loop time) bounds
+    # the whole read. One timer per wait, none when nothing has to be waited for.
+    async def _wait(self, timeout_s: float | None, deadline: float | None = None) -> None:
         loop = asyncio.get_running_loop()
+        if deadline is not None:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise TimeoutError()
+            timeout_s = left if timeout_s is None else min(timeout_s, left)
         waiter = self._waiter = loop.create_future()
         timer = None if timeout_s is None else loop.call_later(timeout_s, _expire, waiter)
         try:
@@ -236,15 +243,15 @@ class Response:
             if timer is not None:
                 timer.cancel()
 
-    async def read_head(self, timeout_s: float | None) -> None:
+    async def read_head(self, timeout_s: float | None, deadline: float | None = None) -> None:
         while not self._head_done:
             if self._error is not None:
                 raise self._error
             if self.done:
                 raise EarlyClose("connection closed before the answer")
-            await self._wait(timeout_s)
+            await self._wait(timeout_s, deadline)
 
-    async def read_chunk(self, timeout_s: float | None) -> bytes:
+    async def read_chunk(self, timeout_s: float | None, deadline: float | None = None) -> bytes:
         """The next body bytes (all that arrived), or b"" at the end of the body."""
         while True:
             if self._chunks:
@@ -257,11 +264,11 @@ class Response:
                 raise self._error
             if self.done:
                 return b""
-            await self._wait(timeout_s)
+            await self._wait(timeout_s, deadline)
 
-    async def read_all(self, timeout_s: float | None) -> bytes:
+    async def read_all(self, timeout_s: float | None, deadline: float | None = None) -> bytes:
         parts = []
-        while chunk := await self.read_chunk(timeout_s):
+        while chunk := await self.read_chunk(timeout_s, deadline):
             parts.append(chunk)
         return b"".join(parts)
 
@@ -408,8 +415,12 @@ class Client:
         headers: Mapping[str, str],
         *,
         head_timeout_s: float | None,
+        deadline: float | None = None,
     ) -> Response:
-        """Sends a request and waits for the answer's head; the caller reads the body and closes."""
+        """Sends a request and waits for the answer's head; the caller reads the body and closes.
+
+        `deadline` (loop time) bounds the wait for the head as well (connecting has its own timeout).
+        """
         pool, target, host = self._target(url)
         lines = [method.encode(), b" ", target, b" HTTP/1.1\r\nHost: ", host, b"\r\n"]
         for name, value in headers.items():
@@ -426,7 +437,7 @@ class Client:
                 conn = await pool.connect()
             response = conn.send(data)
             try:
-                await response.read_head(head_timeout_s)
+                await response.read_head(head_timeout_s, deadline)
                 return response
             except EarlyClose:
                 response.close()

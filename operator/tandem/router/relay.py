@@ -9,7 +9,8 @@ client or with why the leg failed. The rules stay the flow's: this class only re
 
 Flow control: when the client's buffer is full, the engine connection stops being read until the
 client drains, so a slow reader slows its own stream instead of filling the router's memory.
-The idle timeout is one timer per stream, moved forward only when it fires.
+The idle timeout and the leg's deadline share one timer per stream, moved forward only when it
+fires.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ class StreamRelay:
         "_client",
         "_clock",
         "_content_type",
+        "_deadline",
         "_idle_s",
         "_last_read",
         "_loop",
@@ -89,6 +91,7 @@ class StreamRelay:
         observer: TokenObserver,
         *,
         idle_timeout_s: float,
+        deadline: float,
         clock: Callable[[], float],
     ) -> None:
         self._client = client
@@ -99,11 +102,13 @@ class StreamRelay:
         self._idle_s = idle_timeout_s
         self._splitter = SseSplitter()
         self._loop = asyncio.get_running_loop()
+        self._deadline = deadline  # on the loop's clock
         self.outcome: asyncio.Future[RelayFailure | None] = self._loop.create_future()
         self.ended: asyncio.Future[None] = self._loop.create_future()  # the engine's body is over
         self._last_read = clock()
         self._paused = False  # reading stopped for a slow client: silence is not the engine's
-        self._timer: asyncio.TimerHandle | None = self._loop.call_later(idle_timeout_s, self._check_idle)
+        first_check = min(idle_timeout_s, deadline - self._loop.time())
+        self._timer: asyncio.TimerHandle | None = self._loop.call_later(first_check, self._check_idle)
 
     # -- fed by the engine's response (http1.BodySink) -------------------------------------
     def on_data(self, data: bytes) -> None:
@@ -158,11 +163,15 @@ class StreamRelay:
         self._timer = None
         if self.outcome.done():
             return
+        left = self._deadline - self._loop.time()
+        if left <= 0:
+            self._end(RelayFailure(LegFailure.TIMEOUT, "the leg ran out of time"))
+            return
         idle = 0.0 if self._paused else self._clock() - self._last_read
         if idle >= self._idle_s:
             self._end(RelayFailure(LegFailure.TIMEOUT, "engine went silent mid-stream"))
         else:
-            self._timer = self._loop.call_later(self._idle_s - idle, self._check_idle)
+            self._timer = self._loop.call_later(min(self._idle_s - idle, left), self._check_idle)
 
     def _end(self, result: RelayFailure | None) -> None:
         if not self.outcome.done():

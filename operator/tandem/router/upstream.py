@@ -36,6 +36,7 @@ class Answer:
 class StreamingAnswer(Protocol):
     status: int
     content_type: str
+    deadline: float  # loop time by which the whole leg must be over
 
     async def read_all(self) -> bytes: ...
 
@@ -67,17 +68,18 @@ class Upstream(Protocol):
 
 
 class _LeanStream:
-    def __init__(self, response: http1.Response, idle_timeout_s: float) -> None:
+    def __init__(self, response: http1.Response, idle_timeout_s: float, deadline: float) -> None:
         self._response = response
         self._idle = idle_timeout_s
+        self.deadline = deadline  # loop time by which the whole leg must be over
         self.status = response.status
         self.content_type = response.headers.get("content-type", "application/octet-stream")
 
     async def read_all(self) -> bytes:
         try:
-            return await self._response.read_all(self._idle)
+            return await self._response.read_all(self._idle, self.deadline)
         except TimeoutError as error:
-            raise LegError(LegFailure.TIMEOUT, "engine went silent") from error
+            raise LegError(LegFailure.TIMEOUT, "engine went silent or the leg ran out of time") from error
         except ConnectionError as error:
             raise LegError(LegFailure.TRUNCATED, str(error) or type(error).__name__) from error
 
@@ -107,13 +109,15 @@ class LeanUpstream:
     async def _whole(
         self, method: str, url: str, body: bytes | None, headers: Mapping[str, str], timeout_s: float
     ) -> Answer:
+        deadline = asyncio.get_running_loop().time() + timeout_s
         try:
-            async with asyncio.timeout(timeout_s):
-                response = await self._client.request(method, url, body, headers, head_timeout_s=None)
-                try:
-                    data = await response.read_all(None)
-                finally:
-                    response.close()
+            response = await self._client.request(
+                method, url, body, headers, head_timeout_s=None, deadline=deadline
+            )
+            try:
+                data = await response.read_all(None, deadline)
+            finally:
+                response.close()
         except TimeoutError as error:
             raise LegError(LegFailure.TIMEOUT, f"{method} {url} timed out after {timeout_s}s") from error
         except OSError as error:
@@ -130,23 +134,18 @@ class LeanUpstream:
         idle_timeout_s: float,
         total_timeout_s: float,
     ) -> AsyncIterator[StreamingAnswer]:
+        """A streamed answer, once its head is in. Reading it is bounded by `idle_timeout_s` of
+        silence and by its `deadline` (`total_timeout_s` from now), which a relay enforces too."""
+        deadline = asyncio.get_running_loop().time() + total_timeout_s
         try:
-            async with asyncio.timeout(total_timeout_s):
-                try:
-                    response = await self._client.request(
-                        "POST", url, body, headers, head_timeout_s=idle_timeout_s
-                    )
-                except TimeoutError as error:
-                    raise LegError(
-                        LegFailure.TIMEOUT, f"POST {url}: no answer in {idle_timeout_s}s"
-                    ) from error
-                except OSError as error:
-                    raise LegError(
-                        LegFailure.CONNECT, f"POST {url}: {error or type(error).__name__}"
-                    ) from error
-                try:
-                    yield _LeanStream(response, idle_timeout_s)
-                finally:
-                    response.close()
+            response = await self._client.request(
+                "POST", url, body, headers, head_timeout_s=idle_timeout_s, deadline=deadline
+            )
         except TimeoutError as error:
-            raise LegError(LegFailure.TIMEOUT, f"POST {url}: over {total_timeout_s}s") from error
+            raise LegError(LegFailure.TIMEOUT, f"POST {url}: no answer in {idle_timeout_s}s") from error
+        except OSError as error:
+            raise LegError(LegFailure.CONNECT, f"POST {url}: {error or type(error).__name__}") from error
+        try:
+            yield _LeanStream(response, idle_timeout_s, deadline)
+        finally:
+            response.close()

@@ -13,6 +13,12 @@ from .stub_engine import Script, StubEngine
 
 pytestmark = pytest.mark.timeout(60)
 
+
+def text_of_events(events: list[object]) -> list[str]:
+    """The generated pieces of a stream, one per token event."""
+    return [piece for event in events if (piece := text_of(event))]
+
+
 PROMPT = {"model": "stub-model", "prompt": "the quick brown fox", "max_tokens": 8}
 
 
@@ -200,6 +206,23 @@ async def test_silent_decode_times_out_and_the_client_gets_504(engines: dict[str
         assert (await response.json())["error"]["code"] == 504
         assert sum(len(e.seen) for e in engines["decode"]) == 2  # the first try and one re-prefill
         assert router.sample("tandem_router_failures_total", role="decode", reason="timeout") == 2
+
+
+async def test_a_decode_leg_over_its_total_time_ends_the_stream_with_an_error(
+    engines: dict[str, list[StubEngine]],
+) -> None:
+    """Tokens keep coming (never idle long), but the whole leg outlives `decode_timeout_s`."""
+    for engine in engines["decode"]:
+        engine.script = Script(token_delay_s=0.1)
+    config = {**urls(engines, "prefill", "decode"), "decode_idle_timeout_s": 5.0, "decode_timeout_s": 0.6}
+    body = {**PROMPT, "max_tokens": 100, "stream": True}
+    async with running_router(**config) as router, aiohttp.ClientSession() as s:
+        result = await stream(s, router.url + "/v1/completions", body)
+        assert result.status == 200  # the first tokens had been sent: the stream ends with an error
+        assert 2 <= len(text_of_events(result.events)) < 100
+        assert "ran out of time" in result.errors[0]["error"]["message"]
+        assert result.events[-1] == "[DONE]"
+        assert router.sample("tandem_router_failures_total", role="decode", reason="timeout") == 1
 
 
 async def test_client_disconnect_mid_stream_cancels_the_decode_leg(
