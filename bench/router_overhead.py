@@ -13,7 +13,7 @@ CPU-second and CPU use (its process CPU time over the run: the "requests per sec
 figure, robust to other load on the machine).
 
     .venv/bin/python bench/router_overhead.py [--engine sim|stub] [--concurrency 1 64 256]
-        [--seconds 5] [--rate REQ_PER_S] [--itl-ms MS] [--tokens 16]
+        [--seconds 6] [--rounds 3] [--rate REQ_PER_S] [--itl-ms MS] [--tokens 16]
         [--event-loop auto|asyncio|uvloop] [--router-core 0] [--engine-core 1]
 
 The router runs pinned to `--router-core`; the engines and this load generator to `--engine-core`.
@@ -185,6 +185,16 @@ class Result:
     seconds: float
     cpu_s: float | None
 
+    def merged(self, other: Result) -> Result:
+        cpu = self.cpu_s + other.cpu_s if self.cpu_s is not None and other.cpu_s is not None else None
+        return Result(
+            self.latencies + other.latencies,
+            self.ttfts + other.ttfts,
+            self.errors + other.errors,
+            self.seconds + other.seconds,
+            cpu,
+        )
+
     def quantile(self, q: float, ttft: bool = False) -> float:
         ordered = sorted(self.ttfts if ttft else self.latencies)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
@@ -293,7 +303,8 @@ async def run(args: argparse.Namespace) -> None:
         print(
             f"engine={args.engine} itl_ms={args.itl_ms:g} tokens/answer={args.tokens} "
             f"event_loop={args.event_loop} "
-            f"seconds/point={args.seconds} router core={args.router_core} engines core={args.engine_core} "
+            f"seconds/point={args.seconds} in {args.rounds} rounds "
+            f"router core={args.router_core} engines core={args.engine_core} "
             f"cpus={os.cpu_count()} load={load}"
         )
         print(
@@ -307,11 +318,17 @@ async def run(args: argparse.Namespace) -> None:
             ("pd-client", lambda: ClientTwoPhase(*pd_ports, body), None),
             ("router", lambda: Connection(ports["router"], request), router.pid),
         ]
+        stagger = args.tokens * args.itl_ms / 1000
         for concurrency in args.concurrency:
-            results = {}
-            for name, make, pid in arms:
-                stagger = args.tokens * args.itl_ms / 1000
-                results[name] = result = await drive(make, concurrency, args.seconds, pid, args.rate, stagger)
+            # The arms take turns in short rounds, so a burst of noise on this shared machine lands
+            # on all of them rather than on whichever happened to be running.
+            results: dict[str, Result] = {}
+            for _ in range(args.rounds):
+                for name, make, pid in arms:
+                    part = await drive(make, concurrency, args.seconds / args.rounds, pid, args.rate, stagger)
+                    results[name] = results[name].merged(part) if name in results else part
+            for name, _, _ in arms:
+                result = results[name]
                 print(
                     f"{concurrency:>7} {name:>9} | {ms(result.quantile(0.5, True))} "
                     f"{ms(result.quantile(0.99, True), 7)} | {ms(result.quantile(0.5))} "
@@ -346,7 +363,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--engine", choices=["sim", "stub"], default="sim")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 256])
-    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--seconds", type=float, default=6.0, help="per arm and stream count, all rounds")
+    parser.add_argument("--rounds", type=int, default=3, help="turns each arm takes, interleaved")
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument(
         "--itl-ms", type=float, default=0.0, help="stub engine: gap between token events (streams last)"

@@ -98,7 +98,7 @@ class ClientStream:
         self.status = status
         headers = {"Content-Type": content_type or "application/json", **self._headers}
         framing = f"Content-Length: {len(body)}\r\n".encode()
-        self._conn.send(_head(status, headers, framing, self.keep_alive) + body)
+        self._conn.send(_head(status, headers, framing, self._keeps_alive()) + body)
 
     async def start_stream(self, status: int, content_type: str) -> None:
         self.start_stream_nowait(status, content_type)
@@ -110,7 +110,11 @@ class ClientStream:
         self.status = status
         headers = {"Content-Type": content_type or "text/event-stream", "Cache-Control": "no-cache"}
         headers.update(self._headers)
-        self._pending_head = _head(status, headers, b"Transfer-Encoding: chunked\r\n", self.keep_alive)
+        self._pending_head = _head(status, headers, b"Transfer-Encoding: chunked\r\n", self._keeps_alive())
+
+    def _keeps_alive(self) -> bool:
+        """Whether the connection stays open after this answer (not while the router drains)."""
+        return self.keep_alive and not self._conn.draining
 
     def write_nowait(self, data: bytes) -> None:
         """Sends one chunk; raises ClientGone when the client has left."""
@@ -153,15 +157,27 @@ class ClientStream:
 
 
 Handler = Callable[[FrontRequest, ClientStream], Awaitable[None]]
+# Told of each request the front answers itself: "body_too_large" or "malformed_request".
+RefusalHook = Callable[[str], None]
+
+
+def _ignore(reason: str) -> None:
+    pass
 
 
 class FrontProtocol(asyncio.Protocol):
     """One client connection."""
 
     def __init__(
-        self, handler: Handler, max_body_bytes: int, connections: set[FrontProtocol], keepalive_s: float
+        self,
+        handler: Handler,
+        max_body_bytes: int,
+        connections: set[FrontProtocol],
+        keepalive_s: float,
+        on_refused: RefusalHook = _ignore,
     ) -> None:
         self._handler = handler
+        self._on_refused = on_refused
         self._max_body = max_body_bytes
         self._keepalive_s = keepalive_s
         self._connections = connections
@@ -173,6 +189,7 @@ class FrontProtocol(asyncio.Protocol):
         self._body_size = 0
         self._refused = False  # the current request was answered already (413): ignore its body
         self._queue: deque[FrontRequest] = deque()
+        self._reading_paused = False  # by us, for a client that pipelines without reading
         self._task: asyncio.Task[None] | None = None
         self._drained: list[Callable[[], None]] = []
         self._drain_waiter: asyncio.Future[None] | None = None
@@ -214,8 +231,10 @@ class FrontProtocol(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
+            self._on_refused("malformed_request")
             self._fail(400, "protocol upgrades are not supported")
         except httptools.HttpParserError as error:
+            self._on_refused("malformed_request")
             self._fail(400, f"malformed HTTP request: {error}")
 
     # -- parser callbacks ------------------------------------------------------------------
@@ -255,6 +274,7 @@ class FrontProtocol(asyncio.Protocol):
             return
         url = httptools.parse_url(self._url) if self._url.startswith(b"/") else None
         if url is None:
+            self._on_refused("malformed_request")
             self._fail(400, "request target must be a path")
             return
         parser = self._parser
@@ -267,7 +287,8 @@ class FrontProtocol(asyncio.Protocol):
             keep_alive=parser.should_keep_alive(),
         )
         self._queue.append(request)
-        if len(self._queue) > _MAX_QUEUED and self._transport is not None:
+        if len(self._queue) > _MAX_QUEUED and self._transport is not None and not self._reading_paused:
+            self._reading_paused = True
             self._transport.pause_reading()  # a client pipelining without reading: let TCP push back
         if self._task is None:
             self._next()
@@ -278,7 +299,8 @@ class FrontProtocol(asyncio.Protocol):
             self._task = None
             self._arm_idle()
             return
-        if self._transport is not None and len(self._queue) <= _MAX_QUEUED:
+        if self._reading_paused and self._transport is not None and len(self._queue) <= _MAX_QUEUED:
+            self._reading_paused = False
             self._transport.resume_reading()
         request = self._queue.popleft()
         stream = ClientStream(self, request.keep_alive, {})
@@ -337,6 +359,7 @@ class FrontProtocol(asyncio.Protocol):
     def _refuse_body(self, message: str) -> None:
         """Answers 413 now and closes: the body is not read (the client may still be sending)."""
         self._refused = True
+        self._on_refused("body_too_large")
         self._fail(413, message)
 
     def _fail(self, status: int, message: str) -> None:
@@ -403,8 +426,16 @@ class FrontProtocol(asyncio.Protocol):
 class Front:
     """The listening socket and its connections."""
 
-    def __init__(self, handler: Handler, *, max_body_bytes: int, keepalive_s: float = KEEPALIVE_S) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        max_body_bytes: int,
+        keepalive_s: float = KEEPALIVE_S,
+        on_refused: RefusalHook = _ignore,
+    ) -> None:
         self._handler = handler
+        self._on_refused = on_refused
         self._max_body = max_body_bytes
         self._keepalive_s = keepalive_s
         self._connections: set[FrontProtocol] = set()
@@ -414,7 +445,9 @@ class Front:
         """Listens; returns the bound port (useful with port 0)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: FrontProtocol(self._handler, self._max_body, self._connections, self._keepalive_s),
+            lambda: FrontProtocol(
+                self._handler, self._max_body, self._connections, self._keepalive_s, self._on_refused
+            ),
             host,
             port,
             backlog=backlog,

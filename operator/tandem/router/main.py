@@ -173,7 +173,7 @@ async def serve(config: RouterConfig) -> None:
 
         watcher = PddWatcher(config.namespace or "default", config.pddeployment, on_pods, on_pdd)
         watcher.start()
-    front = Front(app.handle, max_body_bytes=config.max_body_bytes)
+    front = Front(app.handle, max_body_bytes=config.max_body_bytes, on_refused=app.count_refusal)
     await front.start(config.host, config.port)
     refresher = asyncio.create_task(refresh_models(state, flow))
     # What start-up allocated (the Kubernetes client, pydantic models) lives for good: keep it out

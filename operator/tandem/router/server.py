@@ -77,6 +77,10 @@ class RouterApp:
         else:
             await get(client)
 
+    def count_refusal(self, reason: str) -> None:
+        """The front's hook for requests it answers itself (413 before the body, 400 unparsable)."""
+        self.state.metrics.child(self.state.metrics.rejected, reason).inc()
+
     @staticmethod
     async def _refuse(client: ClientStream, status: int, message: str) -> None:
         await client.answer(status, error_body(status, message), JSON)

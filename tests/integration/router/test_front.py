@@ -96,9 +96,10 @@ async def test_keep_alive_answers_several_requests_on_one_connection(echo_server
 
 
 async def test_pipelined_requests_are_answered_in_order(echo_server: Served) -> None:
+    """More than the front queues (8): it stops reading until it catches up, losing none."""
     reader, writer = await echo_server.connect()
-    writer.write(b"".join(post(f"/p{n}", f"{n}".encode()) for n in range(5)))
-    for n in range(5):
+    writer.write(b"".join(post(f"/p{n}", f"{n}".encode()) for n in range(30)))
+    for n in range(30):
         _, _, body = await read_answer(reader)
         assert json.loads(body)["path"] == f"/p{n}"
     writer.close()
@@ -148,15 +149,22 @@ async def test_chunked_body_over_the_limit_is_refused(echo_server: Served) -> No
     writer.close()
 
 
-async def test_malformed_request_gets_400_and_the_connection_closes(echo_server: Served) -> None:
-    reader, writer = await echo_server.connect()
-    writer.write(b"THIS IS NOT HTTP\r\n\r\n")
-    status, headers, body = await read_answer(reader)
-    assert status == 400
-    assert headers.get("connection") == "close"
-    assert json.loads(body)["error"]["code"] == 400
-    assert await asyncio.wait_for(reader.read(), 5) == b""
-    writer.close()
+async def test_malformed_request_gets_400_and_the_connection_closes() -> None:
+    refused: list[str] = []
+    front = Front(echo, max_body_bytes=1024, on_refused=refused.append)
+    port = await front.start("127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"THIS IS NOT HTTP\r\n\r\n")
+        status, headers, body = await read_answer(reader)
+        assert status == 400
+        assert headers.get("connection") == "close"
+        assert json.loads(body)["error"]["code"] == 400
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        assert refused == ["malformed_request"]
+        writer.close()
+    finally:
+        await front.stop(grace_s=0.5)
 
 
 async def test_connection_close_and_http_1_0_are_honoured(echo_server: Served) -> None:
@@ -253,7 +261,8 @@ async def test_stop_lets_answers_in_progress_finish_and_refuses_new_connections(
         await asyncio.open_connection("127.0.0.1", port)
     assert not stopping.done()
     release.set()
-    status, _, body = await read_answer(reader)
+    status, headers, body = await read_answer(reader)
     assert (status, body) == (200, b"done")
+    assert headers.get("connection") == "close"  # the client learns not to send another
     await asyncio.wait_for(stopping, 5)
     writer.close()

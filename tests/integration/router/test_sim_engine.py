@@ -223,6 +223,11 @@ async def test_bad_input_gets_openai_errors(
                 assert body["error"]["param"] == param
                 assert body["error"]["message"]
         assert router.sample("tandem_router_prefill_leg_seconds_count", outcome="ok") == 0  # none reached P
+        rejected = "tandem_router_rejected_requests_total"
+        assert router.sample(rejected, reason="invalid_json") == 1
+        assert router.sample(rejected, reason="invalid_request") == 2
+        assert router.sample(rejected, reason="unknown_model") == 1
+        assert router.sample(rejected, reason="body_too_large") == 1
         async with session.get(router.url + "/v1/models") as response:
             cards = (await response.json())["data"]
         assert [(c["id"], c["max_model_len"]) for c in cards] == [(NAME, MAX_MODEL_LEN)]
