@@ -214,10 +214,12 @@ class Response:
             sink.on_end(self._error)
 
     def pause_reading(self) -> None:
-        self._conn.pause_reading()
+        if self._conn.response is self:  # not once the connection serves another request
+            self._conn.pause_reading()
 
     def resume_reading(self) -> None:
-        self._conn.resume_reading()
+        if self._conn.response is self:
+            self._conn.resume_reading()
 
     def _wake(self) -> None:
         waiter = self._waiter

@@ -155,6 +155,8 @@ class StreamRelay:
 
     # -- internals -------------------------------------------------------------------------
     def _resume(self) -> None:
+        if self.outcome.done():
+            return  # the leg is over; its connection was resumed (or closed) when released
         self._paused = False
         self._last_read = self._clock()
         self._source.resume_reading()

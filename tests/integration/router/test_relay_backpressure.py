@@ -3,7 +3,8 @@
 The engine here writes a 40 MB stream as fast as its socket takes it; far more than the kernel's
 loopback buffers and the router's 256 KB high-water mark hold together. While the client sleeps,
 the engine must find its socket full (the router paused reading it) and be unable to finish; once
-the client reads, every event must arrive, in order, ending with [DONE].
+the client reads, every event must arrive, in order, ending with [DONE], although the client's
+pause outlasted the leg's idle timeout.
 """
 
 from __future__ import annotations
@@ -100,7 +101,10 @@ async def test_a_slow_client_pauses_the_engine_stream_and_still_gets_all_of_it()
     server = await loop.create_server(FloodEngine, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     try:
-        async with running_router(prefill=[url], decode=[url], model="flood") as router:
+        # An idle timeout shorter than the client's pause: waiting on a slow client is not an
+        # engine gone silent, so the leg must not time out.
+        config = {"prefill": [url], "decode": [url], "model": "flood", "decode_idle_timeout_s": 0.5}
+        async with running_router(**config) as router:
             port = int(router.url.rsplit(":", 1)[1])
             reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=2**20)
             body = json.dumps({"model": "flood", "prompt": "hi", "max_tokens": EVENTS, "stream": True})
