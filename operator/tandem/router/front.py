@@ -20,7 +20,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Final, cast
 
@@ -165,22 +165,26 @@ def _ignore(reason: str) -> None:
     pass
 
 
+@dataclass(slots=True)
+class _Settings:
+    """What every connection of one `Front` shares."""
+
+    handler: Handler
+    max_body_bytes: int
+    keepalive_s: float
+    on_refused: RefusalHook
+    connections: set[FrontProtocol] = field(default_factory=set)
+
+
 class FrontProtocol(asyncio.Protocol):
     """One client connection."""
 
-    def __init__(
-        self,
-        handler: Handler,
-        max_body_bytes: int,
-        connections: set[FrontProtocol],
-        keepalive_s: float,
-        on_refused: RefusalHook = _ignore,
-    ) -> None:
-        self._handler = handler
-        self._on_refused = on_refused
-        self._max_body = max_body_bytes
-        self._keepalive_s = keepalive_s
-        self._connections = connections
+    def __init__(self, settings: _Settings) -> None:
+        self._settings = settings
+        self._handler = settings.handler
+        self._on_refused = settings.on_refused
+        self._max_body = settings.max_body_bytes
+        self._connections = settings.connections
         self._transport: asyncio.Transport | None = None
         self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self._url = b""
@@ -334,7 +338,7 @@ class FrontProtocol(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self._idle_since = loop.time()
         if self._idle_timer is None and not self.closed:
-            self._idle_timer = loop.call_later(self._keepalive_s, self._idle_expired)
+            self._idle_timer = loop.call_later(self._settings.keepalive_s, self._idle_expired)
 
     def _disarm_idle(self) -> None:
         if self._idle_timer is not None:
@@ -348,12 +352,12 @@ class FrontProtocol(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         since = self._idle_since
         if since is not None and self._task is None and not self._queue:
-            left = since + self._keepalive_s - loop.time()
+            left = since + self._settings.keepalive_s - loop.time()
             if left <= 0:
                 self.close()
                 return
         else:
-            left = self._keepalive_s  # busy: look again a full period later
+            left = self._settings.keepalive_s  # busy: look again a full period later
         self._idle_timer = loop.call_later(left, self._idle_expired)
 
     def _refuse_body(self, message: str) -> None:
@@ -434,20 +438,15 @@ class Front:
         keepalive_s: float = KEEPALIVE_S,
         on_refused: RefusalHook = _ignore,
     ) -> None:
-        self._handler = handler
-        self._on_refused = on_refused
-        self._max_body = max_body_bytes
-        self._keepalive_s = keepalive_s
-        self._connections: set[FrontProtocol] = set()
+        self._settings = _Settings(handler, max_body_bytes, keepalive_s, on_refused)
+        self._connections = self._settings.connections
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self, host: str, port: int, *, backlog: int = 2048) -> int:
         """Listens; returns the bound port (useful with port 0)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: FrontProtocol(
-                self._handler, self._max_body, self._connections, self._keepalive_s, self._on_refused
-            ),
+            lambda: FrontProtocol(self._settings),
             host,
             port,
             backlog=backlog,
