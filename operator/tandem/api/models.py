@@ -129,6 +129,13 @@ class EnvVar(ApiModel):
     value_from: EnvVarSource | None = None
 
 
+ImagePullPolicy = Literal["Always", "IfNotPresent", "Never"]
+ImagePullSecrets = Annotated[
+    list[Annotated[str, Field(min_length=1, max_length=253)]],
+    Field(max_length=16, description="Names of Secrets used to pull the image."),
+]
+
+
 class EngineSpec(ApiModel):
     """The serving engine every pool runs."""
 
@@ -137,11 +144,8 @@ class EngineSpec(ApiModel):
         Field(description="vllm runs `vllm serve`; sim runs tandem's simulator with the same arguments."),
     ] = EngineType.vllm
     image: Annotated[str, Field(max_length=512, description="Container image of the engine.")]
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
-    image_pull_secrets: Annotated[
-        list[Annotated[str, Field(min_length=1, max_length=253)]],
-        Field(max_length=16, description="Names of Secrets used to pull the image."),
-    ] = []
+    image_pull_policy: ImagePullPolicy = "IfNotPresent"
+    image_pull_secrets: ImagePullSecrets = []
     env: Annotated[list[EnvVar], Field(max_length=64)] = []
     extra_args: Annotated[
         list[Annotated[str, Field(max_length=1024)]],
@@ -232,6 +236,8 @@ class RouterSpec(ApiModel):
     image: Annotated[str, Field(max_length=512, description="Container image of tandem (router).")] = (
         "ghcr.io/tandem-dev/tandem:0.1.0"
     )
+    image_pull_policy: ImagePullPolicy = "IfNotPresent"
+    image_pull_secrets: ImagePullSecrets = []
     resources: Resources = Resources(
         requests={"cpu": "500m", "memory": "256Mi"}, limits={"cpu": "2", "memory": "1Gi"}
     )

@@ -108,7 +108,8 @@ def pod_problems(pods: list[Obj]) -> list[PodProblem]:
 
 def missing_secrets(kube: KubeRest, pdd: PDDeployment) -> list[PodProblem]:
     """Secrets the spec names that do not exist: pods would never start, so say so up front."""
-    wanted = [(s, "image pull secret") for s in pdd.spec.engine.image_pull_secrets]
+    wanted = [(s, "spec.engine.imagePullSecrets") for s in pdd.spec.engine.image_pull_secrets]
+    wanted += [(s, "spec.router.imagePullSecrets") for s in pdd.spec.router.image_pull_secrets]
     if pdd.spec.model.token_secret_ref is not None:
         wanted.append((pdd.spec.model.token_secret_ref.name, "spec.model.tokenSecretRef"))
     problems = []

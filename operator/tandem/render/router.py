@@ -53,6 +53,7 @@ def _container(pdd: PDDeployment) -> dict[str, Any]:
     return {
         "name": CONTAINER_NAME,
         "image": router.image,
+        "imagePullPolicy": router.image_pull_policy,
         "command": router_command(pdd),
         "env": [
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
@@ -77,6 +78,21 @@ def _container(pdd: PDDeployment) -> dict[str, Any]:
 
 
 def deployment(pdd: PDDeployment) -> Manifest:
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": names.child_name(pdd, ROLE),
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": ROUTER_GRACE_SECONDS,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": NONROOT_UID,
+            "runAsGroup": NONROOT_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [_container(pdd)],
+        "volumes": [{"name": "tmp", "emptyDir": {}}],
+    }
+    if pdd.spec.router.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": name} for name in pdd.spec.router.image_pull_secrets]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -91,19 +107,7 @@ def deployment(pdd: PDDeployment) -> Manifest:
                     "labels": names.labels(pdd, ROLE),
                     "annotations": names.scrape_annotations(meta.ROUTER_PORT, meta.ROUTER_METRICS_PATH),
                 },
-                "spec": {
-                    "serviceAccountName": names.child_name(pdd, ROLE),
-                    "enableServiceLinks": False,
-                    "terminationGracePeriodSeconds": ROUTER_GRACE_SECONDS,
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": NONROOT_UID,
-                        "runAsGroup": NONROOT_UID,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
-                    "containers": [_container(pdd)],
-                    "volumes": [{"name": "tmp", "emptyDir": {}}],
-                },
+                "spec": pod_spec,
             },
         },
     }

@@ -225,21 +225,32 @@ def test_missing_image_pull_secret_shows_in_status(
     doc = load_example(SIM_EXAMPLE)
     doc["metadata"]["name"] = "no-secret"
     doc["spec"]["engine"]["imagePullSecrets"] = ["registry-creds"]
+    doc["spec"]["router"]["imagePullSecrets"] = ["router-creds"]
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(doc))
 
-    def stalled() -> dict[str, Any] | None:
-        pdd = get(cluster, namespace, "pdd", "no-secret")
-        return pdd if condition(pdd, "Stalled").get("status") == "True" else None
+    def stalled_on(secret: str) -> Callable[[], dict[str, Any] | None]:
+        def check() -> dict[str, Any] | None:
+            pdd = get(cluster, namespace, "pdd", "no-secret")
+            stalled = condition(pdd, "Stalled")
+            return pdd if stalled.get("status") == "True" and secret in stalled.get("message", "") else None
 
-    pdd = wait_for("Stalled=True", stalled, timeout=120)
+        return check
+
+    def create_secret(name: str) -> None:
+        cluster.kubectl(
+            "create", "secret", "docker-registry", name, "-n", namespace,
+            "--docker-server=registry.invalid", "--docker-username=u", "--docker-password=p",
+        )  # fmt: skip
+
+    pdd = wait_for("Stalled=True on the engine's secret", stalled_on("registry-creds"), timeout=120)
     assert condition(pdd, "Stalled")["reason"] == "ConfigError"
-    assert "registry-creds" in condition(pdd, "Stalled")["message"]
-    cluster.kubectl(
-        "create", "secret", "docker-registry", "registry-creds", "-n", namespace,
-        "--docker-server=registry.invalid", "--docker-username=u", "--docker-password=p",
-    )  # fmt: skip
+    assert "spec.engine.imagePullSecrets" in condition(pdd, "Stalled")["message"]
+    create_secret("registry-creds")
+    pdd = wait_for("Stalled=True on the router's secret", stalled_on("router-creds"), timeout=150)
+    assert "spec.router.imagePullSecrets" in condition(pdd, "Stalled")["message"]
+    create_secret("router-creds")
     wait_for(
-        "Stalled=False once the secret exists",
+        "Stalled=False once both secrets exist",
         lambda: condition(get(cluster, namespace, "pdd", "no-secret"), "Stalled").get("status") == "False",
         timeout=150,
     )

@@ -293,6 +293,26 @@ def test_image_pull_settings_come_from_the_engine_spec(make_pdd: MakePdd) -> Non
     assert pod["containers"][0]["imagePullPolicy"] == "Always"
 
 
+@pytest.mark.parametrize(
+    ("router", "secrets", "policy"),
+    [
+        ({}, None, "IfNotPresent"),
+        (
+            {"imagePullPolicy": "Always", "imagePullSecrets": ["router-registry"]},
+            [{"name": "router-registry"}],
+            "Always",
+        ),
+    ],
+)
+def test_router_image_pull_settings_are_its_own(
+    make_pdd: MakePdd, router: dict[str, object], secrets: list[dict[str, str]] | None, policy: str
+) -> None:
+    pdd = make_pdd({"engine": {"imagePullSecrets": ["engine-registry"]}, "router": router})
+    pod = _by_key(render(pdd))[("Deployment", "demo-router")]["spec"]["template"]["spec"]
+    assert pod.get("imagePullSecrets") == secrets  # the engine's secret is not the router's
+    assert pod["containers"][0]["imagePullPolicy"] == policy
+
+
 def test_render_is_deterministic(make_pdd: MakePdd) -> None:
     assert render(make_pdd()) == render(make_pdd())
 
