@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from tandem.router.failure import (
     on_prefill_failure,
 )
 from tandem.router.metrics import PathMetrics
-from tandem.router.paths import Path, Unavailable, choose_path
+from tandem.router.paths import Path, Unavailable, choose_path, draw_for
 from tandem.router.protocol import (
     ENDPOINT_PATHS,
     Endpoint,
@@ -147,7 +146,6 @@ class Flow:
         max_retries: int,
         budget: RetryBudget,
         clock: Callable[[], float] = time.monotonic,
-        rng: random.Random | None = None,
     ) -> None:
         self.state = state
         self.upstream = upstream
@@ -155,14 +153,13 @@ class Flow:
         self.max_retries = max_retries
         self.budget = budget
         self.clock = clock
-        self.rng = rng or random.Random()
         self.metrics = state.metrics
 
     async def serve(self, request: ClientRequest, responder: Responder) -> None:
         state = self.state
         path = choose_path(
             state.disaggregated_share(),
-            self.rng.random(),
+            draw_for(request.request_id),
             has_prefill=bool(state.endpoints["prefill"]),
             has_decode=bool(state.endpoints["decode"]),
             has_colocated=bool(state.endpoints["colocated"]),

@@ -3,10 +3,13 @@
 Pure. The PDDeployment's serving mode sets the default; a gray weight (the percent of traffic on
 P/D, from `status.rollout.weight` while a rollout runs) overrides it; what is actually ready has
 the last word: no prefill or decode pod -> colocated when the spec allows it, otherwise a 503.
+During a gray split the path is a function of the request id (`draw_for`), so a client that
+retries with the same `X-Request-Id` meets the same path, and every router replica agrees.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Literal
 
@@ -31,6 +34,12 @@ def disaggregated_share(serving_mode: str | None, rollout_weight: int | None) ->
     return 0 if serving_mode == "Colocated" else 100
 
 
+def draw_for(request_id: str) -> float:
+    """A number in [0, 1), uniform over ids and the same for the same id (in any process)."""
+    digest = hashlib.blake2b(request_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
 def choose_path(
     share: int,
     draw: float,
@@ -40,7 +49,7 @@ def choose_path(
     has_colocated: bool,
     colocated_fallback: bool,
 ) -> Path | Unavailable:
-    """The path for one request; `draw` is uniform in [0, 1) (injected randomness)."""
+    """The path for one request; `draw` is uniform in [0, 1) (`draw_for` the request's id)."""
     wants_pd = draw * 100 < share
     pd_ready = has_prefill and has_decode
     if wants_pd and pd_ready:

@@ -8,7 +8,7 @@ import pytest
 
 from tandem.kube.pods import PodInfo, pdd_info_from, pod_info_from, pod_label_selector
 from tandem.router.discovery import apply_pod_event, endpoints_by_role
-from tandem.router.paths import Unavailable, choose_path, disaggregated_share
+from tandem.router.paths import Unavailable, choose_path, disaggregated_share, draw_for
 
 
 def pod(name: str, role: str = "decode", ip: str | None = "127.20.0.5", **over: Any) -> PodInfo:
@@ -133,3 +133,12 @@ def test_choose_path(share: int, draw: float, ready: str, fallback: bool, path: 
         assert path in chosen.message
     else:
         assert chosen == path
+
+
+def test_the_gray_split_is_stable_per_request_id_and_even_across_ids() -> None:
+    assert draw_for("req-42") == draw_for("req-42")
+    draws = [draw_for(f"5eed5eed5eed5eed-{i}") for i in range(20_000)]  # the ids a router mints
+    assert all(0 <= d < 1 for d in draws)
+    # A 30 % weight sends about 30 % of distinct ids to P/D (binomial sd is about 0.3 %).
+    share = sum(d * 100 < 30 for d in draws) / len(draws)
+    assert 0.28 < share < 0.32
