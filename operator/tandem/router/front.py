@@ -100,9 +100,6 @@ class ClientStream:
         framing = f"Content-Length: {len(body)}\r\n".encode()
         self._conn.send(_head(status, headers, framing, self._keeps_alive()) + body)
 
-    async def start_stream(self, status: int, content_type: str) -> None:
-        self.start_stream_nowait(status, content_type)
-
     def start_stream_nowait(self, status: int, content_type: str) -> None:
         if self.started:
             raise RuntimeError("answer already started")
@@ -150,10 +147,6 @@ class ClientStream:
     def when_writable(self, callback: Callable[[], None]) -> None:
         """Calls `callback` once when the client has drained (or gone: then feeders stop anyway)."""
         self._conn.on_drained(callback)
-
-    @property
-    def gone(self) -> bool:
-        return self._conn.closed
 
 
 Handler = Callable[[FrontRequest, ClientStream], Awaitable[None]]
