@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 import pytest
 
@@ -39,7 +40,9 @@ class Served:
         return await asyncio.open_connection("127.0.0.1", self.port)
 
 
+@asynccontextmanager
 async def serve(handler: Handler, **options: float) -> AsyncIterator[Served]:
+    """A Front on a free port, stopped on the way out even when the test body fails."""
     front = Front(handler, max_body_bytes=int(options.pop("max_body_bytes", 1024)), **options)
     port = await front.start("127.0.0.1", 0)
     try:
@@ -50,7 +53,7 @@ async def serve(handler: Handler, **options: float) -> AsyncIterator[Served]:
 
 @pytest.fixture
 async def echo_server() -> AsyncIterator[Served]:
-    async for served in serve(echo):
+    async with serve(echo) as served:
         yield served
 
 
@@ -182,7 +185,7 @@ async def test_connection_close_and_http_1_0_are_honoured(echo_server: Served) -
 
 
 async def test_idle_keep_alive_connections_are_closed() -> None:
-    async for served in serve(echo, keepalive_s=0.3):
+    async with serve(echo, keepalive_s=0.3) as served:
         reader, writer = await served.connect()
         writer.write(post("/a", b"1"))
         assert (await read_answer(reader))[0] == 200
@@ -201,7 +204,7 @@ async def test_client_disconnect_cancels_the_handler() -> None:
             cancelled.set()
             raise
 
-    async for served in serve(hang):
+    async with serve(hang) as served:
         _, writer = await served.connect()
         writer.write(post("/v1/completions", b"{}"))
         await asyncio.wait_for(started.wait(), 5)
@@ -217,7 +220,7 @@ async def test_a_stream_is_chunked_with_its_head_sent_with_the_first_bytes() -> 
             await client.write(f"data: {n}\n\n".encode())
         await client.finish(b"data: [DONE]\n\n")
 
-    async for served in serve(streamer):
+    async with serve(streamer) as served:
         reader, writer = await served.connect()
         writer.write(post("/s", b""))
         status, headers, body = await read_answer(reader)
@@ -234,7 +237,7 @@ async def test_handler_errors_become_500_before_the_answer_started() -> None:
     async def broken(request: FrontRequest, client: ClientStream) -> None:
         raise RuntimeError("boom")
 
-    async for served in serve(broken):
+    async with serve(broken) as served:
         reader, writer = await served.connect()
         writer.write(post("/x", b""))
         status, _, body = await read_answer(reader)
