@@ -31,6 +31,12 @@ LABEL_PDD: Final = "tandem.dev/pddeployment"  # the PDDeployment's name (selecto
 
 APP_NAME: Final = "tandem"
 
+# Annotations a user (or an Argo CD action) sets on a PDDeployment.
+ANNOTATION_AUTOSCALING_PAUSED: Final = "tandem.dev/autoscaling-paused"  # "true" holds every decision
+
+# Annotation the operator sets on a pod it is about to remove: the router sends it no new work.
+ANNOTATION_DRAINING: Final = "tandem.dev/draining"  # value: RFC 3339 time the drain started
+
 # Pod annotations read by Prometheus' kubernetes_sd relabelling.
 ANNOTATION_SCRAPE: Final = "prometheus.io/scrape"
 ANNOTATION_SCRAPE_PORT: Final = "prometheus.io/port"

@@ -1,8 +1,8 @@
 """The PDDeployment spec as pydantic v2 models: the source of truth for the CRD and the renderer.
 
 Field names are snake_case in Python and camelCase in YAML (aliases). Every field here has
-behaviour behind it in the renderer or the operator; autoscaling, SLO and rollout fields arrive
-with the features that use them. Cross-field rules live in `rules.py` so that the CRD's CEL and
+behaviour behind it in the renderer, the router or the operator; rollout fields arrive with the
+feature that uses them. Cross-field rules live in `rules.py` so that the CRD's CEL and
 these models enforce the same thing.
 """
 
@@ -214,10 +214,37 @@ class Resources(ApiModel):
     limits: Annotated[dict[str, Quantity], Field(max_length=16)] = {}
 
 
+class PoolAutoscaling(ApiModel):
+    """Bounds of one pool's size under the autoscaler, or its hand-over to an HPA / KEDA."""
+
+    min_replicas: Annotated[
+        int, Field(ge=0, le=1024, description="The autoscaler never goes below this many replicas.")
+    ] = 1
+    max_replicas: Annotated[
+        int, Field(ge=1, le=1024, description="The autoscaler never goes above this many replicas.")
+    ] = 8
+    external: Annotated[
+        bool,
+        Field(
+            description=(
+                "Hand this pool's replicas to another controller (HPA, KEDA): the operator stops "
+                "owning the StatefulSet's replicas without changing the count."
+            )
+        ),
+    ] = False
+
+
 class PoolSpec(ApiModel):
     """One pool of engine replicas (prefill, decode or colocated)."""
 
-    replicas: Annotated[int, Field(ge=0, le=1024)] = 0
+    replicas: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=1024,
+            description="Replicas; with autoscaling, the initial size only (the autoscaler owns it after).",
+        ),
+    ] = 0
     tensor_parallel_size: Annotated[
         int,
         Field(description="GPUs per replica (vLLM --tensor-parallel-size): 1, 2, 4 or 8."),
@@ -229,6 +256,10 @@ class PoolSpec(ApiModel):
     resources: Resources = Resources()
     node_selector: Annotated[dict[str, str], Field(max_length=16)] = {}
     tolerations: Annotated[list[Toleration], Field(max_length=32)] = []
+    autoscaling: Annotated[
+        PoolAutoscaling | None,
+        Field(description="Size this pool from the SLO (needs spec.autoscaling.enabled); fixed when unset."),
+    ] = None
 
 
 class RouterSpec(ApiModel):
@@ -250,6 +281,89 @@ class ServingSpec(ApiModel):
     ] = ServingMode.Disaggregated
 
 
+class SLOSpec(ApiModel):
+    """The latency users must see: a request is within SLO when it meets both targets."""
+
+    ttft_ms: Annotated[
+        int, Field(ge=1, le=600_000, description="Time-to-first-token target, in milliseconds.")
+    ]
+    tpot_ms: Annotated[
+        int, Field(ge=1, le=60_000, description="Time-per-output-token target, in milliseconds.")
+    ]
+    attainment_percent: Annotated[
+        float,
+        Field(gt=0, le=100, description="Share of requests (percent) that must meet both targets."),
+    ] = 95.0
+
+
+class PrometheusSpec(ApiModel):
+    """Where the autoscaler reads the routers' and engines' metrics."""
+
+    url: Annotated[
+        str | None,
+        Field(
+            max_length=2048,
+            pattern=r"^https?://[^\s]+$",
+            description="Prometheus base URL; unset means the operator's --prometheus-url.",
+        ),
+    ] = None
+    timeout_seconds: Annotated[
+        float, Field(gt=0, le=60, description="Timeout of one Prometheus query, in seconds.")
+    ] = 5.0
+
+
+class ScalingRules(ApiModel):
+    """How fast one direction of scaling may move."""
+
+    stabilization_seconds: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=3600,
+            description=(
+                "Look-back window: scale down only to the highest recommendation within it "
+                "(scale up: the lowest)."
+            ),
+        ),
+    ]
+    max_step: Annotated[int, Field(ge=1, le=1024, description="Most replicas added or removed at once.")]
+
+
+class AutoscalingMode(StrEnum):
+    Active = "Active"
+    Advisory = "Advisory"
+
+
+class AutoscalingSpec(ApiModel):
+    """The SLO autoscaler: one decision per interval for every pool with `autoscaling` bounds."""
+
+    enabled: bool = False
+    mode: Annotated[
+        AutoscalingMode,
+        Field(description="Active changes replicas; Advisory decides and reports in status without acting."),
+    ] = AutoscalingMode.Active
+    prometheus: PrometheusSpec = PrometheusSpec()
+    interval_seconds: Annotated[int, Field(ge=5, le=3600, description="Seconds between decisions.")] = 30
+    gpu: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=64,
+            description="GPU type of the performance profile that seeds per-replica capacity (e.g. H100).",
+        ),
+    ] = "H100"
+    scale_up: ScalingRules = ScalingRules(stabilization_seconds=0, max_step=4)
+    scale_down: ScalingRules = ScalingRules(stabilization_seconds=300, max_step=1)
+    drain_timeout_seconds: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=3600,
+            description="Longest wait for a draining pod's streams and unpulled KV before it is removed.",
+        ),
+    ] = 300
+
+
 class PDDeploymentSpec(ApiModel):
     model: ModelSpec
     engine: EngineSpec
@@ -260,6 +374,17 @@ class PDDeploymentSpec(ApiModel):
     colocated: PoolSpec = PoolSpec()
     router: RouterSpec = RouterSpec()
     serving: ServingSpec = ServingSpec()
+    slo: Annotated[SLOSpec | None, Field(description="Latency targets; required by autoscaling.")] = None
+    max_gpus: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            le=65536,
+            alias="maxGPUs",
+            description="GPUs all pools together may request (the autoscaler's budget).",
+        ),
+    ] = None
+    autoscaling: AutoscalingSpec = AutoscalingSpec()
 
     @model_validator(mode="after")
     def _check(self) -> PDDeploymentSpec:

@@ -28,6 +28,7 @@ class ConditionType(StrEnum):
     Reconciling = "Reconciling"
     Stalled = "Stalled"
     Available = "Available"
+    AutoscalingActive = "AutoscalingActive"
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -44,12 +45,21 @@ class Condition(ApiModel):
     message: Annotated[str, Field(max_length=32768)] = ""
 
 
+class ReplicaSource(StrEnum):
+    """Who sets a pool's replicas."""
+
+    spec = "spec"  # spec.<pool>.replicas
+    autoscaler = "autoscaler"  # tandem's SLO autoscaler (status.autoscaling)
+    external = "external"  # another controller (HPA, KEDA) through the scale subresource
+
+
 class PoolStatus(ApiModel):
     replicas: Annotated[int, Field(ge=0, description="Pods that exist (StatefulSet status.replicas).")] = 0
     ready_replicas: Annotated[int, Field(ge=0, description="Pods that pass readiness.")] = 0
     desired_replicas: Annotated[int, Field(ge=0, description="Replicas the operator asks for.")] = 0
     gpus: Annotated[int, Field(ge=0, description="GPUs the desired replicas request.")] = 0
     ready: Annotated[str, Field(description="readyReplicas/desiredReplicas, for printer columns.")] = "0/0"
+    source: Annotated[ReplicaSource, Field(description="Who sets desiredReplicas.")] = ReplicaSource.spec
 
 
 class PoolsStatus(ApiModel):
@@ -69,6 +79,70 @@ class KVTransferStatus(ApiModel):
     ] = None
 
 
+class ScaleDecision(ApiModel):
+    """One autoscaler decision for one pool, with the figures it used."""
+
+    time: Annotated[str, Field(description="RFC 3339 time of the decision.")]
+    from_replicas: Annotated[int, Field(ge=0, alias="from")]
+    to: Annotated[int, Field(ge=0)]
+    reason: Annotated[str, Field(max_length=1024)]
+    figures: Annotated[dict[str, float], Field(max_length=32)] = {}
+
+
+class Recommendation(ApiModel):
+    """A raw recommendation kept for the stabilization windows (survives operator restarts)."""
+
+    time: Annotated[float, Field(description="Unix time of the recommendation, in seconds.")]
+    replicas: Annotated[int, Field(ge=0)]
+
+
+class DrainStatus(ApiModel):
+    """A pod being emptied before its StatefulSet loses it."""
+
+    pod: str
+    started_at: Annotated[float, Field(description="Unix time the drain started, in seconds.")]
+    target_replicas: Annotated[int, Field(ge=0)]
+
+
+class PoolAutoscalingStatus(ApiModel):
+    desired_replicas: Annotated[
+        int | None, Field(ge=0, description="The size the autoscaler holds this pool at.")
+    ] = None
+    last_decision: ScaleDecision | None = None
+    last_scale_time: Annotated[float | None, Field(description="Unix time of the last change.")] = None
+    recommendations: Annotated[list[Recommendation], Field(max_length=512)] = []
+    capacity_correction: Annotated[
+        float,
+        Field(gt=0, description="Measured / profile capacity per replica, learnt from what pods sustained."),
+    ] = 1.0
+    draining: DrainStatus | None = None
+
+
+class AutoscalingPoolsStatus(ApiModel):
+    prefill: PoolAutoscalingStatus = PoolAutoscalingStatus()
+    decode: PoolAutoscalingStatus = PoolAutoscalingStatus()
+    colocated: PoolAutoscalingStatus = PoolAutoscalingStatus()
+
+
+class AutoscalingStatus(ApiModel):
+    mode: Annotated[str, Field(description="Active, Advisory, Paused, or Disabled.")] = "Disabled"
+    last_evaluated: Annotated[float | None, Field(description="Unix time of the last decision pass.")] = None
+    pools: AutoscalingPoolsStatus = AutoscalingPoolsStatus()
+
+
+class SLOStatus(ApiModel):
+    """The SLO as measured at the routers over the last window."""
+
+    ttft_ms: Annotated[float | None, Field(description="TTFT at the attainment percentile (ms).")] = None
+    tpot_ms: Annotated[float | None, Field(description="TPOT at the attainment percentile (ms).")] = None
+    attainment_percent: Annotated[
+        float | None, Field(description="Share of requests within both targets (percent).")
+    ] = None
+    requests_per_second: float | None = None
+    window_seconds: int = 0
+    observed_at: Annotated[str, Field(description="RFC 3339 time of the measurement.")] = ""
+
+
 class PDDeploymentStatus(ApiModel):
     observed_generation: Annotated[int, Field(ge=0)] = 0
     phase: Phase = Phase.Progressing
@@ -76,3 +150,5 @@ class PDDeploymentStatus(ApiModel):
     conditions: Annotated[list[Condition], Field(max_length=32)] = []
     pools: PoolsStatus = PoolsStatus()
     kv_transfer: KVTransferStatus = KVTransferStatus()
+    slo: SLOStatus | None = None
+    autoscaling: AutoscalingStatus | None = None

@@ -1,0 +1,1 @@
+"""The SLO autoscaler: pure decisions from a `Snapshot` of metrics (no I/O, no clock)."""

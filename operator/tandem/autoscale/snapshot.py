@@ -1,0 +1,85 @@
+"""What the autoscaler sees: one PDDeployment's signals over one window, as plain frozen records.
+
+Two producers fill a `Snapshot`: `tandem.metrics` from Prometheus (live) and `tandem.sim` from its
+virtual-time windows (offline), so `decide()` cannot tell them apart. Rates are per second over
+`window_seconds`; gauges are summed (or averaged, where named) over the pool's pods at
+`observed_at`. A producer that could not read a signal lists why in `missing` and leaves a zero:
+`decide()` holds every size when `missing` is not empty, and treats a fresh zero as "no traffic".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+PATH_DISAGGREGATED: Final = "disaggregated"
+PATH_COLOCATED: Final = "colocated"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSize:
+    """A pool's size from the cluster (StatefulSet and pods), not from metrics."""
+
+    replicas: int  # the size in effect (what the operator last asked for)
+    ready: int  # pods that pass readiness; replicas - ready are starting (loading the model)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSignals:
+    """One pool's engine metrics (vLLM names in `tandem.metrics.queries`)."""
+
+    scraped_pods: int = 0  # pods with fresh engine metrics in the window
+    waiting_requests: float = 0.0  # sum of vllm:num_requests_waiting
+    running_requests: float = 0.0  # sum of vllm:num_requests_running
+    kv_usage_mean: float = 0.0  # mean of vllm:kv_cache_usage_perc, 0..1
+    kv_usage_max: float = 0.0  # max of vllm:kv_cache_usage_perc, 0..1
+    prompt_tokens_rate: float = 0.0  # prompt tokens/s computed (rate of vllm:prompt_tokens_total)
+    generation_tokens_rate: float = 0.0  # tokens/s generated (rate of vllm:generation_tokens_total)
+    request_rate: float = 0.0  # requests/s finished (rate of vllm:request_success_total)
+    queued_prompt_tokens: float = 0.0  # prompt tokens waiting for prefill, summed over pods
+    mean_prompt_tokens: float = 0.0  # over the window's finished requests (0 if none)
+    mean_output_tokens: float = 0.0  # over the window's finished requests (0 if none)
+
+
+@dataclass(frozen=True, slots=True)
+class PathSignals:
+    """What clients saw on one path (the routers' histograms and within-SLO counters)."""
+
+    request_rate: float = 0.0  # requests/s finished at the routers
+    within_slo_rate: float = 0.0  # requests/s that met both the TTFT and the TPOT target
+    ttft_seconds: float | None = None  # TTFT at the SLO's quantile; None without requests
+    tpot_seconds: float | None = None  # TPOT at the SLO's quantile; None without multi-token requests
+
+    @property
+    def attainment(self) -> float | None:
+        """Share of finished requests within SLO (0..1), None without requests."""
+        if self.request_rate <= 0:
+            return None
+        return min(1.0, self.within_slo_rate / self.request_rate)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    observed_at: float  # unix (or virtual) time, seconds
+    window_seconds: float
+    sizes: Mapping[str, PoolSize] = field(default_factory=dict)  # by role: prefill, decode, colocated
+    pools: Mapping[str, PoolSignals] = field(default_factory=dict)  # by role
+    paths: Mapping[str, PathSignals] = field(default_factory=dict)  # by path: disaggregated, colocated
+    missing: tuple[str, ...] = ()  # why some signal could not be read; non-empty means "no data"
+
+    @property
+    def has_data(self) -> bool:
+        return not self.missing
+
+    def total(self) -> PathSignals:
+        """All paths together (rates add; latencies are the worse of the paths that served)."""
+        paths = list(self.paths.values())
+        ttfts = [p.ttft_seconds for p in paths if p.ttft_seconds is not None]
+        tpots = [p.tpot_seconds for p in paths if p.tpot_seconds is not None]
+        return PathSignals(
+            request_rate=sum(p.request_rate for p in paths),
+            within_slo_rate=sum(p.within_slo_rate for p in paths),
+            ttft_seconds=max(ttfts) if ttfts else None,
+            tpot_seconds=max(tpots) if tpots else None,
+        )
