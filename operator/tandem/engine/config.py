@@ -2,7 +2,8 @@
 
 Here live vLLM's defaults and the start-up checks that need the model's architecture (TP must
 divide the attention heads, max_model_len within the model's limit, a KV cache big enough for one
-max-length sequence). Pure: raises `ConfigError` with a vLLM-like message.
+max-length sequence). The KV capacity itself is `tandem.perf.kv_cache_capacity`, the one the
+autoscaler and the simulator use. Pure: raises `ConfigError` with a vLLM-like message.
 """
 
 from __future__ import annotations
@@ -19,12 +20,11 @@ from tandem.perf import (
     ProfileNotFoundError,
     UnknownModelError,
     estimate_profile,
+    kv_cache_capacity,
     model_arch,
 )
 
 GIB = 1 << 30
-# Activation/workspace memory vLLM's profiling run reserves besides weights and KV [derived, rough].
-ACTIVATION_RESERVE_BYTES = 2 * GIB
 DEFAULT_BATCHED_TOKENS = 8192  # H100/H200 API-server default (reference section 4.6)
 DEFAULT_MAX_NUM_SEQS = 1024
 
@@ -113,32 +113,38 @@ def resolve(args: ServeArgs, sim: SimSettings) -> EngineConfig:
             f"max_num_seqs ({max_num_seqs})."
         )
 
-    kv_dtype_bytes = 1 if args.kv_cache_dtype.startswith("fp8") else arch.dtype_bytes
-    kv_per_token = arch.kv_bytes_per_token * kv_dtype_bytes // arch.dtype_bytes
-    kv_per_token_per_gpu = arch.kv_bytes_per_token_per_gpu(tp) * kv_dtype_bytes // arch.dtype_bytes
-    block_bytes = kv_per_token_per_gpu * args.block_size
+    try:
+        kv_per_token = arch.kv_bytes_per_token_as(args.kv_cache_dtype)
+    except ValueError as exc:
+        raise ConfigError(f"--kv-cache-dtype: {exc}") from None
+    # The decode KV-read term follows the cache dtype: fp8 halves it for a bf16 model.
+    profile = profile.with_kv_cache_dtype(args.kv_cache_dtype)
     if args.num_gpu_blocks_override is not None:
         if args.num_gpu_blocks_override < 1:
             raise ConfigError("--num-gpu-blocks-override must be >= 1")
         num_blocks = args.num_gpu_blocks_override
     else:
-        weights = arch.params_b * 1e9 * arch.dtype_bytes / tp
-        available = (
-            profile.gpu_memory_gib * GIB * args.gpu_memory_utilization - weights - ACTIVATION_RESERVE_BYTES
+        capacity = kv_cache_capacity(
+            arch,
+            tp=tp,
+            gpu_memory_gib=profile.gpu_memory_gib,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            kv_cache_dtype=args.kv_cache_dtype,
         )
+        available = capacity.available_bytes_per_gpu
         if available <= 0:
             raise ConfigError(
                 "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
                 "when initializing the engine."
             )
-        num_blocks = int(available // block_bytes)
+        num_blocks = capacity.blocks(args.block_size)
         if num_blocks * args.block_size < max_model_len:
             raise ConfigError(
                 f"To serve at least one request with the models's max seq len ({max_model_len}), "
-                f"({max_model_len * kv_per_token_per_gpu / GIB:.2f} GiB KV cache is needed, which is larger "
-                f"than the available KV cache memory ({available / GIB:.2f} GiB). Based on the available "
-                f"memory, the estimated maximum model length is {num_blocks * args.block_size}. "
-                "Try increasing "
+                f"({max_model_len * capacity.bytes_per_token_per_gpu / GIB:.2f} GiB KV cache is needed, "
+                f"which is larger than the available KV cache memory ({available / GIB:.2f} GiB). Based on "
+                f"the available memory, the estimated maximum model length is "
+                f"{num_blocks * args.block_size}. Try increasing "
                 "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine."
             )
 

@@ -6,10 +6,21 @@ Pure: no clock and no I/O beyond reading the packaged data files (`models.yaml`,
   KV-cache math (reference section 6).
 - `load_profile(model_id, gpu, tp) -> Profile`: calibrated step times (reference section 7);
   `Profile.prefill_seconds(tokens)`, `Profile.decode_step_seconds(batch, context_tokens)` and
-  `Profile.step_seconds(...)` for mixed (chunked-prefill) steps.
+  `Profile.step_seconds(...)` for mixed (chunked-prefill) steps; `Profile.with_kv_cache_dtype("fp8")`.
+- `kv_cache_tokens(...)` / `kv_cache_capacity(...)`: the KV tokens one replica holds;
+  `decode_batch_at_tpot(...)` and `prefill_tokens_per_second(...)`: what one replica sustains.
 """
 
+from tandem.perf.capacity import (
+    ACTIVATION_RESERVE_BYTES,
+    KVCapacity,
+    decode_batch_at_tpot,
+    kv_cache_capacity,
+    kv_cache_tokens,
+    prefill_tokens_per_second,
+)
 from tandem.perf.kv import (
+    KV_CACHE_DTYPE_BYTES,
     ModelArch,
     UnknownModelError,
     kv_bytes_per_token,
@@ -30,7 +41,10 @@ from tandem.perf.profile import (
 )
 
 __all__ = [
+    "ACTIVATION_RESERVE_BYTES",
+    "KV_CACHE_DTYPE_BYTES",
     "DecodeCoefficients",
+    "KVCapacity",
     "ModelArch",
     "PrefillChunk",
     "PrefillCoefficients",
@@ -38,11 +52,15 @@ __all__ = [
     "ProfileNotFoundError",
     "UnknownModelError",
     "available_profiles",
+    "decode_batch_at_tpot",
     "estimate_profile",
     "kv_bytes_per_token",
     "kv_bytes_per_token_per_gpu",
+    "kv_cache_capacity",
+    "kv_cache_tokens",
     "kv_transfer_seconds",
     "load_profile",
     "model_arch",
+    "prefill_tokens_per_second",
     "weight_bytes_per_gpu",
 ]

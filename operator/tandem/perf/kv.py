@@ -3,6 +3,8 @@
 Per token, GQA/MHA: 2 (K and V) x layers x kv_heads x head_dim x dtype_bytes.
 MLA (DeepSeek): layers x latent_dim x dtype_bytes (no separate K and V).
 With tensor parallelism GQA KV is split by KV head (replicated when TP > kv_heads); MLA is replicated.
+`--kv-cache-dtype` (vLLM's values) changes the element size: `auto` keeps the model's dtype, `fp8*` is one
+byte, and `fp8_ds_mla` is vLLM's packed DeepSeek layout of 656 bytes per layer (reference section 6).
 """
 
 from __future__ import annotations
@@ -15,6 +17,19 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 _GIGA = 1e9
+# vLLM's `--kv-cache-dtype` choices and the bytes per element each stores (None: the model's dtype).
+KV_CACHE_DTYPE_BYTES: dict[str, int | None] = {
+    "auto": None,
+    "bfloat16": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "fp8_inc": 1,
+    "fp8_ds_mla": 1,
+}
+# fp8_ds_mla: 512 fp8 latent + 16 B of scales + 64 bf16 rope = 656 B per token per layer (reference
+# section 6, from vLLM PR #48439: "allocation uses 656 bytes per token").
+FP8_DS_MLA_BYTES_PER_LAYER = 656
 
 
 class UnknownModelError(KeyError):
@@ -40,16 +55,35 @@ class ModelArch(BaseModel):
 
     @property
     def kv_bytes_per_token(self) -> int:
-        if self.mla:
-            return self.layers * self.head_dim * self.dtype_bytes
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+        return self.kv_bytes_per_token_as("auto")
 
-    def kv_bytes_per_token_per_gpu(self, tp: int) -> int:
+    def kv_bytes_per_token_as(self, kv_cache_dtype: str) -> int:
+        """Whole-model KV bytes per token with this `--kv-cache-dtype` (what P sends D)."""
+        if self.mla:
+            if kv_cache_dtype == "fp8_ds_mla":
+                return self.layers * FP8_DS_MLA_BYTES_PER_LAYER
+            return self.layers * self.head_dim * self._kv_element_bytes(kv_cache_dtype)
+        return 2 * self.layers * self.kv_heads * self.head_dim * self._kv_element_bytes(kv_cache_dtype)
+
+    def kv_bytes_per_token_per_gpu(self, tp: int, kv_cache_dtype: str = "auto") -> int:
         """KV bytes one TP rank stores per token."""
         if self.mla:
-            return self.kv_bytes_per_token
+            return self.kv_bytes_per_token_as(kv_cache_dtype)
         heads_per_rank = max(1, self.kv_heads // tp)
-        return 2 * self.layers * heads_per_rank * self.head_dim * self.dtype_bytes
+        return 2 * self.layers * heads_per_rank * self.head_dim * self._kv_element_bytes(kv_cache_dtype)
+
+    def kv_dtype_scale(self, kv_cache_dtype: str) -> float:
+        """KV bytes per token with this cache dtype over those with the model's own dtype."""
+        return self.kv_bytes_per_token_as(kv_cache_dtype) / self.kv_bytes_per_token_as("auto")
+
+    def _kv_element_bytes(self, kv_cache_dtype: str) -> int:
+        try:
+            size = KV_CACHE_DTYPE_BYTES[kv_cache_dtype]
+        except KeyError:
+            raise ValueError(
+                f"unknown kv_cache_dtype {kv_cache_dtype!r}; one of {', '.join(KV_CACHE_DTYPE_BYTES)}"
+            ) from None
+        return self.dtype_bytes if size is None else size
 
 
 @functools.cache

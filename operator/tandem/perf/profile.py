@@ -66,24 +66,29 @@ class Profile(BaseModel):
     gpu_memory_gib: float = Field(gt=0)
     prefill: PrefillCoefficients
     decode: DecodeCoefficients
+    kv_cache_dtype: str = "auto"  # the KV-read term is for this cache dtype (`with_kv_cache_dtype`)
     derived_from: str | None = None  # set on estimated profiles: which calibrated one was scaled
 
     def prefill_seconds(self, tokens: int) -> float:
         """One request's whole prompt in one step, nothing else in the batch."""
         if tokens <= 0:
             return 0.0
+        return self.prefill_linear_seconds(tokens) + self.prefill_attention_seconds(0, tokens)
+
+    def prefill_linear_seconds(self, tokens: int) -> float:
+        """The linear-op (weights, all-reduce, overhead) part of a step computing `tokens` tokens."""
         p = self.prefill
-        return (
-            max(p.floor_ms, p.intercept_ms + p.per_token_ms * tokens) + p.per_token_sq_ms * tokens**2
-        ) * _MS
+        return max(p.floor_ms, p.intercept_ms + p.per_token_ms * tokens) * _MS
+
+    def prefill_attention_seconds(self, offset: int, tokens: int) -> float:
+        """The attention part of computing `tokens` prompt tokens after `offset` already computed."""
+        return self.prefill.per_token_sq_ms * ((offset + tokens) ** 2 - offset**2) * _MS
 
     def decode_step_seconds(self, batch: int, context_tokens: int) -> float:
         """One decode step of `batch` sequences holding `context_tokens` tokens in total."""
         if batch <= 0:
             return 0.0
-        d = self.decode
-        extra = max(0, batch - d.knee_batch) * d.per_seq_beyond_knee_ms
-        return (d.base_ms + extra + d.per_context_token_ms * context_tokens) * _MS
+        return self.decode.base_ms * _MS + self._decode_growth_seconds(batch, context_tokens)
 
     def step_seconds(
         self, chunks: Sequence[PrefillChunk], decode_batch: int, decode_context_tokens: int
@@ -92,13 +97,31 @@ class Profile(BaseModel):
         decode_only = self.decode_step_seconds(decode_batch, decode_context_tokens)
         if not chunks:
             return decode_only
-        p, d = self.prefill, self.decode
         tokens = sum(c.tokens for c in chunks) + decode_batch
-        linear = max(p.floor_ms, p.intercept_ms + p.per_token_ms * tokens)
-        attention = sum(p.per_token_sq_ms * ((c.offset + c.tokens) ** 2 - c.offset**2) for c in chunks)
-        decode_read = d.per_context_token_ms * decode_context_tokens
-        decode_read += max(0, decode_batch - d.knee_batch) * d.per_seq_beyond_knee_ms
-        return max((linear + attention + decode_read) * _MS, decode_only)
+        attention = sum(self.prefill_attention_seconds(c.offset, c.tokens) for c in chunks)
+        decode = self._decode_growth_seconds(decode_batch, decode_context_tokens)
+        return max(self.prefill_linear_seconds(tokens) + attention + decode, decode_only)
+
+    def with_kv_cache_dtype(self, kv_cache_dtype: str) -> Profile:
+        """This profile with a `--kv-cache-dtype` cache: the decode KV-read term scales with KV bytes
+        (fp8 halves it for a bf16 model); weights and prefill compute are unchanged."""
+        arch = model_arch(self.model)
+        scale = arch.kv_dtype_scale(kv_cache_dtype) / arch.kv_dtype_scale(self.kv_cache_dtype)
+        if scale == 1 and kv_cache_dtype == self.kv_cache_dtype:
+            return self
+        d = self.decode
+        return self.model_copy(
+            update={
+                "kv_cache_dtype": kv_cache_dtype,
+                "decode": d.model_copy(update={"per_context_token_ms": d.per_context_token_ms * scale}),
+            }
+        )
+
+    def _decode_growth_seconds(self, batch: int, context_tokens: int) -> float:
+        """What decodes add above the weight-read floor: sequences beyond the knee and the KV read."""
+        d = self.decode
+        extra = max(0, batch - d.knee_batch) * d.per_seq_beyond_knee_ms
+        return (extra + d.per_context_token_ms * context_tokens) * _MS
 
 
 @functools.cache

@@ -7,6 +7,7 @@ import pytest
 from tandem.engine.args import ArgumentError, human_int, parse_serve_args
 from tandem.engine.config import ConfigError, resolve
 from tandem.engine.settings import SimSettings
+from tandem.perf import kv_cache_capacity
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 RENDERED_PREFILL = [
@@ -140,6 +141,30 @@ def test_fp8_kv_cache_halves_bytes_and_lease_comes_from_extra_config() -> None:
     assert config.kv_bytes_per_token == 65536
     assert config.kv_lease_seconds == 2
     assert resolved(abort_request_timeout=480).kv_lease_seconds == 480
+
+
+@pytest.mark.parametrize(
+    ("argv", "tp"),
+    [((), 1), (("-tp", "2", "--gpu-memory-utilization", "0.85"), 2), (("--block-size", "32"), 1)],
+)
+def test_kv_blocks_come_from_the_perf_capacity(argv: tuple[str, ...], tp: int) -> None:
+    config = resolved(*argv)
+    capacity = kv_cache_capacity(
+        MODEL, tp=tp, gpu_memory_gib=80, gpu_memory_utilization=config.args.gpu_memory_utilization
+    )
+    assert config.num_gpu_blocks == capacity.tokens // config.block_size
+    assert config.num_gpu_blocks > 0
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "fp8_e4m3", "fp8_e5m2"])
+def test_fp8_kv_cache_doubles_blocks_and_halves_the_kv_read_time(dtype: str) -> None:
+    bf16, fp8 = resolved(), resolved("--kv-cache-dtype", dtype)
+    assert fp8.num_gpu_blocks in (2 * bf16.num_gpu_blocks, 2 * bf16.num_gpu_blocks + 1)
+    assert fp8.profile.decode.per_context_token_ms == pytest.approx(
+        bf16.profile.decode.per_context_token_ms / 2
+    )
+    assert fp8.profile.decode.base_ms == bf16.profile.decode.base_ms
+    assert fp8.profile.prefill == bf16.profile.prefill
 
 
 def test_unknown_models_fall_back_with_a_note_or_follow_the_override() -> None:
