@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tandem.api.meta import GROUP, LABEL_PDD, LABEL_ROLE, PLURAL, POOL_ROLES, VERSION
+from tandem.api.meta import ANNOTATION_DRAINING, GROUP, LABEL_PDD, LABEL_ROLE, PLURAL, POOL_ROLES, VERSION
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,7 @@ class PodInfo:
     phase: str | None
     ready: bool
     terminating: bool
+    draining: bool = False  # annotated tandem.dev/draining: finishes its work, takes no new requests
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,8 @@ class PddInfo:
     rollout_weight: int | None  # status.rollout.weight: percent of traffic on P/D, while rolling
     model_name: str | None  # spec.model.name: the served model name
     max_model_len: int | None  # spec.model.maxModelLen
+    slo_ttft_ms: int | None = None  # spec.slo.ttftMs (set together with tpot, or neither)
+    slo_tpot_ms: int | None = None  # spec.slo.tpotMs
 
 
 def _get(obj: Mapping[str, Any], *path: str) -> Any:
@@ -63,6 +66,7 @@ def _get(obj: Mapping[str, Any], *path: str) -> Any:
 def pod_info_from(obj: Mapping[str, Any]) -> PodInfo:
     """A `PodInfo` from a Pod in its JSON (camelCase) form."""
     labels = _get(obj, "metadata", "labels") or {}
+    annotations = _get(obj, "metadata", "annotations") or {}
     conditions = _get(obj, "status", "conditions") or []
     ready = any(
         isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True" for c in conditions
@@ -75,6 +79,7 @@ def pod_info_from(obj: Mapping[str, Any]) -> PodInfo:
         phase=_get(obj, "status", "phase"),
         ready=ready,
         terminating=_get(obj, "metadata", "deletionTimestamp") is not None,
+        draining=isinstance(annotations, Mapping) and ANNOTATION_DRAINING in annotations,
     )
 
 
@@ -86,12 +91,17 @@ def pdd_info_from(obj: Mapping[str, Any]) -> PddInfo:
     """A `PddInfo` from a PDDeployment object."""
     mode = _get(obj, "spec", "serving", "mode")
     model = _get(obj, "spec", "model", "name")
+    ttft_ms = _int_or_none(_get(obj, "spec", "slo", "ttftMs"))
+    tpot_ms = _int_or_none(_get(obj, "spec", "slo", "tpotMs"))
+    has_slo = ttft_ms is not None and tpot_ms is not None
     return PddInfo(
         name=str(_get(obj, "metadata", "name") or ""),
         serving_mode=mode if isinstance(mode, str) else None,
         rollout_weight=_int_or_none(_get(obj, "status", "rollout", "weight")),
         model_name=model if isinstance(model, str) else None,
         max_model_len=_int_or_none(_get(obj, "spec", "model", "maxModelLen")),
+        slo_ttft_ms=ttft_ms if has_slo else None,
+        slo_tpot_ms=tpot_ms if has_slo else None,
     )
 
 

@@ -3,13 +3,17 @@
 The watcher (`tandem.kube.pods`) reports ADDED/MODIFIED/DELETED pods and full relists (SYNC);
 `apply_pod_event` folds them into a name -> PodInfo map and `endpoints_by_role` turns that map into
 the base URLs the balancer chooses from. A pod is routable when it belongs to this PDDeployment,
-has a pool role, is Running and Ready, has an IP, and is not being deleted (a terminating pod gets
-no new requests while it drains).
+has a pool role, is Running and Ready, has an IP, is not being deleted (a terminating pod gets
+no new requests while it drains) and is not marked draining (`tandem.dev/draining`, set by the
+autoscaler on the pod it is about to remove). A pod leaving the endpoint set only stops getting
+new legs: legs already sent to it (streams, and the KV a decode pod pulls from a prefill pod) run
+to their end.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from tandem.api.meta import POOL_ROLES
 from tandem.kube.pods import PodEventKind, PodInfo
@@ -37,8 +41,18 @@ def is_routable(pod: PodInfo, pdd_name: str) -> bool:
         and pod.phase == "Running"
         and pod.ready
         and not pod.terminating
+        and not pod.draining
         and bool(pod.ip)
     )
+
+
+def draining_by_role(pods: Mapping[str, PodInfo], pdd_name: str) -> dict[str, int]:
+    """Every pool role -> how many of its otherwise routable pods are draining."""
+    counts: dict[str, int] = dict.fromkeys(POOL_ROLES, 0)
+    for pod in pods.values():
+        if pod.draining and pod.role in counts and is_routable(replace(pod, draining=False), pdd_name):
+            counts[pod.role] += 1
+    return counts
 
 
 def base_url(ip: str, port: int) -> str:

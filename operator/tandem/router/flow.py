@@ -38,6 +38,7 @@ from tandem.router.protocol import (
     prefill_body,
 )
 from tandem.router.relay import StreamClient, StreamRelay
+from tandem.router.slo import within_slo
 from tandem.router.sse import error_event
 from tandem.router.state import RouterState
 from tandem.router.upstream import Answer, LegError, StreamingAnswer, Upstream
@@ -166,7 +167,9 @@ class Flow:
             colocated_fallback=state.colocated_fallback,
         )
         if isinstance(path, Unavailable):
+            # Refused for want of capacity: a request of the path it was meant for, never within SLO.
             self.metrics.child(self.metrics.rejected, "no_ready_pods").inc()
+            self.metrics.child(self.metrics.requests, path.wanted, "5xx").inc()
             await responder.answer(503, error_body(503, path.message), "application/json")
             return
         self.budget.on_request(self.clock())
@@ -202,6 +205,21 @@ class Flow:
         first, last = tally.first_token_at, tally.last_token_at
         if first is not None and last is not None and output > 1 and last > first:
             metrics.tpot.observe((last - first) / (output - 1))
+        slo, within = self.state.slo, metrics.within_slo
+        if (
+            slo is not None
+            and within is not None
+            and within_slo(
+                slo,
+                status=tally.status,
+                arrived=request.arrived,
+                first_token_at=first,
+                last_token_at=last,
+                output_tokens=output,
+                ended=now,
+            )
+        ):
+            within.inc()
 
     def _may_retry(self, attempt: int) -> bool:
         return attempt < self.max_retries and self.budget.try_spend(self.clock())

@@ -30,6 +30,7 @@ from tandem.router.flow import Flow, Timeouts
 from tandem.router.front import Front
 from tandem.router.metrics import RouterMetrics
 from tandem.router.server import RouterApp, refresh_models
+from tandem.router.slo import SloTargets
 from tandem.router.state import RouterState
 from tandem.router.upstream import LeanUpstream
 
@@ -51,6 +52,8 @@ class RouterConfig(BaseModel):
     max_model_len: int | None = Field(default=None, ge=1)
     serving_mode: Literal["Disaggregated", "Colocated"] | None = None
     colocated_fallback: bool = True
+    slo_ttft_ms: float | None = Field(default=None, gt=0)
+    slo_tpot_ms: float | None = Field(default=None, gt=0)
     prefill_timeout_s: float = Field(default=60.0, gt=0)
     decode_idle_timeout_s: float = Field(default=60.0, gt=0)
     decode_timeout_s: float = Field(default=1800.0, gt=0)
@@ -69,7 +72,14 @@ class RouterConfig(BaseModel):
             raise ValueError("give either --pddeployment or static --prefill/--decode/--colocated URLs")
         if not self.pddeployment and not static:
             raise ValueError("give --pddeployment NAME or at least one --prefill/--decode/--colocated URL")
+        if (self.slo_ttft_ms is None) != (self.slo_tpot_ms is None):
+            raise ValueError("give both --slo-ttft-ms and --slo-tpot-ms, or neither")
         return self
+
+    def slo(self) -> SloTargets | None:
+        if self.slo_ttft_ms is None or self.slo_tpot_ms is None:
+            return None
+        return SloTargets.from_ms(self.slo_ttft_ms, self.slo_tpot_ms)
 
 
 def parse_args(argv: Sequence[str]) -> RouterConfig:
@@ -90,6 +100,9 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
     add("--serving-mode", choices=["Disaggregated", "Colocated"], help="static mode's serving mode")
     add("--no-colocated-fallback", dest="colocated_fallback", action="store_false",
         help="answer 503 instead of serving colocated when no prefill/decode pod is ready")  # fmt: skip
+    add("--slo-ttft-ms", dest="slo_ttft_ms", type=float,
+        help="TTFT target of tandem_router_requests_within_slo_total (spec.slo wins)")  # fmt: skip
+    add("--slo-tpot-ms", dest="slo_tpot_ms", type=float, help="TPOT target, with --slo-ttft-ms")
     add(
         "--prefill-timeout",
         dest="prefill_timeout_s",
@@ -143,7 +156,9 @@ def build(config: RouterConfig) -> tuple[RouterApp, RouterState, Flow]:
         engine_port=config.engine_port,
         serving_mode=config.serving_mode,
         colocated_fallback=config.colocated_fallback,
+        slo_default=config.slo(),
     )
+    state.set_slo(config.slo())
     if config.model:
         state.catalog.configured[config.model] = config.max_model_len
     if not config.pddeployment:

@@ -3,6 +3,15 @@
 All names start with `tandem_router_`. Latencies are measured at the router, so they include the
 hop, both legs and any retry: the numbers the autoscaler and the rollout analysis judge by.
 Each `RouterMetrics` owns its registry, so several routers can live in one process (tests).
+
+The bucket constants are shared with the cluster simulator (`tandem.sim`), so a quantile it
+computes from its own histograms matches what `histogram_quantile` makes of the router's. They
+are vLLM's plus bounds around common SLO targets (TTFT 200 ms .. 3 s, TPOT 20 .. 80 ms), so a
+quantile near a target is not interpolated across a wide bucket.
+
+`tandem_router_requests_within_slo_total{path}` exists only while the router knows an SLO
+(`spec.slo` or `--slo-ttft-ms/--slo-tpot-ms`): without one it has no series at all, so a query for
+attainment finds no data instead of a false 0 %.
 """
 
 from __future__ import annotations
@@ -12,16 +21,20 @@ from typing import Any, Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from tandem.router.paths import PATHS
+from tandem.router.slo import SloTargets
 
 # vLLM's TTFT buckets (reference §3.2) cut below 1 ms too, for the router's own overhead.
+# SLO bounds added: 0.2, 0.3, 0.4, 0.6, 0.8, 1.5, 2.0, 3.0.
 TTFT_BUCKETS: Final = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
-    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.2, 0.25, 0.3, 0.4, 0.5,
+    0.6, 0.75, 0.8, 1.0, 1.5, 2.0, 2.5, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
 )  # fmt: skip
+# vLLM's ITL buckets cut below 10 ms too; SLO bounds added: 0.02, 0.03, 0.04, 0.06, 0.08.
 ITL_BUCKETS: Final = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
-    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.08, 0.1, 0.15,
+    0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )  # fmt: skip
+TPOT_BUCKETS: Final = ITL_BUCKETS
 E2E_BUCKETS: Final = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
     30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
@@ -46,7 +59,7 @@ class RouterMetrics:
         self.tpot = Histogram(
             "tandem_router_time_per_output_token_seconds",
             "Per request: (end - first token) / (output tokens - 1).",
-            ["path"], buckets=ITL_BUCKETS, registry=r,
+            ["path"], buckets=TPOT_BUCKETS, registry=r,
         )  # fmt: skip
         self.e2e = Histogram(
             "tandem_router_e2e_request_latency_seconds",
@@ -67,6 +80,17 @@ class RouterMetrics:
             "tandem_router_requests_total",
             "Client requests finished, by path and HTTP status class sent to the client.",
             ["path", "code"], registry=r,
+        )  # fmt: skip
+        self.within_slo = Counter(
+            "tandem_router_requests_within_slo_total",
+            "Client requests that succeeded within both SLO targets (TTFT, and TPOT when more than one"
+            " output token), by path; only while an SLO is set.",
+            ["path"], registry=r,
+        )  # fmt: skip
+        self.slo_target = Gauge(
+            "tandem_router_slo_target_seconds",
+            "The SLO the router judges requests by (target: ttft, tpot); absent without an SLO.",
+            ["target"], registry=r,
         )  # fmt: skip
         self.retries = Counter(
             "tandem_router_retries_total",
@@ -103,6 +127,11 @@ class RouterMetrics:
             "tandem_router_ready_endpoints", "Ready engine pods the router routes to, by role.",
             ["role"], registry=r,
         )  # fmt: skip
+        self.draining_endpoints = Gauge(
+            "tandem_router_draining_endpoints",
+            "Ready engine pods marked tandem.dev/draining: no new requests, in-flight ones finish.",
+            ["role"], registry=r,
+        )  # fmt: skip
         self.retry_budget = Gauge(
             "tandem_router_retry_budget_available", "Retries the router-wide budget still allows.",
             registry=r,
@@ -119,9 +148,26 @@ class RouterMetrics:
             found = self._children[key] = metric.labels(*labels)
         return found
 
+    def set_slo(self, targets: SloTargets | None) -> None:
+        """Starts (or stops) counting within-SLO requests; the series exist only with an SLO."""
+        if targets is None:
+            for path, bound in self.by_path.items():
+                if bound.within_slo is not None:
+                    self.within_slo.remove(path)
+                    bound.within_slo = None
+            self.slo_target.clear()
+            return
+        for path, bound in self.by_path.items():
+            if bound.within_slo is None:
+                bound.within_slo = self.within_slo.labels(path)
+        self.slo_target.labels("ttft").set(targets.ttft_s)
+        self.slo_target.labels("tpot").set(targets.tpot_s)
+
 
 class PathMetrics:
-    __slots__ = ("e2e", "generation_tokens", "in_flight", "itl", "prompt_tokens", "tpot", "ttft")
+    __slots__ = (
+        "e2e", "generation_tokens", "in_flight", "itl", "prompt_tokens", "tpot", "ttft", "within_slo",
+    )  # fmt: skip
 
     def __init__(self, metrics: RouterMetrics, path: str) -> None:
         self.ttft = metrics.ttft.labels(path)
@@ -131,3 +177,4 @@ class PathMetrics:
         self.in_flight = metrics.in_flight.labels(path)
         self.prompt_tokens = metrics.prompt_tokens.labels(path)
         self.generation_tokens = metrics.generation_tokens.labels(path)
+        self.within_slo: Any = None  # bound by `RouterMetrics.set_slo` while an SLO is set

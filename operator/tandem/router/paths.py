@@ -19,9 +19,10 @@ PATHS: tuple[Path, ...] = ("disaggregated", "colocated")
 
 @dataclass(frozen=True, slots=True)
 class Unavailable:
-    """No pool can take the request; `message` says which pods are missing."""
+    """No pool can take the request; `message` says which pods are missing, `wanted` the path meant."""
 
     message: str
+    wanted: Path
 
 
 def disaggregated_share(serving_mode: str | None, rollout_weight: int | None) -> int:
@@ -65,5 +66,5 @@ def choose_path(
         missing = " and ".join(
             role for role, ready in (("prefill", has_prefill), ("decode", has_decode)) if not ready
         )
-        return Unavailable(f"no ready {missing} pod to serve the request")
-    return Unavailable("no ready colocated pod to serve the request")
+        return Unavailable(f"no ready {missing} pod to serve the request", "disaggregated")
+    return Unavailable("no ready colocated pod to serve the request", "colocated")

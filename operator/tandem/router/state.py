@@ -15,9 +15,10 @@ from typing import Any
 from tandem.api.meta import POOL_ROLES
 from tandem.kube.pods import PddInfo, PodEventKind, PodInfo
 from tandem.router.balancer import Balancer
-from tandem.router.discovery import apply_pod_event, endpoints_by_role
+from tandem.router.discovery import apply_pod_event, draining_by_role, endpoints_by_role
 from tandem.router.metrics import RouterMetrics
 from tandem.router.paths import disaggregated_share
+from tandem.router.slo import SloTargets
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,9 @@ class RouterState:
     serving_mode: str | None = None
     rollout_weight: int | None = None
     colocated_fallback: bool = True
+    # The SLO requests are judged by: the PDDeployment's `spec.slo`, else `slo_default` (flags).
+    slo: SloTargets | None = None
+    slo_default: SloTargets | None = None
     catalog: ModelCatalog = field(default_factory=ModelCatalog)
     pods: dict[str, PodInfo] = field(default_factory=dict)
     endpoints: dict[str, list[str]] = field(default_factory=lambda: {role: [] for role in POOL_ROLES})
@@ -87,6 +91,8 @@ class RouterState:
         self.synced = self.synced or kind == "SYNC"
         if self.pdd_name is not None:
             self._set_endpoints(endpoints_by_role(self.pods, self.pdd_name, self.engine_port))
+            for role, count in draining_by_role(self.pods, self.pdd_name).items():
+                self.metrics.draining_endpoints.labels(role).set(count)
 
     def on_pdd(self, info: PddInfo | None) -> None:
         if info is None:
@@ -96,6 +102,16 @@ class RouterState:
         self.rollout_weight = info.rollout_weight
         if info.model_name:
             self.catalog.configured[info.model_name] = info.max_model_len
+        if info.slo_ttft_ms is not None and info.slo_tpot_ms is not None:
+            self.set_slo(SloTargets.from_ms(info.slo_ttft_ms, info.slo_tpot_ms))
+        else:
+            self.set_slo(self.slo_default)
+
+    def set_slo(self, targets: SloTargets | None) -> None:
+        if targets != self.slo:
+            log.info("SLO: %s", targets)
+        self.slo = targets
+        self.metrics.set_slo(targets)
 
     def _set_endpoints(self, endpoints: dict[str, list[str]]) -> None:
         if endpoints == self.endpoints:

@@ -37,6 +37,8 @@ class StubEngine:
     script: Script = field(default_factory=Script)
     seen: list[dict[str, Any]] = field(default_factory=list)  # request bodies with their headers
     cancelled: int = 0
+    host: str = "127.0.0.1"  # any 127.0.0.0/8 address: pods of a test get one each
+    port: int = 0  # 0: any free port
     _runner: web.AppRunner | None = None
     url: str = ""
 
@@ -48,10 +50,10 @@ class StubEngine:
         app.router.add_get("/health", self._health)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"http://{self.host}:{port}"
         return self.url
 
     async def stop(self) -> None:

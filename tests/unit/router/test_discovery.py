@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tandem.kube.pods import PodInfo, pdd_info_from, pod_info_from, pod_label_selector
-from tandem.router.discovery import apply_pod_event, endpoints_by_role
+from tandem.router.discovery import apply_pod_event, draining_by_role, endpoints_by_role
 from tandem.router.paths import Unavailable, choose_path, disaggregated_share, draw_for
 
 
@@ -35,6 +35,51 @@ def test_pod_info_from_a_pod_object() -> None:
     obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     assert pod_info_from(obj).terminating
     assert not pod_info_from({"metadata": {"name": "x"}}).ready
+
+
+def test_the_draining_annotation_is_read() -> None:
+    obj: dict[str, Any] = {
+        "metadata": {
+            "name": "llm-decode-1",
+            "labels": {"tandem.dev/pddeployment": "llm", "tandem.dev/role": "decode"},
+            "annotations": {"tandem.dev/draining": "2026-11-30T09:00:00Z"},
+        },
+        "status": {
+            "phase": "Running",
+            "podIP": "127.20.1.5",
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+    assert pod_info_from(obj).draining
+    obj["metadata"]["annotations"] = {"other": "x"}
+    assert not pod_info_from(obj).draining
+    del obj["metadata"]["annotations"]
+    assert not pod_info_from(obj).draining
+
+
+def test_a_draining_pod_gets_no_new_requests_in_either_pool() -> None:
+    pods = {
+        p.name: p
+        for p in (
+            pod("p0", role="prefill", ip="127.20.0.1"),
+            pod("p1", role="prefill", ip="127.20.0.2", draining=True),
+            pod("d0", role="decode", ip="127.20.0.3", draining=True),
+            pod("d1", role="decode", ip="127.20.0.4"),
+            pod("d2", role="decode", ip="127.20.0.5", draining=True, ready=False),  # counted nowhere
+        )
+    }
+    view = endpoints_by_role(pods, "llm", 8000)
+    assert view["prefill"] == ["http://127.20.0.1:8000"]
+    assert view["decode"] == ["http://127.20.0.4:8000"]
+    assert draining_by_role(pods, "llm") == {"prefill": 1, "decode": 1, "colocated": 0}
+
+
+def test_pdd_info_reads_the_slo() -> None:
+    spec = {"slo": {"ttftMs": 500, "tpotMs": 50}}
+    info = pdd_info_from({"metadata": {"name": "llm"}, "spec": spec})
+    assert (info.slo_ttft_ms, info.slo_tpot_ms) == (500, 50)
+    info = pdd_info_from({"metadata": {"name": "llm"}, "spec": {"slo": {"tpotMs": 50}}})
+    assert (info.slo_ttft_ms, info.slo_tpot_ms) == (None, None)
 
 
 def test_pdd_info_reads_mode_weight_and_model() -> None:
