@@ -1,0 +1,518 @@
+"""The policies tandem's autoscaler is judged against, as `shared/reference/autoscaler-evaluation.md`
+defines them. Pure: no clock (time is an argument) and no I/O.
+
+- `search_static_pd` / `search_static_colocated`: the fixed layout with the fewest GPUs whose attainment
+  over the whole trace reaches the target, found with few simulations (each candidate is one); they take
+  the simulation as a callable, so the search is tested on hand-made attainment surfaces.
+- `HPAPolicy`: the Kubernetes HPA algorithm (pkg/controller/podautoscaler) per pool on one signal:
+  prefill on queued prompt tokens per replica, decode (and colocated) on KV-cache usage.
+- `PlannerPolicy`: Dynamo's throughput planner (generation 1, `anchors.md` section 1.3): every interval
+  predict request count, mean ISL and mean OSL, and size prefill as prompt-token demand over one replica's
+  prefill throughput, decode as output-token demand over one replica's decode throughput at the ITL target,
+  both from the same `perf` profile tandem uses.
+
+Both policies follow the simulator's policy protocol: `interval_seconds` and
+`decide(snapshot, now) -> {role: replicas}`; a role left out keeps its size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from tandem.autoscale.snapshot import Snapshot
+from tandem.perf import Profile, decode_batch_at_tpot, prefill_tokens_per_second
+
+DEFAULT_ATTAINMENT_TARGET = 0.95
+
+
+# --- static layouts -------------------------------------------------------------------------------
+
+
+class Outcome(Protocol):
+    """What a search needs from one simulation: shares of the trace's requests (0..1)."""
+
+    @property
+    def attainment(self) -> float: ...  # within both targets
+
+    @property
+    def ttft_attainment(self) -> float: ...  # within the TTFT target
+
+    @property
+    def tpot_attainment(self) -> float: ...  # within the TPOT target (one-token requests count as within)
+
+
+@dataclass(frozen=True, slots=True)
+class StaticLayout:
+    """A fixed size per pool: (prefill, decode) for P/D, or colocated replicas."""
+
+    prefill: int = 0
+    decode: int = 0
+    colocated: int = 0
+
+    def gpus(self, gpus_per_replica: Mapping[str, int]) -> int:
+        return (
+            self.prefill * gpus_per_replica.get("prefill", 1)
+            + self.decode * gpus_per_replica.get("decode", 1)
+            + self.colocated * gpus_per_replica.get("colocated", 1)
+        )
+
+    def replicas(self) -> dict[str, int]:
+        if self.colocated:
+            return {"colocated": self.colocated}
+        return {"prefill": self.prefill, "decode": self.decode}
+
+    def __str__(self) -> str:
+        if self.colocated:
+            return f"{self.colocated}C"
+        return f"{self.prefill}P+{self.decode}D"
+
+
+@dataclass(slots=True)
+class SearchResult:
+    """The layout found (None: none within the budget reaches the target), with every simulation run."""
+
+    layout: StaticLayout | None
+    gpus: int | None
+    target: float
+    budget_gpus: int
+    tried: dict[StaticLayout, Outcome] = field(default_factory=dict)
+    note: str = ""
+
+    @property
+    def outcome(self) -> Outcome | None:
+        return None if self.layout is None else self.tried[self.layout]
+
+    @property
+    def simulations(self) -> int:
+        return len(self.tried)
+
+
+def _smallest(low: int, high: int, ok: Callable[[int], bool]) -> int | None:
+    """The smallest n in [low, high] with ok(n), assuming ok is monotone (False ... False True ... True)."""
+    if low > high or not ok(high):
+        return None
+    while low < high:
+        mid = (low + high) // 2
+        if ok(mid):
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
+def search_static_colocated(
+    evaluate: Callable[[StaticLayout], Outcome],
+    budget_gpus: int,
+    gpus_per_replica: int = 1,
+    target: float = DEFAULT_ATTAINMENT_TARGET,
+) -> SearchResult:
+    """Fewest colocated replicas reaching `target`, by bisection on the replica count (attainment grows
+    with replicas); about log2(budget) simulations."""
+    result = SearchResult(None, None, target, budget_gpus)
+    gpus = {"colocated": gpus_per_replica}
+
+    def run(layout: StaticLayout) -> Outcome:
+        if layout not in result.tried:
+            result.tried[layout] = evaluate(layout)
+        return result.tried[layout]
+
+    most = budget_gpus // gpus_per_replica
+    found = _smallest(1, most, lambda c: run(StaticLayout(colocated=c)).attainment >= target)
+    if found is None:
+        result.note = (
+            f"no colocated layout within {budget_gpus} GPUs reaches {target:.0%} "
+            f"(at {most} replicas: {_share(result, StaticLayout(colocated=most))})"
+        )
+        return result
+    result.layout = StaticLayout(colocated=found)
+    result.gpus = result.layout.gpus(gpus)
+    return result
+
+
+def search_static_pd(
+    evaluate: Callable[[StaticLayout], Outcome],
+    budget_gpus: int,
+    gpus_per_prefill: int = 1,
+    gpus_per_decode: int = 1,
+    target: float = DEFAULT_ATTAINMENT_TARGET,
+) -> SearchResult:
+    """The P/D layout with (close to) the fewest GPUs reaching `target`, in few simulations.
+
+    1. Lower bounds per pool: the fewest prefill replicas whose TTFT share reaches the target with decode
+       oversized, and the fewest decode replicas whose TPOT share does with prefill oversized (bisection;
+       the probes may exceed the budget: they only bound). A layout within both targets needs at least
+       both, since the share within both is at most either share.
+    2. From (p_min, d_min), add one replica at a time to the pool whose target misses more requests,
+       until the combined attainment reaches the target or the budget is spent.
+    3. Then try to remove one replica from each pool (the greedy steps may overshoot).
+    """
+    result = SearchResult(None, None, target, budget_gpus)
+    gpus = {"prefill": gpus_per_prefill, "decode": gpus_per_decode}
+
+    def run(layout: StaticLayout) -> Outcome:
+        if layout not in result.tried:
+            result.tried[layout] = evaluate(layout)
+        return result.tried[layout]
+
+    max_p = max(1, (budget_gpus - gpus_per_decode) // gpus_per_prefill)
+    max_d = max(1, (budget_gpus - gpus_per_prefill) // gpus_per_decode)
+    p_min = _smallest(1, max_p, lambda p: run(StaticLayout(p, max_d)).ttft_attainment >= target)
+    d_min = _smallest(1, max_d, lambda d: run(StaticLayout(max_p, d)).tpot_attainment >= target)
+    if p_min is None or d_min is None:
+        pool = "prefill" if p_min is None else "decode"
+        result.note = f"no P/D layout within {budget_gpus} GPUs reaches {target:.0%}: {pool} alone cannot"
+        return result
+    layout = StaticLayout(p_min, d_min)
+    while True:
+        if layout.gpus(gpus) > budget_gpus:
+            result.note = (
+                f"no P/D layout within {budget_gpus} GPUs reaches {target:.0%} "
+                f"(lower bounds {p_min}P+{d_min}D; best tried {_best(result)})"
+            )
+            return result
+        outcome = run(layout)
+        if outcome.attainment >= target:
+            break
+        ttft_miss, tpot_miss = 1 - outcome.ttft_attainment, 1 - outcome.tpot_attainment
+        if ttft_miss >= tpot_miss:
+            layout = StaticLayout(layout.prefill + 1, layout.decode)
+        else:
+            layout = StaticLayout(layout.prefill, layout.decode + 1)
+    improved = True
+    while improved:  # local minimality: no single replica can go
+        improved = False
+        for smaller in (
+            StaticLayout(layout.prefill - 1, layout.decode),
+            StaticLayout(layout.prefill, layout.decode - 1),
+        ):
+            if smaller.prefill >= p_min and smaller.decode >= d_min and run(smaller).attainment >= target:
+                layout, improved = smaller, True
+                break
+    result.layout = layout
+    result.gpus = layout.gpus(gpus)
+    return result
+
+
+def _share(result: SearchResult, layout: StaticLayout) -> str:
+    outcome = result.tried.get(layout)
+    return "not run" if outcome is None else f"{outcome.attainment:.1%}"
+
+
+def _best(result: SearchResult) -> str:
+    if not result.tried:
+        return "none"
+    layout, outcome = max(result.tried.items(), key=lambda kv: kv[1].attainment)
+    return f"{layout} at {outcome.attainment:.1%}"
+
+
+# --- HPA ---------------------------------------------------------------------------------------------
+
+HPAMetric = Literal["queued_prompt_tokens", "kv_usage"]
+METRIC_BY_ROLE: dict[str, HPAMetric] = {
+    "prefill": "queued_prompt_tokens",
+    "decode": "kv_usage",
+    "colocated": "kv_usage",
+}
+# Targets tuned once on the training traces (the two Azure 2023 traces) with `bench/autoscale.py --tune-hpa`
+# and then fixed (docs/simulator.md, "Baselines", says how).
+HPA_PREFILL_QUEUED_TOKENS_TARGET = 2048.0
+HPA_KV_USAGE_TARGET = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class HPAConfig:
+    """The HPA's knobs: Kubernetes defaults except the targets."""
+
+    targets: Mapping[str, float] = field(
+        default_factory=lambda: {
+            "prefill": HPA_PREFILL_QUEUED_TOKENS_TARGET,
+            "decode": HPA_KV_USAGE_TARGET,
+            "colocated": HPA_KV_USAGE_TARGET,
+        }
+    )
+    tolerance: float = 0.1  # --horizontal-pod-autoscaler-tolerance
+    sync_seconds: float = 15.0  # --horizontal-pod-autoscaler-sync-period
+    scale_down_stabilization_seconds: float = 300.0  # behavior.scaleDown.stabilizationWindowSeconds
+    # behavior.scaleUp default policies (selectPolicy Max): +100% or +4 pods per 15 s; no stabilization.
+    scale_up_percent: float = 100.0
+    scale_up_pods: int = 4
+    min_replicas: int = 1
+    max_replicas: int = 1024
+
+
+def hpa_replicas(
+    current: int, with_metrics: int, metric_sum: float, target: float, tolerance: float = 0.1
+) -> int:
+    """The HPA's replica calculation for an AverageValue pods metric (replica_calculator.go,
+    calcPlainMetricReplicas), from the sum of the metric over the `with_metrics` pods that report it.
+
+    Pods without metrics (starting: vLLM serves /metrics only once the model is loaded) count as using 0
+    when the others ask to scale up, and the target when they ask to scale down; if that reverses the
+    direction, or lands within the tolerance, the size holds.
+    """
+    if with_metrics <= 0 or target <= 0:
+        return current
+    ratio = metric_sum / with_metrics / target
+    missing = max(0, current - with_metrics)
+    if missing == 0:
+        if abs(ratio - 1.0) <= tolerance:
+            return current
+        return math.ceil(ratio * with_metrics)
+    if ratio < 1.0:
+        new_ratio = (metric_sum + missing * target) / current / target
+    else:
+        new_ratio = metric_sum / current / target
+    if abs(new_ratio - 1.0) <= tolerance or (ratio < 1.0 < new_ratio) or (ratio > 1.0 > new_ratio):
+        return current
+    replicas = math.ceil(new_ratio * current)
+    if (new_ratio < 1.0 and replicas > current) or (new_ratio > 1.0 and replicas < current):
+        return current
+    return replicas
+
+
+class HPAPolicy:
+    """One HPA per pool (the pools do not coordinate, as two HPAs would not), every `sync_seconds`."""
+
+    def __init__(
+        self,
+        config: HPAConfig | None = None,
+        gpus_per_replica: Mapping[str, int] | None = None,
+        max_gpus: int | None = None,
+    ) -> None:
+        self.config = config or HPAConfig()
+        self.interval_seconds = self.config.sync_seconds
+        self.gpus_per_replica = dict(gpus_per_replica or {})
+        self.max_gpus = max_gpus
+        self._recommendations: dict[str, deque[tuple[float, int]]] = {}
+        self.last_figures: dict[str, dict[str, float]] = {}
+
+    def _metric_sum(self, snapshot: Snapshot, role: str) -> tuple[int, float]:
+        signals = snapshot.pools.get(role)
+        if signals is None:
+            return 0, 0.0
+        if METRIC_BY_ROLE[role] == "queued_prompt_tokens":
+            return signals.scraped_pods, signals.queued_prompt_tokens
+        return signals.scraped_pods, signals.kv_usage_mean * signals.scraped_pods
+
+    def decide(self, snapshot: Snapshot, now: float) -> dict[str, int]:
+        if not snapshot.has_data:
+            return {}  # the HPA cannot read its metric: it keeps the size (ScalingActive=False)
+        cfg = self.config
+        desired: dict[str, int] = {}
+        for role, size in snapshot.sizes.items():
+            if role not in cfg.targets:
+                continue
+            current = size.replicas
+            with_metrics, total = self._metric_sum(snapshot, role)
+            raw = hpa_replicas(current, with_metrics, total, cfg.targets[role], cfg.tolerance)
+            raw = min(max(raw, cfg.min_replicas), cfg.max_replicas)
+            history = self._recommendations.setdefault(role, deque())
+            history.append((now, raw))
+            while history and history[0][0] < now - cfg.scale_down_stabilization_seconds:
+                history.popleft()
+            stabilized = raw
+            if raw < current:  # scale down only to the highest recommendation within the window
+                stabilized = min(current, max(r for _, r in history))
+            if stabilized > current:
+                by_percent = math.ceil(current * (1 + cfg.scale_up_percent / 100))
+                stabilized = min(stabilized, max(by_percent, current + cfg.scale_up_pods))
+            desired[role] = stabilized
+            self.last_figures[role] = {"metric_sum": total, "with_metrics": with_metrics, "raw": raw}
+        return cap_to_budget(desired, snapshot, self.gpus_per_replica, self.max_gpus)
+
+
+def cap_to_budget(
+    desired: dict[str, int],
+    snapshot: Snapshot,
+    gpus_per_replica: Mapping[str, int],
+    max_gpus: int | None,
+) -> dict[str, int]:
+    """Growth beyond `max_gpus` is cut, largest asks first (shrinking is never blocked); pools keep >= 1."""
+    if max_gpus is None:
+        return desired
+    sizes = {role: size.replicas for role, size in snapshot.sizes.items()}
+    merged = {**sizes, **desired}
+
+    def total() -> int:
+        return sum(n * gpus_per_replica.get(role, 1) for role, n in merged.items())
+
+    while total() > max_gpus:
+        growing = [r for r in merged if merged[r] > sizes.get(r, 0) and merged[r] > 1]
+        if not growing:
+            break
+        role = max(growing, key=lambda r: merged[r] - sizes.get(r, 0))
+        merged[role] -= 1
+    return {role: merged[role] for role in desired}
+
+
+# --- Dynamo-style planner ------------------------------------------------------------------------------
+
+Predictor = Literal["constant", "trend"]
+TREND_POINTS = 5  # a least-squares line through the last five intervals (Dynamo's ARIMA/Kalman need >= 5)
+
+
+def predict(history: list[float], predictor: Predictor) -> float:
+    """The next interval's value: the last one (constant), or the least-squares line through the last
+    `TREND_POINTS` extended one step (trend; the last value with fewer than three points), never below 0."""
+    if not history:
+        return 0.0
+    if predictor == "constant" or len(history) < 3:
+        return history[-1]
+    ys = history[-TREND_POINTS:]
+    n = len(ys)
+    mean_x, mean_y = (n - 1) / 2, sum(ys) / n
+    sxx = sum((x - mean_x) ** 2 for x in range(n))
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in enumerate(ys)) / sxx
+    return max(0.0, mean_y + slope * (n - mean_x))
+
+
+def prefill_replica_tokens_per_second(
+    profile: Profile, isl: float, ttft_seconds: float, max_num_batched_tokens: int = 8192
+) -> float:
+    """Prompt tokens/s one prefill replica sustains at this ISL (`perf.prefill_tokens_per_second`).
+
+    As Dynamo's generation 2, if one prompt alone takes longer than the TTFT target the throughput is
+    divided by how many times over it is (its latency floor, `ceil(ttft_est / ttft_sla)` replicas)."""
+    tokens = max(1, round(isl))
+    rate = prefill_tokens_per_second(profile, tokens, max_num_batched_tokens)
+    alone = profile.prefill_seconds(tokens)
+    if alone > ttft_seconds:
+        rate /= math.ceil(alone / ttft_seconds)
+    return rate
+
+
+def decode_replica_tokens_per_second(
+    profile: Profile, isl: float, osl: float, itl_seconds: float, kv_capacity_tokens: int, max_num_seqs: int
+) -> float:
+    """Output tokens/s one decode replica sustains at the ITL target, sequences at context ISL + OSL/2
+    (Dynamo's decode profile point), batch capped by KV capacity and max_num_seqs; 0 if even one misses."""
+    context = max(1.0, isl + osl / 2)
+    batch = decode_batch_at_tpot(profile, itl_seconds, context, max_batch=max_num_seqs)
+    batch = min(batch, int(kv_capacity_tokens // context))
+    if batch <= 0:
+        return 0.0
+    return batch / profile.decode_step_seconds(batch, math.ceil(batch * context))
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerConfig:
+    prefill_profile: Profile
+    decode_profile: Profile
+    ttft_seconds: float
+    itl_seconds: float
+    decode_kv_capacity_tokens: int
+    adjustment_interval_seconds: float = 180.0
+    predictor: Predictor = "constant"
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 1024
+    min_endpoint: int = 1
+    max_gpu_budget: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerObservation:
+    """One interval as the planner reads it from the frontend: request count, mean ISL, mean OSL."""
+
+    num_req: float
+    isl: float
+    osl: float
+
+
+class PlannerPolicy:
+    """Dynamo's throughput planner, generation 1, without its correction factors (the evaluation's
+    definition sizes both pools from the profile alone; `anchors.md` section 1.3 for the published loop).
+
+    Each call reads one window; the sim's windows tile the interval when the policy is called every
+    window (`interval_seconds` = window); observations are summed over `adjustment_interval_seconds`
+    and the planner acts once per adjustment interval.
+    """
+
+    def __init__(self, config: PlannerConfig, window_seconds: float | None = None) -> None:
+        self.config = config
+        self.interval_seconds = window_seconds or config.adjustment_interval_seconds
+        self.history: list[PlannerObservation] = []
+        self._pending: list[tuple[float, float, float]] = []  # (requests, prompt tokens, output tokens)
+        self._next_act: float | None = None
+        self.last_figures: dict[str, float] = {}
+
+    def observe(self, snapshot: Snapshot) -> tuple[float, float, float]:
+        """Requests finished in the window and their prompt and output tokens (routers' and pools' rates)."""
+        total = snapshot.total()
+        requests = total.request_rate * snapshot.window_seconds
+        prompt = output = 0.0
+        for role, signals in snapshot.pools.items():
+            if role in ("decode", "colocated"):
+                n = signals.request_rate * snapshot.window_seconds
+                prompt += signals.mean_prompt_tokens * n
+                output += signals.mean_output_tokens * n
+        return requests, prompt, output
+
+    def decide(self, snapshot: Snapshot, now: float) -> dict[str, int]:
+        cfg = self.config
+        if self._next_act is None:
+            self._next_act = now + cfg.adjustment_interval_seconds - self.interval_seconds
+        if not snapshot.has_data:
+            return {}
+        self._pending.append(self.observe(snapshot))
+        if now + 1e-9 < self._next_act:
+            return {}
+        self._next_act = now + cfg.adjustment_interval_seconds
+        requests = sum(p[0] for p in self._pending)
+        finished = requests or 1.0
+        prompt = sum(p[1] for p in self._pending)
+        output = sum(p[2] for p in self._pending)
+        self._pending.clear()
+        if requests <= 0:
+            return {}  # Dynamo skips a tick whose averages are NaN (no traffic)
+        self.history.append(PlannerObservation(requests, prompt / finished, output / finished))
+        return self.size(self.predicted(), snapshot)
+
+    def predicted(self) -> PlannerObservation:
+        p = self.config.predictor
+        return PlannerObservation(
+            num_req=predict([h.num_req for h in self.history], p),
+            isl=predict([h.isl for h in self.history], p),
+            osl=predict([h.osl for h in self.history], p),
+        )
+
+    def size(self, load: PlannerObservation, snapshot: Snapshot | None = None) -> dict[str, int]:
+        """Replicas for the predicted next interval (and the figures, in `last_figures`)."""
+        cfg = self.config
+        interval = cfg.adjustment_interval_seconds
+        gpus_p = cfg.prefill_profile.tensor_parallel_size
+        gpus_d = cfg.decode_profile.tensor_parallel_size
+        prefill_demand = load.num_req * load.isl / interval  # prompt tokens/s
+        decode_demand = load.num_req * load.osl / interval  # output tokens/s
+        p_rate = prefill_replica_tokens_per_second(
+            cfg.prefill_profile, load.isl, cfg.ttft_seconds, cfg.max_num_batched_tokens
+        )
+        d_rate = decode_replica_tokens_per_second(
+            cfg.decode_profile,
+            load.isl,
+            load.osl,
+            cfg.itl_seconds,
+            cfg.decode_kv_capacity_tokens,
+            cfg.max_num_seqs,
+        )
+        num_p = max(cfg.min_endpoint, math.ceil(prefill_demand / p_rate)) if p_rate > 0 else cfg.min_endpoint
+        num_d = max(cfg.min_endpoint, math.ceil(decode_demand / d_rate)) if d_rate > 0 else cfg.min_endpoint
+        budget = cfg.max_gpu_budget
+        if budget is not None and num_p * gpus_p + num_d * gpus_d > budget:
+            # Dynamo: scale both proportionally, prefill first, decode gets the remainder
+            scale = budget / (num_p * gpus_p + num_d * gpus_d)
+            num_p = max(cfg.min_endpoint, round(num_p * scale))
+            num_d = max(cfg.min_endpoint, (budget - num_p * gpus_p) // gpus_d)
+        self.last_figures = {
+            "num_req": load.num_req,
+            "isl": load.isl,
+            "osl": load.osl,
+            "prefill_demand_tokens_per_s": prefill_demand,
+            "decode_demand_tokens_per_s": decode_demand,
+            "prefill_replica_tokens_per_s": p_rate,
+            "decode_replica_tokens_per_s": d_rate,
+        }
+        return {"prefill": num_p, "decode": num_d}

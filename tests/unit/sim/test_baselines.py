@@ -1,0 +1,310 @@
+"""The baselines on hand-checkable cases: the HPA's replica formula and behaviour, the planner's
+arithmetic, and the static searches on hand-made attainment surfaces (`tandem.sim.baselines`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from tandem.autoscale.snapshot import PathSignals, PoolSignals, PoolSize, Snapshot
+from tandem.perf import decode_batch_at_tpot, kv_cache_tokens, load_profile, prefill_tokens_per_second
+from tandem.sim.baselines import (
+    HPAConfig,
+    HPAPolicy,
+    PlannerConfig,
+    PlannerObservation,
+    PlannerPolicy,
+    StaticLayout,
+    decode_replica_tokens_per_second,
+    hpa_replicas,
+    predict,
+    prefill_replica_tokens_per_second,
+    search_static_colocated,
+    search_static_pd,
+)
+
+LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+# --- the HPA formula ---------------------------------------------------------------------------------
+
+
+def test_hpa_scales_by_ratio_of_average_to_target() -> None:
+    # 4 pods averaging 150 against a target of 100: ceil(4 x 1.5) = 6
+    assert hpa_replicas(4, 4, 600.0, 100.0) == 6
+    # 4 pods averaging 40: ceil(4 x 0.4) = 2
+    assert hpa_replicas(4, 4, 160.0, 100.0) == 2
+
+
+def test_hpa_holds_within_ten_percent_tolerance() -> None:
+    assert hpa_replicas(4, 4, 436.0, 100.0) == 4  # ratio 1.09: within
+    assert hpa_replicas(4, 4, 364.0, 100.0) == 4  # ratio 0.91: within
+    assert hpa_replicas(4, 4, 444.0, 100.0) == 5  # ratio 1.11: ceil(4.44)
+    assert hpa_replicas(4, 4, 356.0, 100.0) == 4  # ratio 0.89: ceil(3.56) = 4, no change either way
+    assert hpa_replicas(10, 10, 850.0, 100.0) == 9  # ratio 0.85: ceil(8.5)
+
+
+def test_hpa_counts_starting_pods_as_zero_on_scale_up() -> None:
+    # 2 of 4 pods report, averaging 300 (ratio 3); the 2 starting pods count as 0: 600/4 = 150 -> ratio
+    # 1.5 -> ceil(1.5 x 4) = 6
+    assert hpa_replicas(4, 2, 600.0, 100.0) == 6
+    # 2 of 4 report 120 each (ratio 1.2); with the starting pods at 0 the ratio is 0.6: the direction
+    # reverses, so the HPA holds
+    assert hpa_replicas(4, 2, 240.0, 100.0) == 4
+
+
+def test_hpa_counts_starting_pods_at_target_on_scale_down() -> None:
+    # 2 of 4 report 20 each (ratio 0.2); the 2 starting pods count at the target: (40 + 200) / 4 = 60
+    # -> ratio 0.6 -> ceil(0.6 x 4) = 3
+    assert hpa_replicas(4, 2, 40.0, 100.0) == 3
+
+
+def test_hpa_holds_without_metrics() -> None:
+    assert hpa_replicas(3, 0, 0.0, 100.0) == 3
+
+
+def _snapshot(now: float, prefill: tuple[int, float], decode: tuple[int, float]) -> Snapshot:
+    """prefill: (replicas, queued prompt tokens in total); decode: (replicas, mean KV usage)."""
+    return Snapshot(
+        observed_at=now,
+        window_seconds=60.0,
+        sizes={"prefill": PoolSize(prefill[0], prefill[0]), "decode": PoolSize(decode[0], decode[0])},
+        pools={
+            "prefill": PoolSignals(scraped_pods=prefill[0], queued_prompt_tokens=prefill[1]),
+            "decode": PoolSignals(scraped_pods=decode[0], kv_usage_mean=decode[1]),
+        },
+        paths={"disaggregated": PathSignals(request_rate=1.0, within_slo_rate=1.0)},
+    )
+
+
+def test_hpa_policy_scales_up_at_once_and_down_after_300_s() -> None:
+    hpa = HPAPolicy(HPAConfig(targets={"prefill": 1000.0, "decode": 0.5}))
+    assert hpa.interval_seconds == 15.0
+    # prefill: 2 replicas with 6000 queued tokens = 3000 each, ratio 3 -> 6; decode: 2 at 0.5 -> hold
+    assert hpa.decide(_snapshot(0.0, (2, 6000.0), (2, 0.5)), 0.0) == {"prefill": 6, "decode": 2}
+    # the queue drains: raw recommendation is 1, but scale-down waits for the 300-s window
+    for t in range(15, 300, 15):
+        assert hpa.decide(_snapshot(float(t), (6, 0.0), (2, 0.5)), float(t))["prefill"] == 6
+    # at t=315 the recommendation of 6 (at t=0) has left the window: down to 1 (HPA minReplicas)
+    assert hpa.decide(_snapshot(315.0, (6, 0.0), (2, 0.5)), 315.0)["prefill"] == 1
+
+
+def test_hpa_scale_up_rate_is_double_or_four_pods_per_sync() -> None:
+    hpa = HPAPolicy(HPAConfig(targets={"prefill": 100.0, "decode": 0.5}))
+    # 1 prefill replica with 2,000 queued tokens: ratio 20 -> 20 wanted, limited to max(2x1, 1+4) = 5
+    assert hpa.decide(_snapshot(0.0, (1, 2000.0), (1, 0.5)), 0.0)["prefill"] == 5
+    # 10 replicas asking for 40: limited to max(2x10, 10+4) = 20
+    assert hpa.decide(_snapshot(15.0, (10, 4000.0), (1, 0.5)), 15.0)["prefill"] == 20
+
+
+def test_hpa_decode_on_kv_usage_and_budget() -> None:
+    hpa = HPAPolicy(HPAConfig(targets={"prefill": 1000.0, "decode": 0.5}), max_gpus=8)
+    # decode: 4 replicas at 90% KV: ceil(4 x 1.8) = 8, but prefill 2 + decode 8 > 8 GPUs: decode gets 6
+    assert hpa.decide(_snapshot(0.0, (2, 2000.0), (4, 0.9)), 0.0) == {"prefill": 2, "decode": 6}
+
+
+def test_hpa_holds_on_missing_data() -> None:
+    hpa = HPAPolicy()
+    snapshot = Snapshot(observed_at=0.0, window_seconds=0.0, missing=("no scrape window yet",))
+    assert hpa.decide(snapshot, 0.0) == {}
+
+
+# --- the planner -------------------------------------------------------------------------------------
+
+
+def test_predictors() -> None:
+    assert predict([], "constant") == 0.0
+    assert predict([3.0, 5.0], "trend") == 5.0  # fewer than three points: the last value
+    assert predict([1.0, 2.0, 3.0], "constant") == 3.0
+    assert predict([1.0, 2.0, 3.0], "trend") == pytest.approx(4.0)  # the line y = x + 1 at x = 3
+    assert predict([10.0, 8.0, 6.0, 4.0, 2.0, 0.0], "trend") == 0.0  # extrapolates to -2: clamped
+    # only the last five points: 1, 1, 1, 1, 1 after an outlier
+    assert predict([100.0, 1.0, 1.0, 1.0, 1.0, 1.0], "trend") == pytest.approx(1.0)
+
+
+def test_planner_per_replica_throughputs_come_from_perf() -> None:
+    profile = load_profile(LLAMA_8B, "H100", 1)
+    # prefill: perf's busy-replica throughput at the ISL, as long as one prompt fits the TTFT target
+    assert prefill_replica_tokens_per_second(profile, 1000, 1.0) == prefill_tokens_per_second(profile, 1000)
+    # a 32k prompt alone takes ~1.4 s: at a 0.5 s TTFT it needs ceil(1.4/0.5) = 3 replicas' worth
+    alone = profile.prefill_seconds(32768)
+    assert 1.0 < alone < 1.5
+    assert prefill_replica_tokens_per_second(profile, 32768, 0.5) == pytest.approx(
+        prefill_tokens_per_second(profile, 32768) / math.ceil(alone / 0.5)
+    )
+    # decode: the batch at the ITL target with sequences at ISL + OSL/2 = 1100 tokens, its step time
+    batch = decode_batch_at_tpot(profile, 0.03, 1100.0)
+    expected = batch / profile.decode_step_seconds(batch, math.ceil(batch * 1100.0))
+    kv = kv_cache_tokens(profile)
+    assert decode_replica_tokens_per_second(profile, 1000, 200, 0.03, kv, 1024) == pytest.approx(expected)
+    # a small KV cache caps the batch: 110,000 tokens / 1,100 = 100 sequences
+    assert decode_replica_tokens_per_second(profile, 1000, 200, 0.03, 110_000, 1024) == pytest.approx(
+        100 / profile.decode_step_seconds(100, 110_000)
+    )
+
+
+def _planner(
+    interval: float = 180.0, predictor: str = "constant", budget: int | None = None
+) -> PlannerPolicy:
+    profile = load_profile(LLAMA_8B, "H100", 1)
+    return PlannerPolicy(
+        PlannerConfig(
+            prefill_profile=profile,
+            decode_profile=profile,
+            ttft_seconds=1.0,
+            itl_seconds=0.03,
+            decode_kv_capacity_tokens=kv_cache_tokens(profile),
+            adjustment_interval_seconds=interval,
+            predictor=predictor,  # type: ignore[arg-type]
+            max_gpu_budget=budget,
+        ),
+        window_seconds=60.0,
+    )
+
+
+def test_planner_sizes_pools_by_hand() -> None:
+    planner = _planner()
+    profile = planner.config.prefill_profile
+    # 36,000 requests in 180 s = 200 req/s of 1000-token prompts and 200-token outputs
+    sizes = planner.size(PlannerObservation(num_req=36_000, isl=1000, osl=200))
+    p_rate = prefill_tokens_per_second(profile, 1000)  # ~44k tokens/s
+    d_rate = decode_replica_tokens_per_second(profile, 1000, 200, 0.03, kv_cache_tokens(profile), 1024)
+    assert sizes == {"prefill": math.ceil(200_000 / p_rate), "decode": math.ceil(40_000 / d_rate)}
+    assert sizes["prefill"] == 5  # 200,000 / 44,300
+    # no load: one replica per pool (min_endpoint)
+    assert planner.size(PlannerObservation(num_req=0, isl=1000, osl=200)) == {"prefill": 1, "decode": 1}
+
+
+def test_planner_budget_scales_both_pools_prefill_first() -> None:
+    planner = _planner(budget=6)
+    want = _planner().size(PlannerObservation(num_req=36_000, isl=1000, osl=200))
+    p, d = want["prefill"], want["decode"]
+    assert p + d > 6
+    sizes = planner.size(PlannerObservation(num_req=36_000, isl=1000, osl=200))
+    expected_p = max(1, round(p * 6 / (p + d)))
+    assert sizes == {"prefill": expected_p, "decode": max(1, 6 - expected_p)}
+
+
+def _window(now: float, requests: float, isl: float, osl: float) -> Snapshot:
+    rate = requests / 60.0
+    return Snapshot(
+        observed_at=now,
+        window_seconds=60.0,
+        sizes={"prefill": PoolSize(1, 1), "decode": PoolSize(1, 1)},
+        pools={
+            "prefill": PoolSignals(scraped_pods=1, request_rate=rate),
+            "decode": PoolSignals(
+                scraped_pods=1, request_rate=rate, mean_prompt_tokens=isl, mean_output_tokens=osl
+            ),
+        },
+        paths={"disaggregated": PathSignals(request_rate=rate, within_slo_rate=rate)},
+    )
+
+
+def test_planner_acts_once_per_interval_on_the_interval_sums() -> None:
+    planner = _planner(interval=180.0)
+    assert planner.interval_seconds == 60.0
+    assert planner.decide(_window(60.0, 12_000, 1000, 100), 60.0) == {}
+    assert planner.decide(_window(120.0, 12_000, 1000, 300), 120.0) == {}
+    sizes = planner.decide(_window(180.0, 12_000, 1000, 200), 180.0)
+    # 36,000 requests, ISL 1000, OSL the request-weighted mean of 100, 300, 200 = 200
+    assert planner.history == [PlannerObservation(36_000, 1000, 200)]
+    assert sizes == planner.size(PlannerObservation(36_000, 1000, 200))
+    assert planner.decide(_window(240.0, 0, 0, 0), 240.0) == {}
+
+
+def test_planner_skips_an_interval_without_traffic() -> None:
+    planner = _planner(interval=60.0)
+    assert planner.decide(_window(60.0, 0, 0, 0), 60.0) == {}
+    assert planner.history == []
+
+
+def test_trend_planner_sizes_for_the_rising_load() -> None:
+    constant, trend = _planner(interval=60.0), _planner(interval=60.0, predictor="trend")
+    for i, n in enumerate([6_000, 9_000, 12_000], start=1):
+        a = constant.decide(_window(60.0 * i, n, 1000, 200), 60.0 * i)
+        b = trend.decide(_window(60.0 * i, n, 1000, 200), 60.0 * i)
+    # constant predicts 12,000 (200 req/s); trend 15,000 (250 req/s)
+    assert a == constant.size(PlannerObservation(12_000, 1000, 200))
+    assert b == trend.size(PlannerObservation(15_000, 1000, 200))
+    assert b["prefill"] > a["prefill"]
+
+
+# --- static searches -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FakeOutcome:
+    attainment: float
+    ttft_attainment: float
+    tpot_attainment: float
+
+
+def _fake_pd(p_need: int, d_need: int, calls: list[StaticLayout]) -> Callable[[StaticLayout], FakeOutcome]:
+    """A layout meets TTFT with p >= p_need (less: below 80%) and TPOT with d >= d_need; shares multiply."""
+
+    def evaluate(layout: StaticLayout) -> FakeOutcome:
+        calls.append(layout)
+        ttft = 0.99 if layout.prefill >= p_need else 0.8 * layout.prefill / p_need
+        tpot = 0.99 if layout.decode >= d_need else 0.8 * layout.decode / d_need
+        return FakeOutcome(ttft * tpot, ttft, tpot)
+
+    return evaluate
+
+
+def test_static_pd_search_finds_the_fewest_gpus_in_few_simulations() -> None:
+    calls: list[StaticLayout] = []
+    # both pools at their need: 0.99 x 0.99 = 98% >= 95%
+    result = search_static_pd(_fake_pd(5, 3, calls), budget_gpus=32)
+    assert result.layout == StaticLayout(5, 3)
+    assert result.gpus == 8
+    assert result.simulations == len(set(calls)) <= 14
+
+
+def test_static_pd_search_adds_to_the_pool_that_misses_more() -> None:
+    # each pool alone reaches 96% at its need, but 0.96 x 0.96 < 95%: one more of either lifts it to 99%
+    def evaluate(layout: StaticLayout) -> FakeOutcome:
+        ttft = 0.96 if layout.prefill == 4 else (0.99 if layout.prefill > 4 else 0.5)
+        tpot = 0.97 if layout.decode == 2 else (0.99 if layout.decode > 2 else 0.5)
+        return FakeOutcome(ttft * tpot, ttft, tpot)
+
+    result = search_static_pd(evaluate, budget_gpus=32)
+    assert result.layout == StaticLayout(5, 2)  # prefill misses more (4%) than decode (3%)
+    assert result.gpus == 7
+
+
+def test_static_pd_search_says_when_the_budget_is_not_enough() -> None:
+    result = search_static_pd(_fake_pd(6, 5, []), budget_gpus=10)
+    assert result.layout is None
+    assert result.gpus is None
+    assert "no P/D layout within 10 GPUs reaches 95%" in result.note
+    # a pool that cannot reach the target at any size in the budget
+    result = search_static_pd(_fake_pd(40, 2, []), budget_gpus=10)
+    assert result.layout is None
+    assert "prefill alone cannot" in result.note
+
+
+def test_static_pd_search_counts_gpus_per_replica() -> None:
+    result = search_static_pd(_fake_pd(2, 2, []), budget_gpus=16, gpus_per_prefill=2, gpus_per_decode=4)
+    assert result.layout == StaticLayout(2, 2)
+    assert result.gpus == 12
+
+
+def test_static_colocated_search_bisects() -> None:
+    calls: list[StaticLayout] = []
+
+    def evaluate(layout: StaticLayout) -> FakeOutcome:
+        calls.append(layout)
+        share = 0.97 if layout.colocated >= 7 else 0.5
+        return FakeOutcome(share, share, share)
+
+    result = search_static_colocated(evaluate, budget_gpus=32)
+    assert result.layout == StaticLayout(colocated=7)
+    assert result.gpus == 7
+    assert len(calls) <= 6  # log2(32) + 1
+    none = search_static_colocated(evaluate, budget_gpus=6)
+    assert none.layout is None
+    assert "no colocated layout within 6 GPUs" in none.note
