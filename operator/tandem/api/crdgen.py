@@ -21,6 +21,7 @@ from tandem.api.status import PDDeploymentStatus
 Schema = dict[str, Any]
 
 _DROP_KEYS = {"title", "$defs"}
+_EXCLUSIVE_BOUNDS = {"exclusiveMinimum": "minimum", "exclusiveMaximum": "maximum"}
 
 
 def _resolve(node: Any, defs: dict[str, Schema]) -> Any:
@@ -73,6 +74,10 @@ def _structural(node: Schema) -> Schema:
             out[key] = _without_nulls(value)
         elif key == "const":
             out["enum"] = [value]
+        elif key in _EXCLUSIVE_BOUNDS and not isinstance(value, bool):
+            # JSON Schema 2020-12 (pydantic) gives the bound; OpenAPI v3.0 (Kubernetes) a flag on it.
+            out[_EXCLUSIVE_BOUNDS[key]] = value
+            out[key] = True
         else:
             out[key] = value
     if "enum" in out and "type" not in out:
@@ -119,6 +124,8 @@ def crd() -> Schema:
         {"name": "Prefill", "type": "string", "jsonPath": ".status.pools.prefill.ready"},
         {"name": "Decode", "type": "string", "jsonPath": ".status.pools.decode.ready"},
         {"name": "Colocated", "type": "string", "jsonPath": ".status.pools.colocated.ready", "priority": 1},
+        {"name": "Autoscaling", "type": "string", "jsonPath": ".status.autoscaling.mode"},
+        {"name": "Max GPUs", "type": "integer", "jsonPath": ".spec.maxGPUs", "priority": 1},
         {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

@@ -303,8 +303,7 @@ class PrometheusSpec(ApiModel):
         str | None,
         Field(
             max_length=2048,
-            pattern=r"^https?://[^\s]+$",
-            description="Prometheus base URL; unset means the operator's --prometheus-url.",
+            description="Prometheus base URL, http(s)://; unset means the operator's --prometheus-url.",
         ),
     ] = None
     timeout_seconds: Annotated[

@@ -35,6 +35,8 @@ OPERATOR_OWNED_FLAGS: Final = (
 )
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"
+# Just the scheme and a non-empty rest: users run Prometheus anywhere, in-cluster addresses included.
+PROMETHEUS_URL_PATTERN: Final = r"^https?://[^\s]+$"
 MODEL_URI_PATTERN: Final = (
     r"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*(@[-A-Za-z0-9_.]+)?"
     r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^ ]*)?"
@@ -59,6 +61,11 @@ def _owned_flag(arg: str) -> bool:
     return any(arg == flag or arg.startswith(flag + "=") for flag in OPERATOR_OWNED_FLAGS)
 
 
+def _cel_string(value: str) -> str:
+    """A CEL string literal of `value` (backslashes and quotes escaped)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def _cel_no_owned_flags(list_expr: str) -> str:
     flags = ", ".join(f"'{flag}'" for flag in OPERATOR_OWNED_FLAGS)
     return f"{list_expr}.all(a, ![{flags}].exists(f, a == f || a.startsWith(f + '=')))"
@@ -75,6 +82,43 @@ def _tp(spec: Spec, role: str) -> int:
 
 def _replicas(spec: Spec, role: str) -> int:
     return int(_pool(spec, role).get("replicas", 0))
+
+
+def _autoscaling(spec: Spec, role: str) -> Spec | None:
+    """The pool's `autoscaling` block, or None when the pool has a fixed size."""
+    block: Spec | None = _pool(spec, role).get("autoscaling")
+    return block
+
+
+def _min_replicas(spec: Spec, role: str) -> int:
+    """The fewest replicas the pool can have: autoscaling.minReplicas, or replicas when fixed."""
+    block = _autoscaling(spec, role)
+    return _replicas(spec, role) if block is None else int(block.get("minReplicas", 1))
+
+
+def _autoscaling_enabled(spec: Spec) -> bool:
+    return bool((spec.get("autoscaling") or {}).get("enabled", False))
+
+
+def _serving_mode(spec: Spec) -> str:
+    return str((spec.get("serving") or {}).get("mode", "Disaggregated"))
+
+
+def _gpus(spec: Spec, replicas: Callable[[Spec, str], int]) -> int:
+    return sum(replicas(spec, role) * _tp(spec, role) for role in POOLS)
+
+
+def _cel_gpus(replicas: Callable[[str], str]) -> str:
+    return " + ".join(f"{replicas(role)} * self.{role}.tensorParallelSize" for role in POOLS)
+
+
+def _cel_min_replicas(role: str) -> str:
+    return f"(has(self.{role}.autoscaling) ? self.{role}.autoscaling.minReplicas : self.{role}.replicas)"
+
+
+def _prometheus_url(spec: Spec) -> str | None:
+    url = ((spec.get("autoscaling") or {}).get("prometheus") or {}).get("url")
+    return None if url is None else str(url)
 
 
 def _resource_keys(spec: Spec, role: str) -> set[str]:
@@ -122,8 +166,72 @@ def _pool_rules(role: str) -> list[Rule]:
     ]
 
 
+# The pools each serving mode sends traffic to: their autoscaler may never take them to zero.
+SERVING_POOLS: Final = {"prefill": "Disaggregated", "decode": "Disaggregated", "colocated": "Colocated"}
+
+
+def _autoscaling_rules(role: str) -> list[Rule]:
+    block = f"self.{role}.autoscaling"
+    mode = SERVING_POOLS[role]
+
+    def bounded(s: Spec) -> bool:
+        a = _autoscaling(s, role)
+        return a is None or a.get("minReplicas", 1) <= _replicas(s, role) <= a.get("maxReplicas", 8)
+
+    return [
+        Rule(
+            cel=f"!has({block}) || {block}.minReplicas <= {block}.maxReplicas",
+            message=(
+                f"spec.{role}.autoscaling.minReplicas must not be greater than "
+                f"spec.{role}.autoscaling.maxReplicas"
+            ),
+            field_path=f".{role}.autoscaling.minReplicas",
+            check=lambda s: (
+                (a := _autoscaling(s, role)) is None or a.get("minReplicas", 1) <= a.get("maxReplicas", 8)
+            ),
+        ),
+        Rule(
+            cel=(
+                f"!has({block}) || ({block}.minReplicas <= self.{role}.replicas && "
+                f"self.{role}.replicas <= {block}.maxReplicas)"
+            ),
+            message=(
+                f"spec.{role}.replicas must be within spec.{role}.autoscaling.minReplicas and maxReplicas "
+                "(with autoscaling it is the pool's initial size)"
+            ),
+            field_path=f".{role}.replicas",
+            check=bounded,
+        ),
+        Rule(
+            cel=f"!has({block}) || {block}.external || self.autoscaling.enabled",
+            message=(
+                f"spec.{role}.autoscaling needs spec.autoscaling.enabled: true, or "
+                f"spec.{role}.autoscaling.external: true to hand the pool to an HPA or KEDA (to hold the "
+                "autoscaler without removing bounds: annotation tandem.dev/autoscaling-paused=true)"
+            ),
+            field_path=f".{role}.autoscaling",
+            check=lambda s: (
+                (a := _autoscaling(s, role)) is None or bool(a.get("external")) or _autoscaling_enabled(s)
+            ),
+        ),
+        Rule(
+            cel=f"self.serving.mode != '{mode}' || !has({block}) || {block}.minReplicas >= 1",
+            message=(
+                f"spec.{role}.autoscaling.minReplicas must be at least 1 when spec.serving.mode is {mode}"
+            ),
+            field_path=f".{role}.autoscaling.minReplicas",
+            check=lambda s: (
+                _serving_mode(s) != mode
+                or (a := _autoscaling(s, role)) is None
+                or a.get("minReplicas", 1) >= 1
+            ),
+        ),
+    ]
+
+
 SPEC_RULES: Final[tuple[Rule, ...]] = (
     *[rule for role in POOLS for rule in _pool_rules(role)],
+    *[rule for role in POOLS for rule in _autoscaling_rules(role)],
     Rule(
         cel=(
             "self.kvTransfer.connector != 'NixlConnector' || "
@@ -159,6 +267,43 @@ SPEC_RULES: Final[tuple[Rule, ...]] = (
         message="spec.colocated.replicas must be at least 1 when spec.serving.mode is Colocated",
         field_path=".serving.mode",
         check=lambda s: (s.get("serving") or {}).get("mode") != "Colocated" or _replicas(s, "colocated") >= 1,
+    ),
+    Rule(
+        cel="!self.autoscaling.enabled || has(self.slo)",
+        message=(
+            "spec.autoscaling.enabled requires spec.slo "
+            "(the TTFT and TPOT targets the autoscaler sizes pools for)"
+        ),
+        field_path=".slo",
+        check=lambda s: not _autoscaling_enabled(s) or s.get("slo") is not None,
+        reason="FieldValueRequired",
+    ),
+    Rule(
+        cel=(
+            "!has(self.maxGPUs) || "
+            f"({_cel_gpus(lambda role: f'self.{role}.replicas')} <= self.maxGPUs && "
+            f"{_cel_gpus(_cel_min_replicas)} <= self.maxGPUs)"
+        ),
+        message=(
+            "spec.maxGPUs must be at least the GPUs the pools request at their initial size and at their "
+            "autoscaling minimum (the sum over pools of replicas, or autoscaling.minReplicas, times "
+            "tensorParallelSize)"
+        ),
+        field_path=".maxGPUs",
+        check=lambda s: (
+            s.get("maxGPUs") is None or max(_gpus(s, _replicas), _gpus(s, _min_replicas)) <= int(s["maxGPUs"])
+        ),
+    ),
+    Rule(
+        cel=(
+            "!has(self.autoscaling.prometheus.url) || "
+            f"self.autoscaling.prometheus.url.matches({_cel_string(PROMETHEUS_URL_PATTERN)})"
+        ),
+        message="spec.autoscaling.prometheus.url must be an http:// or https:// URL",
+        field_path=".autoscaling.prometheus.url",
+        check=lambda s: (
+            (url := _prometheus_url(s)) is None or re.match(PROMETHEUS_URL_PATTERN, url) is not None
+        ),
     ),
     Rule(
         cel="self.engine.image.size() > 0",

@@ -64,9 +64,25 @@ def test_names_and_printer_columns() -> None:
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
     assert columns[:3] == ["Mode", "Prefill", "Decode"]
     assert "Ready" in columns
+    assert "Autoscaling" in columns
+    # One line on a terminal: at most 8 columns without -o wide (NAME comes on top).
+    assert len([c for c in version["additionalPrinterColumns"] if not c.get("priority")]) <= 7
     assert columns[-1] == "Age"
     conditions = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"]
     assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+
+
+def test_exclusive_bounds_are_openapi_v3_flags() -> None:
+    """Kubernetes' JSONSchemaProps has boolean exclusiveMinimum/Maximum; a number there fails the CRD."""
+    for path, node in walk(schema()):
+        for key, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+            if key in node and not path.endswith(".properties"):
+                assert node[key] is True, path
+                assert bound in node, path
+    slo = schema()["properties"]["spec"]["properties"]["slo"]["properties"]
+    assert (
+        slo["attainmentPercent"].items() >= {"minimum": 0, "exclusiveMinimum": True, "maximum": 100}.items()
+    )
 
 
 def test_crd_yaml_round_trips() -> None:

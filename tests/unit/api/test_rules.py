@@ -25,8 +25,20 @@ def merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def messages(case: dict[str, Any]) -> list[str]:
+    """A case's expected message fragments (`message` is one string or a list of them)."""
+    message = case["message"]
+    return [message] if isinstance(message, str) else list(message)
+
+
 def test_base_spec_is_valid() -> None:
     spec = PDDeploymentSpec.model_validate(CASES["base"])
+    assert rules.spec_violations(spec.model_dump(by_alias=True, mode="json")) == []
+
+
+@pytest.mark.parametrize("case", CASES["valid"], ids=[c["id"] for c in CASES["valid"]])
+def test_models_accept_the_valid_cases(case: dict[str, Any]) -> None:
+    spec = PDDeploymentSpec.model_validate(merge(CASES["base"], case["spec"]))
     assert rules.spec_violations(spec.model_dump(by_alias=True, mode="json")) == []
 
 
@@ -38,11 +50,12 @@ def test_models_refuse_with_the_rule_message(case: dict[str, Any]) -> None:
     }
     with pytest.raises(ValidationError) as info:
         PDDeployment.model_validate(obj)
-    assert case["message"] in str(info.value)
+    for message in messages(case):
+        assert message in str(info.value)
 
 
 def test_every_rule_has_a_counter_example() -> None:
-    messages = [c["message"] for c in CASES["cases"]]
+    messages = [c["message"] for c in CASES["cases"] if isinstance(c["message"], str)]
     for rule in (*rules.SPEC_RULES, rules.NAME_RULE):
         assert any(rule.message.startswith(m) or m in rule.message for m in messages), rule.message
 
@@ -68,3 +81,156 @@ def test_model_uri_schemes(uri: str, valid: bool) -> None:
     else:
         with pytest.raises(ValidationError, match=r"spec\.model\.uri must be"):
             PDDeploymentSpec.model_validate(spec)
+
+
+def rule(message_start: str) -> rules.Rule:
+    (found,) = [r for r in rules.SPEC_RULES if r.message.startswith(message_start)]
+    return found
+
+
+BASE_DUMP = PDDeploymentSpec.model_validate(CASES["base"]).model_dump(by_alias=True, mode="json")
+SLO = {"slo": {"ttftMs": 500, "tpotMs": 50, "attainmentPercent": 95.0}}
+ON = {"autoscaling": {**BASE_DUMP["autoscaling"], "enabled": True}}
+
+
+def bounds(minimum: int, maximum: int, external: bool = False) -> dict[str, Any]:
+    return {"minReplicas": minimum, "maxReplicas": maximum, "external": external}
+
+
+# (rule's message start, patch merged into the base spec's full camelCase dump, the rule holds)
+PREDICATES = [
+    ("spec.decode.autoscaling.minReplicas must not", {}, True),
+    ("spec.decode.autoscaling.minReplicas must not", {"decode": {"autoscaling": bounds(2, 2)}}, True),
+    ("spec.decode.autoscaling.minReplicas must not", {"decode": {"autoscaling": bounds(3, 2)}}, False),
+    (
+        "spec.prefill.autoscaling.minReplicas must not",
+        {"prefill": {"autoscaling": {"minReplicas": 9}}},
+        False,
+    ),
+    ("spec.prefill.replicas must be within", {}, True),
+    ("spec.prefill.replicas must be within", {"prefill": {"replicas": 1, "autoscaling": bounds(1, 4)}}, True),
+    ("spec.prefill.replicas must be within", {"prefill": {"replicas": 4, "autoscaling": bounds(1, 4)}}, True),
+    (
+        "spec.prefill.replicas must be within",
+        {"prefill": {"replicas": 5, "autoscaling": bounds(1, 4)}},
+        False,
+    ),
+    (
+        "spec.prefill.replicas must be within",
+        {"prefill": {"replicas": 1, "autoscaling": bounds(2, 4)}},
+        False,
+    ),
+    ("spec.colocated.replicas must be within", {"colocated": {"autoscaling": bounds(0, 2)}}, True),
+    ("spec.colocated.replicas must be within", {"colocated": {"autoscaling": bounds(1, 2)}}, False),
+    ("spec.decode.autoscaling needs", {}, True),
+    ("spec.decode.autoscaling needs", {"decode": {"autoscaling": bounds(1, 4)}}, False),
+    ("spec.decode.autoscaling needs", {"decode": {"autoscaling": bounds(1, 4)}, **ON}, True),
+    ("spec.decode.autoscaling needs", {"decode": {"autoscaling": bounds(1, 4, external=True)}}, True),
+    ("spec.prefill.autoscaling needs", {"decode": {"autoscaling": bounds(1, 4)}}, True),
+    (
+        "spec.decode.autoscaling.minReplicas must be at least 1",
+        {"decode": {"autoscaling": bounds(0, 4)}},
+        False,
+    ),
+    (
+        "spec.decode.autoscaling.minReplicas must be at least 1",
+        {"decode": {"autoscaling": bounds(1, 4)}},
+        True,
+    ),
+    (
+        "spec.decode.autoscaling.minReplicas must be at least 1",
+        {"decode": {"replicas": 0}},
+        True,
+    ),  # other rule
+    (
+        "spec.decode.autoscaling.minReplicas must be at least 1",
+        {"serving": {"mode": "Colocated"}, "decode": {"autoscaling": bounds(0, 4)}},
+        True,
+    ),
+    (
+        "spec.prefill.autoscaling.minReplicas must be at least 1",
+        {"prefill": {"autoscaling": bounds(0, 4, external=True)}},
+        False,
+    ),
+    (
+        "spec.colocated.autoscaling.minReplicas must be at least 1",
+        {"colocated": {"autoscaling": bounds(0, 1)}},
+        True,
+    ),
+    (
+        "spec.colocated.autoscaling.minReplicas must be at least 1",
+        {"serving": {"mode": "Colocated"}, "colocated": {"autoscaling": bounds(0, 1)}},
+        False,
+    ),
+    ("spec.autoscaling.enabled requires spec.slo", {}, True),
+    ("spec.autoscaling.enabled requires spec.slo", ON, False),
+    ("spec.autoscaling.enabled requires spec.slo", {**ON, **SLO}, True),
+    ("spec.autoscaling.enabled requires spec.slo", SLO, True),
+    ("spec.maxGPUs must be at least", {}, True),
+    ("spec.maxGPUs must be at least", {"maxGPUs": 2}, True),
+    ("spec.maxGPUs must be at least", {"maxGPUs": 1}, False),
+    ("spec.maxGPUs must be at least", {"maxGPUs": 9, "decode": {"tensorParallelSize": 8}}, True),
+    ("spec.maxGPUs must be at least", {"maxGPUs": 8, "decode": {"tensorParallelSize": 8}}, False),
+    ("spec.maxGPUs must be at least", {"maxGPUs": 3, "colocated": {"replicas": 2}}, False),
+    ("spec.maxGPUs must be at least", {"maxGPUs": 4, "colocated": {"replicas": 2}}, True),
+    # The minimums: a pool below its autoscaling minimum (another rule's breach) still counts at the minimum.
+    ("spec.maxGPUs must be at least", {"maxGPUs": 2, "decode": {"autoscaling": bounds(3, 4)}}, False),
+    (
+        "spec.maxGPUs must be at least",
+        {"maxGPUs": 4, "decode": {"replicas": 3, "autoscaling": bounds(1, 4)}},
+        True,
+    ),
+    (
+        "spec.maxGPUs must be at least",
+        {"maxGPUs": 3, "decode": {"replicas": 3, "autoscaling": bounds(1, 4)}},
+        False,
+    ),
+    ("spec.autoscaling.prometheus.url must be", {}, True),
+    (
+        "spec.autoscaling.prometheus.url must be",
+        {"autoscaling": {"prometheus": {"url": "http://p:9090"}}},
+        True,
+    ),
+    (
+        "spec.autoscaling.prometheus.url must be",
+        {"autoscaling": {"prometheus": {"url": "https://prometheus.example/api/prom"}}},
+        True,
+    ),
+    (
+        "spec.autoscaling.prometheus.url must be",
+        {"autoscaling": {"prometheus": {"url": "http://10.1.2.3"}}},
+        True,
+    ),
+    (
+        "spec.autoscaling.prometheus.url must be",
+        {"autoscaling": {"prometheus": {"url": "prometheus:9090"}}},
+        False,
+    ),
+    ("spec.autoscaling.prometheus.url must be", {"autoscaling": {"prometheus": {"url": "ftp://p"}}}, False),
+    ("spec.autoscaling.prometheus.url must be", {"autoscaling": {"prometheus": {"url": "http://"}}}, False),
+    (
+        "spec.autoscaling.prometheus.url must be",
+        {"autoscaling": {"prometheus": {"url": "http://a b"}}},
+        False,
+    ),
+]
+
+
+@pytest.mark.parametrize(("message", "patch", "holds"), PREDICATES)
+def test_autoscaling_predicates(message: str, patch: dict[str, Any], holds: bool) -> None:
+    assert rule(message).check(merge(BASE_DUMP, patch)) is holds
+
+
+@pytest.mark.parametrize("role", rules.POOLS)
+def test_every_pool_has_the_autoscaling_rules(role: str) -> None:
+    for start in (
+        f"spec.{role}.autoscaling.minReplicas must not be greater",
+        f"spec.{role}.replicas must be within",
+        f"spec.{role}.autoscaling needs spec.autoscaling.enabled",
+        f"spec.{role}.autoscaling.minReplicas must be at least 1 when spec.serving.mode is",
+    ):
+        assert rule(start).field_path.startswith(f".{role}.")
+
+
+def test_cel_string_literals_escape_backslashes_and_quotes() -> None:
+    assert rules._cel_string(r"^a\s'b$") == r"'^a\\s\'b$'"
