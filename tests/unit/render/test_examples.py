@@ -1,5 +1,5 @@
-"""The examples: each is a valid PDDeployment whose engine commands the sim engine accepts; sim-pd
-fits the dev cluster's fake nodes."""
+"""The examples: each is a valid PDDeployment whose engine commands the sim engine accepts; the sim
+examples fit the dev cluster's fake nodes."""
 
 from __future__ import annotations
 
@@ -56,10 +56,18 @@ def test_sim_example_starts_on_the_sim_engine_with_its_rendered_env() -> None:
         assert not config.notes  # a known model: no fallback to another architecture
 
 
-def test_sim_example_fits_the_dev_cluster() -> None:
+@pytest.mark.parametrize("name", ["sim-pd", "sim-pd-autoscaling"])
+def test_sim_example_fits_the_dev_cluster(name: str) -> None:
+    """At its largest: each autoscaled pool at its maxReplicas (more than maxGPUs allows together)."""
     nodes = [n for n in yaml.safe_load_all(DEV_NODES.read_text()) if n]
+    pdd = _load(ROOT / "examples" / f"{name}.yaml")
+    largest = {
+        role: bounds.max_replicas
+        for role in ("prefill", "decode", "colocated")
+        if (bounds := pdd.spec.pool(role).autoscaling) is not None
+    }
     pods = []
-    for obj in render(_load(ROOT / "examples" / "sim-pd.yaml")):
+    for obj in render(pdd, largest or None):
         if obj["kind"] == "StatefulSet":
             pods += [obj["spec"]["template"]["spec"]] * obj["spec"]["replicas"]
     free = [
