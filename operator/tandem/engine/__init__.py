@@ -47,6 +47,11 @@ Environment (all optional):
   TANDEM_SIM_RANDOM_SEED        seed of the fault-injection dice (default 0).
   TANDEM_SIM_NIXL_HANDSHAKE_SECONDS  extra delay of a decode engine's first read from each prefill
                                 engine id (NIXL handshake; ~5 s measured by llm-d; default 0).
+  TANDEM_SIM_LOAD_SECONDS       model-load time: the engine listens at once but answers 503 to /health,
+                                /v1/*, /ping and /metrics for this many seconds from start, as vLLM is
+                                unready while it loads weights (default 0). Wall-clock seconds, NOT
+                                multiplied by TANDEM_SIM_TIME_SCALE: load time is set per deployment
+                                (engine.env) to what the test or replay wants, e.g. 120 for an 8B model.
   TANDEM_SIM_FAULTS             JSON object of faults active from the start (fields below).
   VLLM_NIXL_SIDE_CHANNEL_HOST   side-channel bind address, also advertised as `remote_host`
                                 (default localhost, as vLLM); tests set 127.x.

@@ -2,6 +2,8 @@
 
 Routes: GET /health, GET|POST /ping, GET /version, GET /v1/models, POST /v1/completions,
 POST /v1/chat/completions, GET /metrics, GET /debug/kv, GET /debug/state, GET|POST|DELETE /admin/faults.
+Until TANDEM_SIM_LOAD_SECONDS have passed since start the engine is "loading weights": /health,
+/ping, /v1/* and /metrics answer 503 (vLLM serves nothing then; a readiness probe sees "not yet").
 Streaming responses start (status 200) when the first token is ready, so failures before it, such
 as a failed KV pull under policy `fail`, are plain HTTP 500s; later failures are an error event
 inside the 200 stream followed by `data: [DONE]`, as in vLLM.
@@ -59,6 +61,23 @@ class EngineServer:
         self.draining = False
         self.requests_seen = 0
         self._started = time.time()
+        load = config.sim.load_seconds
+        self._loading_until: float | None = time.monotonic() + load if load > 0 else None
+
+    @property
+    def loading(self) -> bool:
+        """True while the simulated model load lasts (TANDEM_SIM_LOAD_SECONDS from start)."""
+        if self._loading_until is None:
+            return False
+        if time.monotonic() < self._loading_until:
+            return True
+        self._loading_until = None  # loaded for good: later calls skip the clock
+        return False
+
+    def _loading_answer(self) -> web.Response | None:
+        if not self.loading:
+            return None
+        return _error("The model is still loading.", 503, "ServiceUnavailableError")
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -83,6 +102,8 @@ class EngineServer:
     # --- plain routes ---------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
         await self._hang_if_asked()
+        if (loading := self._loading_answer()) is not None:
+            return loading
         return web.Response(status=503 if self.draining else 200)
 
     async def version(self, request: web.Request) -> web.Response:
@@ -90,6 +111,8 @@ class EngineServer:
 
     async def models(self, request: web.Request) -> web.Response:
         await self._hang_if_asked()
+        if (loading := self._loading_answer()) is not None:
+            return loading
         if (denied := self._check_key(request)) is not None:
             return denied
         created = int(self._started)
@@ -110,6 +133,8 @@ class EngineServer:
 
     async def metrics(self, request: web.Request) -> web.Response:
         await self._hang_if_asked()
+        if (loading := self._loading_answer()) is not None:
+            return loading
         body, content_type = self.core.metrics.exposition()
         return web.Response(body=body, headers={"Content-Type": content_type})
 
@@ -134,6 +159,7 @@ class EngineServer:
                 "mean_step_lag_seconds": core.lag_seconds_total / core.steps if core.steps else 0.0,
                 "max_step_lag_seconds": core.lag_seconds_max,
                 "draining": self.draining,
+                "loading": self.loading,
                 "faults": core.faults.model_dump(),
             }
         )
@@ -181,6 +207,8 @@ class EngineServer:
             return denied
         if self.draining:
             return _error("The server is shutting down.", 503, "ServiceUnavailableError")
+        if (loading := self._loading_answer()) is not None:
+            return loading
         try:
             body = await request.json()
         except ValueError:

@@ -55,6 +55,7 @@ class SimSettings(BaseModel):
     nixl_side_channel_host: str = "localhost"
     nixl_side_channel_port: int = Field(default=5600, ge=0, le=65535)
     abort_request_timeout: float | None = Field(default=None, gt=0)
+    load_seconds: float = Field(default=0.0, ge=0)  # wall-clock seconds of "loading weights" (not scaled)
     faults: Faults = Field(default_factory=Faults)
 
     @classmethod
@@ -67,6 +68,7 @@ class SimSettings(BaseModel):
             "TANDEM_SIM_KV_SCALE": "kv_scale",
             "TANDEM_SIM_RANDOM_SEED": "random_seed",
             "TANDEM_SIM_NIXL_HANDSHAKE_SECONDS": "nixl_handshake_seconds",
+            "TANDEM_SIM_LOAD_SECONDS": "load_seconds",
             "VLLM_NIXL_SIDE_CHANNEL_HOST": "nixl_side_channel_host",
             "VLLM_NIXL_SIDE_CHANNEL_PORT": "nixl_side_channel_port",
             "VLLM_NIXL_ABORT_REQUEST_TIMEOUT": "abort_request_timeout",

@@ -57,3 +57,10 @@ def test_fault_patches_merge_and_validate() -> None:
 
 def test_handshake_delay_is_read() -> None:
     assert SimSettings.from_env({"TANDEM_SIM_NIXL_HANDSHAKE_SECONDS": "5"}).nixl_handshake_seconds == 5
+
+
+def test_load_seconds_is_read_and_checked() -> None:
+    assert SimSettings.from_env({}).load_seconds == 0
+    assert SimSettings.from_env({"TANDEM_SIM_LOAD_SECONDS": "120"}).load_seconds == 120
+    with pytest.raises(SettingsError, match="TANDEM_SIM_LOAD_SECONDS"):
+        SimSettings.from_env({"TANDEM_SIM_LOAD_SECONDS": "-1"})
