@@ -234,3 +234,14 @@ def test_every_pool_has_the_autoscaling_rules(role: str) -> None:
 
 def test_cel_string_literals_escape_backslashes_and_quotes() -> None:
     assert rules._cel_string(r"^a\s'b$") == r"'^a\\s\'b$'"
+
+
+def test_docs_list_every_autoscaling_message() -> None:
+    """docs/autoscaling.md ("The API") quotes each autoscaling rule's message, with `<pool>` for the pool."""
+    docs = (Path(__file__).parents[3] / "docs" / "autoscaling.md").read_text()
+    for r in rules.SPEC_RULES:
+        if any(word in r.message for word in ("autoscaling", "maxGPUs", "spec.slo")):
+            generic = r.message
+            for role in rules.POOLS:
+                generic = generic.replace(f"spec.{role}.", "spec.<pool>.")
+            assert r.message in docs or generic in docs, r.message
