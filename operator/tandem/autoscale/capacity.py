@@ -1,0 +1,242 @@
+"""What one replica of a pool sustains within the SLO, seeded from the `perf` profile.
+
+- Prefill: a busy replica computes `perf.prefill_tokens_per_second(profile, mean prompt, token budget)`
+  prompt tokens/s. At the TTFT target it may only be loaded to a utilisation `rho` that leaves room
+  for queueing: with a prompt's service time `s` and the TTFT budget `T` (target less the KV
+  transfer and the first decode step), `rho = clamp(1 - k * s / T, floor, cap)`, where `k` is the
+  waiting time at the SLO's quantile in service times (knobs). Capacity at target = raw x rho.
+- Decode: the largest batch whose step stays within `tpot_headroom x TPOT target` at the mean
+  context (`perf.decode_batch_at_tpot`, capped by `--max-num-seqs`), and no more sequences than fill
+  `kv_target_usage` of the replica's KV cache (`perf.kv_cache_tokens`).
+
+The profile is the calibrated (or estimated) one for the model, `spec.autoscaling.gpu` and the
+pool's TP; engine flags that change capacity (`--max-num-batched-tokens`, `--max-num-seqs`,
+`--kv-cache-dtype`, `--gpu-memory-utilization`) are read from the pool's arguments. Capacities are
+multiplied by the pool's learnt `capacity_correction` in `recommend.py`, not here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tandem.api.models import EngineType, PDDeploymentSpec, SLOSpec
+from tandem.autoscale.knobs import Knobs
+from tandem.perf import (
+    Profile,
+    ProfileNotFoundError,
+    UnknownModelError,
+    decode_batch_at_tpot,
+    estimate_profile,
+    kv_bytes_per_token,
+    kv_cache_tokens,
+    kv_transfer_seconds,
+    model_arch,
+    prefill_tokens_per_second,
+)
+from tandem.perf.capacity import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+)
+from tandem.render.command import COLOCATED_MAX_NUM_BATCHED_TOKENS, flag_values
+
+FALLBACK_MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # what the sim engine simulates for unknown models
+FALLBACK_GPU = "H100"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    """The engine flags of one pool that change what a replica sustains."""
+
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    kv_cache_dtype: str
+    gpu_memory_utilization: float
+
+
+@dataclass(frozen=True, slots=True)
+class PoolModel:
+    """The profile a pool is sized with, and whether it had to fall back to a default model or GPU."""
+
+    profile: Profile
+    limits: EngineLimits
+    kv_bytes_per_token: int
+    fallback: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillCapacity:
+    raw_tokens_per_second: float  # a busy replica, from the profile
+    utilisation: float  # share of it usable within the TTFT target
+    service_seconds: float  # one mean prompt alone
+
+    @property
+    def at_target(self) -> float:
+        return self.raw_tokens_per_second * self.utilisation
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeCapacity:
+    batch_at_tpot: int  # sequences whose step stays within the TPOT target (and --max-num-seqs)
+    kv_tokens: int  # KV-cache tokens of one replica
+    context_tokens: float  # mean context per running sequence the figures assume
+    kv_target_usage: float
+
+    @property
+    def kv_sequences(self) -> float:
+        return self.kv_tokens * self.kv_target_usage / max(self.context_tokens, 1.0)
+
+    @property
+    def sequences(self) -> float:
+        """Running sequences one replica holds within both the TPOT target and the KV budget."""
+        return max(0.0, min(float(self.batch_at_tpot), self.kv_sequences))
+
+
+def _last_value(args: Sequence[str], flag: str) -> str | None:
+    values = [v for v in flag_values(args, flag) if v is not None]
+    return values[-1] if values else None
+
+
+def _int_flag(args: Sequence[str], flag: str, default: int) -> int:
+    value = _last_value(args, flag)
+    try:
+        return int(value) if value is not None and int(value) >= 1 else default
+    except ValueError:
+        return default
+
+
+def engine_limits(spec: PDDeploymentSpec, role: str) -> EngineLimits:
+    """The capacity-relevant flags of `role`'s engine: the user's (last one wins), else the defaults."""
+    args = [*spec.engine.extra_args, *spec.pool(role).engine_args]
+    default_budget = (
+        COLOCATED_MAX_NUM_BATCHED_TOKENS if role == "colocated" else DEFAULT_MAX_NUM_BATCHED_TOKENS
+    )
+    utilisation = DEFAULT_GPU_MEMORY_UTILIZATION
+    raw = _last_value(args, "--gpu-memory-utilization")
+    if raw is not None:
+        try:
+            value = float(raw)
+            utilisation = value if 0 < value <= 1 else utilisation
+        except ValueError:
+            pass
+    max_seqs = _int_flag(args, "--max-num-seqs", DEFAULT_MAX_BATCH)
+    return EngineLimits(
+        max_num_batched_tokens=max(_int_flag(args, "--max-num-batched-tokens", default_budget), 1),
+        max_num_seqs=max_seqs,
+        kv_cache_dtype=_last_value(args, "--kv-cache-dtype") or "auto",
+        gpu_memory_utilization=utilisation,
+    )
+
+
+def _sim_env(spec: PDDeploymentSpec, name: str) -> str | None:
+    for var in spec.engine.env:
+        if var.name == name and var.value:
+            return var.value
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _load(candidates: tuple[str, ...], gpu: str, tp: int, kv_cache_dtype: str) -> tuple[Profile, int, bool]:
+    model, fallback = FALLBACK_MODEL, True
+    for candidate in candidates:
+        try:
+            model = model_arch(candidate).model_id
+            fallback = False
+            break
+        except UnknownModelError:
+            continue
+    try:
+        profile = estimate_profile(model, gpu, tp)
+    except ProfileNotFoundError:
+        profile, fallback = estimate_profile(model, FALLBACK_GPU, tp), True
+    if kv_cache_dtype != "auto":
+        with contextlib.suppress(KeyError, ValueError):
+            profile = profile.with_kv_cache_dtype(kv_cache_dtype)
+    per_token = kv_bytes_per_token(model) or 1
+    return profile, per_token, fallback
+
+
+def pool_model(spec: PDDeploymentSpec, role: str) -> PoolModel:
+    """The profile for `role`: the model (sim engine: TANDEM_SIM_PERF_MODEL first) on `spec.autoscaling.gpu`
+    at the pool's TP; an unknown model or GPU falls back to the sim engine's default (marked `fallback`)."""
+    candidates: list[str] = []
+    gpu = spec.autoscaling.gpu
+    if spec.engine.type is EngineType.sim:
+        perf_model = _sim_env(spec, "TANDEM_SIM_PERF_MODEL")
+        if perf_model:
+            candidates.append(perf_model)
+    candidates += [spec.model.uri, spec.model.name]
+    limits = engine_limits(spec, role)
+    profile, per_token, fallback = _load(
+        tuple(candidates), gpu, spec.pool(role).tensor_parallel_size, limits.kv_cache_dtype
+    )
+    return PoolModel(profile=profile, limits=limits, kv_bytes_per_token=per_token, fallback=fallback)
+
+
+def prefill_capacity(
+    model: PoolModel,
+    slo: SLOSpec,
+    mean_prompt_tokens: float,
+    knobs: Knobs,
+    *,
+    transfer_gbps: float | None,
+) -> PrefillCapacity:
+    """Prompt tokens/s one replica computes busy, and the share of that usable within the TTFT target.
+
+    `transfer_gbps` is the KV link of a disaggregated prefill (None for colocated): the KV transfer of a
+    prompt comes out of the TTFT budget, as does the first decode step.
+    """
+    prompt = max(1, round(mean_prompt_tokens))
+    raw = prefill_tokens_per_second(model.profile, prompt, model.limits.max_num_batched_tokens)
+    service = prompt / raw if raw > 0 else math.inf
+    budget = slo.ttft_ms / 1000.0 - model.profile.decode_step_seconds(1, prompt)
+    if transfer_gbps is not None:
+        budget -= kv_transfer_seconds(prompt, model.kv_bytes_per_token, transfer_gbps)
+    if budget <= 0 or not math.isfinite(service):
+        rho = knobs.prefill_utilisation_floor
+    else:
+        rho = 1.0 - knobs.ttft_quantile_factor * service / budget
+        rho = min(knobs.prefill_utilisation_cap, max(knobs.prefill_utilisation_floor, rho))
+    return PrefillCapacity(raw_tokens_per_second=raw, utilisation=rho, service_seconds=service)
+
+
+@functools.lru_cache(maxsize=4096)
+def _batch_at_tpot(profile: Profile, tpot_seconds: float, context: int, max_batch: int) -> int:
+    return decode_batch_at_tpot(profile, tpot_seconds, context, max_batch)
+
+
+@functools.lru_cache(maxsize=256)
+def _kv_tokens(profile: Profile, utilisation: float, kv_cache_dtype: str) -> int:
+    return kv_cache_tokens(profile, gpu_memory_utilization=utilisation, kv_cache_dtype=kv_cache_dtype)
+
+
+def decode_capacity(
+    model: PoolModel,
+    slo: SLOSpec,
+    context_tokens: float,
+    knobs: Knobs,
+    *,
+    headroom: float | None = None,
+    tpot_scale: float = 1.0,
+) -> DecodeCapacity:
+    """Sequences one replica runs within `headroom x TPOT target / tpot_scale` and its KV budget.
+
+    `headroom` defaults to `knobs.tpot_headroom` (the TPOT quantile runs above the mean step time);
+    `tpot_scale` > 1 says steps run that much slower than the profile (used to learn the correction).
+    The mean context is rounded to 64 tokens so that nearby windows share cached results.
+    """
+    context = max(64, 64 * round(context_tokens / 64))
+    share = knobs.tpot_headroom if headroom is None else headroom
+    tpot = slo.tpot_ms / 1000.0 * share / max(tpot_scale, 1e-6)
+    batch = _batch_at_tpot(model.profile, round(tpot, 6), context, model.limits.max_num_seqs)
+    kv = _kv_tokens(model.profile, model.limits.gpu_memory_utilization, model.limits.kv_cache_dtype)
+    return DecodeCapacity(
+        batch_at_tpot=batch,
+        kv_tokens=kv,
+        context_tokens=float(context),
+        kv_target_usage=knobs.kv_target_usage,
+    )

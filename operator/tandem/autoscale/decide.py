@@ -1,0 +1,430 @@
+"""`decide(spec, snapshot, state, now) -> Decision`: one pass of the SLO autoscaler, pure.
+
+Per autoscaled pool (`spec.<pool>.autoscaling` set, not `external`), in this order:
+1. the raw recommendation from the load at the SLO (`recommend.py`);
+2. a partial scrape (fewer pods report than are ready) forbids scaling down this pass;
+3. the dead band (`stabilize.within_dead_band`), then `[minReplicas, maxReplicas]`;
+4. the stabilization windows over the recorded recommendations, then the step limits, then the
+   bounds again (bounds win over steps);
+5. `spec.maxGPUs` arbitration between the pools by SLO deficit (`budget.py`).
+`PoolDecision.limited_by` names the last stage that changed the size.
+
+No data (the snapshot lists something `missing`, is older than `stale_intervals` decision
+intervals, has non-finite figures, or a pool with ready pods has no scraped pod) holds every size
+and says why; a pause holds every size too. Both record the current size as the pass's
+recommendation, so a scale-down after them waits for a full window. No traffic (fresh, zero rates)
+is data: recommendations fall to `minReplicas` and the scale-down window and step apply.
+Advisory mode computes everything, reports the target, and leaves `desired_replicas` where it is.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Literal
+
+from tandem.api.models import AutoscalingMode, PDDeploymentSpec, PoolAutoscaling
+from tandem.api.status import (
+    AutoscalingPoolsStatus,
+    AutoscalingStatus,
+    PoolAutoscalingStatus,
+    Recommendation,
+    ScaleDecision,
+)
+from tandem.autoscale import stabilize
+from tandem.autoscale.budget import Claim, arbitrate
+from tandem.autoscale.knobs import KNOBS, Knobs
+from tandem.autoscale.recommend import ROLES, Sizing, fmt, recommend
+from tandem.autoscale.snapshot import Snapshot
+
+LimitedBy = Literal["maxGPUs", "maxReplicas", "minReplicas", "maxStep", "stabilization", "deadBand"]
+ConditionTuple = tuple[Literal["True", "False"], str, str]
+MAX_REASON = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class PoolDecision:
+    role: str
+    current: int
+    target: int  # what the autoscaler would set now
+    recommendation: int  # raw, before dead band, bounds, stabilization, steps and budget
+    reason: str  # one sentence with the figures
+    figures: Mapping[str, float]  # the numbers used (<= 32 keys, camelCase)
+    limited_by: LimitedBy | None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    pools: Mapping[str, PoolDecision]  # every autoscaled pool
+    state: AutoscalingStatus  # to write to status.autoscaling
+    condition: ConditionTuple  # AutoscalingActive: (status, reason, message)
+    held: bool  # no size may change this pass (no data, paused, or not configured)
+
+
+def autoscaled_roles(spec: PDDeploymentSpec) -> list[str]:
+    """Pools the autoscaler sizes: `autoscaling` set and not handed to an external controller."""
+    roles = []
+    for role in ROLES:
+        bounds = spec.pool(role).autoscaling
+        if bounds is not None and not bounds.external:
+            roles.append(role)
+    return roles
+
+
+def _bounds(spec: PDDeploymentSpec, role: str) -> PoolAutoscaling:
+    bounds = spec.pool(role).autoscaling
+    assert bounds is not None
+    return bounds
+
+
+def _clamp(value: int, bounds: PoolAutoscaling) -> int:
+    return min(max(value, bounds.min_replicas), max(bounds.max_replicas, bounds.min_replicas))
+
+
+def current_size(spec: PDDeploymentSpec, state: AutoscalingStatus, role: str) -> int:
+    """The size the autoscaler holds `role` at: its last desired size, else the spec's clamped to bounds."""
+    desired = _pool_state(state, role).desired_replicas
+    if desired is not None:
+        return desired
+    return _clamp(spec.pool(role).replicas, _bounds(spec, role))
+
+
+def _pool_state(state: AutoscalingStatus, role: str) -> PoolAutoscalingStatus:
+    pool: PoolAutoscalingStatus = getattr(state.pools, role)
+    return pool
+
+
+def _rfc3339(now: float) -> str:
+    return dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _no_data(
+    spec: PDDeploymentSpec, snapshot: Snapshot, roles: list[str], now: float, knobs: Knobs
+) -> list[str]:
+    """Why this snapshot cannot be trusted (empty: it can)."""
+    problems = list(snapshot.missing)
+    age = now - snapshot.observed_at
+    stale_after = knobs.stale_intervals * spec.autoscaling.interval_seconds
+    if not math.isfinite(age) or age > stale_after:
+        problems.append(f"metrics are {fmt(age)} s old (stale after {fmt(stale_after)} s)")
+    for name, group in (("pool", snapshot.pools), ("path", snapshot.paths)):
+        for key, signals in group.items():
+            for field in fields(signals):
+                value = getattr(signals, field.name)
+                if isinstance(value, float) and not math.isfinite(value):
+                    problems.append(f"{name} {key}: {field.name} is {value}")
+    for role in roles:
+        size = snapshot.sizes.get(role)
+        if size is None:
+            problems.append(f"no size for {role}")
+            continue
+        if size.ready > 0 and (role not in snapshot.pools or snapshot.pools[role].scraped_pods == 0):
+            problems.append(f"none of the {size.ready} ready {role} pods has fresh metrics")
+    return problems
+
+
+def _limit_text(
+    limited_by: LimitedBy | None, target: int, spec: PDDeploymentSpec, bounds: PoolAutoscaling, knobs: Knobs
+) -> str:
+    rules = spec.autoscaling
+    if limited_by is None:
+        return ""
+    return {
+        "deadBand": f"; within the {knobs.dead_band:.0%} dead band: hold {target}",
+        "minReplicas": f"; at minReplicas {bounds.min_replicas}",
+        "maxReplicas": f"; capped at maxReplicas {bounds.max_replicas}",
+        "stabilization": (
+            f"; {target} by the stabilization windows (down {rules.scale_down.stabilization_seconds} s, "
+            f"up {rules.scale_up.stabilization_seconds} s)"
+        ),
+        "maxStep": f"; {target} by the step limits (+{rules.scale_up.max_step}/-{rules.scale_down.max_step})",
+        "maxGPUs": f"; {target} within maxGPUs {spec.max_gpus}",
+    }[limited_by]
+
+
+@dataclass(frozen=True, slots=True)
+class _Stage:
+    value: int
+    limited_by: LimitedBy | None
+
+
+def _shape(
+    sizing: Sizing, current: int, bounds: PoolAutoscaling, partial: bool, knobs: Knobs
+) -> tuple[int, LimitedBy | None]:
+    """Dead band and bounds: the value recorded in the windows."""
+    value = sizing.replicas
+    limited_by: LimitedBy | None = None
+    if partial and value < current:
+        value = current
+    if (
+        value != current
+        and (sizing.slo_floor is None or sizing.slo_floor <= current)
+        and stabilize.within_dead_band(sizing.exact, current, knobs.dead_band)
+    ):
+        value, limited_by = current, "deadBand"
+    bounded = _clamp(value, bounds)
+    if bounded != value:
+        limited_by = "maxReplicas" if bounded < value else "minReplicas"
+    return bounded, limited_by
+
+
+def decide(
+    spec: PDDeploymentSpec,
+    snapshot: Snapshot,
+    state: AutoscalingStatus,
+    now: float,
+    *,
+    paused: bool = False,
+    knobs: Knobs = KNOBS,
+) -> Decision:
+    """One decision pass (see the module docstring). Pure: `now` is the only clock."""
+    roles = autoscaled_roles(spec)
+    mode = "Paused" if paused else spec.autoscaling.mode.value
+    if not spec.autoscaling.enabled:
+        return _inactive(state, now, "Disabled", ("False", "Disabled", "spec.autoscaling.enabled is false"))
+    if spec.slo is None:
+        return _inactive(
+            state, now, mode, ("False", "NoSLO", "autoscaling needs spec.slo (TTFT and TPOT targets)")
+        )
+    if not roles:
+        message = "no pool has autoscaling bounds (or every one is external)"
+        return _inactive(state, now, mode, ("False", "NoAutoscaledPools", message))
+    currents = {role: current_size(spec, state, role) for role in roles}
+    problems = _no_data(spec, snapshot, roles, now, knobs)
+    if problems or paused:
+        return _hold(spec, state, now, mode, currents, problems, paused)
+    return _active(spec, snapshot, state, now, currents, knobs)
+
+
+def _inactive(state: AutoscalingStatus, now: float, mode: str, condition: ConditionTuple) -> Decision:
+    new_state = state.model_copy(update={"mode": mode, "last_evaluated": now})
+    return Decision(pools={}, state=new_state, condition=condition, held=True)
+
+
+def _keep_seconds(spec: PDDeploymentSpec) -> float:
+    rules = spec.autoscaling
+    return float(max(rules.scale_up.stabilization_seconds, rules.scale_down.stabilization_seconds))
+
+
+def _pool_status(
+    old: PoolAutoscalingStatus,
+    *,
+    desired: int,
+    decision: ScaleDecision | None,
+    scaled: bool,
+    now: float,
+    history: list[Recommendation],
+    correction: float,
+) -> PoolAutoscalingStatus:
+    return PoolAutoscalingStatus(
+        desired_replicas=desired,
+        last_decision=decision or old.last_decision,
+        last_scale_time=now if scaled else old.last_scale_time,
+        recommendations=history,
+        capacity_correction=correction,
+        draining=old.draining,
+    )
+
+
+def _scale_decision(
+    now: float, current: int, target: int, reason: str, figures: Mapping[str, float]
+) -> ScaleDecision:
+    return ScaleDecision(
+        time=_rfc3339(now),
+        from_replicas=current,
+        to=target,
+        reason=reason[:MAX_REASON],
+        figures=dict(list(figures.items())[:32]),
+    )
+
+
+def _new_state(
+    state: AutoscalingStatus, now: float, mode: str, updates: Mapping[str, PoolAutoscalingStatus]
+) -> AutoscalingStatus:
+    pools = {role: updates.get(role, _pool_state(state, role)) for role in ROLES}
+    return AutoscalingStatus(mode=mode, last_evaluated=now, pools=AutoscalingPoolsStatus(**pools))
+
+
+def _hold(
+    spec: PDDeploymentSpec,
+    state: AutoscalingStatus,
+    now: float,
+    mode: str,
+    currents: Mapping[str, int],
+    problems: list[str],
+    paused: bool,
+) -> Decision:
+    why = "paused" if paused else "no data: " + "; ".join(problems)
+    pools: dict[str, PoolDecision] = {}
+    updates: dict[str, PoolAutoscalingStatus] = {}
+    for role, current in currents.items():
+        old = _pool_state(state, role)
+        reason = f"{why}; holding {current} replicas"
+        figures = {"current": float(current)}
+        pools[role] = PoolDecision(
+            role=role,
+            current=current,
+            target=current,
+            recommendation=current,
+            reason=reason,
+            figures=figures,
+            limited_by=None,
+        )
+        first = old.last_decision is None
+        updates[role] = _pool_status(
+            old,
+            desired=current,
+            decision=_scale_decision(now, current, current, reason, figures) if first else None,
+            scaled=False,
+            now=now,
+            history=stabilize.record(old.recommendations, now, current, _keep_seconds(spec)),
+            correction=old.capacity_correction,
+        )
+    sizes = ", ".join(f"{role} {current}" for role, current in currents.items())
+    if paused:
+        condition: ConditionTuple = ("False", "Paused", f"autoscaling is paused; holding {sizes}")
+    else:
+        condition = ("False", "MetricsMissing", f"{why}; holding {sizes} (never scaling down without data)")
+    return Decision(pools=pools, state=_new_state(state, now, mode, updates), condition=condition, held=True)
+
+
+def _active(
+    spec: PDDeploymentSpec,
+    snapshot: Snapshot,
+    state: AutoscalingStatus,
+    now: float,
+    currents: Mapping[str, int],
+    knobs: Knobs,
+) -> Decision:
+    rules = spec.autoscaling
+    advisory = rules.mode is AutoscalingMode.Advisory
+    keep = _keep_seconds(spec)
+    sizings: dict[str, Sizing] = {}
+    stepped: dict[str, _Stage] = {}
+    histories: dict[str, list[Recommendation]] = {}
+    partials: dict[str, bool] = {}
+    for role, current in currents.items():
+        old = _pool_state(state, role)
+        bounds = _bounds(spec, role)
+        sizing = recommend(spec, role, snapshot, current, old.capacity_correction, knobs)
+        sizings[role] = sizing
+        signals = snapshot.pools.get(role)
+        size = snapshot.sizes[role]
+        partials[role] = signals is not None and 0 < signals.scraped_pods < size.ready
+        recorded, limited_by = _shape(sizing, current, bounds, partials[role], knobs)
+        history = stabilize.record(old.recommendations, now, recorded, keep)
+        histories[role] = history
+        value = stabilize.stabilized(
+            history,
+            now,
+            current,
+            rules.scale_up.stabilization_seconds,
+            rules.scale_down.stabilization_seconds,
+        )
+        if value != recorded:
+            limited_by = "stabilization"
+        limited = stabilize.limit_step(value, current, rules.scale_up.max_step, rules.scale_down.max_step)
+        if limited != value:
+            limited_by = "maxStep"
+        bounded = _clamp(limited, bounds)
+        if bounded != limited:
+            limited_by = "maxReplicas" if bounded < limited else "minReplicas"
+        stepped[role] = _Stage(bounded, limited_by)
+
+    targets = {role: stage.value for role, stage in stepped.items()}
+    budget_note = ""
+    if spec.max_gpus is not None:
+        fixed = _fixed_gpus(spec, snapshot, list(currents))
+        claims = [
+            Claim(
+                role=role,
+                wanted=targets[role],
+                current=currents[role],
+                min_replicas=_bounds(spec, role).min_replicas,
+                gpus_per_replica=spec.pool(role).tensor_parallel_size,
+                deficit=sizings[role].deficit,
+            )
+            for role in currents
+        ]
+        available = spec.max_gpus - fixed
+        granted = arbitrate(claims, available)
+        minimums = sum(c.min_replicas * c.gpus_per_replica for c in claims)
+        if minimums > available:
+            budget_note = (
+                f"the minimums need {minimums} GPUs but maxGPUs {spec.max_gpus} leaves {available} "
+                f"after {fixed} GPUs of other pools"
+            )
+        for role, value in granted.items():
+            if value != targets[role]:
+                targets[role] = value
+                stepped[role] = _Stage(value, "maxGPUs")
+
+    pools: dict[str, PoolDecision] = {}
+    updates: dict[str, PoolAutoscalingStatus] = {}
+    for role, current in currents.items():
+        sizing, stage, target = sizings[role], stepped[role], targets[role]
+        bounds = _bounds(spec, role)
+        reason = sizing.reason
+        if partials[role] and sizing.replicas < current:
+            reason += "; not every ready pod reports: no scale-down"
+        reason += _limit_text(stage.limited_by, target, spec, bounds, knobs)
+        if target != current:
+            reason += f"; {current} -> {target}"
+        reason = reason[:MAX_REASON]
+        figures = dict(sizing.figures)
+        pools[role] = PoolDecision(
+            role=role,
+            current=current,
+            target=target,
+            recommendation=sizing.replicas,
+            reason=reason,
+            figures=figures,
+            limited_by=stage.limited_by,
+        )
+        old = _pool_state(state, role)
+        record_decision = target != current or old.last_decision is None
+        updates[role] = _pool_status(
+            old,
+            desired=current if advisory else target,
+            decision=_scale_decision(now, current, target, reason, figures) if record_decision else None,
+            scaled=not advisory and target != current,
+            now=now,
+            history=histories[role],
+            correction=sizing.correction,
+        )
+    condition = _condition(spec, pools, advisory, budget_note)
+    new_state = _new_state(state, now, rules.mode.value, updates)
+    return Decision(pools=pools, state=new_state, condition=condition, held=False)
+
+
+def _fixed_gpus(spec: PDDeploymentSpec, snapshot: Snapshot, autoscaled: list[str]) -> int:
+    """GPUs of the pools the autoscaler does not size: their cluster size, else their spec replicas."""
+    total = 0
+    for role in ROLES:
+        if role in autoscaled:
+            continue
+        size = snapshot.sizes.get(role)
+        replicas = size.replicas if size is not None else spec.pool(role).replicas
+        total += replicas * spec.pool(role).tensor_parallel_size
+    return total
+
+
+def _condition(
+    spec: PDDeploymentSpec, pools: Mapping[str, PoolDecision], advisory: bool, budget_note: str
+) -> ConditionTuple:
+    sizes = ", ".join(
+        f"{d.role} {d.current}" + (f" -> {d.target}" if d.target != d.current else "") for d in pools.values()
+    )
+    if advisory:
+        return ("False", "Advisory", f"advisory mode, nothing is changed; would set {sizes}")
+    by_gpus = [d.role for d in pools.values() if d.limited_by == "maxGPUs"]
+    if by_gpus or budget_note:
+        detail = budget_note or f"{', '.join(by_gpus)} held below the wanted size"
+        return ("False", "LimitedByMaxGPUs", f"maxGPUs {spec.max_gpus}: {detail}; {sizes}")
+    over = [d.role for d in pools.values() if d.recommendation > _bounds(spec, d.role).max_replicas]
+    if over:
+        detail = ", ".join(f"{role} needs {pools[role].recommendation}" for role in over)
+        return ("False", "LimitedByMaxReplicas", f"{detail} (over maxReplicas); {sizes}")
+    return ("True", "Active", sizes)

@@ -1,0 +1,43 @@
+"""The policy's tuning constants, in one frozen record so the simulator can sweep them.
+
+The spec carries what users decide (SLO, bounds, windows, steps, budget); these are the policy's
+internal constants. `decide(..., knobs=Knobs(...))` overrides them; everything else uses `KNOBS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Knobs:
+    # Dead band: hold while the needed replicas are within this fraction of the current size.
+    dead_band: float = 0.10
+    # Prefill: a replica is loaded to at most this share of its raw prompt-token throughput, less the
+    # queueing room the TTFT target leaves (see capacity.prefill_capacity).
+    prefill_utilisation_cap: float = 0.85
+    prefill_utilisation_floor: float = 0.30
+    # Waiting time at the SLO's quantile, in service times (exponential tail: -ln(1 - 0.95) = 3).
+    ttft_quantile_factor: float = 3.0
+    # Decode: a replica's batch is sized at this share of the TPOT target (the quantile runs above the
+    # mean step time), and its KV cache filled to at most this share.
+    tpot_headroom: float = 0.85
+    kv_target_usage: float = 0.85
+    # Queued prompt tokens are to be drained within this many seconds (0: the decision interval).
+    queue_drain_seconds: float = 0.0
+    # Used while no request finished in the window to say how long prompts and outputs are.
+    default_prompt_tokens: float = 1024.0
+    default_output_tokens: float = 256.0
+    # Capacity correction (measured / profile capacity per replica): bounds, smoothing, SLO feedback.
+    correction_min: float = 0.25
+    correction_max: float = 4.0
+    correction_smoothing: float = 0.3  # weight of a new sample in the geometric moving average
+    miss_shrink_min: float = 0.80  # on an SLO miss the model did not predict, shrink by at least x0.95 ...
+    miss_shrink_max: float = 0.95  # ... and at most x0.80 per pass
+    comfortable_ratio: float = 0.80  # latency under this share of its target is "comfortably within"
+    relax_rate: float = 0.10  # then a correction below 1 moves this share of the way back to 1
+    # A snapshot older than this many decision intervals is stale (no data).
+    stale_intervals: float = 3.0
+
+
+KNOBS = Knobs()

@@ -1,0 +1,456 @@
+"""One pool's raw recommendation: replicas needed for the observed load at the SLO, and why.
+
+Prefill: `(prompt tokens/s + queued prompt tokens / drain) / (capacity at the TTFT target x correction)`.
+Decode: `max((running + waiting) / (sequences per replica x correction), KV used / kv_target_usage)`.
+Colocated: the two shares of a replica's time add up (chunked prefill runs prompts in the same steps
+as decodes): `prompt part + sequence part`, and the KV term as decode.
+
+Starting pods count as capacity: while any pod of the pool loads, the backlog terms (queued prompt
+tokens, waiting requests, KV pressure) cannot raise the recommendation above the current size,
+which already includes the loading pods; only the rate terms can.
+
+SLO feedback, from the path the pool serves (`PathSignals`): a pool whose latency at the SLO's
+quantile is over target while attainment is under target (prefill: TTFT, unless decode has waiting
+requests and prefill no queue; decode: TPOT, or TTFT in that case; colocated: either) is never
+recommended below its current size, and one more replica when no pod is starting. When the capacity
+model said the current size sufficed, the correction also shrinks (x `1/ratio`, within
+[`miss_shrink_min`, `miss_shrink_max`]).
+
+Capacity correction (measured / profile capacity, bounded to [`correction_min`, `correction_max`],
+smoothed geometrically by `correction_smoothing`), learnt only when every ready pod reports and none
+is starting:
+- prefill, when every replica has at least a step's budget of prompt tokens queued (saturated): the
+  sample is prompt tokens/s per ready replica over the profile's busy throughput;
+- decode, with at least one running sequence per replica and a measured TPOT: the profile's step
+  time is scaled by measured TPOT / profile step time at the observed batch, and the sample is the
+  batch that then fits the TPOT target over the seeded batch;
+- all pools, comfortably within SLO (latency under `comfortable_ratio` of target, attainment met): a
+  correction below 1 relaxes towards 1 by `relax_rate`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tandem.api.models import PDDeploymentSpec, SLOSpec
+from tandem.autoscale.capacity import PoolModel, decode_capacity, pool_model, prefill_capacity
+from tandem.autoscale.knobs import Knobs
+from tandem.autoscale.snapshot import (
+    PATH_COLOCATED,
+    PATH_DISAGGREGATED,
+    PathSignals,
+    PoolSignals,
+    PoolSize,
+    Snapshot,
+)
+
+ROLES = ("prefill", "decode", "colocated")
+
+
+def path_of(role: str) -> str:
+    return PATH_COLOCATED if role == "colocated" else PATH_DISAGGREGATED
+
+
+@dataclass(frozen=True, slots=True)
+class Sizing:
+    """A pool's raw recommendation with the figures that produced it."""
+
+    exact: float  # replicas needed, fractional, after the starting-pod credit
+    replicas: int  # ceil(exact), raised to the SLO floor; before dead band, bounds and windows
+    slo_floor: int | None  # the floor an SLO miss imposes (None: met or no requests)
+    correction: float  # the capacity correction after this pass's learning
+    deficit: float  # how far the pool's latency is over its target (0 within it), for the budget
+    reason: str
+    figures: Mapping[str, float]
+
+
+def fmt(value: float) -> str:
+    """A figure for a sentence: 41234 -> 41k, 9120 -> 9.1k, 820 -> 820, 0.123 -> 0.12."""
+    magnitude = abs(value)
+    if magnitude >= 1e6:
+        return f"{value / 1e6:.3g}M"
+    if magnitude >= 1e4:
+        return f"{value / 1e3:.0f}k"
+    if magnitude >= 1e3:
+        return f"{value / 1e3:.2g}k"
+    if magnitude >= 10 or value == int(value):
+        return f"{value:.0f}"
+    return f"{value:.2g}"
+
+
+def _first_positive(*values: float) -> float | None:
+    for value in values:
+        if value > 0 and math.isfinite(value):
+            return value
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Observed:
+    """What a pool's sizing reads, gathered once."""
+
+    size: PoolSize
+    starting: int
+    signals: PoolSignals
+    path: PathSignals
+    prompt_tokens: float
+    output_tokens: float
+    drain_seconds: float
+    quantile: str
+    attainment_target: float
+
+
+def _observe(
+    spec: PDDeploymentSpec, role: str, snapshot: Snapshot, current: int, knobs: Knobs, slo: SLOSpec
+) -> _Observed:
+    size = snapshot.sizes.get(role, PoolSize(replicas=current, ready=current))
+    pools = snapshot.pools
+    signals = pools.get(role, PoolSignals())
+    order = [role, *(r for r in ROLES if r != role)]
+    prompt = _first_positive(*(pools[r].mean_prompt_tokens for r in order if r in pools))
+    # Decode sees every output token; prefill's outputs are one token each, so it comes last.
+    out_order = [r for r in ("decode", "colocated", "prefill") if r in pools]
+    output = _first_positive(*(pools[r].mean_output_tokens for r in out_order if r != "prefill"))
+    drain = knobs.queue_drain_seconds or float(spec.autoscaling.interval_seconds)
+    return _Observed(
+        size=size,
+        starting=max(0, size.replicas - size.ready),
+        signals=signals,
+        path=snapshot.paths.get(path_of(role), PathSignals()),
+        prompt_tokens=prompt or knobs.default_prompt_tokens,
+        output_tokens=output or knobs.default_output_tokens,
+        drain_seconds=drain,
+        quantile=f"p{slo.attainment_percent:g}",
+        attainment_target=slo.attainment_percent / 100.0,
+    )
+
+
+def _smooth(correction: float, sample: float, knobs: Knobs) -> float:
+    sample = min(knobs.correction_max, max(knobs.correction_min, sample))
+    alpha = knobs.correction_smoothing
+    return math.exp((1 - alpha) * math.log(correction) + alpha * math.log(sample))
+
+
+def _clamp_correction(correction: float, knobs: Knobs) -> float:
+    return min(knobs.correction_max, max(knobs.correction_min, correction))
+
+
+@dataclass(frozen=True, slots=True)
+class _Slo:
+    ratio: float | None  # latency at the quantile / target for what this pool answers for
+    missed: bool
+    comfortable: bool
+    text: str  # e.g. "TTFT p95 820 ms > 500 ms"
+
+
+def _slo_state(role: str, obs: _Observed, slo: SLOSpec, snapshot: Snapshot, knobs: Knobs) -> _Slo:
+    path = obs.path
+    ttft = None if path.ttft_seconds is None else path.ttft_seconds * 1000.0 / slo.ttft_ms
+    tpot = None if path.tpot_seconds is None else path.tpot_seconds * 1000.0 / slo.tpot_ms
+    prefill = snapshot.pools.get("prefill", PoolSignals())
+    decode = snapshot.pools.get("decode", PoolSignals())
+    # A TTFT miss with requests waiting on decode and no prefill queue is decode's (KV admission).
+    ttft_is_decodes = decode.waiting_requests > 0 and prefill.queued_prompt_tokens <= 0
+    answers_ttft = role == "colocated" or (role == "prefill") != ttft_is_decodes
+    answers_tpot = role in ("decode", "colocated")
+    ratios: list[tuple[str, float]] = []
+    if answers_ttft and ttft is not None:
+        ratios.append(("TTFT", ttft))
+    if answers_tpot and tpot is not None:
+        ratios.append(("TPOT", tpot))
+    if not ratios:
+        return _Slo(ratio=None, missed=False, comfortable=False, text="")
+    name, ratio = max(ratios, key=lambda item: item[1])
+    attainment = path.attainment
+    attained = attainment is None or attainment >= obs.attainment_target
+    missed = ratio > 1.0 and not attained
+    target_ms = slo.ttft_ms if name == "TTFT" else slo.tpot_ms
+    measured_ms = ratio * target_ms
+    relation = ">" if ratio > 1.0 else "<="
+    text = f"{name} {obs.quantile} {fmt(measured_ms)} ms {relation} {fmt(target_ms)} ms"
+    if attainment is not None:
+        text += f", attainment {attainment * 100:.1f}%"
+    return _Slo(
+        ratio=ratio, missed=missed, comfortable=ratio < knobs.comfortable_ratio and attained, text=text
+    )
+
+
+def recommend(
+    spec: PDDeploymentSpec,
+    role: str,
+    snapshot: Snapshot,
+    current: int,
+    correction: float,
+    knobs: Knobs,
+) -> Sizing:
+    """The replicas `role` needs now (see the module docstring); `spec.slo` must be set."""
+    slo = spec.slo
+    if slo is None:
+        raise ValueError("recommend() needs spec.slo")
+    model = pool_model(spec, role)
+    obs = _observe(spec, role, snapshot, current, knobs, slo)
+    if role == "prefill":
+        return _prefill(spec, model, obs, snapshot, current, correction, knobs, slo)
+    if role == "decode":
+        return _decode(model, obs, snapshot, current, correction, knobs, slo)
+    return _colocated(model, obs, snapshot, current, correction, knobs, slo)
+
+
+def _can_learn(obs: _Observed) -> bool:
+    return obs.starting == 0 and obs.size.ready >= 1 and obs.signals.scraped_pods >= obs.size.ready
+
+
+def _queue_tokens(obs: _Observed) -> float:
+    queue = obs.signals.queued_prompt_tokens
+    if queue <= 0 and obs.signals.waiting_requests > 0:
+        queue = obs.signals.waiting_requests * obs.prompt_tokens
+    return max(0.0, queue)
+
+
+def _finish(
+    *,
+    base: float,
+    total: float,
+    obs: _Observed,
+    current: int,
+    slo_state: _Slo,
+    correction: float,
+    model_exact_before: float,
+    knobs: Knobs,
+    figures: dict[str, float],
+    what: tuple[str, str],
+    activation: bool,
+) -> Sizing:
+    """Starting-pod credit, SLO floor, the miss/relax corrections, and the sentence."""
+    exact = max(base, min(total, float(current))) if obs.starting > 0 else total
+    if activation and current == 0:
+        exact = max(exact, 1.0)
+    replicas = max(0, math.ceil(exact - 1e-9))
+    floor: int | None = None
+    if slo_state.missed:
+        floor = current if obs.starting > 0 else current + 1
+        replicas = max(replicas, floor)
+        if obs.starting == 0 and model_exact_before <= current:
+            shrink = min(knobs.miss_shrink_max, max(knobs.miss_shrink_min, 1.0 / (slo_state.ratio or 1.0)))
+            correction *= shrink
+    elif slo_state.comfortable and correction < 1.0:
+        correction += (1.0 - correction) * knobs.relax_rate
+    correction = _clamp_correction(correction, knobs)
+    figures.update(
+        exactReplicas=exact,
+        replicas=float(obs.size.replicas),
+        ready=float(obs.size.ready),
+        starting=float(obs.starting),
+        scrapedPods=float(obs.signals.scraped_pods),
+        capacityCorrection=correction,
+    )
+    if slo_state.ratio is not None:
+        figures["sloRatio"] = slo_state.ratio
+    if obs.path.attainment is not None:
+        figures["attainment"] = obs.path.attainment
+    figures["attainmentTarget"] = obs.attainment_target
+    demand, each = what
+    parts = [f"{demand} need {math.ceil(exact - 1e-9)} replicas at {each}"]
+    if obs.starting > 0:
+        parts.append(f"counting {obs.starting} starting")
+    if slo_state.text:
+        parts.append(slo_state.text)
+    reason = parts[0] + (f" ({'; '.join(parts[1:])})" if len(parts) > 1 else "")
+    if floor is not None and floor > math.ceil(exact - 1e-9):
+        reason += f"; SLO missed: at least {floor}"
+    deficit = max(0.0, (slo_state.ratio or 0.0) - 1.0)
+    return Sizing(
+        exact=exact,
+        replicas=replicas,
+        slo_floor=floor,
+        correction=correction,
+        deficit=deficit,
+        reason=reason,
+        figures=figures,
+    )
+
+
+def _prefill(
+    spec: PDDeploymentSpec,
+    model: PoolModel,
+    obs: _Observed,
+    snapshot: Snapshot,
+    current: int,
+    correction: float,
+    knobs: Knobs,
+    slo: SLOSpec,
+) -> Sizing:
+    cap = prefill_capacity(
+        model, slo, obs.prompt_tokens, knobs, transfer_gbps=spec.kv_transfer.bandwidth_gbps
+    )
+    rate = obs.signals.prompt_tokens_rate
+    queue = _queue_tokens(obs)
+    ready = obs.size.ready
+    before = correction
+    learnt = False
+    if _can_learn(obs) and rate > 0 and queue >= model.limits.max_num_batched_tokens * ready:
+        correction = _smooth(correction, rate / ready / cap.raw_tokens_per_second, knobs)
+        learnt = True
+    per_replica = max(cap.at_target * correction, 1e-9)
+    base = rate / per_replica
+    total = base + queue / obs.drain_seconds / per_replica
+    model_exact_before = (rate + queue / obs.drain_seconds) / max(cap.at_target * before, 1e-9)
+    slo_state = _slo_state("prefill", obs, slo, snapshot, knobs)
+    if learnt:  # the sample is a measurement: do not also relax or shrink on the same pass
+        slo_state = _Slo(slo_state.ratio, slo_state.missed, False, slo_state.text)
+    figures: dict[str, float] = {
+        "promptTokensPerSecond": rate,
+        "queuedPromptTokens": queue,
+        "drainSeconds": obs.drain_seconds,
+        "meanPromptTokens": obs.prompt_tokens,
+        "profileTokensPerSecond": cap.raw_tokens_per_second,
+        "utilisationAtTarget": cap.utilisation,
+        "capacityTokensPerSecond": per_replica,
+        "ttftTargetSeconds": slo.ttft_ms / 1000.0,
+    }
+    if obs.path.ttft_seconds is not None:
+        figures["ttftSeconds"] = obs.path.ttft_seconds
+    if model.fallback:
+        figures["profileFallback"] = 1.0
+    what = (
+        f"prompt tokens {fmt(rate)}/s + queue {fmt(queue)} over {fmt(obs.drain_seconds)} s",
+        f"{fmt(per_replica)} tokens/s each",
+    )
+    return _finish(
+        base=base,
+        total=total,
+        obs=obs,
+        current=current,
+        slo_state=slo_state,
+        correction=correction,
+        model_exact_before=model_exact_before,
+        knobs=knobs,
+        figures=figures,
+        what=what,
+        activation=obs.path.request_rate > 0,
+    )
+
+
+def _decode(
+    model: PoolModel,
+    obs: _Observed,
+    snapshot: Snapshot,
+    current: int,
+    correction: float,
+    knobs: Knobs,
+    slo: SLOSpec,
+) -> Sizing:
+    context = obs.prompt_tokens + obs.output_tokens / 2.0
+    cap = decode_capacity(model, slo, context, knobs)
+    seeded = max(cap.sequences, 1.0)
+    running, waiting = obs.signals.running_requests, obs.signals.waiting_requests
+    ready = obs.size.ready
+    before = correction
+    learnt = False
+    tpot = obs.path.tpot_seconds
+    if _can_learn(obs) and tpot is not None and tpot > 0 and running >= ready:
+        batch = running / ready
+        step = model.profile.decode_step_seconds(math.ceil(batch), math.ceil(batch * cap.context_tokens))
+        if step > 0:
+            scale = min(knobs.correction_max, max(knobs.correction_min, tpot / step))
+            measured = decode_capacity(model, slo, context, knobs, headroom=1.0, tpot_scale=scale)
+            correction = _smooth(correction, max(measured.sequences, 1.0) / seeded, knobs)
+            learnt = True
+    per_replica = max(seeded * correction, 1e-9)
+    kv_exact = obs.signals.kv_usage_mean * obs.signals.scraped_pods / knobs.kv_target_usage
+    base = running / per_replica
+    total = max(base + waiting / per_replica, kv_exact)
+    model_exact_before = max((running + waiting) / max(seeded * before, 1e-9), kv_exact)
+    slo_state = _slo_state("decode", obs, slo, snapshot, knobs)
+    if learnt:
+        slo_state = _Slo(slo_state.ratio, slo_state.missed, False, slo_state.text)
+    figures: dict[str, float] = {
+        "runningRequests": running,
+        "waitingRequests": waiting,
+        "meanContextTokens": cap.context_tokens,
+        "batchAtTpot": float(cap.batch_at_tpot),
+        "kvTokensPerReplica": float(cap.kv_tokens),
+        "capacitySequences": per_replica,
+        "kvUsageMean": obs.signals.kv_usage_mean,
+        "kvUsageMax": obs.signals.kv_usage_max,
+        "kvReplicas": kv_exact,
+        "tpotTargetSeconds": slo.tpot_ms / 1000.0,
+    }
+    if tpot is not None:
+        figures["tpotSeconds"] = tpot
+    if model.fallback:
+        figures["profileFallback"] = 1.0
+    what = (
+        f"running {fmt(running)} + waiting {fmt(waiting)} sequences and KV usage "
+        f"{obs.signals.kv_usage_mean * 100:.0f}% over {obs.signals.scraped_pods} pods",
+        f"{fmt(per_replica)} sequences each ({fmt(cap.context_tokens)} context tokens)",
+    )
+    return _finish(
+        base=base,
+        total=total,
+        obs=obs,
+        current=current,
+        slo_state=slo_state,
+        correction=correction,
+        model_exact_before=model_exact_before,
+        knobs=knobs,
+        figures=figures,
+        what=what,
+        activation=obs.path.request_rate > 0,
+    )
+
+
+def _colocated(
+    model: PoolModel,
+    obs: _Observed,
+    snapshot: Snapshot,
+    current: int,
+    correction: float,
+    knobs: Knobs,
+    slo: SLOSpec,
+) -> Sizing:
+    prefill = prefill_capacity(model, slo, obs.prompt_tokens, knobs, transfer_gbps=None)
+    decode = decode_capacity(model, slo, obs.prompt_tokens + obs.output_tokens / 2.0, knobs)
+    prompt_cap = max(prefill.at_target * correction, 1e-9)
+    seq_cap = max(max(decode.sequences, 1.0) * correction, 1e-9)
+    rate, queue = obs.signals.prompt_tokens_rate, _queue_tokens(obs)
+    running, waiting = obs.signals.running_requests, obs.signals.waiting_requests
+    kv_exact = obs.signals.kv_usage_mean * obs.signals.scraped_pods / knobs.kv_target_usage
+    base = rate / prompt_cap + running / seq_cap
+    total = max(base + queue / obs.drain_seconds / prompt_cap + waiting / seq_cap, kv_exact)
+    slo_state = _slo_state("colocated", obs, slo, snapshot, knobs)
+    figures: dict[str, float] = {
+        "promptTokensPerSecond": rate,
+        "queuedPromptTokens": queue,
+        "drainSeconds": obs.drain_seconds,
+        "capacityTokensPerSecond": prompt_cap,
+        "runningRequests": running,
+        "waitingRequests": waiting,
+        "capacitySequences": seq_cap,
+        "kvUsageMean": obs.signals.kv_usage_mean,
+        "kvReplicas": kv_exact,
+        "ttftTargetSeconds": slo.ttft_ms / 1000.0,
+        "tpotTargetSeconds": slo.tpot_ms / 1000.0,
+    }
+    if model.fallback:
+        figures["profileFallback"] = 1.0
+    what = (
+        f"prompt tokens {fmt(rate)}/s + queue {fmt(queue)} and running {fmt(running)} + waiting "
+        f"{fmt(waiting)} sequences",
+        f"{fmt(prompt_cap)} tokens/s or {fmt(seq_cap)} sequences each",
+    )
+    return _finish(
+        base=base,
+        total=total,
+        obs=obs,
+        current=current,
+        slo_state=slo_state,
+        correction=correction,
+        model_exact_before=total,
+        knobs=knobs,
+        figures=figures,
+        what=what,
+        activation=obs.path.request_rate > 0,
+    )

@@ -1,0 +1,479 @@
+"""decide(): one table per rule, on a fake clock (`now`), no cluster."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from tandem.api.status import (
+    AutoscalingPoolsStatus,
+    AutoscalingStatus,
+    DrainStatus,
+    PoolAutoscalingStatus,
+    Recommendation,
+)
+from tandem.autoscale.decide import decide
+from tandem.autoscale.snapshot import PoolSignals, Snapshot
+
+if TYPE_CHECKING:
+    from conftest import Kit, Loop
+
+T0 = 1_800_000_000.0
+
+
+def at(desired: dict[str, int], **extra: Any) -> AutoscalingStatus:
+    """A state whose pools are held at `desired`."""
+    pools = {role: PoolAutoscalingStatus(desired_replicas=n, **extra) for role, n in desired.items()}
+    return AutoscalingStatus(mode="Active", last_evaluated=T0 - 30, pools=AutoscalingPoolsStatus(**pools))
+
+
+# --- scale up: load step, queue growth, KV pressure ------------------------------------------------
+
+UP_CASES = [
+    # id, current prefill, load (replicas' worth), expected target, limited_by
+    ("load-step", 2, {"prefill": 4.5}, 5, None),
+    ("load-step-over-step-limit", 2, {"prefill": 9.5}, 6, "maxStep"),
+    ("queue-growth", 2, {"busy": 2, "queue": 2.5}, 5, None),  # 2 busy = 2.35 at target, + 2.5
+    ("queue-over-step-limit", 2, {"busy": 2, "queue": 6.0}, 6, "maxStep"),
+    ("steady-no-change", 4, {"prefill": 3.5}, 4, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("current", "load", "target", "limited_by"), [c[1:] for c in UP_CASES], ids=[c[0] for c in UP_CASES]
+)
+def test_prefill_scales_up_at_once_from_rate_and_queue(
+    kit: Kit, current: int, load: dict[str, float], target: int, limited_by: str | None
+) -> None:
+    snapshot = kit.snapshot(T0, sizes={"prefill": (current, current), "decode": (2, 2)}, **load)
+    decision = decide(kit.spec, snapshot, at({"prefill": current, "decode": 2}), T0)
+    pool = decision.pools["prefill"]
+    assert (pool.current, pool.target, pool.limited_by) == (current, target, limited_by)
+    assert decision.state.pools.prefill.desired_replicas == target
+    assert "prompt tokens" in pool.reason
+    assert "tokens/s each" in pool.reason
+    assert pool.figures["capacityTokensPerSecond"] == pytest.approx(kit.prompt_capacity)
+    assert not decision.held
+
+
+DECODE_CASES = [
+    # id, load, expected target
+    ("running-sequences", {"decode": 3.4}, 4),
+    ("waiting-sequences", {"decode": 1.9, "waiting": 1.5}, 4),
+    ("kv-pressure", {"decode": 0.5, "kv": 0.95}, 3),  # 2 pods x 95% / 85% = 2.24
+    ("kv-comfortable", {"decode": 0.5, "kv": 0.80}, 2),  # 1.88: within what 2 hold
+]
+
+
+@pytest.mark.parametrize(("load", "target"), [c[1:] for c in DECODE_CASES], ids=[c[0] for c in DECODE_CASES])
+def test_decode_scales_from_running_sequences_and_kv_usage(
+    kit: Kit, load: dict[str, float], target: int
+) -> None:
+    snapshot = kit.snapshot(T0, sizes={"prefill": (2, 2), "decode": (2, 2)}, prefill=1.5, **load)
+    decision = decide(kit.spec, snapshot, at({"prefill": 2, "decode": 2}), T0)
+    assert decision.pools["decode"].target == target
+    assert "sequences" in decision.pools["decode"].reason
+
+
+def test_decode_capacity_is_the_smaller_of_tpot_batch_and_kv(kit: Kit) -> None:
+    snapshot = kit.snapshot(T0, sizes={"prefill": (2, 2), "decode": (2, 2)}, prefill=1.5, decode=1.5)
+    figures = decide(kit.spec, snapshot, at({"prefill": 2, "decode": 2}), T0).pools["decode"].figures
+    kv_sequences = figures["kvTokensPerReplica"] * 0.85 / figures["meanContextTokens"]
+    assert figures["capacitySequences"] == pytest.approx(min(figures["batchAtTpot"], kv_sequences))
+
+
+# --- starting pods count as capacity ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ready", [2, 5])
+def test_starting_pods_are_capacity(kit: Kit, ready: int) -> None:
+    """The ready pods compute flat out while 2 replicas' worth of prompts queue. With 3 of 5 pods
+    still loading, the backlog is theirs to serve: no more pods. With all 5 ready, it adds pods."""
+    snapshot = kit.snapshot(T0, sizes={"prefill": (5, ready), "decode": (2, 2)}, busy=ready, queue=2.0)
+    pool = decide(kit.spec, snapshot, at({"prefill": 5, "decode": 2}), T0).pools["prefill"]
+    assert pool.figures["starting"] == 5 - ready
+    if ready < 5:
+        assert pool.target == 5
+        assert "counting 3 starting" in pool.reason
+    else:
+        assert pool.target == math.ceil(5 * kit.prompt_raw / kit.prompt_capacity + 2.0) > 5
+
+
+def test_a_load_step_adds_pods_once_while_models_load(kit: Kit) -> None:
+    """Pass 1 sizes for the step; while the new pods load the backlog keeps growing, pass 2 adds nothing."""
+    state = at({"prefill": 2, "decode": 2})
+    step = kit.snapshot(T0, sizes={"prefill": (2, 2), "decode": (2, 2)}, busy=2, queue=2.5)
+    first = decide(kit.spec, step, state, T0)
+    assert first.pools["prefill"].target == 5
+    loading = kit.snapshot(T0 + 30, sizes={"prefill": (5, 2), "decode": (2, 2)}, busy=2, queue=5.0)
+    second = decide(kit.spec, loading, first.state, T0 + 30)
+    assert second.pools["prefill"].target == 5
+
+
+# --- dead band --------------------------------------------------------------------------------------
+
+DEAD_BAND_CASES = [
+    # id, current, load, target, limited_by
+    ("just-above", 4, 4.3, 4, "deadBand"),
+    ("just-below", 4, 3.7, 4, None),  # ceil is 4 already
+    ("beyond-up", 4, 4.5, 5, None),
+    ("beyond-down-held-by-window", 4, 3.5, 4, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("current", "load", "target", "limited_by"),
+    [c[1:] for c in DEAD_BAND_CASES],
+    ids=[c[0] for c in DEAD_BAND_CASES],
+)
+def test_dead_band(kit: Kit, current: int, load: float, target: int, limited_by: str | None) -> None:
+    snapshot = kit.snapshot(T0, sizes={"prefill": (current, current), "decode": (2, 2)}, prefill=load)
+    pool = decide(kit.spec, snapshot, at({"prefill": current, "decode": 2}), T0).pools["prefill"]
+    assert (pool.target, pool.limited_by) == (target, limited_by)
+
+
+# --- stabilization and steps --------------------------------------------------------------------------
+
+
+def test_scale_down_waits_for_the_window_and_goes_to_the_highest_recommendation_in_it(
+    kit: Kit, make_loop: type[Loop]
+) -> None:
+    loop = make_loop(kit.with_spec(prefill={"replicas": 6}))
+    assert loop.step(prefill=5.5).pools["prefill"].target == 6  # T0: recommends 6
+    loop.now = T0 + 100
+    assert loop.step(prefill=4.5).pools["prefill"].target == 6  # recommends 5
+    loop.now = T0 + 200
+    for _ in range(4):  # T0+200 .. T0+290: recommends 3, held by the window (6 at T0)
+        pool = loop.step(prefill=2.5).pools["prefill"]
+        assert (pool.target, pool.limited_by) == (6, "stabilization")
+    loop.now = T0 + 301  # 6 left the window; 5 (T0+100) is the highest in it
+    pool = loop.step(prefill=2.5).pools["prefill"]
+    assert pool.target == 5
+    loop.now = T0 + 401  # only 3s in the window: one step down (maxStep 1)
+    pool = loop.step(prefill=2.5).pools["prefill"]
+    assert (pool.target, pool.limited_by) == (4, "maxStep")
+    assert loop.step(prefill=2.5).pools["prefill"].target == 3
+    assert loop.step(prefill=2.5).pools["prefill"].target == 3
+
+
+STEP_CASES = [
+    # id, down maxStep, up maxStep, current, load, target
+    ("down-1", 1, 4, 8, 1.5, 7),
+    ("down-3", 3, 4, 8, 1.5, 5),
+    ("down-3-not-below-need", 3, 4, 8, 6.5, 7),
+    ("up-4", 1, 4, 2, 12.0, 6),
+    ("up-2", 1, 2, 2, 12.0, 4),
+]
+
+
+@pytest.mark.parametrize(
+    ("down", "up", "current", "load", "target"), [c[1:] for c in STEP_CASES], ids=[c[0] for c in STEP_CASES]
+)
+def test_max_step_both_ways(kit: Kit, down: int, up: int, current: int, load: float, target: int) -> None:
+    spec = kit.with_spec(
+        autoscaling={"scaleDown": {"stabilizationSeconds": 0, "maxStep": down}, "scaleUp": {"maxStep": up}}
+    ).spec
+    snapshot = kit.snapshot(T0, sizes={"prefill": (current, current), "decode": (2, 2)}, prefill=load)
+    pool = decide(spec, snapshot, at({"prefill": current, "decode": 2}), T0).pools["prefill"]
+    assert pool.target == target
+    if pool.target != math.ceil(load):
+        assert pool.limited_by == "maxStep"
+
+
+# --- no data / no traffic -----------------------------------------------------------------------------
+
+
+def _unscraped_decode(snapshot: Snapshot) -> Snapshot:
+    return dataclasses.replace(snapshot, pools={**snapshot.pools, "decode": PoolSignals(scraped_pods=0)})
+
+
+def _nan_queue(snapshot: Snapshot) -> Snapshot:
+    prefill = dataclasses.replace(snapshot.pools["prefill"], queued_prompt_tokens=math.nan)
+    return dataclasses.replace(snapshot, pools={**snapshot.pools, "prefill": prefill})
+
+
+NO_DATA_CASES: list[tuple[str, dict[str, Any], Callable[[Snapshot], Snapshot] | None, str]] = [
+    ("query-error", {"missing": ("prometheus: query timed out",)}, None, "query timed out"),
+    ("stale", {"age": 600.0}, None, "s old"),
+    ("unscraped-pool", {}, _unscraped_decode, "none of the 4 ready decode pods"),
+    ("nan", {}, _nan_queue, "queued_prompt_tokens is nan"),
+]
+
+
+@pytest.mark.parametrize(
+    ("load", "transform", "why"), [c[1:] for c in NO_DATA_CASES], ids=[c[0] for c in NO_DATA_CASES]
+)
+def test_no_data_holds_every_size_and_says_so(
+    kit: Kit, load: dict[str, Any], transform: Callable[[Snapshot], Snapshot] | None, why: str
+) -> None:
+    state = at({"prefill": 4, "decode": 4})
+    # No traffic in the data that does come: a decide() that trusted it would scale down.
+    snapshot = kit.snapshot(T0, sizes={"prefill": (4, 4), "decode": (4, 4)}, **load)
+    if transform is not None:
+        snapshot = transform(snapshot)
+    decision = decide(
+        kit.with_spec(autoscaling={"scaleDown": {"stabilizationSeconds": 0}}).spec, snapshot, state, T0
+    )
+    assert decision.held
+    for role in ("prefill", "decode"):
+        pool = decision.pools[role]
+        assert (pool.current, pool.target) == (4, 4)
+        assert "no data" in pool.reason
+        assert why in pool.reason
+        assert getattr(decision.state.pools, role).desired_replicas == 4
+    status, reason, message = decision.condition
+    assert (status, reason) == ("False", "MetricsMissing")
+    assert why in message
+
+
+def test_no_data_after_the_window_still_never_scales_down(kit: Kit, make_loop: type[Loop]) -> None:
+    loop = make_loop(kit.with_spec(prefill={"replicas": 6}))
+    for decision in loop.run(900, missing=("prometheus: connection refused",)):
+        assert decision.pools["prefill"].target == 6
+    # Data returns with no traffic: the held passes count as recommendations of the current size,
+    # so the scale-down still waits a full window.
+    for decision in loop.run(300):  # the last held pass (T0+870) is in the window until T0+1170
+        assert decision.pools["prefill"].target == 6
+    targets = [d.pools["prefill"].target for d in loop.run(300)]
+    assert targets[0] == 5
+    assert targets[-1] == 1
+
+
+def test_no_traffic_is_data_and_scales_in_to_min_after_the_window(kit: Kit, make_loop: type[Loop]) -> None:
+    loop = make_loop(
+        kit.with_spec(prefill={"replicas": 5, "autoscaling": {"minReplicas": 2}}, decode={"replicas": 3})
+    )
+    loop.step(prefill=4.5, decode=2.5)
+    history = [loop.step() for _ in range(30)]  # 15 minutes with zero rates, fresh scrapes
+    prefill = [d.pools["prefill"].target for d in history]
+    decode = [d.pools["decode"].target for d in history]
+    assert not any(d.held for d in history)
+    first_down = next(i for i, t in enumerate(prefill) if t < 5)
+    assert (first_down + 1) * 30 >= 300  # not before the 300 s window has passed
+    assert prefill[-1] == 2
+    assert decode[-1] == 1  # minReplicas
+    assert all(b - a in (0, -1) for a, b in itertools.pairwise(prefill))
+    assert history[-1].condition[0] == "True"
+
+
+# --- pause, advisory, external ------------------------------------------------------------------------
+
+
+def test_pause_holds_every_decision(kit: Kit) -> None:
+    snapshot = kit.snapshot(T0, sizes={"prefill": (2, 2), "decode": (2, 2)}, prefill=9.0, decode=6.0)
+    decision = decide(kit.spec, snapshot, at({"prefill": 2, "decode": 2}), T0, paused=True)
+    assert decision.held
+    assert {r: p.target for r, p in decision.pools.items()} == {"prefill": 2, "decode": 2}
+    assert decision.state.mode == "Paused"
+    assert decision.condition[:2] == ("False", "Paused")
+    assert decision.state.pools.prefill.desired_replicas == 2
+
+
+def test_advisory_decides_and_reports_without_acting(kit: Kit) -> None:
+    spec = kit.with_spec(autoscaling={"mode": "Advisory"}).spec
+    snapshot = kit.snapshot(T0, sizes={"prefill": (2, 2), "decode": (2, 2)}, prefill=4.5)
+    decision = decide(spec, snapshot, at({"prefill": 2, "decode": 2}), T0)
+    pool = decision.pools["prefill"]
+    assert (pool.current, pool.target) == (2, 5)
+    assert decision.state.pools.prefill.desired_replicas == 2
+    assert decision.state.pools.prefill.last_scale_time is None
+    last = decision.state.pools.prefill.last_decision
+    assert last is not None
+    assert (last.from_replicas, last.to) == (2, 5)
+    assert decision.state.mode == "Advisory"
+    status, reason, message = decision.condition
+    assert (status, reason) == ("False", "Advisory")
+    assert "prefill 2 -> 5" in message
+    assert not decision.held
+
+
+def test_external_pools_are_not_decided(kit: Kit) -> None:
+    spec = kit.with_spec(decode={"autoscaling": {"external": True}}).spec
+    decode_state = PoolAutoscalingStatus(desired_replicas=7, capacity_correction=0.5)
+    state = AutoscalingStatus(pools=AutoscalingPoolsStatus(decode=decode_state))
+    snapshot = kit.snapshot(T0, sizes={"prefill": (2, 2), "decode": (3, 3)}, prefill=1.5, decode=9.0)
+    decision = decide(spec, snapshot, state, T0)
+    assert set(decision.pools) == {"prefill"}
+    assert decision.state.pools.decode == decode_state
+
+
+# --- bounds ----------------------------------------------------------------------------------------------
+
+BOUNDS_CASES = [
+    # id, bounds, spec replicas, state's desired size, load, target, limited_by, condition reason
+    ("max", {"minReplicas": 1, "maxReplicas": 5}, 2, 4, 11.0, 5, "maxReplicas", "LimitedByMaxReplicas"),
+    ("min", {"minReplicas": 3, "maxReplicas": 8}, 3, 3, 0.0, 3, "minReplicas", "Active"),
+    ("max-lowered-below-state", {"minReplicas": 1, "maxReplicas": 4}, 2, 6, 3.5, 4, "maxReplicas", "Active"),
+    ("min-raised-above-state", {"minReplicas": 3, "maxReplicas": 8}, 3, 1, 0.5, 3, "minReplicas", "Active"),
+    ("spec-size-first", {"minReplicas": 2, "maxReplicas": 8}, 5, None, 4.5, 5, None, "Active"),
+]
+
+
+@pytest.mark.parametrize(
+    ("bounds", "replicas", "desired", "load", "target", "limited_by", "reason"),
+    [c[1:] for c in BOUNDS_CASES],
+    ids=[c[0] for c in BOUNDS_CASES],
+)
+def test_min_max_clamps(
+    kit: Kit,
+    bounds: dict[str, int],
+    replicas: int,
+    desired: int | None,
+    load: float,
+    target: int,
+    limited_by: str | None,
+    reason: str,
+) -> None:
+    spec = kit.with_spec(prefill={"replicas": replicas, "autoscaling": bounds}).spec
+    state = at({"decode": 2}) if desired is None else at({"prefill": desired, "decode": 2})
+    size = replicas if desired is None else desired
+    snapshot = kit.snapshot(T0, sizes={"prefill": (size, size), "decode": (2, 2)}, prefill=load)
+    decision = decide(spec, snapshot, state, T0)
+    pool = decision.pools["prefill"]
+    assert pool.current == size
+    assert (pool.target, pool.limited_by) == (target, limited_by)
+    assert decision.condition[1] == reason
+
+
+# --- maxGPUs ------------------------------------------------------------------------------------------------
+
+BUDGET_CASES = [
+    # id, ttft seconds, tpot seconds, expected (prefill, decode) within 10 GPUs (decode TP2)
+    ("prefill-deficit-first", 1.5, 0.055, (6, 2)),
+    ("decode-deficit-first", 0.55, 0.150, (2, 4)),
+]
+
+
+@pytest.mark.parametrize(
+    ("ttft", "tpot", "expected"), [c[1:] for c in BUDGET_CASES], ids=[c[0] for c in BUDGET_CASES]
+)
+def test_max_gpus_goes_to_the_largest_slo_deficit_first(
+    kit: Kit, ttft: float, tpot: float, expected: tuple[int, int]
+) -> None:
+    k = kit.with_spec(maxGPUs=10, decode={"tensorParallelSize": 2})
+    spec = k.spec
+    snapshot = k.snapshot(
+        T0,
+        sizes={"prefill": (2, 2), "decode": (2, 2)},
+        prefill=5.5,
+        decode=3.5,
+        ttft=ttft,
+        tpot=tpot,
+        attainment=0.8,
+    )
+    decision = decide(spec, snapshot, at({"prefill": 2, "decode": 2}), T0)
+    targets = (decision.pools["prefill"].target, decision.pools["decode"].target)
+    assert targets == expected
+    assert targets[0] + 2 * targets[1] <= 10
+    assert decision.condition[:2] == ("False", "LimitedByMaxGPUs")
+    assert "maxGPUs" in {p.limited_by for p in decision.pools.values()}
+
+
+def test_max_gpus_counts_the_pools_it_does_not_size(kit: Kit) -> None:
+    spec = kit.with_spec(maxGPUs=8, colocated={"replicas": 3}).spec  # 3 GPUs of colocated, fixed
+    snapshot = kit.snapshot(
+        T0, sizes={"prefill": (2, 2), "decode": (2, 2), "colocated": (3, 3)}, prefill=4.5, decode=1.5
+    )
+    decision = decide(spec, snapshot, at({"prefill": 2, "decode": 2}), T0)
+    assert decision.pools["prefill"].target + decision.pools["decode"].target == 5
+
+
+def test_max_gpus_never_goes_below_min_replicas(kit: Kit) -> None:
+    """An HPA grew the external decode pool to 5 GPUs: 6 GPUs leave 1 for prefill's minimum of 2."""
+    spec = kit.with_spec(
+        maxGPUs=6, prefill={"autoscaling": {"minReplicas": 2}}, decode={"autoscaling": {"external": True}}
+    ).spec
+    snapshot = kit.snapshot(T0, sizes={"prefill": (3, 3), "decode": (5, 5)}, prefill=4.5, decode=4.5)
+    decision = decide(spec, snapshot, at({"prefill": 3}), T0)
+    pool = decision.pools["prefill"]
+    assert (pool.target, pool.limited_by) == (2, "maxGPUs")
+    assert decision.condition[1] == "LimitedByMaxGPUs"
+    assert "minimums need 2 GPUs" in decision.condition[2]
+
+
+# --- state ---------------------------------------------------------------------------------------------
+
+
+def test_first_decision_is_recorded_then_only_changes(kit: Kit, make_loop: type[Loop]) -> None:
+    loop = make_loop(kit)
+    first = loop.step(prefill=1.5, decode=1.5)
+    last = first.state.pools.prefill.last_decision
+    assert last is not None
+    assert (last.from_replicas, last.to) == (2, 2)
+    assert last.figures
+    second = loop.step(prefill=1.5, decode=1.5)
+    assert second.state.pools.prefill.last_decision == last
+    third = loop.step(prefill=4.5, decode=1.5)
+    changed = third.state.pools.prefill.last_decision
+    assert changed is not None
+    assert (changed.from_replicas, changed.to) == (2, 5)
+    assert changed.reason == third.pools["prefill"].reason
+    assert third.state.pools.prefill.last_scale_time == loop.now - 30
+    assert third.state.last_evaluated == loop.now - 30
+
+
+def test_recommendations_are_pruned_to_the_longest_window_and_drain_is_kept(kit: Kit) -> None:
+    drain = DrainStatus(pod="p-1", started_at=T0 - 10, target_replicas=1)
+    old = [Recommendation(time=T0 - s, replicas=3) for s in (900, 400, 301, 300, 60)]
+    state = AutoscalingStatus(
+        pools=AutoscalingPoolsStatus(
+            prefill=PoolAutoscalingStatus(desired_replicas=2, recommendations=old, draining=drain)
+        )
+    )
+    snapshot = kit.snapshot(T0, sizes={"prefill": (2, 2), "decode": (2, 2)}, prefill=1.5)
+    new = decide(kit.spec, snapshot, state, T0).state.pools.prefill
+    assert [r.time for r in new.recommendations] == [T0 - 300, T0 - 60, T0]
+    assert new.draining == drain
+
+
+def test_decision_figures_fit_the_status(kit: Kit) -> None:
+    spec = kit.with_spec(colocated={"replicas": 1, "autoscaling": {"minReplicas": 1}}).spec
+    snapshot = kit.snapshot(
+        T0,
+        sizes={"prefill": (2, 2), "decode": (2, 2), "colocated": (1, 1)},
+        prefill=1.5,
+        decode=1.5,
+        ttft=0.3,
+        tpot=0.02,
+        colocated=(0.0, 0.0),
+    )
+    decision = decide(spec, snapshot, AutoscalingStatus(), T0)
+    for pool in decision.pools.values():
+        assert len(pool.figures) <= 32
+        assert all(key[0].islower() and "_" not in key for key in pool.figures)
+        assert all(math.isfinite(v) for v in pool.figures.values())
+    AutoscalingStatus.model_validate(decision.state.model_dump(by_alias=True))
+
+
+INACTIVE_CASES: list[tuple[str, dict[str, Any], str]] = [
+    # The API refuses these specs; decide() still holds if handed one (model_copy skips validation).
+    ("disabled", {"autoscaling": None}, "Disabled"),
+    ("no-slo", {"slo": None}, "NoSLO"),
+    ("no-pools", {"prefill": None, "decode": None}, "NoAutoscaledPools"),
+]
+
+
+@pytest.mark.parametrize(
+    ("patch", "reason"), [c[1:] for c in INACTIVE_CASES], ids=[c[0] for c in INACTIVE_CASES]
+)
+def test_inactive_autoscaler_holds_and_says_why(kit: Kit, patch: dict[str, Any], reason: str) -> None:
+    spec = kit.spec
+    update: dict[str, Any] = {}
+    for key in patch:
+        if key == "autoscaling":
+            update[key] = spec.autoscaling.model_copy(update={"enabled": False})
+        elif key == "slo":
+            update[key] = None
+        else:
+            update[key] = spec.pool(key).model_copy(update={"autoscaling": None})
+    spec = spec.model_copy(update=update)
+    snapshot = kit.snapshot(T0, sizes={"prefill": (2, 2), "decode": (2, 2)}, prefill=9.0)
+    decision = decide(spec, snapshot, AutoscalingStatus(), T0)
+    assert decision.held
+    assert not decision.pools
+    assert decision.condition[:2] == ("False", reason)
