@@ -152,9 +152,10 @@ def load_profile(model_id: str, gpu: str, tp: int) -> Profile:
 def estimate_profile(model_id: str, gpu: str, tp: int) -> Profile:
     """The calibrated profile if there is one, else a [derived] estimate, marked in `derived_from`.
 
-    Same model and GPU at another TP: the nearest calibrated TP with throughput terms scaled by the
-    TP ratio (latency floors kept). Another model on the GPU: the first calibrated model's profile
-    at its nearest TP, throughput terms scaled by the parameter ratio and context term by the KV ratio.
+    Same model and GPU at another TP: the nearest calibrated TP with throughput terms (prefill per-token,
+    decode per-sequence) scaled by the TP ratio and latency floors kept. Another model on the GPU: the
+    first calibrated model's profile at its nearest TP, throughput terms also scaled by the parameter
+    ratio and the context term by the KV ratio.
     """
     try:
         return load_profile(model_id, gpu, tp)
@@ -184,6 +185,11 @@ def estimate_profile(model_id: str, gpu: str, tp: int) -> Profile:
                     "per_token_sq_ms": p.per_token_sq_ms * compute,
                 }
             ),
-            "decode": d.model_copy(update={"per_context_token_ms": d.per_context_token_ms * kv}),
+            "decode": d.model_copy(
+                update={
+                    "per_seq_beyond_knee_ms": d.per_seq_beyond_knee_ms * compute,
+                    "per_context_token_ms": d.per_context_token_ms * kv,
+                }
+            ),
         }
     )
