@@ -97,11 +97,17 @@ class Recommendation(ApiModel):
 
 
 class DrainStatus(ApiModel):
-    """A pod being emptied before its StatefulSet loses it."""
+    """Pods being emptied before their StatefulSet loses them (the highest ordinals go first)."""
 
-    pod: str
+    pod: Annotated[str, Field(description="The first pod the StatefulSet will remove.")]
+    pods: Annotated[
+        list[str],
+        Field(max_length=1024, description="Every pod being drained (annotated tandem.dev/draining)."),
+    ] = []
     started_at: Annotated[float, Field(description="Unix time the drain started, in seconds.")]
-    target_replicas: Annotated[int, Field(ge=0)]
+    target_replicas: Annotated[
+        int, Field(ge=0, description="The StatefulSet's replicas once the drained pods are idle.")
+    ]
 
 
 class PoolAutoscalingStatus(ApiModel):
