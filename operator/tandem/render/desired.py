@@ -5,8 +5,10 @@ server-side apply and deletes owned children of `CHILD_KINDS` that are not in it
 
 A pool's objects exist when its desired replicas or its spec replicas are above zero: a pool the
 autoscaler or a rollout scaled to zero keeps its StatefulSet (at 0), one that neither the spec nor
-a decision wants disappears. Order: ServiceAccount, Role, RoleBinding, Services, StatefulSets,
-Deployment, PodDisruptionBudgets; pools in the order prefill, decode, colocated.
+a decision wants disappears. A pool whose count is `None` belongs to another controller (an HPA or
+KEDA, `autoscaling.external`): its StatefulSet exists and is rendered without `spec.replicas`.
+Order: ServiceAccount, Role, RoleBinding, Services, StatefulSets, Deployment, PodDisruptionBudgets;
+pools in the order prefill, decode, colocated.
 """
 
 from __future__ import annotations
@@ -33,18 +35,32 @@ CHILD_KINDS: Final[tuple[tuple[str, str, str], ...]] = (
 )
 
 
-def desired_pools(pdd: PDDeployment, replicas: Mapping[str, int] | None = None) -> dict[Role, int]:
-    """Pools that exist, with their replica counts (`replicas` overrides `spec.<pool>.replicas`)."""
-    result: dict[Role, int] = {}
+def desired_pools(
+    pdd: PDDeployment, replicas: Mapping[str, int | None] | None = None
+) -> dict[Role, int | None]:
+    """Pools that exist, with their replica counts (`replicas` overrides `spec.<pool>.replicas`).
+
+    A `None` count (the pool is sized by another controller) always exists and stays `None`; without
+    `replicas`, that is every pool with `autoscaling.external`.
+    """
+    result: dict[Role, int | None] = {}
     for role in meta.POOL_ROLES:
-        spec_replicas = pdd.spec.pool(role).replicas
-        desired = spec_replicas if replicas is None else replicas.get(role, spec_replicas)
-        if desired > 0 or spec_replicas > 0:
+        spec_pool = pdd.spec.pool(role)
+        spec_replicas = spec_pool.replicas
+        external = spec_pool.autoscaling is not None and spec_pool.autoscaling.external
+        desired: int | None
+        if replicas is None:
+            desired = None if external else spec_replicas
+        else:
+            desired = replicas.get(role, spec_replicas)
+        if desired is None:
+            result[role] = None
+        elif desired > 0 or spec_replicas > 0:
             result[role] = max(desired, 0)
     return result
 
 
-def render(pdd: PDDeployment, replicas: Mapping[str, int] | None = None) -> list[Manifest]:
+def render(pdd: PDDeployment, replicas: Mapping[str, int | None] | None = None) -> list[Manifest]:
     pools = desired_pools(pdd, replicas)
     objects = [
         router.service_account(pdd),

@@ -1,6 +1,7 @@
 """One engine pool's objects: StatefulSet, headless Service and PodDisruptionBudget.
 
-Pure. Replicas come from the caller (autoscaler and rollout decisions), never from observed state.
+Pure. Replicas come from the caller (autoscaler and rollout decisions), never from observed state;
+a pool handed to an HPA or KEDA gets no `spec.replicas` at all.
 StatefulSets give each replica a stable name and DNS entry; `Parallel` starts and stops them all at
 once, since replicas of a pool do not depend on each other.
 """
@@ -16,18 +17,20 @@ from tandem.render import names, pod
 Manifest = names.Manifest
 
 
-def statefulset(pdd: PDDeployment, role: Role, *, replicas: int) -> Manifest:
+def statefulset(pdd: PDDeployment, role: Role, *, replicas: int | None) -> Manifest:
+    """The pool's StatefulSet; `replicas=None` leaves `spec.replicas` out (another controller sets it)."""
+    spec: Manifest = {} if replicas is None else {"replicas": replicas}
+    spec |= {
+        "serviceName": names.child_name(pdd, role),
+        "podManagementPolicy": "Parallel",
+        "selector": {"matchLabels": names.selector(pdd, role)},
+        "template": pod.pod_template(pdd, role),
+    }
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
         "metadata": names.object_meta(pdd, role),
-        "spec": {
-            "replicas": replicas,
-            "serviceName": names.child_name(pdd, role),
-            "podManagementPolicy": "Parallel",
-            "selector": {"matchLabels": names.selector(pdd, role)},
-            "template": pod.pod_template(pdd, role),
-        },
+        "spec": spec,
     }
 
 
