@@ -23,6 +23,24 @@ def test_bytes_per_token_matches_reference_table(model_id: str, expected: int) -
     assert kv_bytes_per_token(model_id) == expected
 
 
+@pytest.mark.parametrize(
+    ("model_id", "fp8_expected"),
+    [
+        ("meta-llama/Llama-3.1-8B-Instruct", 64 * 1024),
+        ("meta-llama/Llama-3.1-70B-Instruct", 160 * 1024),
+        ("Qwen/Qwen2.5-32B-Instruct", 128 * 1024),
+        ("Qwen/Qwen2.5-72B-Instruct", 160 * 1024),
+    ],
+)
+def test_fp8_bytes_per_token_match_reference_table(model_id: str, fp8_expected: int) -> None:
+    """Section 6's fp8 column: half the bf16 bytes, for every fp8 variant vLLM accepts."""
+    arch = model_arch(model_id)
+    for dtype in ("fp8", "fp8_e4m3", "fp8_e5m2"):
+        assert arch.kv_bytes_per_token_as(dtype) == fp8_expected
+        assert arch.kv_dtype_scale(dtype) == 0.5
+    assert arch.kv_bytes_per_token_as("bfloat16") == arch.kv_bytes_per_token
+
+
 def test_8k_tokens_of_llama_8b_is_one_gib() -> None:
     bytes_per_token = kv_bytes_per_token("meta-llama/Llama-3.1-8B-Instruct")
     assert bytes_per_token is not None
