@@ -1,0 +1,13 @@
+"""Prometheus adapter: what the autoscaler reads about a PDDeployment (the only `prometheus_api_client` user).
+
+`queries` holds every PromQL expression in one table and the pure parsing of answers into a
+`tandem.autoscale.snapshot.Snapshot` (and `PodLoad`s for drains); `prometheus.PrometheusReader` runs
+them with a timeout and reports failures as `Snapshot.missing`, never as exceptions.
+"""
+
+from __future__ import annotations
+
+from tandem.metrics.prometheus import PrometheusReader
+from tandem.metrics.queries import QUERIES, PodLoad
+
+__all__ = ["QUERIES", "PodLoad", "PrometheusReader"]

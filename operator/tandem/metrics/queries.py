@@ -1,0 +1,444 @@
+"""The PromQL the autoscaler runs, in one table, and the pure parsing of its answers into a `Snapshot`.
+
+No I/O here: `snapshot_queries` and `pod_load_queries` build query strings, `build_snapshot` and
+`build_pod_loads` turn recorded answers (the `data.result` list of Prometheus' instant-query API,
+by query name) into records. `tandem.metrics.prometheus` runs the queries.
+
+Series are selected by the labels the scrape configuration copies from the pod
+(`e2e/prometheus/prometheus.yml`: `namespace`, `pod`, and every pod label through `labelmap`, so
+`tandem.dev/pddeployment` -> `tandem_dev_pddeployment`, `tandem.dev/role` -> `tandem_dev_role`).
+Engines are the pods of role prefill, decode or colocated; routers are the pods of role router.
+
+Queued prompt tokens: vLLM has no metric of the prompt tokens waiting for prefill, so they are
+estimated as waiting requests x mean prompt tokens (over the window's finished requests, else over
+the pool's lifetime: a pool flooded before its first request finished still has a mean).
+
+Freshness: every query is evaluated at the snapshot's `now`. A series whose newest sample is older
+than 3 scrape intervals (the interval given to the reader, else estimated per series as the window
+over its sample count) is stale: the snapshot lists it in `missing`, and `decide()` holds. So do a
+pool with ready pods but no engine series, routers without fresh series, an SLO the routers do not
+count (no within-SLO series while requests are counted), and any query that failed. A fresh series
+that reads zero is data: no traffic.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from tandem.api.meta import POOL_ROLES
+from tandem.autoscale.snapshot import (
+    PATH_COLOCATED,
+    PATH_DISAGGREGATED,
+    PathSignals,
+    PoolSignals,
+    PoolSize,
+    Snapshot,
+)
+
+LABEL_PDD: Final = "tandem_dev_pddeployment"  # Prometheus' name of the pod label tandem.dev/pddeployment
+LABEL_ROLE: Final = "tandem_dev_role"  # ... of tandem.dev/role
+ROUTER_ROLE: Final = "router"
+PATHS: Final = (PATH_DISAGGREGATED, PATH_COLOCATED)
+STALE_INTERVALS: Final = 3.0  # a series older than this many scrape intervals is stale
+DEFAULT_QUANTILE: Final = 0.95  # the latency quantile without an SLO
+POD_LOAD_WINDOW_SECONDS: Final = 60  # the window pod_load estimates scrape intervals over
+
+Result = list[dict[str, Any]]  # `data.result` of an instant query: [{"metric": {...}, "value": [t, "v"]}]
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """One PromQL template: `SEL` is replaced by a label selector (with its braces), `WINDOW` by the
+    window as a range (`120s`), `QUANTILE` by the latency quantile."""
+
+    name: str
+    template: str
+    meaning: str
+
+    def render(self, sel: str, window: str = "", quantile: float = DEFAULT_QUANTILE) -> str:
+        text = self.template.replace("WINDOW", window).replace("QUANTILE", f"{quantile:g}")
+        return text.replace("SEL", sel)  # last: a label value never meets the other placeholders
+
+
+# Every query a snapshot runs. Engine queries select
+# {namespace="NS", tandem_dev_pddeployment="NAME", tandem_dev_role=~"prefill|decode|colocated"};
+# router queries the same with tandem_dev_role="router".
+ENGINE_QUERIES: Final[tuple[Query, ...]] = (
+    Query(
+        "engine_age",
+        "max by (pod, tandem_dev_role) (time() - timestamp(vllm:num_requests_running SEL))",
+        "seconds since each engine pod's newest sample (freshness)",
+    ),
+    Query(
+        "engine_samples",
+        "min by (pod, tandem_dev_role) (count_over_time(vllm:num_requests_running SEL [WINDOW]))",
+        "samples per engine pod in the window (its scrape interval is about window / samples)",
+    ),
+    Query(
+        "waiting",
+        "sum by (tandem_dev_role) (vllm:num_requests_waiting SEL)",
+        "requests waiting, summed over the pool",
+    ),
+    Query(
+        "running",
+        "sum by (tandem_dev_role) (vllm:num_requests_running SEL)",
+        "requests running, summed over the pool",
+    ),
+    Query(
+        "kv_usage_mean",
+        "avg by (tandem_dev_role) (vllm:kv_cache_usage_perc SEL)",
+        "mean KV-cache usage over the pool's pods, 0..1",
+    ),
+    Query(
+        "kv_usage_max",
+        "max by (tandem_dev_role) (vllm:kv_cache_usage_perc SEL)",
+        "the fullest pod's KV-cache usage, 0..1",
+    ),
+    Query(
+        "prompt_tokens_rate",
+        "sum by (tandem_dev_role) (rate(vllm:prompt_tokens_total SEL [WINDOW]))",
+        "prompt tokens computed per second",
+    ),
+    Query(
+        "generation_tokens_rate",
+        "sum by (tandem_dev_role) (rate(vllm:generation_tokens_total SEL [WINDOW]))",
+        "output tokens generated per second",
+    ),
+    Query(
+        "request_rate",
+        "sum by (tandem_dev_role) (rate(vllm:request_success_total SEL [WINDOW]))",
+        "requests finished per second (every finished_reason, abort included)",
+    ),
+    Query(
+        "mean_prompt_tokens",
+        "sum by (tandem_dev_role) (increase(vllm:request_prompt_tokens_sum SEL [WINDOW]))"
+        " / sum by (tandem_dev_role) (increase(vllm:request_prompt_tokens_count SEL [WINDOW]))",
+        "mean prompt length of the window's finished requests (NaN without any)",
+    ),
+    Query(
+        "mean_output_tokens",
+        "sum by (tandem_dev_role) (increase(vllm:request_generation_tokens_sum SEL [WINDOW]))"
+        " / sum by (tandem_dev_role) (increase(vllm:request_generation_tokens_count SEL [WINDOW]))",
+        "mean output length of the window's finished requests (NaN without any)",
+    ),
+    Query(
+        "mean_prompt_tokens_lifetime",
+        "sum by (tandem_dev_role) (vllm:request_prompt_tokens_sum SEL)"
+        " / sum by (tandem_dev_role) (vllm:request_prompt_tokens_count SEL)",
+        "mean prompt length since the pods started, for queued prompt tokens when the window has none",
+    ),
+)
+
+ROUTER_QUERIES: Final[tuple[Query, ...]] = (
+    Query(
+        "router_age",
+        "max by (pod) (time() - timestamp(tandem_router_in_flight_requests SEL))",
+        "seconds since each router pod's newest sample (freshness)",
+    ),
+    Query(
+        "router_samples",
+        "min by (pod) (count_over_time(tandem_router_in_flight_requests SEL [WINDOW]))",
+        "samples per router pod in the window",
+    ),
+    Query(
+        "path_request_rate",
+        "sum by (path) (rate(tandem_router_requests_total SEL [WINDOW]))",
+        "client requests finished per second, any status (refusals for want of pods included)",
+    ),
+    Query(
+        "path_within_slo_rate",
+        "sum by (path) (rate(tandem_router_requests_within_slo_total SEL [WINDOW]))",
+        "client requests per second that met both SLO targets",
+    ),
+    Query(
+        "path_ttft",
+        "histogram_quantile(QUANTILE,"
+        " sum by (path, le) (rate(tandem_router_time_to_first_token_seconds_bucket SEL [WINDOW])))",
+        "client-seen TTFT at the SLO's attainment quantile",
+    ),
+    Query(
+        "path_tpot",
+        "histogram_quantile(QUANTILE,"
+        " sum by (path, le) (rate(tandem_router_time_per_output_token_seconds_bucket SEL [WINDOW])))",
+        "client-seen TPOT at the SLO's attainment quantile",
+    ),
+)
+
+# pod_load selects {namespace="NS", pod=~"a|b"}. tandem:kv_held_blocks is the sim engine's
+# (engine/metrics.py): prefill KV blocks held for decode pods that have not pulled them yet. Real
+# vLLM exports no such metric. There, a prefill pod with no running or waiting request that still
+# uses KV blocks holds them for a pull (vLLM V1 counts cached but unreferenced blocks as free, and
+# the NIXL connector delays freeing a remote-decode request's blocks until they are read or the
+# lease ends), so held blocks are estimated as kv_cache_usage_perc x num_gpu_blocks (a label of
+# vllm:cache_config_info). Without either, held KV is unknown (NaN) and the drain of a prefill pod
+# ends at the drain timeout.
+POD_QUERIES: Final[tuple[Query, ...]] = (
+    Query("pod_age", "max by (pod) (time() - timestamp(vllm:num_requests_running SEL))", "freshness"),
+    Query("pod_samples", "min by (pod) (count_over_time(vllm:num_requests_running SEL [WINDOW]))", "samples"),
+    Query("pod_running", "sum by (pod) (vllm:num_requests_running SEL)", "requests running on the pod"),
+    Query("pod_waiting", "sum by (pod) (vllm:num_requests_waiting SEL)", "requests waiting on the pod"),
+    Query(
+        "pod_kv_held_blocks", "sum by (pod) (tandem:kv_held_blocks SEL)", "KV blocks held for a pull (sim)"
+    ),
+    Query("pod_kv_usage", "max by (pod) (vllm:kv_cache_usage_perc SEL)", "KV-cache usage, 0..1"),
+    Query("pod_cache_config", "vllm:cache_config_info SEL", "num_gpu_blocks (a label)"),
+)
+
+# The engine queries answered by role (the rest are about freshness).
+_POOL_SIGNALS: Final = tuple(q.name for q in ENGINE_QUERIES if q.name not in ("engine_age", "engine_samples"))
+
+QUERIES: Final[dict[str, Query]] = {q.name: q for q in (*ENGINE_QUERIES, *ROUTER_QUERIES, *POD_QUERIES)}
+
+
+# --- building -------------------------------------------------------------------------------------
+
+
+def _quote(value: str) -> str:
+    """A PromQL double-quoted string literal."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def selector(**matchers: str) -> str:
+    """`{a="x",b=~"y"}`: a key ending in `__re` is a regex matcher on the key without it."""
+    parts = []
+    for key, value in matchers.items():
+        if key.endswith("__re"):
+            parts.append(f"{key[:-4]}=~{_quote(value)}")
+        else:
+            parts.append(f"{key}={_quote(value)}")
+    return "{" + ",".join(parts) + "}"
+
+
+def duration(seconds: float) -> str:
+    """A PromQL range, whole seconds (at least 1)."""
+    return f"{max(1, round(seconds))}s"
+
+
+def any_of(values: Iterable[str]) -> str:
+    """A regex that matches exactly one of `values`."""
+    return "|".join(re.escape(v) for v in values)
+
+
+def engine_selector(namespace: str, pdd_name: str) -> str:
+    return selector(namespace=namespace, **{LABEL_PDD: pdd_name, f"{LABEL_ROLE}__re": any_of(POOL_ROLES)})
+
+
+def router_selector(namespace: str, pdd_name: str) -> str:
+    return selector(namespace=namespace, **{LABEL_PDD: pdd_name, LABEL_ROLE: ROUTER_ROLE})
+
+
+def quantile_of(attainment_percent: float | None) -> float:
+    """The latency quantile an SLO is judged at (95 % attainment -> 0.95)."""
+    if attainment_percent is None:
+        return DEFAULT_QUANTILE
+    return min(1.0, max(0.0, attainment_percent / 100.0))
+
+
+def snapshot_queries(namespace: str, pdd_name: str, window_seconds: float, quantile: float) -> dict[str, str]:
+    """Query name -> PromQL, for one PDDeployment's snapshot."""
+    window = duration(window_seconds)
+    engines, routers = engine_selector(namespace, pdd_name), router_selector(namespace, pdd_name)
+    out = {q.name: q.render(engines, window, quantile) for q in ENGINE_QUERIES}
+    out |= {q.name: q.render(routers, window, quantile) for q in ROUTER_QUERIES}
+    return out
+
+
+def pod_load_queries(namespace: str, pods: Sequence[str]) -> dict[str, str]:
+    """Query name -> PromQL, for the loads of some pods of one namespace."""
+    sel = selector(namespace=namespace, pod__re=any_of(pods))
+    return {q.name: q.render(sel, duration(POD_LOAD_WINDOW_SECONDS)) for q in POD_QUERIES}
+
+
+# --- parsing --------------------------------------------------------------------------------------
+
+
+def _value(sample: Mapping[str, Any]) -> float:
+    try:
+        return float(sample["value"][1])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return math.nan
+
+
+def by_label(result: Result, label: str) -> dict[str, float]:
+    """Label value -> sample value (a later duplicate wins; samples without the label are skipped)."""
+    out: dict[str, float] = {}
+    for sample in result:
+        key = (sample.get("metric") or {}).get(label)
+        if isinstance(key, str):
+            out[key] = _value(sample)
+    return out
+
+
+def _finite(value: float | None) -> float:
+    return value if value is not None and math.isfinite(value) else 0.0
+
+
+def _latency(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Freshness:
+    fresh: dict[str, str]  # pod -> role (or "" for routers) of pods with fresh series
+    stale: list[str]  # messages
+
+
+def _freshness(
+    age: Result,
+    samples: Result,
+    role_label: str | None,
+    window_seconds: float,
+    scrape_interval: float | None,
+    query: str,
+) -> _Freshness:
+    counts = by_label(samples, "pod")
+    fresh: dict[str, str] = {}
+    stale: list[str] = []
+    for sample in age:
+        labels = sample.get("metric") or {}
+        pod = labels.get("pod")
+        if not isinstance(pod, str):
+            continue
+        seconds = _value(sample)
+        count = counts.get(pod, 0.0)
+        interval = scrape_interval or (window_seconds / count if count >= 1 else window_seconds)
+        limit = STALE_INTERVALS * interval
+        if math.isfinite(seconds) and seconds <= limit:
+            fresh[pod] = str(labels.get(role_label, "")) if role_label else ""
+        else:
+            stale.append(
+                f"{query}: pod {pod} last scraped {seconds:.0f}s ago, more than {STALE_INTERVALS:g}"
+                f" scrape intervals (~{interval:.1f}s)"
+            )
+    return _Freshness(fresh, stale)
+
+
+def build_snapshot(
+    results: Mapping[str, Result],
+    errors: Mapping[str, str],
+    *,
+    now: float,
+    window_seconds: float,
+    slo_set: bool,
+    sizes: Mapping[str, PoolSize] | None = None,
+    scrape_interval: float | None = None,
+) -> Snapshot:
+    """A `Snapshot` from the answers of `snapshot_queries` (by name) and the queries that failed."""
+    missing = [f"{name}: {error}" for name, error in sorted(errors.items())]
+
+    def get(name: str) -> Result:
+        return results.get(name) or []
+
+    engines = _freshness(
+        get("engine_age"), get("engine_samples"), LABEL_ROLE, window_seconds, scrape_interval, "engine_age"
+    )
+    routers = _freshness(
+        get("router_age"), get("router_samples"), None, window_seconds, scrape_interval, "router_age"
+    )
+    missing += engines.stale + routers.stale
+    checked = {"engine_age", "engine_samples"}.isdisjoint(errors)
+    if checked:
+        for role, size in (sizes or {}).items():
+            if size.ready > 0 and role not in engines.fresh.values():
+                missing.append(f"engine_age: {role} has {size.ready} ready pods but no fresh engine metrics")
+    if {"router_age", "router_samples"}.isdisjoint(errors) and not routers.fresh:
+        missing.append("router_age: no fresh router metrics (tandem_router_*) for this PDDeployment")
+
+    per_role = {name: by_label(get(name), LABEL_ROLE) for name in _POOL_SIGNALS}
+    pools: dict[str, PoolSignals] = {}
+    for role in POOL_ROLES:
+        value = {name: _finite(per_role[name].get(role)) for name in _POOL_SIGNALS}
+        queue_mean = value["mean_prompt_tokens"] or value["mean_prompt_tokens_lifetime"]
+        pools[role] = PoolSignals(
+            scraped_pods=sum(1 for r in engines.fresh.values() if r == role),
+            waiting_requests=value["waiting"],
+            running_requests=value["running"],
+            kv_usage_mean=value["kv_usage_mean"],
+            kv_usage_max=value["kv_usage_max"],
+            prompt_tokens_rate=value["prompt_tokens_rate"],
+            generation_tokens_rate=value["generation_tokens_rate"],
+            request_rate=value["request_rate"],
+            queued_prompt_tokens=value["waiting"] * queue_mean,
+            mean_prompt_tokens=value["mean_prompt_tokens"],
+            mean_output_tokens=value["mean_output_tokens"],
+        )
+
+    requests = by_label(get("path_request_rate"), "path")
+    within = by_label(get("path_within_slo_rate"), "path")
+    ttft = by_label(get("path_ttft"), "path")
+    tpot = by_label(get("path_tpot"), "path")
+    counted = slo_set and "path_within_slo_rate" not in errors
+    if counted and routers.fresh and not within and any(_finite(v) > 0 for v in requests.values()):
+        missing.append(
+            "path_within_slo_rate: the routers count requests but no tandem_router_requests_within_slo_total"
+            " (have they seen spec.slo yet?)"
+        )
+    paths = {
+        path: PathSignals(
+            request_rate=_finite(requests.get(path)),
+            within_slo_rate=_finite(within.get(path)) if slo_set else 0.0,
+            ttft_seconds=_latency(ttft.get(path)),
+            tpot_seconds=_latency(tpot.get(path)),
+        )
+        for path in sorted(set(PATHS) | set(requests))
+    }
+    return Snapshot(
+        observed_at=now,
+        window_seconds=window_seconds,
+        sizes=dict(sizes or {}),
+        pools=pools,
+        paths=paths,
+        missing=tuple(missing),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PodLoad:
+    """One engine pod's work in progress, for drain-aware scale-down (`controller.drain`)."""
+
+    running: float  # vllm:num_requests_running
+    waiting: float  # vllm:num_requests_waiting
+    kv_blocks_held: float  # prefill KV awaiting a pull: exact on the sim, estimated on vLLM, NaN unknown
+
+
+def build_pod_loads(
+    results: Mapping[str, Result], pods: Sequence[str], scrape_interval: float | None = None
+) -> dict[str, PodLoad]:
+    """Loads of the pods with fresh engine series (a pod left out has no known load)."""
+    fresh = _freshness(
+        results.get("pod_age") or [],
+        results.get("pod_samples") or [],
+        None,
+        POD_LOAD_WINDOW_SECONDS,
+        scrape_interval,
+        "pod_age",
+    ).fresh
+    running = by_label(results.get("pod_running") or [], "pod")
+    waiting = by_label(results.get("pod_waiting") or [], "pod")
+    held = by_label(results.get("pod_kv_held_blocks") or [], "pod")
+    usage = by_label(results.get("pod_kv_usage") or [], "pod")
+    blocks: dict[str, float] = {}
+    for sample in results.get("pod_cache_config") or []:
+        labels = sample.get("metric") or {}
+        try:
+            blocks[str(labels["pod"])] = float(labels["num_gpu_blocks"])
+        except (KeyError, TypeError, ValueError):
+            continue
+    loads: dict[str, PodLoad] = {}
+    for pod in pods:
+        if pod not in fresh or pod not in running:
+            continue
+        if pod in held:
+            kv = held[pod]
+        elif pod in usage and pod in blocks:
+            kv = usage[pod] * blocks[pod]
+        else:
+            kv = math.nan
+        loads[pod] = PodLoad(
+            running=_finite(running[pod]), waiting=_finite(waiting.get(pod)), kv_blocks_held=kv
+        )
+    return loads

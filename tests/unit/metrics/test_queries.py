@@ -1,0 +1,247 @@
+"""The PromQL builders and the parsing of recorded Prometheus answers into a Snapshot (no sockets)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tandem.autoscale.snapshot import PoolSize
+from tandem.metrics.queries import (
+    ENGINE_QUERIES,
+    POD_QUERIES,
+    QUERIES,
+    ROUTER_QUERIES,
+    build_pod_loads,
+    build_snapshot,
+    engine_selector,
+    pod_load_queries,
+    quantile_of,
+    router_selector,
+    selector,
+    snapshot_queries,
+)
+
+NOW = 1_800_000_000.0
+DATA = Path(__file__).parent / "data"
+
+
+def sample(value: float | str, **labels: str) -> dict[str, Any]:
+    return {"metric": labels, "value": [NOW, str(value)]}
+
+
+def fresh_answers(**over: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Answers of a P/D deployment with one prefill, one decode and one router pod, all fresh."""
+    role = "tandem_dev_role"
+    answers: dict[str, list[dict[str, Any]]] = {name: [] for name in QUERIES}
+    answers |= {
+        "engine_age": [
+            sample(1.2, pod="llm-prefill-0", **{role: "prefill"}),
+            sample(0.4, pod="llm-decode-0", **{role: "decode"}),
+        ],
+        "engine_samples": [
+            sample(60, pod="llm-prefill-0", **{role: "prefill"}),
+            sample(61, pod="llm-decode-0", **{role: "decode"}),
+        ],
+        "waiting": [sample(3, **{role: "prefill"}), sample(0, **{role: "decode"})],
+        "running": [sample(1, **{role: "prefill"}), sample(12, **{role: "decode"})],
+        "kv_usage_mean": [sample(0.1, **{role: "prefill"}), sample(0.4, **{role: "decode"})],
+        "kv_usage_max": [sample(0.1, **{role: "prefill"}), sample(0.4, **{role: "decode"})],
+        "prompt_tokens_rate": [sample(5000, **{role: "prefill"}), sample(5000, **{role: "decode"})],
+        "generation_tokens_rate": [sample(10, **{role: "prefill"}), sample(900, **{role: "decode"})],
+        "request_rate": [sample(10, **{role: "prefill"}), sample(9.5, **{role: "decode"})],
+        "mean_prompt_tokens": [sample(500, **{role: "prefill"}), sample(500, **{role: "decode"})],
+        "mean_output_tokens": [sample(1, **{role: "prefill"}), sample(95, **{role: "decode"})],
+        "mean_prompt_tokens_lifetime": [sample(450, **{role: "prefill"}), sample(450, **{role: "decode"})],
+        "router_age": [sample(0.8, pod="llm-router-abc")],
+        "router_samples": [sample(60, pod="llm-router-abc")],
+        "path_request_rate": [sample(10, path="disaggregated")],
+        "path_within_slo_rate": [sample(9.6, path="disaggregated")],
+        "path_ttft": [sample(0.35, path="disaggregated"), sample("NaN", path="colocated")],
+        "path_tpot": [sample(0.042, path="disaggregated")],
+    }
+    answers |= over
+    return answers
+
+
+def snapshot(answers: dict[str, Any], errors: dict[str, str] | None = None, **kw: Any) -> Any:
+    kw.setdefault("slo_set", True)
+    return build_snapshot(answers, errors or {}, now=NOW, window_seconds=120, **kw)
+
+
+# --- building ---------------------------------------------------------------------------------------
+
+
+def test_selectors_quote_values_and_match_roles() -> None:
+    assert engine_selector("team-a", "llm") == (
+        '{namespace="team-a",tandem_dev_pddeployment="llm",tandem_dev_role=~"prefill|decode|colocated"}'
+    )
+    assert router_selector("team-a", "llm") == (
+        '{namespace="team-a",tandem_dev_pddeployment="llm",tandem_dev_role="router"}'
+    )
+    assert selector(a='say "hi"\\') == '{a="say \\"hi\\"\\\\"}'
+
+
+def test_snapshot_queries_render_every_table_entry() -> None:
+    queries = snapshot_queries("ns", "llm", 120, 0.95)
+    assert set(queries) == {q.name for q in (*ENGINE_QUERIES, *ROUTER_QUERIES)}
+    for promql in queries.values():
+        assert "SEL" not in promql
+        assert "WINDOW" not in promql
+        assert "QUANTILE" not in promql
+    assert queries["waiting"] == (
+        "sum by (tandem_dev_role) (vllm:num_requests_waiting"
+        ' {namespace="ns",tandem_dev_pddeployment="llm",tandem_dev_role=~"prefill|decode|colocated"})'
+    )
+    assert queries["path_ttft"].startswith("histogram_quantile(0.95, sum by (path, le) (rate(")
+    assert queries["path_ttft"].endswith('tandem_dev_role="router"} [120s])))')
+    assert "[120s]" in queries["prompt_tokens_rate"]
+    assert snapshot_queries("ns", "llm", 30.4, 0.99)["path_tpot"].startswith("histogram_quantile(0.99,")
+
+
+def test_quantile_follows_the_attainment_target() -> None:
+    assert quantile_of(95) == 0.95
+    assert quantile_of(99.9) == pytest.approx(0.999)
+    assert quantile_of(None) == 0.95
+
+
+def test_pod_load_queries_match_exactly_the_named_pods() -> None:
+    queries = pod_load_queries("ns", ["llm-prefill-1", "llm.decode-2"])
+    assert set(queries) == {q.name for q in POD_QUERIES}
+    assert '{namespace="ns",pod=~"llm\\\\-prefill\\\\-1|llm\\\\.decode\\\\-2"}' in queries["pod_running"]
+
+
+# --- parsing ----------------------------------------------------------------------------------------
+
+
+def test_fresh_answers_make_a_complete_snapshot() -> None:
+    snap = snapshot(fresh_answers(), sizes={"prefill": PoolSize(1, 1), "decode": PoolSize(2, 1)})
+    assert snap.missing == ()
+    assert snap.observed_at == NOW
+    assert snap.sizes["decode"] == PoolSize(2, 1)
+    prefill, decode = snap.pools["prefill"], snap.pools["decode"]
+    assert prefill.scraped_pods == decode.scraped_pods == 1
+    assert prefill.waiting_requests == 3
+    assert prefill.queued_prompt_tokens == 1500  # 3 waiting x 500 tokens
+    assert prefill.prompt_tokens_rate == 5000
+    assert decode.running_requests == 12
+    assert decode.kv_usage_max == 0.4
+    assert decode.mean_output_tokens == 95
+    assert snap.pools["colocated"].scraped_pods == 0
+    pd = snap.paths["disaggregated"]
+    assert (pd.request_rate, pd.within_slo_rate, pd.ttft_seconds, pd.tpot_seconds) == (10, 9.6, 0.35, 0.042)
+    assert pd.attainment == pytest.approx(0.96)
+    assert snap.paths["colocated"].ttft_seconds is None  # NaN: no requests
+    assert snap.paths["colocated"].attainment is None
+
+
+def test_zero_traffic_with_fresh_series_is_data() -> None:
+    answers = fresh_answers(
+        path_request_rate=[],  # no requests_total series yet: no request ever
+        path_within_slo_rate=[],
+        path_ttft=[sample("NaN", path="disaggregated")],
+        path_tpot=[],
+        request_rate=[sample(0, tandem_dev_role="decode")],
+        mean_prompt_tokens=[sample("NaN", tandem_dev_role="prefill")],
+        waiting=[sample(0, tandem_dev_role="prefill")],
+    )
+    snap = snapshot(answers, sizes={"prefill": PoolSize(1, 1), "decode": PoolSize(1, 1)})
+    assert snap.missing == ()
+    assert snap.has_data
+    assert snap.paths["disaggregated"].request_rate == 0
+    assert snap.paths["disaggregated"].ttft_seconds is None
+    assert snap.pools["prefill"].mean_prompt_tokens == 0
+    assert snap.pools["decode"].request_rate == 0
+
+
+def test_queued_tokens_fall_back_to_the_lifetime_mean() -> None:
+    answers = fresh_answers(mean_prompt_tokens=[sample("NaN", tandem_dev_role="prefill")])
+    assert snapshot(answers).pools["prefill"].queued_prompt_tokens == 3 * 450
+
+
+def test_a_stale_series_is_missing() -> None:
+    answers = fresh_answers(engine_age=[sample(40, pod="llm-decode-0", tandem_dev_role="decode")])
+    snap = snapshot(answers)
+    assert len(snap.missing) == 1
+    assert "engine_age: pod llm-decode-0 last scraped 40s ago" in snap.missing[0]
+    assert snap.pools["decode"].scraped_pods == 0
+    # 120 s / 61 samples ~ 2 s interval: 5 s old is fresh, 7 s is not.
+    ok = fresh_answers(engine_age=[sample(5, pod="llm-decode-0", tandem_dev_role="decode")])
+    assert snapshot(ok).missing == ()
+    late = fresh_answers(engine_age=[sample(7, pod="llm-decode-0", tandem_dev_role="decode")])
+    assert snapshot(late).missing
+    assert snapshot(late, scrape_interval=15.0).missing == ()  # a given interval wins
+
+
+def test_ready_pods_without_engine_series_are_missing() -> None:
+    answers = fresh_answers(engine_age=[sample(1, pod="llm-prefill-0", tandem_dev_role="prefill")])
+    snap = snapshot(answers, sizes={"prefill": PoolSize(1, 1), "decode": PoolSize(1, 1)})
+    assert snap.missing == ("engine_age: decode has 1 ready pods but no fresh engine metrics",)
+    starting = snapshot(answers, sizes={"prefill": PoolSize(1, 1), "decode": PoolSize(1, 0)})
+    assert starting.missing == ()  # a pod loading its model has no metrics yet: not a gap
+
+
+def test_no_router_series_is_missing() -> None:
+    snap = snapshot(fresh_answers(router_age=[], router_samples=[]))
+    assert snap.missing == ("router_age: no fresh router metrics (tandem_router_*) for this PDDeployment",)
+
+
+def test_an_slo_the_routers_do_not_count_is_missing() -> None:
+    snap = snapshot(fresh_answers(path_within_slo_rate=[]))
+    assert len(snap.missing) == 1
+    assert snap.missing[0].startswith("path_within_slo_rate:")
+    # Without an SLO nothing is counted and nothing is expected.
+    no_slo = snapshot(fresh_answers(path_within_slo_rate=[]), slo_set=False)
+    assert no_slo.missing == ()
+    assert no_slo.paths["disaggregated"].within_slo_rate == 0
+
+
+def test_failed_queries_are_named() -> None:
+    errors = {"path_ttft": "ConnectionError: refused", "waiting": "no answer within 5s"}
+    answers = fresh_answers()
+    del answers["path_ttft"], answers["waiting"]
+    snap = snapshot(answers, errors)
+    assert snap.missing == ("path_ttft: ConnectionError: refused", "waiting: no answer within 5s")
+    assert not snap.has_data
+
+
+def test_every_query_failing_gives_only_their_errors() -> None:
+    errors = {name: "ConnectionError: refused" for name in snapshot_queries("ns", "llm", 60, 0.95)}
+    snap = snapshot({}, errors, sizes={"decode": PoolSize(1, 1)})
+    assert len(snap.missing) == len(errors)
+    assert all(m.endswith("ConnectionError: refused") for m in snap.missing)
+
+
+# --- pod loads --------------------------------------------------------------------------------------
+
+
+def pod_answers(**over: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    answers = {
+        "pod_age": [sample(1, pod="p-0"), sample(1, pod="p-1"), sample(1, pod="d-0")],
+        "pod_samples": [sample(30, pod="p-0"), sample(30, pod="p-1"), sample(30, pod="d-0")],
+        "pod_running": [sample(0, pod="p-0"), sample(0, pod="p-1"), sample(2, pod="d-0")],
+        "pod_waiting": [sample(0, pod="p-0"), sample(0, pod="p-1"), sample(1, pod="d-0")],
+        "pod_kv_held_blocks": [sample(7, pod="p-0")],
+        "pod_kv_usage": [sample(0.5, pod="p-0"), sample(0.25, pod="p-1"), sample(0.3, pod="d-0")],
+        "pod_cache_config": [
+            {"metric": {"pod": "p-1", "num_gpu_blocks": "1000", "block_size": "16"}, "value": [NOW, "1"]}
+        ],
+    }
+    answers |= over
+    return answers
+
+
+def test_pod_loads() -> None:
+    loads = build_pod_loads(pod_answers(), ["p-0", "p-1", "d-0", "gone-0"])
+    assert set(loads) == {"p-0", "p-1", "d-0"}  # no series: no known load
+    assert loads["p-0"].kv_blocks_held == 7  # the sim's exact figure
+    assert loads["p-1"].kv_blocks_held == 250  # vLLM: usage x num_gpu_blocks
+    assert (loads["d-0"].running, loads["d-0"].waiting) == (2, 1)
+    assert math.isnan(loads["d-0"].kv_blocks_held)  # unknown (irrelevant for decode)
+
+
+def test_a_stale_pod_has_no_known_load() -> None:
+    loads = build_pod_loads(pod_answers(pod_age=[sample(30, pod="p-0")]), ["p-0"])
+    assert loads == {}
