@@ -14,7 +14,7 @@ figure, robust to other load on the machine).
 
     .venv/bin/python bench/router_overhead.py [--engine sim|stub] [--concurrency 1 64 256]
         [--seconds 6] [--rounds 3] [--rate REQ_PER_S] [--itl-ms MS] [--tokens 16]
-        [--event-loop auto|asyncio|uvloop] [--router-core 0] [--engine-core 1]
+        [--event-loop auto|asyncio|uvloop] [--slo TTFT_MS TPOT_MS] [--router-core 0] [--engine-core 1]
 
 The router runs pinned to `--router-core`; the engines and this load generator to `--engine-core`.
 The load generator is a lean raw-asyncio HTTP/1.1 client so that it, not the router, stays cheap.
@@ -85,6 +85,8 @@ def start_router(prefill: str, decode: str, port: int, args: argparse.Namespace)
     command = [PYTHON, "-m", "tandem.cli", "router", "--host", "127.0.0.1", "--port", str(port)]
     command += ["--prefill", prefill, "--decode", decode, "--log-level", "WARNING"]
     command += ["--event-loop", args.event_loop]
+    if args.slo:
+        command += ["--slo-ttft-ms", str(args.slo[0]), "--slo-tpot-ms", str(args.slo[1])]
     core = args.router_core
     return subprocess.Popen(_pinned(command, core), stdout=subprocess.DEVNULL, stderr=_log())
 
@@ -371,6 +373,13 @@ def main() -> None:
     )
     parser.add_argument("--event-loop", choices=["auto", "asyncio", "uvloop"], default="auto")
     parser.add_argument("--rate", type=float, help="open loop: total requests/s shared by the streams")
+    parser.add_argument(
+        "--slo",
+        type=float,
+        nargs=2,
+        metavar=("TTFT_MS", "TPOT_MS"),
+        help="the router counts within-SLO requests",
+    )
     parser.add_argument("--router-core", type=int, default=0)
     parser.add_argument("--engine-core", type=int, default=1)
     args = parser.parse_args()
