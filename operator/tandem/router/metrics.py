@@ -40,6 +40,7 @@ E2E_BUCKETS: Final = (
     30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
 )  # fmt: skip
 LEG_BUCKETS: Final = TTFT_BUCKETS
+STATUS_CLASSES: Final = ("2xx", "4xx", "5xx")  # the `code` label of tandem_router_requests_total
 
 
 class RouterMetrics:
@@ -139,6 +140,11 @@ class RouterMetrics:
         # Bound children for the hot path: `labels()` costs more than the observation itself.
         self.by_path = {path: PathMetrics(self, path) for path in PATHS}
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        # Every path's request counters exist from the start at 0: a series born at 1 hides its first
+        # request from rate(), and the within-SLO counter (bound at 0) would then outrun the total.
+        for path in PATHS:
+            for code in STATUS_CLASSES:
+                self.child(self.requests, path, code)
 
     def child(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)`, memoised (label sets on the hot path are few and fixed)."""

@@ -133,3 +133,12 @@ def test_slo_flags_come_in_pairs() -> None:
     assert state.slo == SLO
     assert state.metrics.by_path["colocated"].within_slo is not None
     assert isinstance(state.balancer, Balancer)
+
+
+def test_request_counters_start_at_zero() -> None:
+    # A counter born at 1 would hide its first request from rate(); within-SLO starts at 0 too.
+    metrics = RouterMetrics()
+    for path in ("disaggregated", "colocated"):
+        for code in ("2xx", "4xx", "5xx"):
+            labels = {"path": path, "code": code}
+            assert metrics.registry.get_sample_value("tandem_router_requests_total", labels) == 0
