@@ -32,8 +32,12 @@ class Knobs:
     correction_min: float = 0.25
     correction_max: float = 4.0
     correction_smoothing: float = 0.3  # weight of a new sample in the geometric moving average
-    miss_shrink_min: float = 0.80  # on an SLO miss the model did not predict, shrink by at least x0.95 ...
-    miss_shrink_max: float = 0.95  # ... and at most x0.80 per pass
+    # On an SLO miss the model did not predict, the correction is multiplied by target/measured
+    # latency, kept within [miss_shrink_min, miss_shrink_max]; only when the pool is at least
+    # miss_min_load busy (else the miss is not for want of replicas).
+    miss_shrink_min: float = 0.80
+    miss_shrink_max: float = 0.95
+    miss_min_load: float = 0.5
     comfortable_ratio: float = 0.80  # latency under this share of its target is "comfortably within"
     relax_rate: float = 0.10  # then a correction below 1 moves this share of the way back to 1
     # A snapshot older than this many decision intervals is stale (no data).

@@ -12,9 +12,10 @@ which already includes the loading pods; only the rate terms can.
 SLO feedback, from the path the pool serves (`PathSignals`): a pool whose latency at the SLO's
 quantile is over target while attainment is under target (prefill: TTFT, unless decode has waiting
 requests and prefill no queue; decode: TPOT, or TTFT in that case; colocated: either) is never
-recommended below its current size, and one more replica when no pod is starting. When the capacity
-model said the current size sufficed, the correction also shrinks (x `1/ratio`, within
-[`miss_shrink_min`, `miss_shrink_max`]).
+recommended below its current size. If it is loaded (a backlog, or at least `miss_min_load` of its
+replicas' capacity in use: an idle pool's miss is not for want of replicas) and no pod is starting,
+it gets one more replica, and when the capacity model said the current size sufficed, the
+correction shrinks by `1/ratio`, kept within [`miss_shrink_min`, `miss_shrink_max`].
 
 Capacity correction (measured / profile capacity, bounded to [`correction_min`, `correction_max`],
 smoothed geometrically by `correction_smoothing`), learnt only when every ready pod reports and none
@@ -229,10 +230,11 @@ def _finish(
         exact = max(exact, 1.0)
     replicas = max(0, math.ceil(exact - 1e-9))
     floor: int | None = None
+    loaded = total > base or total >= knobs.miss_min_load * current  # a backlog, or busy enough
     if slo_state.missed:
-        floor = current if obs.starting > 0 else current + 1
+        floor = current + 1 if obs.starting == 0 and loaded else current
         replicas = max(replicas, floor)
-        if obs.starting == 0 and model_exact_before <= current:
+        if obs.starting == 0 and loaded and model_exact_before <= current:
             shrink = min(knobs.miss_shrink_max, max(knobs.miss_shrink_min, 1.0 / (slo_state.ratio or 1.0)))
             correction *= shrink
     elif slo_state.comfortable and correction < 1.0:

@@ -1,0 +1,236 @@
+"""The parts of the policy on their own: capacity per replica, windows and steps, the GPU budget."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from tandem.api.status import Recommendation
+from tandem.autoscale import stabilize
+from tandem.autoscale.budget import Claim, arbitrate
+from tandem.autoscale.capacity import decode_capacity, engine_limits, pool_model, prefill_capacity
+from tandem.autoscale.knobs import KNOBS, Knobs
+
+if TYPE_CHECKING:
+    from conftest import Kit
+
+# --- capacity -----------------------------------------------------------------------------------------
+
+LIMIT_CASES: list[tuple[str, str, dict[str, Any], tuple[int, int, str, float]]] = [
+    ("prefill-defaults", "prefill", {}, (8192, 1024, "auto", 0.9)),
+    ("colocated-token-budget", "colocated", {}, (2048, 1024, "auto", 0.9)),
+    (
+        "pool-args-win",
+        "decode",
+        {
+            "engine": {"extraArgs": ["--max-num-seqs", "512", "--kv-cache-dtype=fp8"]},
+            "decode": {"engineArgs": ["--max-num-seqs=128", "--gpu-memory-utilization", "0.8"]},
+        },
+        (8192, 128, "fp8", 0.8),
+    ),
+    (
+        "nonsense-ignored",
+        "prefill",
+        {"prefill": {"engineArgs": ["--max-num-batched-tokens", "lots"]}},
+        (8192, 1024, "auto", 0.9),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("role", "patch", "expected"), [c[1:] for c in LIMIT_CASES], ids=[c[0] for c in LIMIT_CASES]
+)
+def test_engine_limits_come_from_the_pools_arguments(
+    kit: Kit, role: str, patch: dict[str, Any], expected: tuple[int, int, str, float]
+) -> None:
+    limits = engine_limits(kit.with_spec(**patch).spec, role)
+    assert (
+        limits.max_num_batched_tokens,
+        limits.max_num_seqs,
+        limits.kv_cache_dtype,
+        limits.gpu_memory_utilization,
+    ) == expected
+
+
+def test_profile_choice_and_fallback(kit: Kit) -> None:
+    assert not pool_model(kit.spec, "prefill").fallback
+    unknown = kit.with_spec(model={"uri": "hf://someone/private-model", "name": "private"}).spec
+    assert pool_model(unknown, "prefill").fallback
+    sim = kit.with_spec(
+        engine={
+            "type": "sim",
+            "env": [{"name": "TANDEM_SIM_PERF_MODEL", "value": "meta-llama/Llama-3.1-70B-Instruct"}],
+        },
+        prefill={"tensorParallelSize": 4},
+        decode={"tensorParallelSize": 4},
+    ).spec
+    model = pool_model(sim, "prefill")
+    assert "70B" in model.profile.model
+    assert model.profile.tensor_parallel_size == 4
+    other_gpu = kit.with_spec(autoscaling={"gpu": "TPU-v9"}).spec
+    assert pool_model(other_gpu, "prefill").fallback
+
+
+def test_prefill_capacity_leaves_room_for_queueing_within_the_ttft(kit: Kit) -> None:
+    model = pool_model(kit.spec, "prefill")
+    slo = kit.spec.slo
+    assert slo is not None
+    loose = prefill_capacity(model, slo.model_copy(update={"ttft_ms": 5000}), 1000, KNOBS, transfer_gbps=400)
+    tight = prefill_capacity(model, slo.model_copy(update={"ttft_ms": 150}), 1000, KNOBS, transfer_gbps=400)
+    impossible = prefill_capacity(
+        model, slo.model_copy(update={"ttft_ms": 5}), 1000, KNOBS, transfer_gbps=400
+    )
+    assert loose.utilisation == KNOBS.prefill_utilisation_cap
+    assert KNOBS.prefill_utilisation_floor < tight.utilisation < loose.utilisation
+    assert impossible.utilisation == KNOBS.prefill_utilisation_floor
+    assert loose.at_target == pytest.approx(loose.raw_tokens_per_second * loose.utilisation)
+    long_prompts = prefill_capacity(model, slo, 16000, KNOBS, transfer_gbps=400)
+    assert long_prompts.raw_tokens_per_second < loose.raw_tokens_per_second  # attention grows with length
+
+
+def test_decode_capacity_is_bounded_by_tpot_and_kv(kit: Kit) -> None:
+    model = pool_model(kit.spec, "decode")
+    slo = kit.spec.slo
+    assert slo is not None
+    base = decode_capacity(model, slo, 1100, KNOBS)
+    tighter = decode_capacity(model, slo.model_copy(update={"tpot_ms": 15}), 1100, KNOBS)
+    longer = decode_capacity(model, slo, 8000, KNOBS)
+    assert tighter.sequences < base.sequences
+    assert longer.sequences < base.sequences
+    assert base.sequences == pytest.approx(
+        min(base.batch_at_tpot, base.kv_tokens * 0.85 / base.context_tokens)
+    )
+    fewer_seqs = decode_capacity(
+        pool_model(kit.with_spec(decode={"engineArgs": ["--max-num-seqs", "32"]}).spec, "decode"),
+        slo,
+        1100,
+        KNOBS,
+    )
+    assert fewer_seqs.batch_at_tpot == 32
+    fp8 = decode_capacity(
+        pool_model(kit.with_spec(decode={"engineArgs": ["--kv-cache-dtype", "fp8"]}).spec, "decode"),
+        slo,
+        1100,
+        KNOBS,
+    )
+    assert fp8.kv_tokens > 1.9 * base.kv_tokens
+
+
+# --- stabilize -------------------------------------------------------------------------------------------
+
+NOW = 10_000.0
+
+WINDOW_CASES = [
+    # id, history [(age s, replicas)] incl. this pass (age 0), current, up window, down window, expected
+    ("up-immediate", [(0, 7)], 4, 0, 300, 7),
+    ("up-lowest-in-window", [(50, 5), (20, 9), (0, 8)], 4, 60, 300, 5),
+    ("up-not-if-any-recent-below-current", [(50, 3), (0, 8)], 4, 60, 300, 4),
+    ("down-highest-in-window", [(400, 9), (250, 6), (100, 5), (0, 2)], 8, 0, 300, 6),
+    ("down-after-window", [(301, 9), (0, 2)], 8, 0, 300, 2),
+    ("down-window-edge-inclusive", [(300, 9), (0, 2)], 8, 0, 300, 8),
+    ("steady", [(100, 4), (0, 4)], 4, 0, 300, 4),
+]
+
+
+@pytest.mark.parametrize(
+    ("history", "current", "up", "down", "expected"),
+    [c[1:] for c in WINDOW_CASES],
+    ids=[c[0] for c in WINDOW_CASES],
+)
+def test_stabilization_windows(
+    history: list[tuple[float, int]], current: int, up: float, down: float, expected: int
+) -> None:
+    recs = [Recommendation(time=NOW - age, replicas=n) for age, n in history]
+    assert stabilize.stabilized(recs, NOW, current, up, down) == expected
+
+
+def test_record_prunes_and_caps() -> None:
+    old = [Recommendation(time=NOW - age, replicas=1) for age in (1000, 301, 300, 10)]
+    old.append(Recommendation(time=NOW + 5, replicas=1))  # from the future (clock stepped back): dropped
+    kept = stabilize.record(old, NOW, 3, 300)
+    assert [NOW - r.time for r in kept] == [300, 10, 0]
+    many = [Recommendation(time=NOW - i * 0.01, replicas=1) for i in range(2000, 0, -1)]
+    assert len(stabilize.record(many, NOW, 2, 300)) == stabilize.MAX_HISTORY
+
+
+@pytest.mark.parametrize(
+    ("exact", "current", "tolerance", "hold"),
+    [
+        (4.3, 4, 0.1, True),
+        (4.5, 4, 0.1, False),
+        (3.6, 4, 0.1, True),
+        (3.5, 4, 0.1, False),
+        (0.05, 0, 0.1, False),
+    ],
+)
+def test_dead_band(exact: float, current: int, tolerance: float, hold: bool) -> None:
+    assert stabilize.within_dead_band(exact, current, tolerance) is hold
+
+
+@pytest.mark.parametrize(("target", "current", "expected"), [(12, 4, 8), (1, 8, 6), (5, 4, 5), (4, 4, 4)])
+def test_limit_step(target: int, current: int, expected: int) -> None:
+    assert stabilize.limit_step(target, current, up_step=4, down_step=2) == expected
+
+
+def test_knobs_override() -> None:
+    assert Knobs(dead_band=0.2).dead_band == 0.2
+    assert KNOBS.dead_band == 0.1
+
+
+# --- budget ----------------------------------------------------------------------------------------------
+
+
+def claim(role: str, wanted: int, current: int, minimum: int = 1, tp: int = 1, deficit: float = 0.0) -> Claim:
+    return Claim(
+        role=role, wanted=wanted, current=current, min_replicas=minimum, gpus_per_replica=tp, deficit=deficit
+    )
+
+
+BUDGET_CASES = [
+    # id, claims, available GPUs, expected
+    ("fits", [claim("prefill", 4, 2), claim("decode", 3, 3)], 10, {"prefill": 4, "decode": 3}),
+    (
+        "deficit-first",
+        [claim("prefill", 6, 2, deficit=0.1), claim("decode", 6, 2, deficit=0.9)],
+        8,
+        {"prefill": 2, "decode": 6},
+    ),
+    (
+        "keep-before-adding",  # decode's deficit is larger, but prefill keeps the 3 it runs
+        [claim("prefill", 3, 3, deficit=0.0), claim("decode", 8, 2, deficit=2.0)],
+        8,
+        {"prefill": 3, "decode": 5},
+    ),
+    (
+        "shortfall-breaks-ties",
+        [claim("prefill", 4, 1), claim("decode", 8, 1)],
+        6,
+        {"prefill": 2, "decode": 4},
+    ),
+    (
+        "tp-that-does-not-fit-leaves-room-for-others",
+        [claim("prefill", 4, 1, deficit=1.0, tp=4), claim("decode", 4, 1, tp=1)],
+        7,
+        {"prefill": 1, "decode": 3},
+    ),
+    (
+        "minimums-over-budget",
+        [claim("prefill", 4, 3, minimum=3), claim("decode", 4, 3, minimum=2)],
+        3,
+        {"prefill": 3, "decode": 2},
+    ),
+    (
+        "budget-cut-below-current",
+        [claim("prefill", 6, 6), claim("decode", 6, 6)],
+        6,
+        {"prefill": 3, "decode": 3},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("claims", "available", "expected"), [c[1:] for c in BUDGET_CASES], ids=[c[0] for c in BUDGET_CASES]
+)
+def test_budget_arbitration(claims: list[Claim], available: int, expected: dict[str, int]) -> None:
+    assert arbitrate(claims, available) == expected
