@@ -14,7 +14,8 @@ intervals, has non-finite figures, or a pool with ready pods has no scraped pod)
 and says why; a pause holds every size too. Both record the current size as the pass's
 recommendation, so a scale-down after them waits for a full window. No traffic (fresh, zero rates)
 is data: recommendations fall to `minReplicas` and the scale-down window and step apply.
-Advisory mode computes everything, reports the target, and leaves `desired_replicas` where it is.
+Advisory mode computes everything from the spec's sizes (what the operator runs in that mode),
+reports the target, and writes the spec's size as `desired_replicas`.
 """
 
 from __future__ import annotations
@@ -84,9 +85,10 @@ def _clamp(value: int, bounds: PoolAutoscaling) -> int:
 
 
 def current_size(spec: PDDeploymentSpec, state: AutoscalingStatus, role: str) -> int:
-    """The size the autoscaler holds `role` at: its last desired size, else the spec's clamped to bounds."""
+    """The size `role` runs at: the autoscaler's last desired size, else the spec's clamped to the bounds.
+    In Advisory mode the operator sizes pools from the spec, so the spec's size is the current one."""
     desired = _pool_state(state, role).desired_replicas
-    if desired is not None:
+    if desired is not None and spec.autoscaling.mode is not AutoscalingMode.Advisory:
         return desired
     return _clamp(spec.pool(role).replicas, _bounds(spec, role))
 

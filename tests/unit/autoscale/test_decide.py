@@ -292,6 +292,15 @@ def test_advisory_decides_and_reports_without_acting(kit: Kit) -> None:
     assert not decision.held
 
 
+def test_advisory_advises_from_the_size_the_spec_runs(kit: Kit) -> None:
+    """Switching Active -> Advisory: the operator runs spec.<pool>.replicas again, so that is current."""
+    spec = kit.with_spec(autoscaling={"mode": "Advisory"}).spec
+    snapshot = kit.snapshot(T0, sizes={"prefill": (2, 2), "decode": (2, 2)}, prefill=1.5, decode=1.5)
+    decision = decide(spec, snapshot, at({"prefill": 6, "decode": 5}), T0)
+    assert {r: p.current for r, p in decision.pools.items()} == {"prefill": 2, "decode": 2}
+    assert decision.state.pools.prefill.desired_replicas == 2
+
+
 def test_external_pools_are_not_decided(kit: Kit) -> None:
     spec = kit.with_spec(decode={"autoscaling": {"external": True}}).spec
     decode_state = PoolAutoscalingStatus(desired_replicas=7, capacity_correction=0.5)
