@@ -81,6 +81,7 @@ class SearchResult:
     budget_gpus: int
     tried: dict[StaticLayout, Outcome] = field(default_factory=dict)
     note: str = ""
+    lower_bounds: tuple[int, int] | None = None  # P/D: the fewest (prefill, decode) each pool needs alone
 
     @property
     def outcome(self) -> Outcome | None:
@@ -166,6 +167,7 @@ def search_static_pd(
         pool = "prefill" if p_min is None else "decode"
         result.note = f"no P/D layout within {budget_gpus} GPUs reaches {target:.0%}: {pool} alone cannot"
         return result
+    result.lower_bounds = (p_min, d_min)
     layout = StaticLayout(p_min, d_min)
     while True:
         if layout.gpus(gpus) > budget_gpus:
@@ -310,9 +312,11 @@ class HPAPolicy:
             with_metrics, total = self._metric_sum(snapshot, role)
             raw = hpa_replicas(current, with_metrics, total, cfg.targets[role], cfg.tolerance)
             raw = min(max(raw, cfg.min_replicas), cfg.max_replicas)
-            history = self._recommendations.setdefault(role, deque())
+            if role not in self._recommendations:  # as the HPA controller: first sight records the size
+                self._recommendations[role] = deque([(now, current)])
+            history = self._recommendations[role]
             history.append((now, raw))
-            while history and history[0][0] < now - cfg.scale_down_stabilization_seconds:
+            while history and history[0][0] <= now - cfg.scale_down_stabilization_seconds:
                 history.popleft()
             stabilized = raw
             if raw < current:  # scale down only to the highest recommendation within the window

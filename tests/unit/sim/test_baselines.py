@@ -88,8 +88,17 @@ def test_hpa_policy_scales_up_at_once_and_down_after_300_s() -> None:
     # the queue drains: raw recommendation is 1, but scale-down waits for the 300-s window
     for t in range(15, 300, 15):
         assert hpa.decide(_snapshot(float(t), (6, 0.0), (2, 0.5)), float(t))["prefill"] == 6
-    # at t=315 the recommendation of 6 (at t=0) has left the window: down to 1 (HPA minReplicas)
-    assert hpa.decide(_snapshot(315.0, (6, 0.0), (2, 0.5)), 315.0)["prefill"] == 1
+    # at t=300 the recommendation of 6 (at t=0) has left the window: down to 1 (HPA minReplicas)
+    assert hpa.decide(_snapshot(300.0, (6, 0.0), (2, 0.5)), 300.0)["prefill"] == 1
+
+
+def test_hpa_first_sight_records_the_current_size() -> None:
+    # as the HPA controller: a new HPA does not scale down before its window has passed
+    hpa = HPAPolicy(HPAConfig(targets={"prefill": 1000.0, "decode": 0.5}))
+    assert hpa.decide(_snapshot(0.0, (4, 0.0), (4, 0.0)), 0.0) == {"prefill": 4, "decode": 4}
+    assert hpa.decide(_snapshot(285.0, (4, 0.0), (4, 0.0)), 285.0) == {"prefill": 4, "decode": 4}
+    # the window keeps recommendations strictly after now - 300 s (the controller's cutoff)
+    assert hpa.decide(_snapshot(300.0, (4, 0.0), (4, 0.0)), 300.0) == {"prefill": 1, "decode": 1}
 
 
 def test_hpa_scale_up_rate_is_double_or_four_pods_per_sync() -> None:
