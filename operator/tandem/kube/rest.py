@@ -131,13 +131,28 @@ class KubeRest:
             item.setdefault("kind", kind.kind)
         return items
 
-    def apply(self, kind: Kind, obj: Obj) -> Obj:
-        """Server-side apply under the operator's field manager, taking over conflicting fields."""
+    def apply(self, kind: Kind, obj: Obj, field_manager: str | None = None) -> Obj:
+        """Server-side apply, taking over conflicting fields.
+
+        Under the operator's field manager unless `field_manager` names another one (the hand-over
+        of a pool's replicas to an HPA keeps `spec.replicas` owned by a second manager).
+        """
         self._count("apply", kind.kind)
         md = obj["metadata"]
-        query = {"fieldManager": self._field_manager, "force": "true"}
+        query = {"fieldManager": field_manager or self._field_manager, "force": "true"}
         return self.request(
             "PATCH", kind.path(md["namespace"], md["name"]), query, obj, "application/apply-patch+yaml"
+        )
+
+    def annotate(self, kind: Kind, namespace: str, name: str, annotations: dict[str, str | None]) -> Obj:
+        """Merge-patch an object's annotations; a `None` value removes that annotation."""
+        self._count("patch", kind.kind)
+        return self.request(
+            "PATCH",
+            kind.path(namespace, name),
+            {"fieldManager": self._field_manager},
+            {"metadata": {"annotations": annotations}},
+            "application/merge-patch+json",
         )
 
     def delete(self, kind: Kind, namespace: str, name: str, uid: str | None = None) -> None:
@@ -152,13 +167,23 @@ class KubeRest:
             if exc.status not in (404, 409):
                 raise
 
-    def patch_status(self, kind: Kind, namespace: str, name: str, status: Obj) -> Obj:
+    def patch_status(
+        self, kind: Kind, namespace: str, name: str, status: Obj, resource_version: str | None = None
+    ) -> Obj:
+        """Merge-patch `status` (a `None` value removes a field).
+
+        With `resource_version`, the patch applies only to that version of the object: a write by
+        anyone else since it was read fails with 409 Conflict instead of being overwritten.
+        """
         self._count("patch-status", kind.kind)
+        body: Obj = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
         return self.request(
             "PATCH",
             kind.path(namespace, name) + "/status",
             {"fieldManager": self._field_manager},
-            {"status": status},
+            body,
             "application/merge-patch+json",
         )
 
