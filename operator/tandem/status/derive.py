@@ -2,9 +2,11 @@
 
 Input is a snapshot of the world after a reconcile pass: the child workloads' status, pod
 problems the apiserver cannot reject up front (unschedulable, image pull failures, crash loops),
-and errors from applying children. Output is the full status, with kstatus conditions (`Ready`,
-`Reconciling`, `Stalled`) present from the first pass and `Available` saying whether requests
-can be served at all. Condition transition times are carried over while a status is unchanged.
+errors from applying children, and what the autoscaler decided (its state, the measured SLO, who
+sizes each pool). Output is the full status, with kstatus conditions (`Ready`, `Reconciling`,
+`Stalled`) present from the first pass, `Available` saying whether requests can be served at all,
+and `AutoscalingActive` once autoscaling is configured. Condition transition times are carried
+over while a status is unchanged.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from datetime import datetime
 from tandem.api import meta
 from tandem.api.models import PDDeployment, ServingMode
 from tandem.api.status import (
+    AutoscalingStatus,
     Condition,
     ConditionStatus,
     ConditionType,
@@ -24,8 +27,14 @@ from tandem.api.status import (
     Phase,
     PoolsStatus,
     PoolStatus,
+    ReplicaSource,
+    SLOStatus,
 )
+from tandem.autoscale.snapshot import Snapshot
 from tandem.perf.kv import kv_bytes_per_token, kv_transfer_seconds
+
+# (status, reason, message) of a condition.
+ConditionValue = tuple[ConditionStatus, str, str]
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,18 @@ class Observed:
     desired_replicas: Mapping[str, int] = field(default_factory=dict)  # role -> replicas asked for
     pod_problems: Sequence[PodProblem] = ()
     apply_errors: Sequence[str] = ()
+    sources: Mapping[str, ReplicaSource] = field(default_factory=dict)  # role -> who sizes it (spec)
+    autoscaling: AutoscalingStatus | None = None  # the autoscaler's state after this pass
+    slo: SLOStatus | None = None  # the SLO as last measured
+    autoscaling_condition: ConditionValue | None = None  # this pass's AutoscalingActive; None: keep
+
+
+@dataclass(frozen=True)
+class AutoscalingView:
+    """What the AutoscalingActive condition depends on, beyond the spec."""
+
+    prometheus_url: str | None = None  # spec.autoscaling.prometheus.url, else the operator's flag
+    decision: ConditionValue | None = None  # decide()'s condition when a decision ran in this pass
 
 
 # Reasons that stop progress until something outside the operator changes (kstatus "Stalled").
@@ -98,6 +119,57 @@ def _pool_status(pdd: PDDeployment, role: str, observed: Observed) -> PoolStatus
         desired_replicas=desired,
         gpus=desired * _tp(pdd, role),
         ready=f"{workload.ready_replicas}/{desired}",
+        source=observed.sources.get(role, ReplicaSource.spec),
+    )
+
+
+def autoscaling_condition(
+    pdd: PDDeployment, view: AutoscalingView, previous: Sequence[Condition]
+) -> ConditionValue | None:
+    """AutoscalingActive for this pass; None to leave the condition as it is (or absent).
+
+    Absent while nothing about autoscaling is configured; False `Disabled` when autoscaling is
+    off (or no pool has bounds to act within), False `PrometheusNotConfigured` without a URL;
+    otherwise the decision's own condition (True when acting; False `MetricsUnavailable`,
+    `Paused`, `Advisory`, `LimitedByMaxGPUs`, `LimitedByMaxReplicas`), kept between decisions.
+    """
+    spec = pdd.spec
+    bounded = [role for role in meta.POOL_ROLES if spec.pool(role).autoscaling is not None]
+    external = [role for role in bounded if spec.pool(role).autoscaling.external]  # type: ignore[union-attr]
+    decided = [role for role in bounded if role not in external]
+    handed = f"; sized by another controller (HPA, KEDA): {', '.join(external)}" if external else ""
+    if not spec.autoscaling.enabled:
+        if not bounded and not any(c.type == ConditionType.AutoscalingActive for c in previous):
+            return None
+        return ("False", "Disabled", "spec.autoscaling.enabled is false" + handed)
+    if not decided:
+        return ("False", "Disabled", "no pool has autoscaling bounds (spec.<pool>.autoscaling)" + handed)
+    if not view.prometheus_url:
+        return (
+            "False",
+            "PrometheusNotConfigured",
+            "no Prometheus to read: set spec.autoscaling.prometheus.url or the operator's --prometheus-url; "
+            "pool sizes are held",
+        )
+    return view.decision
+
+
+def measured_slo(snapshot: Snapshot, observed_at: str) -> SLOStatus | None:
+    """`status.slo` from what the routers measured (latencies in ms, attainment in percent).
+
+    None when the snapshot has no data: the last measurement stays, its `observedAt` says how old.
+    """
+    if not snapshot.has_data:
+        return None
+    total = snapshot.total()
+    attainment = total.attainment
+    return SLOStatus(
+        ttft_ms=None if total.ttft_seconds is None else round(total.ttft_seconds * 1000, 1),
+        tpot_ms=None if total.tpot_seconds is None else round(total.tpot_seconds * 1000, 2),
+        attainment_percent=None if attainment is None else round(attainment * 100, 2),
+        requests_per_second=round(total.request_rate, 3),
+        window_seconds=round(snapshot.window_seconds),
+        observed_at=observed_at,
     )
 
 
@@ -202,6 +274,8 @@ def derive_status(
         conditions.append(
             (ConditionType.Available, "False", "NoReadyPods", f"no ready pods in: {', '.join(missing)}")
         )
+    if observed.autoscaling_condition is not None:
+        conditions.append((ConditionType.AutoscalingActive, *observed.autoscaling_condition))
 
     return PDDeploymentStatus(
         observed_generation=generation,
@@ -210,6 +284,8 @@ def derive_status(
         conditions=merge_conditions(previous, conditions, generation, now),
         pools=pools,
         kv_transfer=_kv_status(pdd),
+        slo=observed.slo,
+        autoscaling=observed.autoscaling,
     )
 
 
