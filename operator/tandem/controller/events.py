@@ -27,6 +27,10 @@ class EventRecorder:
     def warning(self, obj: Obj, reason: str, message: str) -> None:
         self._post(obj, "Warning", reason, message)
 
+    def post(self, obj: Obj, kind: str, reason: str, message: str) -> None:
+        """An Event of type `kind` (Normal or Warning)."""
+        self._post(obj, kind, reason, message)
+
     def _post(self, obj: Obj, kind: str, reason: str, message: str) -> None:
         md = obj.get("metadata", {})
         namespace = md.get("namespace", "default")

@@ -4,7 +4,9 @@ kopf watches PDDeployments and the StatefulSets, Deployments and Pods that carry
 label, and only enqueues the owning PDDeployment's key (no kopf-stored state, no finalizers, so
 uninstalling the operator never leaves objects stuck). A worker pops keys, reads the object fresh
 and runs one `Reconciler` pass in a thread. A resync enqueues every PDDeployment periodically, and
-on winning leadership. Passes that are not yet converged ask to be requeued after a delay.
+on winning leadership. Passes that are not yet converged ask to be requeued after a delay, and so
+do autoscaled PDDeployments, for their next decision (`spec.autoscaling.intervalSeconds`) or to
+check a drain: the autoscaler runs inside the pass, so only the leader decides.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from aiohttp import web
 
 from tandem.api import meta
 from tandem.controller import metrics
+from tandem.controller.autoscaler import Autoscaler
 from tandem.controller.events import EventRecorder
 from tandem.controller.leader import LeaderElector
 from tandem.controller.reconcile import Reconciler
@@ -44,7 +47,8 @@ class Runtime:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.kube = KubeRest(load_api_client())
-        self.reconciler = Reconciler(self.kube, EventRecorder(self.kube))
+        self.autoscaler = Autoscaler(self.kube, args.prometheus_url)
+        self.reconciler = Reconciler(self.kube, EventRecorder(self.kube), self.autoscaler)
         self.queue: WorkQueue[Key] = WorkQueue()
         self.failures: dict[Key, int] = {}
         self.health = metrics.Health(max_silence=max(120.0, args.resync_seconds * 2))
@@ -86,9 +90,11 @@ class Runtime:
             body = await asyncio.to_thread(self.kube.get, PDDEPLOYMENT, namespace, name)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 self.failures.pop(key, None)
+                self.autoscaler.forget(namespace, name)
                 return
-            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            result = await asyncio.to_thread(self.reconciler.reconcile, body, now)
+            instant = datetime.now(UTC)
+            now = instant.strftime("%Y-%m-%dT%H:%M:%SZ")
+            result = await asyncio.to_thread(self.reconciler.reconcile, body, now, instant.timestamp())
         except Exception as exc:
             failures = self.failures[key] = self.failures.get(key, 0) + 1
             delay = min(MAX_ERROR_BACKOFF_SECONDS, 2.0**failures)
@@ -101,7 +107,9 @@ class Runtime:
         finally:
             metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
         self.failures.pop(key, None)
-        metrics.RECONCILES.labels(result=result.phase or "unknown").inc()
+        metrics.RECONCILES.labels(result="conflict" if result.conflict else result.phase or "unknown").inc()
+        if result.conflict:
+            log.info("%s/%s changed during the pass; reconciling it again", namespace, name)
         if result.applied or result.deleted or result.status_written:
             log.info(
                 "%s/%s: phase %s; applied %s; deleted %s; status %s",
@@ -190,6 +198,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--lease-name", default="tandem-operator")
     parser.add_argument("--identity", default=os.environ.get("POD_NAME", ""), help="leader election identity")
     parser.add_argument("--workers", type=int, default=4, help="PDDeployments reconciled in parallel")
+    parser.add_argument(
+        "--prometheus-url",
+        default=os.environ.get("TANDEM_PROMETHEUS_URL", ""),
+        help="Prometheus the autoscaler reads when spec.autoscaling.prometheus.url is unset "
+        "(env TANDEM_PROMETHEUS_URL)",
+    )
     parser.add_argument("--verbose", "-v", action="store_true")
     args = parser.parse_args(list(argv))
     if args.workers < 1:

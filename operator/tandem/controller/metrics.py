@@ -36,6 +36,32 @@ API_WRITES = Counter(
 QUEUE_DEPTH = Gauge("tandem_operator_queue_depth", "PDDeployments waiting for a pass.", registry=REGISTRY)
 LEADER = Gauge("tandem_operator_leader", "1 while this replica holds the leader lease.", registry=REGISTRY)
 
+# The autoscaler (controller/autoscaler.py).
+DECISIONS = Counter(
+    "tandem_operator_autoscaler_decisions_total",
+    "Autoscaler decisions by pool and direction (up, down, hold).",
+    ["pool", "direction"],
+    registry=REGISTRY,
+)
+DESIRED_REPLICAS = Gauge(
+    "tandem_operator_autoscaler_desired_replicas",
+    "The size each pool is held at (autoscaler's decision, or the spec's for fixed pools).",
+    ["namespace", "pddeployment", "pool"],
+    registry=REGISTRY,
+)
+PROMETHEUS_ERRORS = Counter(
+    "tandem_operator_autoscaler_prometheus_errors_total",
+    "Prometheus reads that failed (snapshot, pod_load) or came back without some signal (snapshot-missing).",
+    ["query"],
+    registry=REGISTRY,
+)
+DECISION_SECONDS = Histogram(
+    "tandem_operator_autoscaler_decision_duration_seconds",
+    "Duration of one autoscaler decision, Prometheus reads included.",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+    registry=REGISTRY,
+)
+
 
 class Health:
     """The worker loop beats; /healthz fails when it has been silent for too long."""

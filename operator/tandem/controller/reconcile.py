@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -18,8 +19,11 @@ from pydantic import ValidationError
 from tandem.api import meta
 from tandem.api.models import PDDeployment
 from tandem.api.status import PDDeploymentStatus
+from tandem.controller import handover
+from tandem.controller.autoscaler import Autoscaler, Outcome
 from tandem.controller.drift import is_subset
 from tandem.controller.events import EventRecorder
+from tandem.controller.replicas import is_external
 from tandem.kube.rest import PDDEPLOYMENT, POD, Kind, KubeError, KubeRest, Obj
 from tandem.render import CHILD_KINDS, render
 from tandem.status.derive import Observed, PodProblem, WorkloadState, derive_status
@@ -40,6 +44,7 @@ _WAITING_PROBLEMS = {
 
 REQUEUE_PROGRESSING_SECONDS = 15.0
 REQUEUE_STALLED_SECONDS = 60.0
+REQUEUE_CONFLICT_SECONDS = 1.0  # someone else wrote the object during the pass: read it again
 
 
 @dataclass
@@ -49,14 +54,34 @@ class PassResult:
     applied: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     status_written: bool = False
+    conflict: bool = False  # the status write lost a race; the pass is repeated at once
     phase: str = ""
     requeue_after: float | None = None
 
+    def requeue(self, delay: float | None) -> None:
+        if delay is not None:
+            self.requeue_after = delay if self.requeue_after is None else min(self.requeue_after, delay)
 
-def desired_replicas(pdd: PDDeployment) -> dict[str, int]:
-    replicas: dict[str, int] = {role: pdd.spec.pool(role).replicas for role in meta.POOL_ROLES}
-    replicas["router"] = pdd.spec.router.replicas
-    return replicas
+
+def merge_patch(old: Any, new: Any) -> Any:
+    """The RFC 7386 merge patch that turns `old` into `new` (`None` removes a key; lists are whole)."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return new
+    patch: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        if key not in old:
+            patch[key] = value
+        elif old[key] != value:
+            patch[key] = merge_patch(old[key], value)
+    return patch
+
+
+def status_patch(old: Obj, new: Obj) -> Obj:
+    """The status merge patch: the operator's fields as `new` has them; fields of other writers
+    (keys the status model does not know) are left alone."""
+    owned = {info.alias or name for name, info in PDDeploymentStatus.model_fields.items()}
+    patch: Obj = merge_patch({k: v for k, v in old.items() if k in owned}, new)
+    return patch
 
 
 def _owned_by(obj: Obj, uid: str) -> bool:
@@ -120,13 +145,16 @@ def missing_secrets(kube: KubeRest, pdd: PDDeployment) -> list[PodProblem]:
 
 
 class Reconciler:
-    """Reconciles PDDeployments through one KubeRest; holds no state between passes."""
+    """Reconciles PDDeployments through one KubeRest; holds no state between passes (the
+    autoscaler's lives in status)."""
 
-    def __init__(self, kube: KubeRest, events: EventRecorder) -> None:
+    def __init__(self, kube: KubeRest, events: EventRecorder, autoscaler: Autoscaler | None = None) -> None:
         self.kube = kube
         self.events = events
+        self.autoscaler = autoscaler or Autoscaler(kube)
 
-    def reconcile(self, body: Obj, now: str) -> PassResult:
+    def reconcile(self, body: Obj, now: str, epoch: float | None = None) -> PassResult:
+        """One pass; `now` is the RFC 3339 time for status, `epoch` the same instant in seconds."""
         result = PassResult()
         try:
             pdd = PDDeployment.from_object(body)
@@ -135,26 +163,38 @@ class Reconciler:
             result.phase = "Degraded"
             return result
         ns, name = pdd.metadata.namespace, pdd.metadata.name
-        replicas = desired_replicas(pdd)
-        desired = render(pdd, replicas)
+        epoch = _epoch(now) if epoch is None else epoch
         selector = f"{meta.LABEL_PDD}={name}"
+        previous = _previous_status(body)
 
         existing: dict[tuple[str, str], Obj] = {}
         for kind in KINDS.values():
             for obj in self.kube.list(kind, ns, selector):
                 if _owned_by(obj, pdd.metadata.uid):
                     existing[_key(obj)] = obj
+        pods = self.kube.list(POD, ns, selector)
+
+        statefulsets: dict[str, Obj | None] = {
+            role: existing.get(("StatefulSet", f"{name}-{role}")) for role in meta.POOL_ROLES
+        }
+        scaling = self.autoscaler.step(pdd, body, previous, statefulsets, pods, epoch)
+        replicas: dict[str, int | None] = {**scaling.replicas, "router": pdd.spec.router.replicas}
+        desired = render(pdd, replicas)
 
         live: dict[tuple[str, str], Obj] = {}
         apply_errors: list[str] = []
         for obj in desired:
             key = _key(obj)
             current = existing.get(key)
-            if current is not None and is_subset(obj, current):
+            role = obj["metadata"]["labels"].get(meta.LABEL_ROLE, "")
+            transfer: handover.Step = "none"
+            if obj["kind"] == "StatefulSet":
+                transfer = handover.step(current, is_external(pdd.spec, role))
+            if transfer == "none" and current is not None and is_subset(obj, current):
                 live[key] = current
                 continue
             try:
-                live[key] = self.kube.apply(KINDS[obj["kind"]], obj)
+                live[key] = self._apply(obj, current, transfer)
                 result.applied.append(f"{key[0]}/{key[1]}")
             except KubeError as exc:
                 apply_errors.append(f"{key[0]}/{key[1]}: {exc.message}")
@@ -172,22 +212,53 @@ class Reconciler:
             for (kind, _), obj in live.items()
             if kind in ("StatefulSet", "Deployment")
         }
-        problems = missing_secrets(self.kube, pdd) + pod_problems(self.kube.list(POD, ns, selector))
+        problems = missing_secrets(self.kube, pdd) + pod_problems(pods)
         observed = Observed(
-            workloads=workloads, desired_replicas=replicas, pod_problems=problems, apply_errors=apply_errors
+            workloads=workloads,
+            desired_replicas=_status_replicas(pdd, scaling, live),
+            pod_problems=problems,
+            apply_errors=apply_errors,
+            sources=scaling.sources,
+            autoscaling=scaling.state,
+            slo=scaling.slo,
+            autoscaling_condition=scaling.condition,
         )
-        previous = _previous_status(body)
         status = derive_status(pdd, observed, previous.conditions if previous else [], now)
         result.phase = status.phase.value
         if previous is None or _dump(previous) != _dump(status):
-            self.kube.patch_status(PDDEPLOYMENT, ns, name, _dump(status))
+            patch = status_patch(body.get("status") or {}, _dump(status))
+            try:
+                self.kube.patch_status(PDDEPLOYMENT, ns, name, patch, body["metadata"].get("resourceVersion"))
+            except KubeError as exc:
+                if exc.status != 409:
+                    raise
+                result.conflict = True  # its decisions are not recorded: the next pass makes them again
+                result.requeue(REQUEUE_CONFLICT_SECONDS)
+                return result
             result.status_written = True
         self._record_events(body, result, previous, status)
+        for event_type, reason, message in scaling.events:
+            self.events.post(body, event_type, reason, message)
         if status.phase.value == "Degraded":
-            result.requeue_after = REQUEUE_STALLED_SECONDS
+            result.requeue(REQUEUE_STALLED_SECONDS)
         elif status.phase.value != "Healthy":
-            result.requeue_after = REQUEUE_PROGRESSING_SECONDS
+            result.requeue(REQUEUE_PROGRESSING_SECONDS)
+        result.requeue(scaling.requeue_after)
         return result
+
+    def _apply(self, obj: Obj, current: Obj | None, transfer: handover.Step) -> Obj:
+        """Server-side apply of one child; for a StatefulSet, with the replicas hand-over or hand-back."""
+        kind = KINDS[obj["kind"]]
+        if transfer == "hand-over" and current is not None:
+            self.kube.apply(kind, handover.pin_replicas(current), handover.HANDOVER_MANAGER)
+        applied = self.kube.apply(kind, obj)
+        if (
+            transfer == "hand-back"
+            and current is not None
+            and handover.has_manager(current, handover.HANDOVER_MANAGER)
+        ):
+            applied = self.kube.apply(kind, handover.release(current), handover.HANDOVER_MANAGER)
+        return applied
 
     def _record_events(
         self, body: Obj, result: PassResult, previous: PDDeploymentStatus | None, status: PDDeploymentStatus
@@ -248,6 +319,24 @@ def _cond(kind: str, status: str, reason: str, message: str, md: Mapping[str, An
         "observedGeneration": int(md.get("generation", 0)),
         "lastTransitionTime": now,
     }
+
+
+def _status_replicas(
+    pdd: PDDeployment, scaling: Outcome, live: Mapping[tuple[str, str], Obj]
+) -> dict[str, int]:
+    """status.pools.<role>.desiredReplicas: the decided size; for an external pool, the count its
+    controller set on the StatefulSet."""
+    counts: dict[str, int] = {"router": pdd.spec.router.replicas}
+    for role, size in scaling.desired.items():
+        if size is None:
+            sts = live.get(("StatefulSet", f"{pdd.metadata.name}-{role}"))
+            size = int(((sts or {}).get("spec") or {}).get("replicas", 1)) if sts is not None else 0
+        counts[role] = size
+    return counts
+
+
+def _epoch(now: str) -> float:
+    return datetime.fromisoformat(now.replace("Z", "+00:00")).timestamp()
 
 
 def _previous_status(body: Obj) -> PDDeploymentStatus | None:
