@@ -12,10 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tandem.api.models import PDDeploymentSpec
-from tandem.api.status import AutoscalingStatus
-from tandem.autoscale.decide import Decision, decide
+from tandem.api.status import AutoscalingStatus, PoolAutoscalingStatus, Recommendation
+from tandem.autoscale.decide import Decision, autoscaled_roles, decide
 from tandem.autoscale.knobs import KNOBS, Knobs
 from tandem.autoscale.snapshot import Snapshot
+
+SEED_AGE_SECONDS = 0.001  # as controller.replicas: inside a scale-down window, outside a 0-s scale-up one
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,8 @@ class TandemPolicy:
         self.interval_seconds = float(self.spec.autoscaling.interval_seconds)
 
     def decide(self, snapshot: Snapshot, now: float) -> dict[str, int]:
+        if self.passes == 0:
+            self.state = seeded_state(self.spec, self.state, now)
         decision = decide(self.spec, snapshot, self.state, now, knobs=self.knobs)
         self.state = decision.state
         self.last = decision
@@ -57,6 +61,27 @@ class TandemPolicy:
                 self.decisions.append(ScaleEvent(now, role, pool.current, pool.target, pool.reason))
             wanted[role] = pool.target
         return wanted
+
+
+def seeded_state(spec: PDDeploymentSpec, state: AutoscalingStatus, now: float) -> AutoscalingStatus:
+    """The state the operator starts from (`controller.replicas.prepare_state`): an autoscaled pool
+    without a size starts at its spec size clamped to its bounds, which is also its first recommendation
+    (just before `now`), as the HPA seeds its history, so the first scale-down waits a full window."""
+    pools = {}
+    for role in autoscaled_roles(spec):
+        old: PoolAutoscalingStatus = getattr(state.pools, role)
+        if old.desired_replicas is not None:
+            continue
+        bounds = spec.pool(role).autoscaling
+        assert bounds is not None
+        first = min(
+            max(spec.pool(role).replicas, bounds.min_replicas), max(bounds.max_replicas, bounds.min_replicas)
+        )
+        seed = [*old.recommendations, Recommendation(time=now - SEED_AGE_SECONDS, replicas=first)]
+        pools[role] = old.model_copy(update={"desired_replicas": first, "recommendations": seed})
+    if not pools:
+        return state
+    return state.model_copy(update={"pools": state.pools.model_copy(update=pools)})
 
 
 def autoscaled_spec(
