@@ -25,6 +25,7 @@ from tandem.sim.baselines import (
     search_static_colocated,
     search_static_pd,
 )
+from tandem.sim.tandem_policy import TandemPolicy, autoscaled_spec
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -317,3 +318,39 @@ def test_static_colocated_search_bisects() -> None:
     none = search_static_colocated(evaluate, budget_gpus=6)
     assert none.layout is None
     assert "no colocated layout within 6 GPUs" in none.note
+
+
+# --- tandem's decide() as a policy ----------------------------------------------------------------------
+
+
+def test_tandem_policy_starts_from_the_operators_seed_and_carries_its_state() -> None:
+    spec = autoscaled_spec(
+        LLAMA_8B, ttft_ms=1000, tpot_ms=30, max_gpus=16, initial={"prefill": 3, "decode": 2}
+    )
+    policy = TandemPolicy(spec)
+    assert policy.interval_seconds == 30.0
+    # no data: every size holds, and the state is the operator's seed (spec sizes, first recommendation)
+    missing = Snapshot(observed_at=0.0, window_seconds=0.0, missing=("no scrape window yet",))
+    assert policy.decide(missing, 0.0) == {}
+    assert policy.held == 1
+    assert policy.state.pools.prefill.desired_replicas == 3
+    assert policy.state.pools.decode.desired_replicas == 2
+    assert [r.replicas for r in policy.state.pools.prefill.recommendations] == [3, 3]
+    # no traffic is data: the pools would go to minReplicas, but not before the 300-s window
+    idle = _snapshot(30.0, (3, 0.0), (2, 0.0))
+    assert policy.decide(idle, 30.0) == {"prefill": 3, "decode": 2}
+    assert policy.decisions == []
+    for t in range(60, 300, 30):
+        policy.decide(_snapshot(float(t), (3, 0.0), (2, 0.0)), float(t))
+    sizes = policy.decide(_snapshot(330.0, (3, 0.0), (2, 0.0)), 330.0)
+    assert sizes["prefill"] < 3  # the scale-down step (1 by default) once the window has passed
+    assert policy.decisions[-1].role in ("prefill", "decode")
+    assert policy.decisions[0].time == 330.0
+
+
+def test_autoscaled_spec_is_valid_for_both_modes() -> None:
+    spec = autoscaled_spec(LLAMA_8B, ttft_ms=500, tpot_ms=20, max_gpus=8, initial={"colocated": 2})
+    assert spec.serving.mode == "Colocated"
+    assert spec.colocated.autoscaling is not None
+    assert spec.colocated.autoscaling.max_replicas == 8
+    assert spec.max_gpus == 8
