@@ -7,7 +7,8 @@
   waiting time at the SLO's quantile in service times (knobs). Capacity at target = raw x rho.
 - Decode: the largest batch whose step stays within `tpot_headroom x TPOT target` at the mean
   context (`perf.decode_batch_at_tpot`, capped by `--max-num-seqs`), and no more sequences than fill
-  `kv_target_usage` of the replica's KV cache (`perf.kv_cache_tokens`).
+  `kv_target_usage` of the replica's KV cache (`perf.kv_cache_tokens`); at that batch a replica
+  generates `batch / step time` output tokens/s.
 
 The profile is the calibrated (or estimated) one for the model, `spec.autoscaling.gpu` and the
 pool's TP; engine flags that change capacity (`--max-num-batched-tokens`, `--max-num-seqs`,
@@ -85,6 +86,7 @@ class DecodeCapacity:
     kv_tokens: int  # KV-cache tokens of one replica
     context_tokens: float  # mean context per running sequence the figures assume
     kv_target_usage: float
+    tokens_per_second: float  # output tokens/s of one replica running `sequences`
 
     @property
     def kv_sequences(self) -> float:
@@ -234,9 +236,12 @@ def decode_capacity(
     tpot = slo.tpot_ms / 1000.0 * share / max(tpot_scale, 1e-6)
     batch = _batch_at_tpot(model.profile, round(tpot, 6), context, model.limits.max_num_seqs)
     kv = _kv_tokens(model.profile, model.limits.gpu_memory_utilization, model.limits.kv_cache_dtype)
+    sequences = max(1, math.floor(min(float(batch), kv * knobs.kv_target_usage / context)))
+    step = model.profile.decode_step_seconds(sequences, sequences * context) * max(tpot_scale, 1e-6)
     return DecodeCapacity(
         batch_at_tpot=batch,
         kv_tokens=kv,
         context_tokens=float(context),
         kv_target_usage=knobs.kv_target_usage,
+        tokens_per_second=sequences / step if step > 0 else 0.0,
     )

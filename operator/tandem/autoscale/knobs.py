@@ -25,6 +25,9 @@ class Knobs:
     kv_target_usage: float = 0.85
     # Queued prompt tokens are to be drained within this many seconds (0: the decision interval).
     queue_drain_seconds: float = 0.0
+    # While pods of a pool are starting, the backlog terms may raise the recommendation above the
+    # current size (which counts the starting pods) by this share of their excess only (0: not at all).
+    starting_backlog_share: float = 0.0
     # Used while no request finished in the window to say how long prompts and outputs are.
     default_prompt_tokens: float = 1024.0
     default_output_tokens: float = 256.0

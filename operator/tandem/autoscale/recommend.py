@@ -1,7 +1,14 @@
 """One pool's raw recommendation: replicas needed for the observed load at the SLO, and why.
 
-Prefill: `(prompt tokens/s + queued prompt tokens / drain) / (capacity at the TTFT target x correction)`.
-Decode: `max((running + waiting) / (sequences per replica x correction), KV used / kv_target_usage)`.
+Prefill: `(arriving prompt tokens/s + queued prompt tokens / drain) / (capacity at the TTFT target x
+correction)`; arriving = computed, plus the queue's growth over the window when the snapshot has
+the queue one window earlier (`queued_prompt_tokens_before`).
+Decode: `max(max(running / sequences per replica, output tokens/s / tokens/s per replica) + waiting /
+sequences per replica, KV used / kv_target_usage)`, capacities x correction. Output tokens/s is the
+larger of those generated and those arriving (requests prefill finished x mean output tokens), so
+decode grows with a load step as prefill sees it rather than once its KV cache is full. Sizing by
+throughput matters: running sequences alone understate the need of a lightly loaded pool, since
+they grow with the batch's TPOT when a replica is removed.
 Colocated: the two shares of a replica's time add up (chunked prefill runs prompts in the same steps
 as decodes): `prompt part + sequence part`, and the KV term as decode.
 
@@ -82,8 +89,9 @@ def fmt(value: float) -> str:
 
 
 def _first_positive(*values: float) -> float | None:
+    """The first plausible mean length (at least one token) of `values`."""
     for value in values:
-        if value > 0 and math.isfinite(value):
+        if value >= 1 and math.isfinite(value):
             return value
     return None
 
@@ -203,6 +211,34 @@ def _can_learn(obs: _Observed) -> bool:
     return obs.starting == 0 and obs.size.ready >= 1 and obs.signals.scraped_pods >= obs.size.ready
 
 
+def _arrival(obs: _Observed, snapshot: Snapshot) -> float:
+    """Prompt tokens/s arriving: those computed, plus the queue's growth over the window when the
+    producer read the queue one window earlier (a saturated pool computes no more than it can)."""
+    computed = obs.signals.prompt_tokens_rate
+    before = obs.signals.queued_prompt_tokens_before
+    if before is None or snapshot.window_seconds <= 0:
+        return computed
+    return computed + max(0.0, _queue_tokens(obs) - before) / snapshot.window_seconds
+
+
+def _decode_arrivals(obs: _Observed, snapshot: Snapshot) -> float:
+    """Output tokens/s about to reach decode: requests arriving at prefill (finished there, or arriving
+    prompt tokens / mean prompt when the queue's growth is known) x mean output tokens."""
+    prefill = snapshot.pools.get("prefill")
+    if prefill is None:
+        return 0.0
+    requests = prefill.request_rate
+    if (
+        prefill.queued_prompt_tokens_before is not None
+        and snapshot.window_seconds > 0
+        and obs.prompt_tokens > 0
+    ):
+        growth = max(0.0, prefill.queued_prompt_tokens - prefill.queued_prompt_tokens_before)
+        arriving = prefill.prompt_tokens_rate + growth / snapshot.window_seconds
+        requests = max(requests, arriving / obs.prompt_tokens)
+    return requests * obs.output_tokens
+
+
 def _queue_tokens(obs: _Observed) -> float:
     queue = obs.signals.queued_prompt_tokens
     if queue <= 0 and obs.signals.waiting_requests > 0:
@@ -225,7 +261,11 @@ def _finish(
     activation: bool,
 ) -> Sizing:
     """Starting-pod credit, SLO floor, the miss/relax corrections, and the sentence."""
-    exact = max(base, min(total, float(current))) if obs.starting > 0 else total
+    exact = total
+    if obs.starting > 0:  # the backlog is the loading pods' to serve: it may not add more (but a share)
+        exact = max(
+            base, min(total, float(current)) + knobs.starting_backlog_share * max(0.0, total - current)
+        )
     if activation and current == 0:
         exact = max(exact, 1.0)
     replicas = max(0, math.ceil(exact - 1e-9))
@@ -287,13 +327,14 @@ def _prefill(
     cap = prefill_capacity(
         model, slo, obs.prompt_tokens, knobs, transfer_gbps=spec.kv_transfer.bandwidth_gbps
     )
-    rate = obs.signals.prompt_tokens_rate
+    computed = obs.signals.prompt_tokens_rate
+    rate = _arrival(obs, snapshot)
     queue = _queue_tokens(obs)
     ready = obs.size.ready
     before = correction
     learnt = False
-    if _can_learn(obs) and rate > 0 and queue >= model.limits.max_num_batched_tokens * ready:
-        correction = _smooth(correction, rate / ready / cap.raw_tokens_per_second, knobs)
+    if _can_learn(obs) and computed > 0 and queue >= model.limits.max_num_batched_tokens * ready:
+        correction = _smooth(correction, computed / ready / cap.raw_tokens_per_second, knobs)
         learnt = True
     per_replica = max(cap.at_target * correction, 1e-9)
     base = rate / per_replica
@@ -303,7 +344,8 @@ def _prefill(
     if learnt:  # the sample is a measurement: do not also relax or shrink on the same pass
         slo_state = _Slo(slo_state.ratio, slo_state.missed, False, slo_state.text)
     figures: dict[str, float] = {
-        "promptTokensPerSecond": rate,
+        "promptTokensPerSecond": computed,
+        "arrivingPromptTokensPerSecond": rate,
         "queuedPromptTokens": queue,
         "drainSeconds": obs.drain_seconds,
         "meanPromptTokens": obs.prompt_tokens,
@@ -361,16 +403,27 @@ def _decode(
             correction = _smooth(correction, max(measured.sequences, 1.0) / seeded, knobs)
             learnt = True
     per_replica = max(seeded * correction, 1e-9)
+    tokens_each = max(cap.tokens_per_second * correction, 1e-9)
     kv_exact = obs.signals.kv_usage_mean * obs.signals.scraped_pods / knobs.kv_target_usage
-    base = running / per_replica
+    generation = obs.signals.generation_tokens_rate
+    arriving = _decode_arrivals(obs, snapshot)
+    demand = max(generation, arriving)
+    base = max(running / per_replica, demand / tokens_each)
     total = max(base + waiting / per_replica, kv_exact)
-    model_exact_before = max((running + waiting) / max(seeded * before, 1e-9), kv_exact)
+    model_exact_before = max(
+        (running + waiting) / max(seeded * before, 1e-9),
+        demand / max(cap.tokens_per_second * before, 1e-9),
+        kv_exact,
+    )
     slo_state = _slo_state("decode", obs, slo, snapshot, knobs)
     if learnt:
         slo_state = _Slo(slo_state.ratio, slo_state.missed, False, slo_state.text)
     figures: dict[str, float] = {
         "runningRequests": running,
         "waitingRequests": waiting,
+        "generationTokensPerSecond": generation,
+        "arrivingTokensPerSecond": arriving,
+        "capacityTokensPerSecond": tokens_each,
         "meanContextTokens": cap.context_tokens,
         "batchAtTpot": float(cap.batch_at_tpot),
         "kvTokensPerReplica": float(cap.kv_tokens),
@@ -385,9 +438,10 @@ def _decode(
     if model.fallback:
         figures["profileFallback"] = 1.0
     what = (
-        f"running {fmt(running)} + waiting {fmt(waiting)} sequences and KV usage "
-        f"{obs.signals.kv_usage_mean * 100:.0f}% over {obs.signals.scraped_pods} pods",
-        f"{fmt(per_replica)} sequences each ({fmt(cap.context_tokens)} context tokens)",
+        f"output tokens {fmt(demand)}/s, running {fmt(running)} + waiting {fmt(waiting)} sequences and KV "
+        f"usage {obs.signals.kv_usage_mean * 100:.0f}% over {obs.signals.scraped_pods} pods",
+        f"{fmt(tokens_each)} tokens/s or {fmt(per_replica)} sequences each ({fmt(cap.context_tokens)} "
+        "context tokens)",
     )
     return _finish(
         base=base,
@@ -417,10 +471,12 @@ def _colocated(
     decode = decode_capacity(model, slo, obs.prompt_tokens + obs.output_tokens / 2.0, knobs)
     prompt_cap = max(prefill.at_target * correction, 1e-9)
     seq_cap = max(max(decode.sequences, 1.0) * correction, 1e-9)
-    rate, queue = obs.signals.prompt_tokens_rate, _queue_tokens(obs)
+    tokens_cap = max(decode.tokens_per_second * correction, 1e-9)
+    rate, queue = _arrival(obs, snapshot), _queue_tokens(obs)
     running, waiting = obs.signals.running_requests, obs.signals.waiting_requests
+    generation = obs.signals.generation_tokens_rate
     kv_exact = obs.signals.kv_usage_mean * obs.signals.scraped_pods / knobs.kv_target_usage
-    base = rate / prompt_cap + running / seq_cap
+    base = rate / prompt_cap + max(running / seq_cap, generation / tokens_cap)
     total = max(base + queue / obs.drain_seconds / prompt_cap + waiting / seq_cap, kv_exact)
     slo_state = _slo_state("colocated", obs, slo, snapshot, knobs)
     figures: dict[str, float] = {
@@ -430,6 +486,8 @@ def _colocated(
         "capacityTokensPerSecond": prompt_cap,
         "runningRequests": running,
         "waitingRequests": waiting,
+        "generationTokensPerSecond": generation,
+        "capacityOutputTokensPerSecond": tokens_cap,
         "capacitySequences": seq_cap,
         "kvUsageMean": obs.signals.kv_usage_mean,
         "kvReplicas": kv_exact,

@@ -38,6 +38,9 @@ class PoolSignals:
     generation_tokens_rate: float = 0.0  # tokens/s generated (rate of vllm:generation_tokens_total)
     request_rate: float = 0.0  # requests/s finished (rate of vllm:request_success_total)
     queued_prompt_tokens: float = 0.0  # prompt tokens waiting for prefill, summed over pods
+    # The same gauge one window earlier (None: not read). With it decide() sees the queue's growth,
+    # so a saturated pool's arrival rate = prompt_tokens_rate + growth / window_seconds.
+    queued_prompt_tokens_before: float | None = None
     mean_prompt_tokens: float = 0.0  # over the window's finished requests (0 if none)
     mean_output_tokens: float = 0.0  # over the window's finished requests (0 if none)
 

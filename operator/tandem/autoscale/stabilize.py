@@ -3,9 +3,12 @@
 The Kubernetes HPA's algorithm (reference: rollout-autoscale-kopf.md section 2.1), per pool:
 - dead band: while the replicas needed are within `dead_band` of the current size, recommend it;
 - windows: every pass appends its (dead-banded, bounded) recommendation to a history kept in
-  `status.autoscaling.pools.<pool>.recommendations`, pruned to the longer window. Scale up goes to
-  the *lowest* recommendation within `scaleUp.stabilizationSeconds` (0: the current one, immediate);
-  scale down only to the *highest* within `scaleDown.stabilizationSeconds`;
+  `status.autoscaling.pools.<pool>.recommendations`, pruned to the longer window (plus the newest
+  older entry, which shows that the history covers the window). Scale up goes to the *lowest*
+  recommendation within `scaleUp.stabilizationSeconds` (0: the current one, immediate); scale down
+  only to the *highest* within `scaleDown.stabilizationSeconds`, and only once the history covers
+  that window: the first passes after the autoscaler starts on a pool (no history) never scale it
+  down, unlike the HPA, which would on its first pass;
 - steps: at most `scaleUp.maxStep` replicas added and `scaleDown.maxStep` removed per decision.
 """
 
@@ -28,9 +31,12 @@ def within_dead_band(exact: float, current: int, tolerance: float) -> bool:
 def record(
     history: Sequence[Recommendation], now: float, replicas: int, keep_seconds: float
 ) -> list[Recommendation]:
-    """`history` with (now, replicas) appended, entries more than `keep_seconds` old (or from the
-    future, after a clock step back) dropped, and at most MAX_HISTORY kept."""
-    kept = [r for r in history if now - keep_seconds <= r.time <= now]
+    """`history` with (now, replicas) appended; entries more than `keep_seconds` old are dropped but
+    the newest of them (it marks how far back the history goes), entries from the future (a clock
+    stepped back) are dropped, and at most MAX_HISTORY are kept."""
+    past = [r for r in history if r.time <= now]
+    older = [r for r in past if r.time < now - keep_seconds]
+    kept = older[-1:] + [r for r in past if r.time >= now - keep_seconds]
     kept.append(Recommendation(time=now, replicas=replicas))
     return kept[-MAX_HISTORY:]
 
@@ -49,6 +55,9 @@ def stabilized(
     down_window = [r.replicas for r in history if r.time >= now - down_seconds] or [latest]
     up = min(up_window)
     down = max(down_window)
+    covered = bool(history) and history[0].time <= now - down_seconds
+    if not covered:
+        down = max(down, current)
     if up > current:
         return up
     if down < current:

@@ -18,6 +18,7 @@ from tandem.api.status import (
     Recommendation,
 )
 from tandem.autoscale.decide import decide
+from tandem.autoscale.knobs import Knobs
 from tandem.autoscale.snapshot import PoolSignals, Snapshot
 
 if TYPE_CHECKING:
@@ -67,6 +68,11 @@ DECODE_CASES = [
     ("waiting-sequences", {"decode": 1.9, "waiting": 1.5}, 4),
     ("kv-pressure", {"decode": 0.5, "kv": 0.95}, 3),  # 2 pods x 95% / 85% = 2.24
     ("kv-comfortable", {"decode": 0.5, "kv": 0.80}, 2),  # 1.88: within what 2 hold
+    # Few sequences running at a low TPOT, but the output tokens/s need 3.4 replicas at the target:
+    # with one replica fewer, each would batch more, run slower, and hold more sequences.
+    ("output-tokens", {"decode": 0.4, "generation": 3.4}, 4),
+    # Prefill just finished 4.4 replicas' worth of requests; decode has not seen them yet.
+    ("arriving-from-prefill", {"decode": 0.4, "generation": 0.5, "arriving": 4.4}, 5),
 ]
 
 
@@ -87,6 +93,27 @@ def test_decode_capacity_is_the_smaller_of_tpot_batch_and_kv(kit: Kit) -> None:
     assert figures["capacitySequences"] == pytest.approx(min(figures["batchAtTpot"], kv_sequences))
 
 
+QUEUE_GROWTH_CASES = [
+    # id, queue now, queue one window earlier, expected target. 2 busy replicas compute 2.35 replicas'
+    # worth at target; the queue grew by `now - before` x 30 s of capacity over the 60 s window.
+    ("growth-unknown", 1.5, None, 4),  # 2.35 + backlog 1.5 = 3.85
+    ("grew", 1.5, 0.0, 5),  # arrivals 2.35 + 0.75, backlog 1.5: 4.6
+    ("shrinking", 1.5, 3.0, 4),  # draining: arrivals are what is computed
+]
+
+
+@pytest.mark.parametrize(
+    ("queue", "before", "target"), [c[1:] for c in QUEUE_GROWTH_CASES], ids=[c[0] for c in QUEUE_GROWTH_CASES]
+)
+def test_queue_growth_counts_as_arrivals(kit: Kit, queue: float, before: float | None, target: int) -> None:
+    sizes = {"prefill": (2, 2), "decode": (2, 2)}
+    snapshot = kit.snapshot(T0, sizes=sizes, busy=2, queue=queue, queue_before=before)
+    pool = decide(kit.spec, snapshot, at({"prefill": 2, "decode": 2}), T0).pools["prefill"]
+    assert pool.target == target
+    growth = 0.0 if before is None else max(0.0, queue - before) * kit.prompt_capacity * 30 / 60
+    assert pool.figures["arrivingPromptTokensPerSecond"] == pytest.approx(2 * kit.prompt_raw + growth)
+
+
 # --- starting pods count as capacity ----------------------------------------------------------------
 
 
@@ -102,6 +129,16 @@ def test_starting_pods_are_capacity(kit: Kit, ready: int) -> None:
         assert "counting 3 starting" in pool.reason
     else:
         assert pool.target == math.ceil(5 * kit.prompt_raw / kit.prompt_capacity + 2.0) > 5
+
+
+def test_starting_backlog_share_knob(kit: Kit) -> None:
+    snapshot = kit.snapshot(T0, sizes={"prefill": (5, 2), "decode": (2, 2)}, busy=2, queue=6.0)
+    state = at({"prefill": 5, "decode": 2})
+    credited = decide(kit.spec, snapshot, state, T0).pools["prefill"]
+    half = decide(kit.spec, snapshot, state, T0, knobs=Knobs(starting_backlog_share=0.5)).pools["prefill"]
+    exact = 2 * kit.prompt_raw / kit.prompt_capacity + 6.0  # 8.35
+    assert credited.figures["exactReplicas"] == pytest.approx(5.0)
+    assert half.figures["exactReplicas"] == pytest.approx(5.0 + 0.5 * (exact - 5.0))
 
 
 def test_a_load_step_adds_pods_once_while_models_load(kit: Kit) -> None:
@@ -242,6 +279,15 @@ def test_no_data_after_the_window_still_never_scales_down(kit: Kit, make_loop: t
     targets = [d.pools["prefill"].target for d in loop.run(300)]
     assert targets[0] == 5
     assert targets[-1] == 1
+
+
+def test_no_scale_down_before_the_history_covers_the_window(kit: Kit, make_loop: type[Loop]) -> None:
+    """A pool the autoscaler has just taken over (no recommendations yet) is not shrunk on its first
+    pass, as an HPA would: its first recommendation must age a full window first."""
+    loop = make_loop(kit.with_spec(prefill={"replicas": 6}))
+    targets = [d.pools["prefill"].target for d in loop.run(300)]
+    assert targets == [6] * 10
+    assert loop.step().pools["prefill"].target == 5
 
 
 def test_no_traffic_is_data_and_scales_in_to_min_after_the_window(kit: Kit, make_loop: type[Loop]) -> None:
@@ -436,7 +482,8 @@ def test_recommendations_are_pruned_to_the_longest_window_and_drain_is_kept(kit:
     )
     snapshot = kit.snapshot(T0, sizes={"prefill": (2, 2), "decode": (2, 2)}, prefill=1.5)
     new = decide(kit.spec, snapshot, state, T0).state.pools.prefill
-    assert [r.time for r in new.recommendations] == [T0 - 300, T0 - 60, T0]
+    # The newest entry older than the window stays: it shows the history covers the window.
+    assert [r.time for r in new.recommendations] == [T0 - 301, T0 - 300, T0 - 60, T0]
     assert new.draining == drain
 
 

@@ -129,6 +129,10 @@ WINDOW_CASES = [
     ("down-highest-in-window", [(400, 9), (250, 6), (100, 5), (0, 2)], 8, 0, 300, 6),
     ("down-after-window", [(301, 9), (0, 2)], 8, 0, 300, 2),
     ("down-window-edge-inclusive", [(300, 9), (0, 2)], 8, 0, 300, 8),
+    ("no-down-before-history-covers-window", [(200, 2), (0, 2)], 8, 0, 300, 8),
+    ("no-down-on-first-pass", [(0, 2)], 8, 0, 300, 8),
+    ("down-at-once-without-window", [(0, 2)], 8, 0, 0, 2),
+    ("up-on-first-pass", [(0, 9)], 8, 0, 300, 9),
     ("steady", [(100, 4), (0, 4)], 4, 0, 300, 4),
 ]
 
@@ -149,7 +153,7 @@ def test_record_prunes_and_caps() -> None:
     old = [Recommendation(time=NOW - age, replicas=1) for age in (1000, 301, 300, 10)]
     old.append(Recommendation(time=NOW + 5, replicas=1))  # from the future (clock stepped back): dropped
     kept = stabilize.record(old, NOW, 3, 300)
-    assert [NOW - r.time for r in kept] == [300, 10, 0]
+    assert [NOW - r.time for r in kept] == [301, 300, 10, 0]  # 301: the newest older than the window
     many = [Recommendation(time=NOW - i * 0.01, replicas=1) for i in range(2000, 0, -1)]
     assert len(stabilize.record(many, NOW, 2, 300)) == stabilize.MAX_HISTORY
 
