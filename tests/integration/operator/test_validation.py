@@ -62,7 +62,7 @@ def test_apiserver_accepts_the_valid_cases(
     cluster: ClusterHandle, crd: None, namespace: str, case: dict[str, Any]
 ) -> None:
     """The edges the Python predicates accept, the CEL accepts too (server-side dry run: nothing stays)."""
-    text = manifest(case["id"], merge(CASES["base"], case["spec"]))
+    text = manifest("valid-edge", merge(CASES["base"], case["spec"]))
     result = cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=text, check=False)
     assert result.returncode == 0, result.stderr
 
