@@ -11,7 +11,8 @@ Engines are the pods of role prefill, decode or colocated; routers are the pods 
 
 Queued prompt tokens: vLLM has no metric of the prompt tokens waiting for prefill, so they are
 estimated as waiting requests x mean prompt tokens (over the window's finished requests, else over
-the pool's lifetime: a pool flooded before its first request finished still has a mean).
+the pool's lifetime: a pool flooded before its first request finished still has a mean). The same
+estimate one window earlier (`waiting_before`, with today's mean) is `queued_prompt_tokens_before`.
 
 Freshness: every query is evaluated at the snapshot's `now`. A series whose newest sample is older
 than 3 scrape intervals (the interval given to the reader, else estimated per series as the window
@@ -82,6 +83,11 @@ ENGINE_QUERIES: Final[tuple[Query, ...]] = (
         "waiting",
         "sum by (tandem_dev_role) (vllm:num_requests_waiting SEL)",
         "requests waiting, summed over the pool",
+    ),
+    Query(
+        "waiting_before",
+        "sum by (tandem_dev_role) (vllm:num_requests_waiting SEL offset WINDOW)",
+        "requests waiting one window earlier (the queue's growth; absent when the pool is younger)",
     ),
     Query(
         "running",
@@ -353,6 +359,7 @@ def build_snapshot(
     for role in POOL_ROLES:
         value = {name: _finite(per_role[name].get(role)) for name in _POOL_SIGNALS}
         queue_mean = value["mean_prompt_tokens"] or value["mean_prompt_tokens_lifetime"]
+        before = per_role["waiting_before"].get(role)
         pools[role] = PoolSignals(
             scraped_pods=sum(1 for r in engines.fresh.values() if r == role),
             waiting_requests=value["waiting"],
@@ -363,6 +370,7 @@ def build_snapshot(
             generation_tokens_rate=value["generation_tokens_rate"],
             request_rate=value["request_rate"],
             queued_prompt_tokens=value["waiting"] * queue_mean,
+            queued_prompt_tokens_before=_finite(before) * queue_mean if before is not None else None,
             mean_prompt_tokens=value["mean_prompt_tokens"],
             mean_output_tokens=value["mean_output_tokens"],
         )
@@ -377,10 +385,12 @@ def build_snapshot(
             "path_within_slo_rate: the routers count requests but no tandem_router_requests_within_slo_total"
             " (have they seen spec.slo yet?)"
         )
+    # rate() extrapolates each counter to the window's edges on its own, so the within-SLO rate can
+    # come out a hair above the request rate: it is capped there.
     paths = {
         path: PathSignals(
             request_rate=_finite(requests.get(path)),
-            within_slo_rate=_finite(within.get(path)) if slo_set else 0.0,
+            within_slo_rate=min(_finite(within.get(path)), _finite(requests.get(path))) if slo_set else 0.0,
             ttft_seconds=_latency(ttft.get(path)),
             tpot_seconds=_latency(tpot.get(path)),
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ def fresh_answers(**over: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]
             sample(61, pod="llm-decode-0", **{role: "decode"}),
         ],
         "waiting": [sample(3, **{role: "prefill"}), sample(0, **{role: "decode"})],
+        "waiting_before": [sample(1, **{role: "prefill"})],
         "running": [sample(1, **{role: "prefill"}), sample(12, **{role: "decode"})],
         "kv_usage_mean": [sample(0.1, **{role: "prefill"}), sample(0.4, **{role: "decode"})],
         "kv_usage_max": [sample(0.1, **{role: "prefill"}), sample(0.4, **{role: "decode"})],
@@ -98,6 +100,7 @@ def test_snapshot_queries_render_every_table_entry() -> None:
     assert queries["path_ttft"].startswith("histogram_quantile(0.95, sum by (path, le) (rate(")
     assert queries["path_ttft"].endswith('tandem_dev_role="router"} [120s])))')
     assert "[120s]" in queries["prompt_tokens_rate"]
+    assert queries["waiting_before"].endswith("} offset 120s)")
     assert snapshot_queries("ns", "llm", 30.4, 0.99)["path_tpot"].startswith("histogram_quantile(0.99,")
 
 
@@ -125,6 +128,8 @@ def test_fresh_answers_make_a_complete_snapshot() -> None:
     assert prefill.scraped_pods == decode.scraped_pods == 1
     assert prefill.waiting_requests == 3
     assert prefill.queued_prompt_tokens == 1500  # 3 waiting x 500 tokens
+    assert prefill.queued_prompt_tokens_before == 500  # 1 waiting a window earlier
+    assert decode.queued_prompt_tokens_before is None  # no series then: not read
     assert prefill.prompt_tokens_rate == 5000
     assert decode.running_requests == 12
     assert decode.kv_usage_max == 0.4
@@ -154,6 +159,13 @@ def test_zero_traffic_with_fresh_series_is_data() -> None:
     assert snap.paths["disaggregated"].ttft_seconds is None
     assert snap.pools["prefill"].mean_prompt_tokens == 0
     assert snap.pools["decode"].request_rate == 0
+
+
+def test_within_slo_never_exceeds_the_request_rate() -> None:
+    answers = fresh_answers(path_within_slo_rate=[sample(0.157, path="disaggregated")])
+    answers["path_request_rate"] = [sample(0.155, path="disaggregated")]
+    pd = snapshot(answers).paths["disaggregated"]
+    assert pd.within_slo_rate == pd.request_rate == 0.155
 
 
 def test_queued_tokens_fall_back_to_the_lifetime_mean() -> None:
@@ -212,6 +224,24 @@ def test_every_query_failing_gives_only_their_errors() -> None:
     snap = snapshot({}, errors, sizes={"decode": PoolSize(1, 1)})
     assert len(snap.missing) == len(errors)
     assert all(m.endswith("ConnectionError: refused") for m in snap.missing)
+
+
+def test_recorded_answers_from_the_dev_cluster() -> None:
+    """Answers recorded from the dev cluster's Prometheus (tests/integration/metrics) parse as there."""
+    recorded = json.loads((DATA / "snapshot_answers.json").read_text())
+    snap = build_snapshot(
+        recorded["results"],
+        {},
+        now=recorded["now"],
+        window_seconds=recorded["window_seconds"],
+        slo_set=True,
+        sizes={role: PoolSize(1, 1) for role in ("prefill", "decode")},
+    )
+    assert snap.missing == ()
+    assert snap.paths["disaggregated"].request_rate > 0
+    assert snap.paths["disaggregated"].within_slo_rate > 0
+    assert snap.pools["prefill"].scraped_pods == snap.pools["decode"].scraped_pods == 1
+    assert snap.pools["decode"].generation_tokens_rate > 0
 
 
 # --- pod loads --------------------------------------------------------------------------------------

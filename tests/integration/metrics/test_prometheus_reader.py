@@ -1,0 +1,247 @@
+"""`PrometheusReader` against the dev cluster's real Prometheus, and against addresses that fail.
+
+A small sim PDDeployment (1 prefill, 1 decode, 1 router) is made by a real `tandem operator`; its
+pods run on loopback IPs and Prometheus scrapes them every 2 s. Requests go through the router's
+pod IP; the reader must then see them on the disaggregated path, within SLO, with engine series
+for both pools; after a quiet spell, zero rates and nothing missing. No part of Prometheus is
+mocked. Set TANDEM_RECORD_PROMETHEUS_ANSWERS=PATH to save the answers the unit tests parse
+(tests/unit/metrics/data/snapshot_answers.json).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tandem.api import meta
+from tandem.api.models import SLOSpec
+from tandem.autoscale.snapshot import PoolSize, Snapshot
+from tandem.devcluster import kube
+from tandem.devcluster.handle import ClusterHandle
+from tandem.devcluster.testing import OperatorProcess, eventually, pods
+from tandem.metrics import PrometheusReader
+from tandem.metrics.queries import build_snapshot, quantile_of, snapshot_queries
+
+PDD = "metrics"
+MODEL_NAME = "llama-8b"
+SLO = SLOSpec(ttft_ms=5000, tpot_ms=500, attainment_percent=95)
+
+
+def pdd_object(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": meta.API_VERSION,
+        "kind": meta.KIND,
+        "metadata": {"name": PDD, "namespace": namespace},
+        "spec": {
+            "model": {
+                "name": MODEL_NAME,
+                "uri": "hf://meta-llama/Llama-3.1-8B-Instruct",
+                "maxModelLen": 4096,
+            },
+            "engine": {
+                "type": "sim",
+                "image": "tandem/sim:dev",
+                "env": [{"name": "TANDEM_SIM_TIME_SCALE", "value": "0.1"}],
+            },
+            "prefill": {"replicas": 1},
+            "decode": {"replicas": 1},
+            "router": {"replicas": 1, "image": "tandem/router:dev"},
+            "serving": {"mode": "Disaggregated"},
+            "slo": {
+                "ttftMs": SLO.ttft_ms,
+                "tpotMs": SLO.tpot_ms,
+                "attainmentPercent": SLO.attainment_percent,
+            },
+        },
+    }
+
+
+def is_ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+class Deployed:
+    """The PDDeployment's pods once all are Ready: name and IP by role."""
+
+    def __init__(self, cluster: ClusterHandle, namespace: str) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.pods: dict[str, dict[str, Any]] = {}
+
+    def refresh(self, core: client.CoreV1Api) -> bool:
+        found = pods(core, self.namespace, f"{meta.LABEL_PDD}={PDD}")
+        by_role = {p["metadata"]["labels"].get(meta.LABEL_ROLE): p for p in found}
+        self.pods = by_role
+        return set(by_role) >= {"prefill", "decode", "router"} and all(is_ready(p) for p in found)
+
+    def name(self, role: str) -> str:
+        return str(self.pods[role]["metadata"]["name"])
+
+    @property
+    def router_url(self) -> str:
+        return f"http://{self.pods['router']['status']['podIP']}:{meta.ROUTER_PORT}"
+
+    def sizes(self) -> dict[str, PoolSize]:
+        return {role: PoolSize(1, 1) for role in ("prefill", "decode")}
+
+
+@pytest.fixture(scope="module")
+def deployed(
+    cluster: ClusterHandle, crd: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Deployed]:
+    """A namespace of its own, an operator watching only it, and the PDDeployment, all Ready."""
+    namespace = f"t-metrics-{os.getpid()}"
+    api = cluster.api_client()
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": namespace, "labels": {"tandem.dev/test": "true"}}})
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    operator = OperatorProcess(cluster, ["--namespace", namespace, "--lease-namespace", namespace], log)
+    try:
+        operator.wait_leader(timeout=120)
+        cluster.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(pdd_object(namespace)))
+        deployment = Deployed(cluster, namespace)
+        eventually(
+            lambda: deployment.refresh(core), timeout=300, what="prefill, decode and router pods Ready"
+        )
+        yield deployment
+    except AssertionError:
+        print(operator.log_text()[-5000:])
+        raise
+    finally:
+        operator.stop()
+        with contextlib.suppress(client.ApiException):
+            core.delete_namespace(namespace, propagation_policy="Background")
+        kube.close(api)
+
+
+def complete(router: str, stream: bool) -> int:
+    body = {"model": MODEL_NAME, "prompt": "the autoscaler reads this", "max_tokens": 8, "stream": stream}
+    request = urllib.request.Request(
+        router + "/v1/completions", data=json.dumps(body).encode(), method="POST"
+    )
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            response.read()
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+
+
+def read(reader: PrometheusReader, deployed: Deployed, window: float) -> Snapshot:
+    return reader.snapshot(deployed.namespace, PDD, SLO, window, time.time(), sizes=deployed.sizes())
+
+
+def test_snapshot_of_a_live_deployment(cluster: ClusterHandle, deployed: Deployed) -> None:
+    reader = PrometheusReader(cluster.prometheus_url, timeout=10)
+
+    # Requests before Prometheus' first scrape of a pod are invisible to rate() (its counters are
+    # born with them): wait until every pod is scraped. Zero traffic then is data, not a gap.
+    def scraped() -> Snapshot | None:
+        snap = read(reader, deployed, 60)
+        engines = all(snap.pools[role].scraped_pods == 1 for role in ("prefill", "decode"))
+        return snap if engines and not snap.missing else None
+
+    idle = eventually(scraped, timeout=180, what="Prometheus to scrape every pod")
+    assert idle.paths["disaggregated"].request_rate == 0
+    # The router serves once it has seen both pools.
+    eventually(lambda: complete(deployed.router_url, True) == 200, timeout=120, what="a first answer")
+    statuses = [complete(deployed.router_url, stream=i % 4 != 3) for i in range(8)]
+    assert statuses == [200] * 8
+
+    def traffic_seen() -> Snapshot | None:
+        snap = read(reader, deployed, 60)
+        pd = snap.paths["disaggregated"]
+        seen = pd.request_rate > 0 and pd.within_slo_rate > 0 and pd.ttft_seconds is not None
+        engines = all(snap.pools[role].scraped_pods == 1 for role in ("prefill", "decode"))
+        return snap if seen and engines and not snap.missing else None
+
+    snap = eventually(traffic_seen, timeout=180, what="Prometheus to scrape the requests")
+    pd = snap.paths["disaggregated"]
+    assert 0 < pd.within_slo_rate <= pd.request_rate
+    assert pd.attainment is not None
+    assert pd.attainment > 0
+    assert pd.tpot_seconds is not None
+    assert pd.tpot_seconds < SLO.tpot_ms / 1000
+    assert snap.pools["decode"].generation_tokens_rate > 0
+    assert snap.pools["prefill"].prompt_tokens_rate > 0
+    assert snap.pools["prefill"].mean_prompt_tokens > 0
+    assert snap.pools["decode"].mean_output_tokens == pytest.approx(8)
+    assert snap.paths["colocated"].request_rate == 0
+    if record := os.environ.get("TANDEM_RECORD_PROMETHEUS_ANSWERS"):
+        now = time.time()
+        queries = snapshot_queries(deployed.namespace, PDD, 60, quantile_of(SLO.attainment_percent))
+        results, errors = reader.run(queries, now)
+        assert not errors
+        assert (
+            build_snapshot(results, errors, now=now, window_seconds=60, slo_set=True)
+            .paths["disaggregated"]
+            .request_rate
+            > 0
+        )
+        Path(record).write_text(json.dumps({"now": now, "window_seconds": 60, "results": results}, indent=1))
+
+    # Quiet: a 10 s window with no request in it reads zero, and zero is data, not a gap.
+    def quiet() -> Snapshot | None:
+        snap = read(reader, deployed, 10)
+        return snap if snap.paths["disaggregated"].request_rate == 0 and not snap.missing else None
+
+    snap = eventually(quiet, timeout=120, what="a quiet window")
+    assert snap.has_data
+    assert snap.pools["prefill"].scraped_pods == snap.pools["decode"].scraped_pods == 1
+    assert snap.pools["decode"].generation_tokens_rate == 0
+    assert snap.pools["prefill"].waiting_requests == 0
+    assert snap.paths["disaggregated"].ttft_seconds is None
+
+    loads = reader.pod_load(deployed.namespace, [deployed.name("prefill"), deployed.name("decode")])
+    assert set(loads) == {deployed.name("prefill"), deployed.name("decode")}
+    for load in loads.values():
+        assert (load.running, load.waiting) == (0, 0)
+    assert loads[deployed.name("prefill")].kv_blocks_held == 0  # every prefill's KV was pulled
+    reader.close()
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_an_unreachable_prometheus_is_missing_data_fast() -> None:
+    reader = PrometheusReader(f"http://127.0.0.1:{closed_port()}", timeout=3)
+    started = time.monotonic()
+    snap = reader.snapshot("ns", "llm", SLO, 60, time.time(), sizes={"decode": PoolSize(1, 1)})
+    assert time.monotonic() - started < 3 + 1
+    assert not snap.has_data
+    assert any("ConnectionError" in m for m in snap.missing)
+    assert {m.split(":")[0] for m in snap.missing} >= {"path_request_rate", "waiting", "engine_age"}
+    with pytest.raises(RuntimeError, match="pod_running"):
+        reader.pod_load("ns", ["llm-decode-0"])
+    reader.close()
+
+
+def test_a_prometheus_that_never_answers_times_out() -> None:
+    # A socket that accepts connections (the kernel's backlog) but never answers a byte.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        reader = PrometheusReader(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout=2)
+        started = time.monotonic()
+        snap = asyncio.run(reader.snapshot_async("ns", "llm", None, 60, time.time()))
+        assert time.monotonic() - started < 2 + 1.5
+        assert not snap.has_data
+        assert all("within 2s" in m or "Timeout" in m for m in snap.missing), snap.missing
+        reader.close()
