@@ -123,18 +123,24 @@ def has_endpoints(url: str, expected: dict[str, int]) -> bool:
     return bool(get_json(url + "/health")["endpoints"] == {**{r: 0 for r in meta.POOL_ROLES}, **expected})
 
 
-def served(url: str, path: str) -> float:
-    """`tandem_router_requests_total{path=..., code="2xx"}` as the router's /metrics shows it."""
+def sample_of(url: str, name: str, **labels: str) -> float | None:
+    """One sample of the router's /metrics, None when it has no such series."""
     with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
         text = response.read().decode()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == "tandem_router_requests_total" and sample.labels == {
-                "path": path,
-                "code": "2xx",
-            }:
+            if sample.name == name and sample.labels == labels:
                 return float(sample.value)
-    return 0.0
+    return None
+
+
+def served(url: str, path: str) -> float:
+    """`tandem_router_requests_total{path=..., code="2xx"}` as the router's /metrics shows it."""
+    return sample_of(url, "tandem_router_requests_total", path=path, code="2xx") or 0.0
+
+
+def draining_endpoints(url: str, role: str) -> float:
+    return sample_of(url, "tandem_router_draining_endpoints", role=role) or 0.0
 
 
 def test_router_follows_pods_as_they_come_and_go(
@@ -155,6 +161,16 @@ def test_router_follows_pods_as_they_come_and_go(
 
         core.create_namespaced_pod(namespace, engine_pod("d1", "decode"))
         eventually(lambda: endpoints({"prefill": 1, "decode": 2}), timeout=240, what="d1 routable")
+
+        # Draining (the autoscaler's mark on a pod it removes): out of rotation, back when unmarked.
+        draining = {"metadata": {"annotations": {meta.ANNOTATION_DRAINING: "2026-11-30T09:00:00Z"}}}
+        core.patch_namespaced_pod("d1", namespace, draining)
+        eventually(lambda: endpoints({"prefill": 1, "decode": 1}), what="draining d1 out of rotation")
+        assert draining_endpoints(url, "decode") == 1
+        core.patch_namespaced_pod(
+            "d1", namespace, {"metadata": {"annotations": {meta.ANNOTATION_DRAINING: None}}}
+        )
+        eventually(lambda: endpoints({"prefill": 1, "decode": 2}), what="d1 back in rotation")
 
         core.delete_namespaced_pod("d0", namespace)
         eventually(lambda: endpoints({"prefill": 1, "decode": 1}), what="d0 gone from rotation")
@@ -218,6 +234,19 @@ def test_router_serves_by_its_pddeployment_serving_mode(
         for _ in range(3):
             assert complete(url)[0] == 200
         assert served(url, "colocated") == colocated  # every request since went prefill -> decode
+
+        # spec.slo: the router judges requests by it from then on.
+        within = "tandem_router_requests_within_slo_total"
+        assert sample_of(url, within, path="disaggregated") is None
+        patch = {"spec": {"slo": {"ttftMs": 30000, "tpotMs": 5000}}}
+        custom.patch_namespaced_custom_object(group, version, namespace, plural, PDD, patch)
+        eventually(
+            lambda: sample_of(url, "tandem_router_slo_target_seconds", target="ttft") == 30.0,
+            what="the router to read spec.slo",
+        )
+        for _ in range(2):
+            assert complete(url)[0] == 200
+        assert sample_of(url, within, path="disaggregated") == 2
     finally:
         router.terminate()
         router.wait(timeout=30)
