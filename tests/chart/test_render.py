@@ -47,6 +47,7 @@ MATRIX: dict[str, dict[str, Any]] = {
     "external-sa": {"serviceAccount": {"create": False, "name": "ops"}, "rbac": {"create": False}},
     "digest": {"image": {"repository": "registry.example/tandem", "digest": "sha256:" + "a" * 64,
                          "pullPolicy": "Always"}},
+    "prometheus": {"prometheus": {"url": "http://prometheus-operated.monitoring.svc:9090/prom"}},
     "tuned": {"operator": {"probePort": 9090, "resyncSeconds": 60, "workers": 8, "leaseName": "lead",
                            "verbose": True, "extraArgs": ["--foo"],
                            "extraEnv": [{"name": "X", "value": "1"}]}},
@@ -205,6 +206,12 @@ def test_tuned_values_reach_the_command_line() -> None:
     assert argv[-1] == "--foo"
     assert {"name": "X", "value": "1"} in operator_container(r)["env"]
     assert operator_container(r)["ports"][0]["containerPort"] == 9090
+
+
+def test_prometheus_url_reaches_the_command_line_only_when_set() -> None:
+    assert not [f for f in flags(template()) if f.startswith("--prometheus-url")]
+    argv = flags(template(MATRIX["prometheus"]))
+    assert "--prometheus-url=http://prometheus-operated.monitoring.svc:9090/prom" in argv
 
 
 def test_ha_install_has_two_replicas_and_a_pdb() -> None:

@@ -37,6 +37,8 @@ BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
     ("pdb as a word", {"podDisruptionBudget": {"minAvailable": "half"}}, "/podDisruptionBudget/minAvailable"),
     ("pull secret without a name", {"imagePullSecrets": [{}]}, "/imagePullSecrets/0"),
     ("fullname too long", {"fullnameOverride": "x" * 53}, "/fullnameOverride"),
+    ("prometheus url without scheme", {"prometheus": {"url": "prometheus:9090"}}, "/prometheus/url"),
+    ("prometheus url not http", {"prometheus": {"url": "ftp://prometheus"}}, "/prometheus/url"),
 ]
 
 
