@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 from tandem.autoscale.snapshot import Snapshot
 from tandem.perf import Profile, decode_batch_at_tpot, prefill_tokens_per_second
+from tandem.sim.requests import Request
 
 DEFAULT_ATTAINMENT_TARGET = 0.95
 
@@ -105,14 +106,52 @@ def _smallest(low: int, high: int, ok: Callable[[int], bool]) -> int | None:
     return low
 
 
+def _smallest_near(guess: int, low: int, high: int, ok: Callable[[int], bool]) -> int | None:
+    """As `_smallest`, starting from a guess: steps of 1, 2, 4... away from it until `ok` changes, then
+    bisection in between; about 2 + 2 log2(|answer - guess|) calls instead of log2(high - low)."""
+    if low > high:
+        return None
+    g = min(max(guess, low), high)
+    if ok(g):
+        hi, step = g, 1
+        while hi - step >= low and ok(hi - step):
+            hi, step = hi - step, step * 2
+        lo = max(low, hi - step + 1)
+    else:
+        lo, step = g + 1, 1  # every value below lo fails
+        while True:
+            if lo > high:
+                return None
+            candidate = min(high, lo - 1 + step)
+            if ok(candidate):
+                hi = candidate
+                break
+            lo, step = candidate + 1, step * 2
+    while lo < hi:  # ok(hi) holds, everything below lo fails
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi
+
+
+def _oversized(guess: int | None, most: int) -> int:
+    """A size surely large enough for a pool while the other is probed: twice the guess and more."""
+    if guess is None:
+        return most
+    return min(most, max(2 * guess + 2, guess + 4))
+
+
 def search_static_colocated(
     evaluate: Callable[[StaticLayout], Outcome],
     budget_gpus: int,
     gpus_per_replica: int = 1,
     target: float = DEFAULT_ATTAINMENT_TARGET,
+    guess: int | None = None,
 ) -> SearchResult:
     """Fewest colocated replicas reaching `target`, by bisection on the replica count (attainment grows
-    with replicas); about log2(budget) simulations."""
+    with replicas), from `guess` when one is given; about log2(budget) simulations."""
     result = SearchResult(None, None, target, budget_gpus)
     gpus = {"colocated": gpus_per_replica}
 
@@ -122,7 +161,11 @@ def search_static_colocated(
         return result.tried[layout]
 
     most = budget_gpus // gpus_per_replica
-    found = _smallest(1, most, lambda c: run(StaticLayout(colocated=c)).attainment >= target)
+
+    def ok(c: int) -> bool:
+        return run(StaticLayout(colocated=c)).attainment >= target
+
+    found = _smallest(1, most, ok) if guess is None else _smallest_near(guess, 1, most, ok)
     if found is None:
         result.note = (
             f"no colocated layout within {budget_gpus} GPUs reaches {target:.0%} "
@@ -140,11 +183,13 @@ def search_static_pd(
     gpus_per_prefill: int = 1,
     gpus_per_decode: int = 1,
     target: float = DEFAULT_ATTAINMENT_TARGET,
+    guess: tuple[int, int] | None = None,
 ) -> SearchResult:
     """The P/D layout with (close to) the fewest GPUs reaching `target`, in few simulations.
 
     1. Lower bounds per pool: the fewest prefill replicas whose TTFT share reaches the target with decode
-       oversized, and the fewest decode replicas whose TPOT share does with prefill oversized (bisection;
+       oversized, and the fewest decode replicas whose TPOT share does with prefill oversized (bisection,
+       or a search out from `guess` when one is given, the other pool then at twice its guess or more;
        the probes may exceed the budget: they only bound). A layout within both targets needs at least
        both, since the share within both is at most either share.
     2. From (p_min, d_min), add one replica at a time to the pool whose target misses more requests,
@@ -161,8 +206,20 @@ def search_static_pd(
 
     max_p = max(1, (budget_gpus - gpus_per_decode) // gpus_per_prefill)
     max_d = max(1, (budget_gpus - gpus_per_prefill) // gpus_per_decode)
-    p_min = _smallest(1, max_p, lambda p: run(StaticLayout(p, max_d)).ttft_attainment >= target)
-    d_min = _smallest(1, max_d, lambda d: run(StaticLayout(max_p, d)).tpot_attainment >= target)
+    big_p = _oversized(guess[0] if guess else None, max_p)
+    big_d = _oversized(guess[1] if guess else None, max_d)
+
+    def ttft_ok(p: int) -> bool:
+        return run(StaticLayout(p, big_d)).ttft_attainment >= target
+
+    def tpot_ok(d: int) -> bool:
+        return run(StaticLayout(big_p, d)).tpot_attainment >= target
+
+    if guess is None:
+        p_min, d_min = _smallest(1, max_p, ttft_ok), _smallest(1, max_d, tpot_ok)
+    else:
+        p_min = _smallest_near(guess[0], 1, max_p, ttft_ok)
+        d_min = _smallest_near(guess[1], 1, max_d, tpot_ok)
     if p_min is None or d_min is None:
         pool = "prefill" if p_min is None else "decode"
         result.note = f"no P/D layout within {budget_gpus} GPUs reaches {target:.0%}: {pool} alone cannot"
@@ -520,3 +577,32 @@ class PlannerPolicy:
             "decode_replica_tokens_per_s": d_rate,
         }
         return {"prefill": num_p, "decode": num_d}
+
+
+def peak_size(
+    config: PlannerConfig, requests: Sequence[Request], window_seconds: float = 60.0
+) -> dict[str, int]:
+    """The planner's arithmetic over each window of the requests, the largest size per pool: where a
+    static search starts (`guess`), so that it does not probe far from the answer."""
+    planner = PlannerPolicy(replace(config, adjustment_interval_seconds=window_seconds, max_gpu_budget=None))
+    best = {"prefill": 1, "decode": 1}
+    start = 0
+    for end in range(len(requests) + 1):
+        boundary = (
+            end == len(requests)
+            or requests[end].arrival
+            >= (math.floor(requests[start].arrival / window_seconds) + 1) * window_seconds
+        )
+        if not boundary or end == start:
+            continue
+        chunk = requests[start:end]
+        n = len(chunk)
+        load = PlannerObservation(
+            num_req=n,
+            isl=sum(r.prompt_tokens for r in chunk) / n,
+            osl=sum(r.output_tokens for r in chunk) / n,
+        )
+        for role, size in planner.size(load).items():
+            best[role] = max(best[role], size)
+        start = end
+    return best

@@ -354,3 +354,46 @@ def test_autoscaled_spec_is_valid_for_both_modes() -> None:
     assert spec.colocated.autoscaling is not None
     assert spec.colocated.autoscaling.max_replicas == 8
     assert spec.max_gpus == 8
+
+
+@pytest.mark.parametrize("answer", [1, 2, 3, 5, 8, 13, 20, 31, 32])
+@pytest.mark.parametrize("guess", [1, 4, 9, 16, 40])
+def test_search_near_a_guess_finds_the_same_smallest(answer: int, guess: int) -> None:
+    from tandem.sim.baselines import _smallest, _smallest_near
+
+    calls: list[int] = []
+
+    def ok(n: int) -> bool:
+        calls.append(n)
+        return n >= answer
+
+    assert _smallest_near(guess, 1, 32, ok) == answer == _smallest(1, 32, lambda n: n >= answer)
+    assert len(set(calls)) <= 2 + 2 * math.ceil(math.log2(abs(answer - guess) + 1)) + 1
+    assert _smallest_near(guess, 1, 32, lambda n: False) is None
+
+
+def test_static_pd_search_from_a_good_guess_needs_fewer_simulations() -> None:
+    blind: list[StaticLayout] = []
+    guided: list[StaticLayout] = []
+    a = search_static_pd(_fake_pd(5, 3, blind), budget_gpus=48)
+    b = search_static_pd(_fake_pd(5, 3, guided), budget_gpus=48, guess=(5, 3))
+    assert a.layout == b.layout == StaticLayout(5, 3)
+    assert len(set(guided)) < len(set(blind))
+    assert max(layout.prefill for layout in guided) <= 12  # no 47-replica probes
+    c = search_static_colocated(
+        lambda layout: FakeOutcome(*(3 * [0.99 if layout.colocated >= 7 else 0.5])), 32, guess=6
+    )
+    assert c.layout == StaticLayout(colocated=7)
+    assert c.simulations <= 3
+
+
+def test_peak_size_is_the_planners_arithmetic_on_the_busiest_window() -> None:
+    from tandem.sim.baselines import peak_size
+    from tandem.sim.requests import Request
+
+    planner = _planner(interval=60.0)
+    quiet = [Request(float(t), 1000, 200) for t in range(60)]  # 1 req/s in the first minute
+    busy = [Request(60.0 + i / 200, 1000, 200) for i in range(12_000)]  # 200 req/s in the second
+    size = peak_size(planner.config, quiet + busy)
+    assert size == planner.size(PlannerObservation(12_000, 1000, 200))
+    assert peak_size(planner.config, quiet) == planner.size(PlannerObservation(60, 1000, 200))
