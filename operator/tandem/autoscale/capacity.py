@@ -8,7 +8,9 @@
 - Decode: the largest batch whose step stays within `tpot_headroom x TPOT target` at the mean
   context (`perf.decode_batch_at_tpot`, capped by `--max-num-seqs`), and no more sequences than fill
   `kv_target_usage` of the replica's KV cache (`perf.kv_cache_tokens`); at that batch a replica
-  generates `batch / step time` output tokens/s.
+  generates `batch / step time` output tokens/s, of which it is loaded to `decode_utilisation_cap`
+  (tokens/s flatten as the batch grows, so near that rate the batch, the TPOT and the KV cache
+  in use swing widely; a full KV cache stops admissions and TTFT explodes).
 
 The profile is the calibrated (or estimated) one for the model, `spec.autoscaling.gpu` and the
 pool's TP; engine flags that change capacity (`--max-num-batched-tokens`, `--max-num-seqs`,
@@ -243,5 +245,5 @@ def decode_capacity(
         kv_tokens=kv,
         context_tokens=float(context),
         kv_target_usage=knobs.kv_target_usage,
-        tokens_per_second=sequences / step if step > 0 else 0.0,
+        tokens_per_second=knobs.decode_utilisation_cap * sequences / step if step > 0 else 0.0,
     )

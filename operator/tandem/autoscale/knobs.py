@@ -23,6 +23,10 @@ class Knobs:
     # mean step time), and its KV cache filled to at most this share.
     tpot_headroom: float = 0.85
     kv_target_usage: float = 0.85
+    # ... and its output tokens/s loaded to at most this share of what that batch generates.
+    decode_utilisation_cap: float = 0.8
+    # A decode pod whose KV cache is this full cannot admit: a TTFT miss then is decode's, not prefill's.
+    kv_full_usage: float = 0.95
     # Queued prompt tokens are to be drained within this many seconds (0: the decision interval).
     queue_drain_seconds: float = 0.0
     # While pods of a pool are starting, the backlog terms may raise the recommendation above the
@@ -41,6 +45,7 @@ class Knobs:
     miss_shrink_min: float = 0.80
     miss_shrink_max: float = 0.95
     miss_min_load: float = 0.5
+    decode_learn_min_share: float = 0.5  # decode learns from TPOT only at this share of its capacity
     comfortable_ratio: float = 0.80  # latency under this share of its target is "comfortably within"
     relax_rate: float = 0.10  # then a correction below 1 moves this share of the way back to 1
     # A snapshot older than this many decision intervals is stale (no data).

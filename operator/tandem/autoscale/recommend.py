@@ -17,8 +17,9 @@ tokens, waiting requests, KV pressure) cannot raise the recommendation above the
 which already includes the loading pods; only the rate terms can.
 
 SLO feedback, from the path the pool serves (`PathSignals`): a pool whose latency at the SLO's
-quantile is over target while attainment is under target (prefill: TTFT, unless decode has waiting
-requests and prefill no queue; decode: TPOT, or TTFT in that case; colocated: either) is never
+quantile is over target while attainment is under target (prefill: TTFT, unless decode cannot admit
+(requests waiting there, or a pod's KV cache at `kv_full_usage`) while prefill has less than one
+request queued per replica; decode: TPOT, or TTFT in that case; colocated: either) is never
 recommended below its current size. If it is loaded (a backlog, or at least `miss_min_load` of its
 replicas' capacity in use: an idle pool's miss is not for want of replicas) and no pod is starting,
 it gets one more replica, and when the capacity model said the current size sufficed, the
@@ -29,7 +30,8 @@ smoothed geometrically by `correction_smoothing`), learnt only when every ready 
 is starting:
 - prefill, when every replica has at least a step's budget of prompt tokens queued (saturated): the
   sample is prompt tokens/s per ready replica over the profile's busy throughput;
-- decode, with at least one running sequence per replica and a measured TPOT: the profile's step
+- decode, with a measured TPOT and a batch per replica of at least `decode_learn_min_share` of the
+  seeded capacity (a light batch's step time says little about a full one's): the profile's step
   time is scaled by measured TPOT / profile step time at the observed batch, and the sample is the
   batch that then fits the TPOT target over the seeded batch;
 - all pools, comfortably within SLO (latency under `comfortable_ratio` of target, attainment met): a
@@ -160,8 +162,11 @@ def _slo_state(role: str, obs: _Observed, slo: SLOSpec, snapshot: Snapshot, knob
     tpot = None if path.tpot_seconds is None else path.tpot_seconds * 1000.0 / slo.tpot_ms
     prefill = snapshot.pools.get("prefill", PoolSignals())
     decode = snapshot.pools.get("decode", PoolSignals())
-    # A TTFT miss with requests waiting on decode and no prefill queue is decode's (KV admission).
-    ttft_is_decodes = decode.waiting_requests > 0 and prefill.queued_prompt_tokens <= 0
+    # A TTFT miss while decode cannot admit (requests waiting there, or a KV cache nearly full) and
+    # prefill has less than one request queued per replica is decode's: prefill waits to hand over KV.
+    decode_full = decode.waiting_requests > 0 or decode.kv_usage_max >= knobs.kv_full_usage
+    prefill_queued = prefill.waiting_requests >= max(1, prefill.scraped_pods)
+    ttft_is_decodes = decode_full and not prefill_queued
     answers_ttft = role == "colocated" or (role == "prefill") != ttft_is_decodes
     answers_tpot = role in ("decode", "colocated")
     ratios: list[tuple[str, float]] = []
@@ -394,7 +399,8 @@ def _decode(
     before = correction
     learnt = False
     tpot = obs.path.tpot_seconds
-    if _can_learn(obs) and tpot is not None and tpot > 0 and running >= ready:
+    busy = running >= max(1.0, knobs.decode_learn_min_share * seeded) * ready
+    if _can_learn(obs) and tpot is not None and tpot > 0 and busy:
         batch = running / ready
         step = model.profile.decode_step_seconds(math.ceil(batch), math.ceil(batch * cap.context_tokens))
         if step > 0:

@@ -137,7 +137,7 @@ class Kit:
             ready = sizes["decode"][1]
             usage = kv
             if usage is None:
-                usage = running * (PROMPT + OUTPUT / 2) / (max(ready, 1) * self.kv_tokens)
+                usage = min(1.0, running * (PROMPT + OUTPUT / 2) / (max(ready, 1) * self.kv_tokens))
             pools["decode"] = PoolSignals(
                 scraped_pods=ready,
                 running_requests=running,

@@ -398,9 +398,10 @@ def test_min_max_clamps(
 # --- maxGPUs ------------------------------------------------------------------------------------------------
 
 BUDGET_CASES = [
-    # id, ttft seconds, tpot seconds, expected (prefill, decode) within 10 GPUs (decode TP2)
-    ("prefill-deficit-first", 1.5, 0.055, (6, 2)),
-    ("decode-deficit-first", 0.55, 0.150, (2, 4)),
+    # id, TTFT seconds, TPOT seconds, expected (prefill, decode). Prefill (TP1, at 2) wants 7 and decode
+    # (TP2, at 1) wants 3: 13 GPUs of 10. Prefill has a queue, so TTFT is its own.
+    ("prefill-deficit-first", 1.5, 0.055, (7, 1)),  # deficits 2.0 and 0.1
+    ("decode-deficit-first", 0.55, 0.150, (4, 3)),  # deficits 0.1 and 2.0
 ]
 
 
@@ -410,18 +411,18 @@ BUDGET_CASES = [
 def test_max_gpus_goes_to_the_largest_slo_deficit_first(
     kit: Kit, ttft: float, tpot: float, expected: tuple[int, int]
 ) -> None:
-    k = kit.with_spec(maxGPUs=10, decode={"tensorParallelSize": 2})
-    spec = k.spec
-    snapshot = k.snapshot(
-        T0,
-        sizes={"prefill": (2, 2), "decode": (2, 2)},
-        prefill=5.5,
-        decode=3.5,
-        ttft=ttft,
-        tpot=tpot,
-        attainment=0.8,
+    k = kit.with_spec(
+        maxGPUs=10,
+        decode={"replicas": 1, "tensorParallelSize": 2},
+        autoscaling={"scaleUp": {"maxStep": 8}},
     )
-    decision = decide(spec, snapshot, at({"prefill": 2, "decode": 2}), T0)
+    sizes = {"prefill": (2, 2), "decode": (1, 1)}
+    snapshot = k.snapshot(
+        T0, sizes=sizes, busy=2, queue=4.5, decode=2.5, ttft=ttft, tpot=tpot, attainment=0.8
+    )
+    decision = decide(k.spec, snapshot, at({"prefill": 2, "decode": 1}), T0)
+    wanted = (decision.pools["prefill"].recommendation, decision.pools["decode"].recommendation)
+    assert wanted == (7, 3)
     targets = (decision.pools["prefill"].target, decision.pools["decode"].target)
     assert targets == expected
     assert targets[0] + 2 * targets[1] <= 10

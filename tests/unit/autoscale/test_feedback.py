@@ -80,6 +80,13 @@ SLO_CASES: list[tuple[str, dict[str, Any], tuple[int, int], dict[str, int], dict
         {"prefill": 1.0, "decode": 0.8},
     ),
     (
+        "ttft-miss-is-decodes-kv-full",  # no one waits yet, but decode's KV cache is full
+        {"prefill": 1.7, "decode": 1.5, "kv": 0.97, "ttft": 0.8, "attainment": 0.8},
+        (2, 2),
+        {"prefill": 2, "decode": 3},
+        {"prefill": 1.0, "decode": 1.0},  # the KV term already asked for 3: no correction
+    ),
+    (
         "tpot-miss",
         {"prefill": 1.7, "decode": 1.7, "tpot": 0.07, "attainment": 0.8},
         (2, 2),
@@ -258,3 +265,12 @@ def test_colocated_is_sized_from_prompts_and_sequences_together(
     pool = decision.pools["colocated"]
     assert pool.figures["exactReplicas"] == pytest.approx(prompt_share + sequence_share, rel=0.02)
     assert pool.target == target
+
+
+def test_decode_does_not_learn_from_a_light_batch(kit: Kit) -> None:
+    """At a tenth of its capacity a replica's step time says little about a full batch's."""
+    snapshot = kit.snapshot(
+        T0, sizes={"prefill": (2, 2), "decode": (2, 2)}, prefill=1.0, decode=0.2, tpot=0.045
+    )
+    decision = decide(kit.spec, snapshot, at({"prefill": 2, "decode": 2}), T0)
+    assert decision.state.pools.decode.capacity_correction == 1.0
