@@ -2,7 +2,8 @@
 
 Per autoscaled pool (`spec.<pool>.autoscaling` set, not `external`), in this order:
 1. the raw recommendation from the load at the SLO (`recommend.py`);
-2. a partial scrape (fewer pods report than are ready) forbids scaling down this pass;
+2. a partial view (fewer pods report than are ready, or no pod is ready yet) forbids scaling
+   down this pass;
 3. the dead band (`stabilize.within_dead_band`), then `[minReplicas, maxReplicas]`;
 4. the stabilization windows over the recorded recommendations, then the step limits, then the
    bounds again (bounds win over steps);
@@ -314,7 +315,10 @@ def _active(
         sizings[role] = sizing
         signals = snapshot.pools.get(role)
         size = snapshot.sizes[role]
-        partials[role] = signals is not None and 0 < signals.scraped_pods < size.ready
+        # Fewer pods report than are ready, or every pod is still loading: the load is not all seen.
+        partials[role] = (signals is not None and 0 < signals.scraped_pods < size.ready) or (
+            size.ready == 0 and size.replicas > 0
+        )
         recorded, limited_by = _shape(sizing, current, bounds, partials[role], knobs)
         history = stabilize.record(old.recommendations, now, recorded, keep)
         histories[role] = history
@@ -370,7 +374,7 @@ def _active(
         bounds = _bounds(spec, role)
         reason = sizing.reason
         if partials[role] and sizing.replicas < current:
-            reason += "; not every ready pod reports: no scale-down"
+            reason += "; not every pod reports (or none is ready yet): no scale-down"
         reason += _limit_text(stage.limited_by, target, spec, bounds, knobs)
         if target != current:
             reason += f"; {current} -> {target}"

@@ -190,7 +190,16 @@ def test_a_partial_scrape_forbids_scaling_down(kit: Kit) -> None:
     pools = {**snapshot.pools, "prefill": dataclasses.replace(snapshot.pools["prefill"], scraped_pods=2)}
     decision = decide(k.spec, dataclasses.replace(snapshot, pools=pools), at({"prefill": 4, "decode": 2}), T0)
     assert decision.pools["prefill"].target == 4
-    assert "not every ready pod reports" in decision.pools["prefill"].reason
+    assert "not every pod reports" in decision.pools["prefill"].reason
+
+
+def test_a_pool_whose_pods_all_load_is_not_scaled_down(kit: Kit) -> None:
+    """Nothing measures its load yet (a 70B pool loads for minutes): zero rates are not "no traffic"."""
+    k = no_window(kit)
+    snapshot = k.snapshot(T0, sizes={"prefill": (4, 0), "decode": (2, 2)}, decode=0.5)
+    decision = decide(k.spec, snapshot, at({"prefill": 4, "decode": 2}), T0)
+    assert decision.pools["prefill"].target == 4
+    assert decision.pools["decode"].target == 1  # its ready pods measure little load: it shrinks
 
 
 @pytest.mark.parametrize(("slowdown", "direction"), [(2.0, -1), (1.0, +1)], ids=["slower", "as-profiled"])
