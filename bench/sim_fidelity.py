@@ -12,7 +12,7 @@ layout and profile. Prints TTFT and TPOT p50/p90 live vs simulated, their ratio 
 10%, a paired per-request view of the gap and what the live machine was doing (CPU, engine step lag),
 and writes everything to `.tandem/bench/sim_fidelity.json`.
 
-Time scale: the engines run with TANDEM_SIM_TIME_SCALE=S (default 2): every modelled step and KV
+Time scale: the engines run with TANDEM_SIM_TIME_SCALE=S (default 8): every modelled step and KV
 transfer lasts S times longer on the wall clock, and the client sends the trace's arrivals S times
 further apart, so the engines see the same load in modelled time while the machine has S times fewer
 tokens per second to push through HTTP and SSE. The simulator is time-homogeneous (a static layout: no
@@ -21,7 +21,7 @@ the bench simulates the unscaled trace and reports the live figures divided by S
 milliseconds. Fixed per-request costs of the live path (router, HTTP, SSE, the client) shrink by 1/S in
 those figures; `--time-scale 1` shows them whole.
 
-    .venv/bin/python bench/sim_fidelity.py [--quick] [--time-scale 2] [--rate-scale 1.0]
+    .venv/bin/python bench/sim_fidelity.py [--quick] [--time-scale 8] [--rate-scale 1.0] [--kv-gbps 100]
         [--window-start 600] [--window-seconds 40] [--decode 1]
     .venv/bin/python bench/sim_fidelity.py --reuse-live    # re-simulate the last live run, no cluster
 
@@ -148,7 +148,9 @@ def load_window(start_s: float, length_s: float, rate_scale: float) -> list[Req]
 
 
 # --- the simulator -------------------------------------------------------------------------------------
-def simulate(requests: Sequence[Req], decode: int) -> tuple[list[float], list[float]]:
+def simulate(
+    requests: Sequence[Req], decode: int, kv_gbps: float = KV_BANDWIDTH_GBPS
+) -> tuple[list[float], list[float]]:
     """(ttft, tpot) seconds per request from the simulator; NaN where refused or one output token."""
     from tandem.perf import estimate_profile
     from tandem.sim import SLO, Layout, PoolSpec, ReplicaSpec, Request, SimConfig
@@ -156,7 +158,7 @@ def simulate(requests: Sequence[Req], decode: int) -> tuple[list[float], list[fl
 
     # The profile exactly as the sim engine builds it (engine/config.py: estimate + --kv-cache-dtype auto).
     profile = estimate_profile(MODEL_ID, GPU, 1).with_kv_cache_dtype("auto")
-    replica = ReplicaSpec.from_profile(profile, kv_bandwidth_gbps=KV_BANDWIDTH_GBPS)
+    replica = ReplicaSpec.from_profile(profile, kv_bandwidth_gbps=kv_gbps)
     layout = Layout(
         pools={
             "prefill": PoolSpec(replica=replica, replicas=1),
@@ -175,8 +177,9 @@ def simulate(requests: Sequence[Req], decode: int) -> tuple[list[float], list[fl
 
 
 # --- the live cluster ----------------------------------------------------------------------------------
-def pdd_manifest(decode: int, time_scale: float) -> dict[str, Any]:
-    """examples/sim-pd.yaml with `decode` decode replicas and TANDEM_SIM_TIME_SCALE."""
+def pdd_manifest(decode: int, time_scale: float, kv_gbps: float = KV_BANDWIDTH_GBPS) -> dict[str, Any]:
+    """examples/sim-pd.yaml with `decode` decode replicas, TANDEM_SIM_TIME_SCALE and the KV link speed
+    (also set as TANDEM_SIM_KV_BANDWIDTH_GBPS: the API caps `bandwidthGbps` at 3200)."""
     pool = {
         "tensorParallelSize": 1,
         "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
@@ -190,9 +193,12 @@ def pdd_manifest(decode: int, time_scale: float) -> dict[str, Any]:
             "engine": {
                 "type": "sim",
                 "image": "ghcr.io/tandem-dev/tandem:0.1.0",
-                "env": [{"name": "TANDEM_SIM_TIME_SCALE", "value": f"{time_scale:g}"}],
+                "env": [
+                    {"name": "TANDEM_SIM_TIME_SCALE", "value": f"{time_scale:g}"},
+                    {"name": "TANDEM_SIM_KV_BANDWIDTH_GBPS", "value": f"{kv_gbps:g}"},
+                ],
             },
-            "kvTransfer": {"connector": "NixlConnector", "bandwidthGbps": KV_BANDWIDTH_GBPS},
+            "kvTransfer": {"connector": "NixlConnector", "bandwidthGbps": int(min(3200, max(1, kv_gbps)))},
             "prefill": {"replicas": 1, **pool},
             "decode": {"replicas": decode, **pool},
             "router": {"replicas": 1, "image": "ghcr.io/tandem-dev/tandem:0.1.0"},
@@ -264,36 +270,56 @@ def metric_sums(text: str, names: Sequence[str]) -> dict[str, float]:
     return out
 
 
-ENGINE_HISTOGRAMS = (
-    "vllm:time_to_first_token_seconds",
-    "vllm:request_time_per_output_token_seconds",
-    "vllm:nixl_xfer_time_seconds",
+HISTOGRAMS = (
+    "vllm:time_to_first_token_seconds",  # engine-side: arrival at the engine to its first token
     "vllm:request_queue_time_seconds",
+    "vllm:request_time_per_output_token_seconds",
+    "vllm:nixl_xfer_time_seconds",  # decode: the KV pull
+    "tandem_router_time_to_first_token_seconds",
+    "tandem_router_prefill_leg_seconds",
+    "tandem_router_time_per_output_token_seconds",
 )
 
 
-async def engine_report(ip: str) -> dict[str, Any]:
-    """/debug/state (step lag) and the means of the engine's own TTFT, TPOT and KV pull histograms."""
+async def scrape(targets: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """For each pod (name -> base URL): histogram sums and counts from /metrics, and an engine's
+    /debug/state (its step lag)."""
     import aiohttp
 
-    timeout = aiohttp.ClientTimeout(total=10)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        async with session.get(f"http://{ip}:8000/debug/state") as r:
-            state = await r.json()
-        async with session.get(f"http://{ip}:8000/metrics") as r:
-            sums = metric_sums(await r.text(), ENGINE_HISTOGRAMS)
-    means = {}
-    for name in ENGINE_HISTOGRAMS:
-        count = sums.get(f"{name}_count", 0.0)
-        if count:
-            means[name.removeprefix("vllm:") + "_mean_ms"] = sums[f"{name}_sum"] / count * 1000
-    return {
-        "steps": state.get("steps"),
-        "modelled_busy_s": state.get("modelled_busy_seconds"),
-        "mean_step_lag_ms": 1000 * float(state.get("mean_step_lag_seconds") or 0.0),
-        "max_step_lag_ms": 1000 * float(state.get("max_step_lag_seconds") or 0.0),
-        **means,
-    }
+    out: dict[str, dict[str, Any]] = {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        for name, url in targets.items():
+            entry: dict[str, Any] = {}
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError, ValueError):
+                async with session.get(f"{url}/metrics") as r:
+                    entry["sums"] = metric_sums(await r.text(), HISTOGRAMS)
+                if name != "router":
+                    async with session.get(f"{url}/debug/state") as r:
+                        entry["state"] = await r.json()
+            out[name] = entry
+    return out
+
+
+def pod_means(before: Mapping[str, Any], after: Mapping[str, Any], scale: float) -> dict[str, Any]:
+    """Per pod, each histogram's mean over the replay (after - before) in H100 ms, and step lag."""
+    report: dict[str, Any] = {}
+    for name, entry in after.items():
+        sums_a, sums_b = entry.get("sums", {}), before.get(name, {}).get("sums", {})
+        row: dict[str, Any] = {}
+        for metric in HISTOGRAMS:
+            count = sums_a.get(f"{metric}_count", 0.0) - sums_b.get(f"{metric}_count", 0.0)
+            if count > 0:
+                total = sums_a[f"{metric}_sum"] - sums_b.get(f"{metric}_sum", 0.0)
+                short = metric.removeprefix("vllm:").removeprefix("tandem_router_").removesuffix("_seconds")
+                row[f"{short}_mean_ms"] = total / count * 1000 / scale
+                row[f"{short}_count"] = int(count)
+        state = entry.get("state")
+        if state:
+            row["steps"] = state.get("steps")
+            row["mean_step_lag_ms_wall"] = 1000 * float(state.get("mean_step_lag_seconds") or 0.0)
+            row["max_step_lag_ms_wall"] = 1000 * float(state.get("max_step_lag_seconds") or 0.0)
+        report[name] = row
+    return report
 
 
 async def replay(router: str, requests: Sequence[Req], scale: float) -> list[tuple[float, float, str]]:
@@ -365,7 +391,7 @@ def run_live(args: argparse.Namespace, requests: Sequence[Req]) -> dict[str, Any
     from tandem.devcluster import cluster as devcluster
     from tandem.devcluster import kube, layout
     from tandem.devcluster.handle import ClusterHandle
-    from tandem.devcluster.testing import OperatorProcess
+    from tandem.devcluster.testing import OperatorProcess, eventually
 
     bins = layout.bin_dir()
     missing = layout.missing_binaries(bins, (*layout.CONTROL_PLANE_BINARIES, "kubectl"))
@@ -384,13 +410,25 @@ def run_live(args: argparse.Namespace, requests: Sequence[Req]) -> dict[str, Any
     try:
         handle = ClusterHandle.from_dir(cdir.path, owned=True)
         handle.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-        handle.kubectl("wait", "--for=condition=Established", "crd/pddeployments.tandem.dev", "--timeout=60s")
+        established = "{.status.conditions[?(@.type=='Established')].status}"
+        eventually(
+            lambda: (
+                handle.kubectl(
+                    "get", "crd/pddeployments.tandem.dev", "-o", f"jsonpath={established}", check=False
+                ).stdout.strip()
+                == "True"
+            ),
+            timeout=60,
+            what="the PDDeployment CRD to be Established",
+        )
         operator = OperatorProcess(
             handle, ["--lease-namespace", NAMESPACE, "--resync-seconds", "30"], cdir.path / "operator.log"
         )
         operator.wait_leader(timeout=90)
         say(f"operator leads ({time.monotonic() - began:.0f}s); applying {NAMESPACE}/{NAME}")
-        handle.kubectl("apply", "-f", "-", input=yaml.safe_dump(pdd_manifest(args.decode, args.time_scale)))
+        handle.kubectl(
+            "apply", "-f", "-", input=yaml.safe_dump(pdd_manifest(args.decode, args.time_scale, args.kv_gbps))
+        )
         api = handle.api_client()
         reader = Reader(api, NAMESPACE, NAME)
         deadline = time.monotonic() + 240
@@ -405,10 +443,14 @@ def run_live(args: argparse.Namespace, requests: Sequence[Req]) -> dict[str, Any
             time.sleep(1)
         router = f"http://{reader.router_ips()[0]}:8080"
         engines = {"prefill": pod_ips(api, "prefill"), "decode": pod_ips(api, "decode")}
+        targets = {"router": router} | {
+            f"{role}-{n}": f"http://{ip}:8000" for role, ips in engines.items() for n, ip in enumerate(ips)
+        }
         say(f"Ready ({time.monotonic() - began:.0f}s): router {router}, engines {engines}")
         asyncio.run(warm_up(router))
         pids = cluster_processes(cdir.marker)
         before = {k: proc_stat(p) for k, p in pids.items()}
+        scraped = asyncio.run(scrape(targets))
         client_before = time.process_time()
         busy0, total0 = machine_busy()
         wall = requests[-1].at * args.time_scale if requests else 0.0
@@ -431,16 +473,12 @@ def run_live(args: argparse.Namespace, requests: Sequence[Req]) -> dict[str, Any
             if a and b:
                 cpu[f"{key}_cpu_s"] = b.cpu_s - a.cpu_s
                 cpu[f"{key}_runqueue_wait_s"] = b.wait_s - a.wait_s
-        reports = {}
-        for role, ips in engines.items():
-            for n, ip in enumerate(ips):
-                with contextlib.suppress(Exception):
-                    reports[f"{role}-{n}"] = asyncio.run(engine_report(ip))
+        pods = pod_means(scraped, asyncio.run(scrape(targets)), args.time_scale)
         return {
             "samples": samples,
             "replay_wall_s": replay_s,
             "cpu": cpu,
-            "engines": reports,
+            "pods": pods,
             "router": router,
         }
     finally:
@@ -456,7 +494,8 @@ def run_live(args: argparse.Namespace, requests: Sequence[Req]) -> dict[str, Any
 def report(args: argparse.Namespace, requests: Sequence[Req], live: dict[str, Any]) -> dict[str, Any]:
     scale = float(live["time_scale"])
     samples = live["samples"]
-    sim_ttft, sim_tpot = simulate(requests, live["decode"])
+    kv_gbps = float(live["kv_gbps"])
+    sim_ttft, sim_tpot = simulate(requests, live["decode"], kv_gbps)
     # Figures over the requests that succeeded live (the simulator serves all of them).
     keep = [i for i, s in enumerate(samples) if not s[2]]
     live_ttft = [samples[i][0] / scale for i in keep]
@@ -478,7 +517,7 @@ def report(args: argparse.Namespace, requests: Sequence[Req], live: dict[str, An
             "mean_output_tokens": statistics.fmean(r.output for r in requests),
             "time_scale": scale,
             "layout": f"1 prefill + {live['decode']} decode, TP1, {GPU} {MODEL_ID}, router 1 replica",
-            "kv_bandwidth_gbps": KV_BANDWIDTH_GBPS,
+            "kv_bandwidth_gbps": kv_gbps,
             "units": "H100 ms (live wall-clock figures divided by the time scale)",
         },
         "live_ok": len(keep),
@@ -487,11 +526,72 @@ def report(args: argparse.Namespace, requests: Sequence[Req], live: dict[str, An
         "table": [asdict(r) for r in rows],
         "pass": all(r.ok for r in rows) and not errors,
         "gap": {"ttft": paired_gap(live_ttft, s_ttft), "tpot": paired_gap(live_tpot, s_tpot)},
+        "means": {
+            "live_ttft_ms": _mean_ms(live_ttft),
+            "sim_ttft_ms": _mean_ms(s_ttft),
+            "live_tpot_ms": _mean_ms(live_tpot),
+            "sim_tpot_ms": _mean_ms(s_tpot),
+        },
+        "ttft_breakdown": ttft_breakdown(
+            _mean_ms(live_ttft), live["pods"], modelled_kv_ms([requests[i] for i in keep], kv_gbps), scale
+        ),
         "machine": live["cpu"],
-        "engines": live["engines"],
+        "pods": live["pods"],
         "replay_wall_s": live["replay_wall_s"],
         "live_samples": samples,
     }
+
+
+def modelled_kv_ms(requests: Sequence[Req], kv_gbps: float) -> float:
+    """Mean modelled KV transfer (H100 ms) of these requests' prompts at `kv_gbps`, TP1."""
+    from tandem.perf import kv_transfer_seconds, model_arch
+
+    per_token = model_arch(MODEL_ID).kv_bytes_per_token_per_gpu(1)
+    seconds = [kv_transfer_seconds(r.prompt, per_token, kv_gbps) for r in requests]
+    return statistics.fmean(seconds) * 1000 if seconds else math.nan
+
+
+def ttft_breakdown(
+    client_ttft_ms: float, pods: Mapping[str, Mapping[str, Any]], kv_modelled_ms: float, scale: float
+) -> dict[str, float]:
+    """Where the mean live TTFT goes (H100 ms; `*_wall_ms` on the wall clock), from the pods' own
+    histograms over the replay: the engines' TTFT (arrival at the engine to its first token) and three
+    hops outside them (client <-> router; router -> prefill -> router; router -> decode -> router)."""
+
+    def mean(pod: Mapping[str, Any], key: str) -> float:
+        return float(pod.get(f"{key}_mean_ms", math.nan))
+
+    def weighted(prefix: str, key: str) -> float:
+        rows = [(mean(v, key), v.get(f"{key}_count", 0)) for k, v in pods.items() if k.startswith(prefix)]
+        total = sum(c for _, c in rows)
+        return sum(m * c for m, c in rows) / total if total else math.nan
+
+    router = pods.get("router", {})
+    r_ttft, r_prefill = mean(router, "time_to_first_token"), mean(router, "prefill_leg")
+    p_ttft, d_ttft = weighted("prefill", "time_to_first_token"), weighted("decode", "time_to_first_token")
+    hops = {
+        "client_router_ms": client_ttft_ms - r_ttft,
+        "router_prefill_hop_ms": r_prefill - p_ttft,
+        "router_decode_hop_ms": (r_ttft - r_prefill) - d_ttft,
+    }
+    out = {
+        "client_ttft_ms": client_ttft_ms,
+        "prefill_engine_ttft_ms": p_ttft,
+        "decode_engine_ttft_ms": d_ttft,
+        "engines_ms": p_ttft + d_ttft,
+        **hops,
+        "hops_ms": sum(hops.values()),
+        "kv_pull_measured_ms": weighted("decode", "nixl_xfer_time"),
+        "kv_pull_modelled_ms": kv_modelled_ms,
+    }
+    out.update({f"{k[:-3]}_wall_ms": v * scale for k, v in hops.items()})
+    out["hops_wall_ms"] = out["hops_ms"] * scale
+    return out
+
+
+def _mean_ms(values: Sequence[float]) -> float:
+    clean = [v for v in values if not math.isnan(v)]
+    return statistics.fmean(clean) * 1000 if clean else math.nan
 
 
 def _finite(obj: Any) -> Any:
@@ -531,7 +631,21 @@ def print_report(result: dict[str, Any]) -> None:
     m = result["machine"]
     cpu = ", ".join(f"{k} {v:.2f}" for k, v in m.items() if isinstance(v, float))
     print(f"machine during the replay ({result['replay_wall_s']:.0f} s): {cpu}")
-    for name, e in result["engines"].items():
+    b = result["ttft_breakdown"]
+    print(
+        f"mean TTFT {b['client_ttft_ms']:.2f} = engines {b['engines_ms']:.2f} (prefill "
+        f"{b['prefill_engine_ttft_ms']:.2f} + decode {b['decode_engine_ttft_ms']:.2f}, whose KV pull took "
+        f"{b['kv_pull_measured_ms']:.2f}, modelled {b['kv_pull_modelled_ms']:.2f}) + hops {b['hops_ms']:.2f} "
+        f"(client-router {b['client_router_ms']:.2f}, prefill hop {b['router_prefill_hop_ms']:.2f}, "
+        f"decode hop {b['router_decode_hop_ms']:.2f}; {b['hops_wall_ms']:.1f} ms on the wall clock)"
+    )
+    means = result["means"]
+    print(
+        f"means: TTFT live {means['live_ttft_ms']:.2f} sim {means['sim_ttft_ms']:.2f}, "
+        f"TPOT live {means['live_tpot_ms']:.3f} sim {means['sim_tpot_ms']:.3f} (H100 ms); "
+        "the pods' own histograms over the replay (means, H100 ms) and step lag (wall ms):"
+    )
+    for name, e in result["pods"].items():
         print(
             f"  {name}: "
             + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in e.items())
@@ -545,9 +659,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--window-start", type=float, default=600.0, help="trace second to start at")
     p.add_argument("--window-seconds", type=float, default=None, help="seconds of trace (default 40)")
     p.add_argument("--rate-scale", type=float, default=1.0, help="arrival-rate factor on the trace")
-    p.add_argument("--time-scale", type=float, default=2.0, help="TANDEM_SIM_TIME_SCALE of the engines")
+    p.add_argument("--time-scale", type=float, default=8.0, help="TANDEM_SIM_TIME_SCALE of the engines")
     p.add_argument(
         "--decode", type=int, default=1, help="decode replicas (1 removes the router's random pick)"
+    )
+    p.add_argument(
+        "--kv-gbps",
+        type=float,
+        default=KV_BANDWIDTH_GBPS,
+        help="P->D KV link speed, live and simulated (a huge value takes KV transfer out of both)",
     )
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--reuse-live", action="store_true", help="re-simulate the live run saved in --out")
@@ -569,8 +689,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "window_start_s": s["window_start_s"],
             "window_seconds": s["window_seconds"],
             "rate_scale": s["rate_scale"],
+            "kv_gbps": s["kv_bandwidth_gbps"],
             "cpu": previous["machine"],
-            "engines": previous["engines"],
+            "pods": previous["pods"],
             "replay_wall_s": previous["replay_wall_s"],
         }
     else:
@@ -584,6 +705,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             window_start_s=args.window_start,
             window_seconds=args.window_seconds,
             rate_scale=args.rate_scale,
+            kv_gbps=args.kv_gbps,
         )
     result = report(args, requests, live)
     args.out.parent.mkdir(parents=True, exist_ok=True)
