@@ -18,8 +18,8 @@ which already includes the loading pods; only the rate terms can.
 
 SLO feedback, from the path the pool serves (`PathSignals`): a pool whose latency at the SLO's
 quantile is over target while attainment is under target (prefill: TTFT, unless decode cannot admit
-(requests waiting there, or a pod's KV cache at `kv_full_usage`) while prefill has less than one
-request queued per replica; decode: TPOT, or TTFT in that case; colocated: either) is never
+(a request waiting per decode replica, or a pod's KV cache at `kv_full_usage`) while prefill has
+less than one request queued per replica; decode: TPOT, or TTFT in that case; colocated: either) is never
 recommended below its current size. If it is loaded (a backlog, or at least `miss_min_load` of its
 replicas' capacity in use: an idle pool's miss is not for want of replicas) and no pod is starting,
 it gets one more replica, and when the capacity model said the current size sufficed, the
@@ -164,7 +164,9 @@ def _slo_state(role: str, obs: _Observed, slo: SLOSpec, snapshot: Snapshot, knob
     decode = snapshot.pools.get("decode", PoolSignals())
     # A TTFT miss while decode cannot admit (requests waiting there, or a KV cache nearly full) and
     # prefill has less than one request queued per replica is decode's: prefill waits to hand over KV.
-    decode_full = decode.waiting_requests > 0 or decode.kv_usage_max >= knobs.kv_full_usage
+    decode_full = (
+        decode.waiting_requests >= max(1, decode.scraped_pods) or decode.kv_usage_max >= knobs.kv_full_usage
+    )
     prefill_queued = prefill.waiting_requests >= max(1, prefill.scraped_pods)
     ttft_is_decodes = decode_full and not prefill_queued
     answers_ttft = role == "colocated" or (role == "prefill") != ttft_is_decodes

@@ -80,6 +80,13 @@ SLO_CASES: list[tuple[str, dict[str, Any], tuple[int, int], dict[str, int], dict
         {"prefill": 1.0, "decode": 0.8},
     ),
     (
+        "one-request-waiting-on-decode-is-not-decodes",  # 1 request over 2 decode pods: prefill's miss
+        {"prefill": 1.7, "decode": 1.5, "waiting": 1 / 352, "ttft": 0.8, "attainment": 0.8},
+        (2, 2),
+        {"prefill": 3, "decode": 2},
+        {"prefill": 0.80, "decode": 1.0},
+    ),
+    (
         "ttft-miss-is-decodes-kv-full",  # no one waits yet, but decode's KV cache is full
         {"prefill": 1.7, "decode": 1.5, "kv": 0.97, "ttft": 0.8, "attainment": 0.8},
         (2, 2),
