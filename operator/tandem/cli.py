@@ -9,7 +9,8 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-# subcommand -> (module, one-line help); each module exposes `main(argv: Sequence[str]) -> int`.
+# subcommand -> (module, one-line help); each module exposes `main(argv: Sequence[str]) -> int`
+# ("module:function" names another entry of that signature).
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "crd": ("tandem.api.crdgen", "print the PDDeployment CustomResourceDefinition generated from the models"),
     "render": ("tandem.render.cli", "render a PDDeployment file into the child objects the operator applies"),
@@ -21,6 +22,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "tandem.devcluster.cli",
         "local control plane for tests and the demo: `dev cluster up|down|status`",
     ),
+    "sim": ("tandem.sim.cli:sim_main", "replay a trace through a PDDeployment in the cluster simulator"),
+    "advise": ("tandem.sim.cli:advise_main", "P/D or colocated, which P:D ratio, how many GPUs (simulated)"),
 }
 
 
@@ -39,8 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"tandem: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(SUBCOMMANDS[name][0])
-    entry: Callable[[Sequence[str]], int] = module.main
+    module_name, _, function = SUBCOMMANDS[name][0].partition(":")
+    module = importlib.import_module(module_name)
+    entry: Callable[[Sequence[str]], int] = getattr(module, function or "main")
     return entry(rest)
 
 

@@ -1,0 +1,125 @@
+"""The autoscaler report: one row per (trace, policy) with the figures of
+`reference/autoscaler-evaluation.md`, as a Markdown table, and a time-series PNG per trace (load,
+replicas per pool per policy, p90 TTFT and TPOT against the SLO). Used by `bench/autoscale.py` and
+`tandem sim`. Only `plot_trace` writes a file; matplotlib is imported there, on first use.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tandem.sim.results import Summary, TickSample
+
+STATIC_PEAK = "static peak"
+DYNAMO_180 = "dynamo-180s"
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    trace: str
+    policy: str
+    summary: Summary | None  # None: the policy has no layout to run (static search found none)
+    note: str = ""  # the layout a static policy chose, or why there is none
+    tuned: bool = False  # the policy was tuned on this trace
+    wall_seconds: float = 0.0
+
+
+def ratio(value: float | None, reference: float | None) -> float | None:
+    if value is None or reference is None or reference <= 0:
+        return None
+    return value / reference
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+def table(rows: Sequence[Row], reference_policies: tuple[str, str] = (STATIC_PEAK, DYNAMO_180)) -> str:
+    """A Markdown table; the ratio columns divide each row's GPU-hours by the same trace's static-peak
+    and Dynamo-style (180 s, constant) rows."""
+    by_trace: dict[str, dict[str, Row]] = {}
+    for row in rows:
+        by_trace.setdefault(row.trace, {})[row.policy] = row
+
+    def hours(trace: str, policy: str) -> float | None:
+        row = by_trace[trace].get(policy)
+        return None if row is None or row.summary is None else row.summary.gpu_hours
+
+    lines = [
+        "| trace | policy | attainment | GPU-hours | goodput/GPU-h | scale actions | peak GPUs "
+        "| vs static peak | vs Dynamo-style | note |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for row in rows:
+        s = row.summary
+        trace = row.trace + (" (tuned)" if row.tuned else "")
+        if s is None:
+            lines.append(f"| {trace} | {row.policy} | - | - | - | - | - | - | - | {row.note} |")
+            continue
+        peak = ratio(s.gpu_hours, hours(row.trace, reference_policies[0]))
+        dynamo = ratio(s.gpu_hours, hours(row.trace, reference_policies[1]))
+        lines.append(
+            f"| {trace} | {row.policy} | {s.attainment:.1%} | {s.gpu_hours:.1f} | "
+            f"{s.goodput_per_gpu_hour:,.0f} | {s.scale_actions} | {s.peak_gpus} | "
+            f"{_num(peak)} | {_num(dynamo)} | {row.note} |"
+        )
+    return "\n".join(lines)
+
+
+def _series(samples: Sequence[TickSample], attr: str) -> list[float]:
+    return [float(getattr(s, attr)) for s in samples]
+
+
+def plot_trace(
+    path: Path,
+    title: str,
+    results: Mapping[str, Sequence[TickSample]],
+    ttft_slo_seconds: float,
+    tpot_slo_seconds: float,
+) -> Path:
+    """Four panels sharing a time axis (hours): the load (arrivals/s), replicas per pool per policy
+    (prefill solid, decode dashed, colocated dotted), p90 TTFT and p90 TPOT of each scrape window with
+    the SLO as a black line; `results` maps a policy to its time series (`SimResult.series`)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(4, 1, figsize=(12, 12), sharex=True)
+    load_ax, size_ax, ttft_ax, tpot_ax = axes
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = {"prefill": "-", "decode": "--", "colocated": ":"}
+    first = next(iter(results.values()), None)
+    if first is not None:
+        hours = [s.time / 3600 for s in first]
+        load_ax.plot(hours, _series(first, "arrival_rate"), color="gray", linewidth=0.8)
+    load_ax.set_ylabel("arrivals/s")
+    load_ax.set_title(title)
+    for i, (name, series) in enumerate(results.items()):
+        color = colors[i % len(colors)]
+        hours = [s.time / 3600 for s in series]
+        for role, style in styles.items():
+            values = [float(s.replicas.get(role, 0)) for s in series]
+            if any(values):
+                size_ax.plot(hours, values, style, color=color, linewidth=1.0, label=f"{name} {role}")
+        ttft_ax.plot(hours, _series(series, "ttft_p90"), color=color, linewidth=0.7, label=name)
+        tpot_ax.plot(hours, [v * 1e3 for v in _series(series, "tpot_p90")], color=color, linewidth=0.7)
+    size_ax.set_ylabel("replicas")
+    size_ax.legend(fontsize=7, ncol=3, loc="upper left")
+    ttft_ax.axhline(ttft_slo_seconds, color="black", linewidth=1.2)
+    ttft_ax.set_yscale("log")
+    ttft_ax.set_ylabel("p90 TTFT (s)")
+    ttft_ax.legend(fontsize=7, ncol=4, loc="upper left")
+    tpot_ax.axhline(tpot_slo_seconds * 1e3, color="black", linewidth=1.2)
+    tpot_ax.set_ylabel("p90 TPOT (ms)")
+    tpot_ax.set_xlabel("hours")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

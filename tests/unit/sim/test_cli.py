@@ -1,0 +1,142 @@
+"""`tandem sim` and `tandem advise` from the command line (`tandem.sim.cli`): bad input is one `error:`
+line and exit code 2, never a traceback; a recommendation written by advise replays through sim."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tandem.cli import main
+
+LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
+SMALL_LOAD = ["--input-tokens", "800", "--output-tokens", "100", "--rate", "4", "--seconds", "60"]
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _bad(argv: list[str], capsys: pytest.CaptureFixture[str], message: str) -> None:
+    code, _, err = _run(argv, capsys)
+    assert code == 2
+    assert err.startswith("error: ")
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_advise_unknown_model_needs_kv_bytes(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["advise", "--model", "acme/secret-13b", *SMALL_LOAD, "--ttft-ms", "1000", "--tpot-ms", "50"]
+    _bad(argv, capsys, "unknown model 'acme/secret-13b': give --kv-bytes-per-token")
+    code, out, _ = _run([*argv, "--kv-bytes-per-token", "163840", "--max-gpus", "8"], capsys)
+    assert code == 0
+    assert "163,840 KV bytes/token" in out
+    assert "note: acme/secret-13b: step times of" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ([], "no load: give --trace, or --input-tokens, --output-tokens, --rate"),
+        (["--input-tokens", "800"], "no load: give --trace, or --output-tokens, --rate"),
+        ([*SMALL_LOAD, "--trace", "x.csv"], "give either --trace or --input-tokens"),
+        ([*SMALL_LOAD, "--gpu", "TPU"], "no profile on GPU 'TPU'"),
+        ([*SMALL_LOAD, "--prefill-tp", "3"], "1, 2, 4 or 8"),
+        ([*SMALL_LOAD, "--attainment", "120"], "--attainment is a percentage"),
+        ([*SMALL_LOAD, "--max-gpus", "1"], "--max-gpus must be at least 2"),
+        ([*SMALL_LOAD, "--bandwidth-gbps", "0"], "link bandwidth must be positive"),
+        (["--input-tokens", "800", "--output-tokens", "100", "--rate", "0"], "rate and the duration"),
+    ],
+)
+def test_advise_bad_input(extra: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    _bad(["advise", "--model", LLAMA_8B, "--ttft-ms", "1000", "--tpot-ms", "50", *extra], capsys, message)
+
+
+def test_advise_bad_ratio_is_an_argparse_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            [
+                "advise",
+                "--model",
+                LLAMA_8B,
+                *SMALL_LOAD,
+                "--ttft-ms",
+                "1",
+                "--tpot-ms",
+                "1",
+                "--ratios",
+                "1:x",
+            ]
+        )
+    assert exit_info.value.code == 2
+    assert "expected ratios like 1:1,1:2,2:1" in capsys.readouterr().err
+
+
+def test_advise_not_achievable_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["advise", "--model", LLAMA_8B, "--input-tokens", "8000", "--output-tokens", "50", "--rate", "1"]
+    code, out, _ = _run(
+        [
+            *argv,
+            "--seconds",
+            "60",
+            "--length-cv",
+            "0",
+            "--ttft-ms",
+            "50",
+            "--tpot-ms",
+            "50",
+            "--max-gpus",
+            "4",
+        ],
+        capsys,
+    )
+    assert code == 0
+    assert (
+        "recommendation: not achievable: 100.0% of requests miss the 50 ms TTFT even on an idle replica"
+        in out
+    )
+    assert "apiVersion" not in out
+
+
+def test_advise_writes_a_deployment_that_sim_replays(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    deployment = tmp_path / "advised.yaml"
+    argv = ["advise", "--model", LLAMA_8B, *SMALL_LOAD, "--ttft-ms", "1000", "--tpot-ms", "50"]
+    code, out, _ = _run([*argv, "-o", str(deployment), "--name", "advised"], capsys)
+    assert code == 0
+    assert "KV transfer share" in out
+    assert "transfer" in out
+    assert f"PDDeployment written to {deployment}" in out
+    obj = yaml.safe_load(deployment.read_text())
+    assert obj["kind"] == "PDDeployment"
+    assert obj["metadata"]["name"] == "advised"
+    assert obj["spec"]["slo"] == {"ttftMs": 1000, "tpotMs": 50, "attainmentPercent": 95.0}
+
+
+# --- tandem sim ---------------------------------------------------------------------------------------------
+
+
+def test_sim_bad_deployment_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("timestamp,input_tokens,output_tokens\n0.0,100,10\n")
+    _bad(["sim", "-f", str(tmp_path / "missing.yaml"), "--trace", str(trace)], capsys, "missing.yaml")
+    not_pdd = tmp_path / "cm.yaml"
+    not_pdd.write_text("kind: ConfigMap\nmetadata: {name: x}\n")
+    _bad(["sim", "-f", str(not_pdd), "--trace", str(trace)], capsys, "no PDDeployment in the file")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("kind: PDDeployment\nmetadata: {name: x}\nspec: {model: {name: m}}\n")
+    _bad(["sim", "-f", str(broken), "--trace", str(trace)], capsys, "spec.model.uri")
+    garbage = tmp_path / "garbage.yaml"
+    garbage.write_text("kind: [unclosed\n")
+    _bad(["sim", "-f", str(garbage), "--trace", str(trace)], capsys, "garbage.yaml")
+
+
+def test_sim_needs_an_slo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("timestamp,input_tokens,output_tokens\n0.0,100,10\n")
+    argv = ["sim", "-f", "examples/sim-pd.yaml", "--trace", str(trace)]
+    _bad(argv, capsys, "no SLO: set spec.slo in the deployment or give --ttft-ms and --tpot-ms")
