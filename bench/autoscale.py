@@ -1,0 +1,570 @@
+"""tandem's autoscaler against the baselines, on every trace in the repository, in the cluster simulator.
+
+Definitions: `shared/reference/autoscaler-evaluation.md` (and `docs/simulator.md`, "Baselines"). Every
+policy replays the same requests (same rate scale, same seed) through the same profile (Llama-3.1-8B on
+H100, TP1, model load 120 s), SLO and GPU budget:
+- static peak: the fixed P/D layout with the fewest GPUs reaching 95% attainment over the whole trace;
+- static colocated: the same over colocated layouts (chunked prefill);
+- HPA: the Kubernetes HPA per pool (prefill: queued prompt tokens per replica, decode: KV usage),
+  targets tuned once on the Azure traces (`--tune-hpa`) and fixed in `tandem.sim.baselines`;
+- Dynamo-style planner: 180 s and 60 s intervals, constant and trend predictors;
+- tandem: `autoscale.decide()` itself, with its state carried as the operator carries it.
+Dynamic policies start from the same size: the static-peak layout (provisioned for the trace; the
+question is what each policy does from there).
+
+Prints the table (one row per trace x policy), the seed, each trace's rate scale, which traces the
+policies were tuned on, the whole bench's wall time and the simulator's speed (1M requests,
+`bench/sim_speed.py`); writes a time-series PNG per trace under `.tandem/bench/autoscale/` and the
+table as JSON there.
+
+    .venv/bin/python bench/autoscale.py                 # everything (under 30 min on two cores)
+    .venv/bin/python bench/autoscale.py --quick         # a small fixed-seed run (tests/unit/sim)
+    .venv/bin/python bench/autoscale.py --traces azure-conv --policies tandem,hpa
+    .venv/bin/python bench/autoscale.py --tune-hpa      # the HPA targets' grid on the Azure traces
+    .venv/bin/python bench/autoscale.py --docs          # also copy the plots to docs/img/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "operator"))
+
+from tandem.autoscale.knobs import KNOBS, Knobs  # noqa: E402
+from tandem.perf import kv_cache_tokens, load_profile  # noqa: E402
+from tandem.sim import SLO, SimConfig, simulate  # noqa: E402
+from tandem.sim.advise import layout_of_spec, load_trace  # noqa: E402
+from tandem.sim.baselines import (  # noqa: E402
+    HPAConfig,
+    HPAPolicy,
+    PlannerConfig,
+    PlannerPolicy,
+    SearchResult,
+    StaticLayout,
+    peak_size,
+    search_static_colocated,
+    search_static_pd,
+)
+from tandem.sim.layout import Layout  # noqa: E402
+from tandem.sim.policy import Policy  # noqa: E402
+from tandem.sim.report import DYNAMO_180, STATIC_PEAK, Row, plot_trace, table  # noqa: E402
+from tandem.sim.requests import Request  # noqa: E402
+from tandem.sim.results import Summary, TickSample  # noqa: E402
+from tandem.sim.tandem_policy import TandemPolicy, autoscaled_spec  # noqa: E402
+from tandem.sim.traces import scale_time, servegen  # noqa: E402
+
+OUT = ROOT / ".tandem" / "bench" / "autoscale"
+DOCS_IMG = ROOT / "docs" / "img"
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+GPU = "H100"
+TP = 1
+SEED = 20261130
+ATTAINMENT = 0.95
+STATIC_COLOCATED = "static colocated"
+TANDEM = "tandem"
+HPA = "hpa"
+DYNAMIC = (HPA, DYNAMO_180, "dynamo-180s-trend", "dynamo-60s", "dynamo-60s-trend", TANDEM)
+ALL_POLICIES = (STATIC_PEAK, STATIC_COLOCATED, *DYNAMIC)
+PLOTTED = (STATIC_PEAK, HPA, DYNAMO_180, "dynamo-60s-trend", TANDEM)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One trace as the bench runs it."""
+
+    name: str
+    title: str
+    loader: str  # a key of LOADERS
+    rate_scale: float
+    ttft_ms: int
+    tpot_ms: int
+    max_gpus: int
+    tuned: bool  # the policies were tuned on it (Azure); the others are held out
+    seconds: float | None = None  # replay only this much of the trace (None: all of it)
+    start: float = 0.0
+    compress: float = 1.0  # virtual time = trace time / compress (only ServeGen's day; see CASES)
+
+
+# Rate scales put static peak at 8 GPUs or more (the evaluation's rule); the SLOs are per trace (Mooncake's
+# prompts average 12k tokens: a 1 s TTFT is out of reach for its long tail at any size).
+# ServeGen: a day at 8+ GPUs is ~30M requests at its real pace, about 40 minutes of simulation per policy
+# on one core; within the bench's 30 minutes the day is compressed 24x into one hour of virtual time
+# (each hour of the curve lasts 150 s, so model loads weigh 24x more against its swings), stated in the
+# report. `--servegen-compress 1` runs it at real pace.
+CASES: tuple[Case, ...] = (
+    Case("azure-code", "Azure LLM 2023 code (1 h)", "azure-code", 8.0, 1000, 30, 48, tuned=True),
+    Case("azure-conv", "Azure LLM 2023 conversation (1 h)", "azure-conv", 16.0, 1000, 30, 48, tuned=True),
+    Case("mooncake", "Mooncake FAST'25 conversation (1 h)", "mooncake", 2.0, 5000, 50, 48, tuned=False),
+    Case(
+        "servegen-day",
+        "ServeGen language m-mid, day 1 compressed 24x into 1 h",
+        "servegen-day",
+        0.009,
+        1000,
+        30,
+        48,
+        tuned=False,
+        seconds=86400.0,
+        compress=24.0,
+    ),
+)
+QUICK = Case(
+    "azure-conv-quick", "Azure conversation, 10 min (quick)", "azure-conv", 8.0, 1000, 30, 16, True, 600.0
+)
+
+
+# --- traces ----------------------------------------------------------------------------------------------
+
+
+TRACES = ROOT / "traces"
+SERVEGEN = TRACES / "servegen-alibaba"
+
+
+def _azure(kind: str) -> Callable[[Case], list[Request]]:
+    def load(case: Case) -> list[Request]:
+        path = TRACES / "azure-llm-2023" / f"AzureLLMInferenceTrace_{kind}.csv"
+        return load_trace(path, "azure", case.rate_scale, case.start, case.seconds, SEED)
+
+    return load
+
+
+def _mooncake(case: Case) -> list[Request]:
+    path = TRACES / "mooncake-fast25" / "conversation_trace.jsonl.gz"
+    return load_trace(path, "mooncake", case.rate_scale, case.start, case.seconds, SEED)
+
+
+def _servegen(case: Case) -> list[Request]:
+    """One day of ServeGen's per-client curve (`traces.generate`), each client's rate x `rate_scale`,
+    then the day compressed `compress` times in virtual time (see CASES)."""
+    data = servegen.load(
+        SERVEGEN / "language_m-mid_client_rates.csv.gz", SERVEGEN / "language_m-mid_client_lengths.csv.gz"
+    )
+    day = servegen.generate(
+        data, start=case.start, duration=case.seconds or 86400.0, rate_scale=case.rate_scale, seed=SEED
+    )
+    return scale_time(day, 1.0 / case.compress) if case.compress != 1 else day
+
+
+LOADERS: dict[str, Callable[[Case], list[Request]]] = {
+    "azure-code": _azure("code"),
+    "azure-conv": _azure("conv"),
+    "mooncake": _mooncake,
+    "servegen-day": _servegen,
+}
+
+
+@cache
+def requests_of(case: Case) -> list[Request]:
+    return LOADERS[case.loader](case)
+
+
+# --- policies ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every policy of one case shares."""
+
+    case: Case
+    slo: SLO
+    layout_pd: Layout  # the P/D pools, sized by `initial`
+    layout_colocated: Layout
+    initial: dict[str, int]
+    config: SimConfig
+
+
+def setup_of(case: Case, initial: dict[str, int] | None = None) -> Setup:
+    slo = SLO(ttft_ms=case.ttft_ms, tpot_ms=case.tpot_ms)
+    if initial is None:
+        initial = guess_size(case)
+    spec = autoscaled_spec(
+        MODEL,
+        ttft_ms=case.ttft_ms,
+        tpot_ms=case.tpot_ms,
+        max_gpus=case.max_gpus,
+        initial=initial,
+        gpu=GPU,
+        tp=TP,
+    )
+    co_spec = autoscaled_spec(
+        MODEL,
+        ttft_ms=case.ttft_ms,
+        tpot_ms=case.tpot_ms,
+        max_gpus=case.max_gpus,
+        initial={"colocated": max(initial.values())},
+        gpu=GPU,
+        tp=TP,
+    )
+    return Setup(
+        case=case,
+        slo=slo,
+        layout_pd=layout_of_spec(spec).layout,
+        layout_colocated=layout_of_spec(co_spec).layout,
+        initial=initial,
+        config=SimConfig(slo=slo, seed=SEED),
+    )
+
+
+def planner_config(case: Case, interval: float, predictor: str) -> PlannerConfig:
+    profile = load_profile(MODEL, GPU, TP)
+    return PlannerConfig(
+        prefill_profile=profile,
+        decode_profile=profile,
+        ttft_seconds=case.ttft_ms / 1e3,
+        itl_seconds=case.tpot_ms / 1e3,
+        decode_kv_capacity_tokens=kv_cache_tokens(profile),
+        adjustment_interval_seconds=interval,
+        predictor=predictor,  # type: ignore[arg-type]
+        max_gpu_budget=case.max_gpus,
+    )
+
+
+def make_policy(name: str, setup: Setup, knobs: Knobs = KNOBS, hpa: HPAConfig | None = None) -> Policy:
+    case = setup.case
+    if name == TANDEM:
+        spec = autoscaled_spec(
+            MODEL,
+            ttft_ms=case.ttft_ms,
+            tpot_ms=case.tpot_ms,
+            max_gpus=case.max_gpus,
+            initial=setup.initial,
+            gpu=GPU,
+            tp=TP,
+        )
+        return TandemPolicy(spec, knobs=knobs)
+    if name == HPA:
+        return HPAPolicy(
+            hpa or HPAConfig(), gpus_per_replica={"prefill": TP, "decode": TP}, max_gpus=case.max_gpus
+        )
+    if name.startswith("dynamo-"):
+        parts = name.split("-")
+        interval = float(parts[1].rstrip("s"))
+        predictor = "trend" if name.endswith("-trend") else "constant"
+        return PlannerPolicy(planner_config(case, interval, predictor), setup.config.window_seconds)
+    raise ValueError(f"unknown policy {name!r}")
+
+
+# --- one job -----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """What a job sends back (no per-request records: they stay in the worker)."""
+
+    case: str
+    policy: str
+    summary: Summary | None
+    series: list[TickSample] = field(default_factory=list)
+    note: str = ""
+    wall_seconds: float = 0.0
+    simulations: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _static(
+    setup: Setup, colocated: bool
+) -> tuple[SearchResult, dict[StaticLayout, tuple[Summary, list[TickSample]]]]:
+    requests = requests_of(setup.case)
+    results: dict[StaticLayout, tuple[Summary, list[TickSample]]] = {}
+
+    def evaluate(layout: StaticLayout) -> Summary:
+        base = setup.layout_colocated if colocated else setup.layout_pd
+        pools = {
+            role: pool.model_copy(update={"replicas": layout.replicas()[role]})
+            for role, pool in base.pools.items()
+        }
+        result = simulate(requests, base.model_copy(update={"pools": pools}), setup.config)
+        results[layout] = (result.summary, result.series)  # not the records: a search keeps many
+        return result.summary
+
+    guess = peak_size(planner_config(setup.case, 60.0, "constant"), requests)
+    if colocated:
+        co_guess = guess["prefill"] + guess["decode"]
+        found = search_static_colocated(evaluate, setup.case.max_gpus, TP, ATTAINMENT, guess=co_guess)
+    else:
+        pd_guess = (guess["prefill"], guess["decode"])
+        found = search_static_pd(evaluate, setup.case.max_gpus, TP, TP, ATTAINMENT, guess=pd_guess)
+    return found, results
+
+
+def run_job(
+    case: Case,
+    policy: str,
+    initial: dict[str, int] | None,
+    knobs: Knobs = KNOBS,
+    hpa: HPAConfig | None = None,
+) -> Outcome:
+    started = time.perf_counter()
+    setup = setup_of(case, initial)
+    if policy in (STATIC_PEAK, STATIC_COLOCATED):
+        found, results = _static(setup, colocated=policy == STATIC_COLOCATED)
+        wall = time.perf_counter() - started
+        tried = ", ".join(f"{layout}: {outcome.attainment:.1%}" for layout, outcome in found.tried.items())
+        if found.layout is None:
+            return Outcome(case.name, policy, None, [], found.note, wall, found.simulations, {"tried": tried})
+        summary, series = results[found.layout]
+        extra: dict[str, Any] = {"tried": tried}
+        if found.layout.prefill:
+            extra["layout"] = {"prefill": found.layout.prefill, "decode": found.layout.decode}
+        return Outcome(case.name, policy, summary, series, f"{found.layout}", wall, found.simulations, extra)
+    instance = make_policy(policy, setup, knobs, hpa)
+    layout = setup.layout_pd
+    result = simulate(requests_of(case), layout, setup.config, instance)
+    note = f"from {StaticLayout(setup.initial['prefill'], setup.initial['decode'])}"
+    extra: dict[str, Any] = {}
+    if isinstance(instance, TandemPolicy):
+        extra["decisions"] = len(instance.decisions)
+        extra["held"] = instance.held
+    return Outcome(
+        case.name, policy, result.summary, result.series, note, time.perf_counter() - started, 1, extra
+    )
+
+
+# --- the bench --------------------------------------------------------------------------------------------
+
+
+def run_all(cases: Sequence[Case], policies: Sequence[str], jobs: int) -> list[Outcome]:
+    """Every (case, policy) job, `jobs` at a time. The static-peak searches run first: their layout is
+    every dynamic policy's initial size (without them, the planner's arithmetic on the busiest minute)."""
+    first = [(case, STATIC_PEAK) for case in cases if STATIC_PEAK in policies]
+    rest = [(case, policy) for case in cases for policy in policies if policy != STATIC_PEAK]
+    initial = {case.name: guess_size(case) for case in cases}
+    outcomes = _run(first, initial, jobs)
+    for outcome in outcomes:
+        layout = outcome.extra.get("layout")
+        if layout is not None:
+            initial[outcome.case] = layout
+    outcomes += _run(rest, initial, jobs)
+    order = [(case.name, policy) for case in cases for policy in policies]
+    return sorted(outcomes, key=lambda o: order.index((o.case, o.policy)))
+
+
+def _run(work: Sequence[tuple[Case, str]], initial: dict[str, dict[str, int]], jobs: int) -> list[Outcome]:
+    outcomes: list[Outcome] = []
+    if jobs <= 1 or len(work) <= 1:
+        for case, policy in work:
+            outcomes.append(run_job(case, policy, initial[case.name]))
+            _progress(outcomes[-1])
+        return outcomes
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(run_job, case, policy, initial[case.name]) for case, policy in work]
+        for future in futures:
+            outcomes.append(future.result())
+            _progress(outcomes[-1])
+    return outcomes
+
+
+def guess_size(case: Case) -> dict[str, int]:
+    """The planner's arithmetic on the trace's busiest minute (`baselines.peak_size`)."""
+    return peak_size(planner_config(case, 60.0, "constant"), requests_of(case))
+
+
+def _progress(outcome: Outcome) -> None:
+    s = outcome.summary
+    figures = "no layout" if s is None else f"attainment {s.attainment:.1%}, {s.gpu_hours:.1f} GPU-h"
+    print(
+        f"  {outcome.case:<18} {outcome.policy:<18} {figures} ({outcome.simulations} sims, "
+        f"{outcome.wall_seconds:.0f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def report(cases: Sequence[Case], outcomes: Sequence[Outcome], out: Path, docs: bool) -> str:
+    rows = []
+    for case in cases:
+        for o in outcomes:
+            if o.case == case.name:
+                rows.append(Row(case.name, o.policy, o.summary, o.note, case.tuned, o.wall_seconds))
+    text = table(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    for case in cases:
+        plotted = {
+            o.policy: o.series for o in outcomes if o.case == case.name and o.policy in PLOTTED and o.series
+        }
+        if not plotted:
+            continue
+        path = plot_trace(
+            out / f"{case.name}.png",
+            f"{case.title}, rate x{case.rate_scale:g}",
+            plotted,
+            case.ttft_ms / 1e3,
+            case.tpot_ms / 1e3,
+        )
+        if docs:
+            DOCS_IMG.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, DOCS_IMG / f"autoscale-{case.name}.png")
+    (out / "table.md").write_text(text + "\n", encoding="utf-8")
+    (out / "results.json").write_text(
+        json.dumps(
+            [
+                {
+                    "trace": o.case,
+                    "policy": o.policy,
+                    "summary": o.summary.model_dump() if o.summary else None,
+                    "note": o.note,
+                    "wall_seconds": o.wall_seconds,
+                    "simulations": o.simulations,
+                    **o.extra,
+                }
+                for o in outcomes
+            ],
+            indent=1,
+        ),
+        encoding="utf-8",
+    )
+    return text
+
+
+def speed_figure() -> str:
+    """The simulator's speed on 1M Azure-conversation requests (bench/sim_speed.py, the sim's own bench)."""
+    try:
+        sys.path.insert(0, str(ROOT / "bench"))
+        import sim_speed  # type: ignore[import-not-found]
+
+        return str(sim_speed.headline())
+    except Exception as exc:  # the speed bench is another module's; its absence must not stop this one
+        return f"unavailable ({type(exc).__name__}: {exc})"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a small fixed-seed run (10 min of Azure conv)")
+    parser.add_argument("--traces", default="", help="comma-separated trace names (default: all)")
+    parser.add_argument("--policies", default="", help=f"comma-separated, from {', '.join(ALL_POLICIES)}")
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="parallel processes")
+    parser.add_argument("--out", default=str(OUT), help="where plots and the table go")
+    parser.add_argument("--docs", action="store_true", help="also copy the plots to docs/img/ (final run)")
+    parser.add_argument("--no-speed", action="store_true", help="skip the 1M-request speed figure")
+    parser.add_argument(
+        "--servegen-compress",
+        type=float,
+        default=None,
+        help="ServeGen's day compressed this many times (default 24; 1 is its real pace, ~24x the requests)",
+    )
+    parser.add_argument("--tune-hpa", action="store_true", help="grid of HPA targets on the Azure traces")
+    parser.add_argument(
+        "--tune-tandem",
+        action="append",
+        default=[],
+        metavar="KNOB=V1,V2",
+        help="tandem with autoscale.Knobs overridden, on the chosen traces (repeatable; proposals only)",
+    )
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    started = time.perf_counter()
+    if args.quick:
+        cases: list[Case] = [QUICK]
+        policies = [STATIC_PEAK, HPA, DYNAMO_180, TANDEM]
+    else:
+        names = [n for n in args.traces.split(",") if n]
+        cases = [c for c in CASES if not names or c.name in names]
+        if names and len(cases) != len(names):
+            parser.error(f"unknown trace in {args.traces!r}; known: {', '.join(c.name for c in CASES)}")
+        if args.servegen_compress is not None:
+            if not args.servegen_compress > 0:
+                parser.error("--servegen-compress must be positive")
+            cases = [
+                replace(c, compress=args.servegen_compress) if c.loader == "servegen-day" else c
+                for c in cases
+            ]
+        policies = [p for p in args.policies.split(",") if p] or list(ALL_POLICIES)
+        unknown = [p for p in policies if p not in ALL_POLICIES]
+        if unknown:
+            parser.error(f"unknown policy {unknown}; known: {', '.join(ALL_POLICIES)}")
+    if args.tune_hpa:
+        return tune_hpa(args.jobs)
+    if args.tune_tandem:
+        return tune_tandem(cases, args.tune_tandem)
+    print(f"seed {SEED}; model {MODEL} on {GPU} TP{TP}, model load 120 s; attainment target {ATTAINMENT:.0%}")
+    for case in cases:
+        n = len(requests_of(case))
+        held = "tuned on" if case.tuned else "NOT tuned on (held out)"
+        print(
+            f"  {case.name}: {n:,} requests, rate x{case.rate_scale:g}, SLO TTFT {case.ttft_ms} ms / "
+            f"TPOT {case.tpot_ms} ms, budget {case.max_gpus} GPUs; policies {held}"
+        )
+    outcomes = run_all(cases, policies, args.jobs)
+    text = report(cases, outcomes, Path(args.out), args.docs)
+    print(text)
+    for case in cases:
+        peak = next((o for o in outcomes if o.case == case.name and o.policy == STATIC_PEAK), None)
+        if peak is not None and peak.summary is not None and peak.summary.peak_gpus < 8:
+            print(
+                f"note: {case.name}: static peak needs {peak.summary.peak_gpus} GPUs (< 8): "
+                "raise its rate scale"
+            )
+        if peak is not None:
+            print(f"  {case.name} static peak search: {peak.extra.get('tried', '')}")
+    print(f"plots and table: {args.out}")
+    if not args.quick and not args.no_speed:
+        print(f"simulator speed: {speed_figure()}")
+    print(f"whole bench: {time.perf_counter() - started:.0f} s wall")
+    return 0
+
+
+def tune_hpa(jobs: int) -> int:
+    """The HPA's targets, tuned once on the training traces (Azure code and conversation): each signal's
+    grid with the other at its current value; the pick is the fewest GPU-hours summed over both traces
+    among targets reaching the attainment target on both (else the best attainment)."""
+    training = [c for c in CASES if c.tuned]
+    base = HPAConfig()
+    grids = {
+        "prefill": [256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0],
+        "decode": [0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8],
+    }
+    for role, values in grids.items():
+        print(f"HPA {role} target grid on {', '.join(c.name for c in training)}:")
+        for value in values:
+            targets = {**base.targets, role: value}
+            if role == "decode":
+                targets["colocated"] = value
+            config = replace(base, targets=targets)
+            rows = [run_job(c, HPA, None, hpa=config) for c in training]
+            figures = "; ".join(
+                f"{o.case} {o.summary.attainment:.1%} {o.summary.gpu_hours:.1f} GPU-h"
+                for o in rows
+                if o.summary
+            )
+            print(f"  {value:g}: {figures}", flush=True)
+    return 0
+
+
+def tune_tandem(cases: Sequence[Case], overrides: Sequence[str]) -> int:
+    """tandem's policy with one knob changed at a time (`autoscale.Knobs`), to propose tuning: the
+    policy itself is frozen in `tandem.autoscale`, this only measures."""
+    print("tandem, defaults: " + _tandem_figures(cases, KNOBS), flush=True)
+    for item in overrides:
+        name, _, values = item.partition("=")
+        if not hasattr(KNOBS, name):
+            print(f"unknown knob {name!r}", file=sys.stderr)
+            return 2
+        for value in values.split(","):
+            knobs = replace(KNOBS, **{name: type(getattr(KNOBS, name))(value)})
+            print(f"tandem, {name}={value}: " + _tandem_figures(cases, knobs), flush=True)
+    return 0
+
+
+def _tandem_figures(cases: Sequence[Case], knobs: Knobs) -> str:
+    parts = []
+    for case in cases:
+        o = run_job(case, TANDEM, None, knobs=knobs)
+        assert o.summary is not None
+        s = o.summary
+        parts.append(f"{case.name} {s.attainment:.1%} {s.gpu_hours:.2f} GPU-h {s.scale_actions} actions")
+    return "; ".join(parts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""The autoscaler bench's small fixed-seed run (`bench/autoscale.py --quick`): ten minutes of the Azure
+conversation trace through static peak, HPA, the Dynamo-style planner and tandem. The whole bench is not
+part of `make test`; this run is, so the bench cannot rot."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_autoscale", ROOT / "bench" / "autoscale.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_autoscale"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.timeout(120)
+def test_quick_bench_runs_every_policy_and_writes_the_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench = _bench()
+    assert bench.main(["--quick", "--out", str(tmp_path), "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"seed {bench.SEED}" in out
+    assert "rate x" in out
+    assert "whole bench:" in out
+    table = (tmp_path / "table.md").read_text()
+    for policy in ("static peak", "hpa", "dynamo-180s", "tandem"):
+        assert f"| {policy} |" in table
+    results = {r["policy"]: r for r in json.loads((tmp_path / "results.json").read_text())}
+    peak = results["static peak"]
+    assert peak["summary"]["attainment"] >= 0.95
+    assert peak["summary"]["scale_actions"] == 0
+    for policy in ("hpa", "dynamo-180s", "tandem"):
+        summary = results[policy]["summary"]
+        assert 0.0 <= summary["attainment"] <= 1.0
+        assert summary["gpu_hours"] > 0
+        assert summary["requests"] == peak["summary"]["requests"]  # the same requests for every policy
+    # every policy started from static peak's layout
+    assert {results[p]["note"] for p in ("hpa", "dynamo-180s", "tandem")} == {f"from {peak['note']}"}
+    assert (tmp_path / f"{bench.QUICK.name}.png").stat().st_size > 10_000
