@@ -140,3 +140,111 @@ def test_sim_needs_an_slo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     trace.write_text("timestamp,input_tokens,output_tokens\n0.0,100,10\n")
     argv = ["sim", "-f", "examples/sim-pd.yaml", "--trace", str(trace)]
     _bad(argv, capsys, "no SLO: set spec.slo in the deployment or give --ttft-ms and --tpot-ms")
+
+
+def _plain_trace(path: Path, rate: float = 4.0, seconds: float = 120.0) -> Path:
+    lines = ["timestamp,input_tokens,output_tokens"]
+    n = int(rate * seconds)
+    lines += [f"{i / rate:.3f},{600 + (i * 37) % 900},{60 + (i * 13) % 120}" for i in range(n)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("", "the trace has no requests"),
+        ("timestamp,input_tokens,output_tokens\n", "the trace has no requests"),
+        ("timestamp,input_tokens\n0,10\n", "missing output_tokens"),
+        ("timestamp,input_tokens,output_tokens\n0,ten,5\n", "input_tokens must be a whole number"),
+        ('{"timestamp": 0, "input_length": 5, "output_length": 3}\n', "missing field 'hash_ids'"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,5,5\n", "TIMESTAMP must look like"),
+    ],
+)
+def test_bad_traces_are_one_error_line(
+    content: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "bad.csv"
+    trace.write_text(content)
+    argv = ["advise", "--model", LLAMA_8B, "--trace", str(trace), "--ttft-ms", "1000", "--tpot-ms", "50"]
+    _bad(argv, capsys, message)
+    deployment = tmp_path / "d.yaml"
+    deployment.write_text(Path("examples/sim-pd.yaml").read_text())
+    _bad(
+        ["sim", "-f", str(deployment), "--trace", str(trace), "--ttft-ms", "1000", "--tpot-ms", "50"],
+        capsys,
+        message,
+    )
+
+
+def test_trace_window_and_scale_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = _plain_trace(tmp_path / "t.csv")
+    base = ["advise", "--model", LLAMA_8B, "--trace", str(trace), "--ttft-ms", "1000", "--tpot-ms", "50"]
+    _bad([*base, "--start", "500"], capsys, "no request in the window")
+    _bad([*base, "--rate-scale", "0"], capsys, "--rate-scale must be positive")
+    _bad([*base, "--format", "parquet"], capsys, "--format must be one of azure, mooncake, plain")
+    _bad([*base, "--trace", str(tmp_path / "nope.csv")], capsys, "cannot read")
+
+
+def test_advise_on_a_trace_then_sim_replays_its_deployment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = _plain_trace(tmp_path / "t.csv", rate=6.0)
+    deployment = tmp_path / "advised.yaml"
+    argv = ["advise", "--model", LLAMA_8B, "--trace", str(trace), "--ttft-ms", "800", "--tpot-ms", "25"]
+    code, out, _ = _run([*argv, "-o", str(deployment), "--max-gpus", "8"], capsys)
+    assert code == 0
+    assert "recommendation: " in out
+    code, out, err = _run(
+        ["sim", "-f", str(deployment), "--trace", str(trace), "--out", str(tmp_path)], capsys
+    )
+    assert code == 0, err
+    row = next(line for line in out.splitlines() if line.startswith("| t.csv | static |"))
+    attainment = float(row.split("|")[3].strip().rstrip("%"))
+    assert attainment >= 95.0
+    assert "seed 0" in out
+    assert list(tmp_path.glob("advised-t-static.png"))
+
+
+def test_sim_runs_each_policy_on_an_autoscaled_deployment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = _plain_trace(tmp_path / "t.csv", rate=8.0, seconds=300.0)
+    deployment = tmp_path / "auto.yaml"
+    deployment.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "tandem.dev/v1alpha1",
+                "kind": "PDDeployment",
+                "metadata": {"name": "auto"},
+                "spec": {
+                    "model": {"name": "llama", "uri": f"hf://{LLAMA_8B}"},
+                    "engine": {"image": "vllm/vllm-openai:v0.27.1"},
+                    "slo": {"ttftMs": 1000, "tpotMs": 30},
+                    "maxGPUs": 8,
+                    "autoscaling": {"enabled": True},
+                    "prefill": {"replicas": 1, "autoscaling": {"minReplicas": 1, "maxReplicas": 4}},
+                    "decode": {"replicas": 1, "autoscaling": {"minReplicas": 1, "maxReplicas": 4}},
+                },
+            }
+        )
+    )
+    for policy, label in (("auto", "tandem"), ("hpa", "hpa"), ("dynamo-60s-trend", "dynamo-60s-trend")):
+        code, out, err = _run(
+            [
+                "sim",
+                "-f",
+                str(deployment),
+                "--trace",
+                str(trace),
+                "--policy",
+                policy,
+                "--out",
+                str(tmp_path),
+                "--no-progress",
+            ],
+            capsys,
+        )
+        assert code == 0, err
+        assert f"| t.csv | {label} |" in out
+    _bad(["sim", "-f", str(deployment), "--trace", str(trace), "--policy", "magic"], capsys, "unknown policy")
