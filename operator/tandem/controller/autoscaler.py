@@ -114,8 +114,11 @@ class Autoscaler:
             metrics.PROMETHEUS_ERRORS.labels(query="snapshot").inc()
             log.warning("%s/%s: Prometheus at %s: %s", pdd.metadata.namespace, pdd.metadata.name, url, exc)
             return Snapshot(observed_at=now, window_seconds=window, missing=(f"Prometheus at {url}: {exc}",))
-        if snapshot.missing:
-            metrics.PROMETHEUS_ERRORS.labels(query="snapshot-missing").inc()
+        if snapshot.missing:  # the reader names failed queries (and absent signals) here, never raises
+            metrics.PROMETHEUS_ERRORS.labels(query="snapshot").inc()
+            log.info(
+                "%s/%s: no data: %s", pdd.metadata.namespace, pdd.metadata.name, "; ".join(snapshot.missing)
+            )
         return snapshot
 
     def _loads(self, pdd: PDDeployment, url: str, pods: Sequence[str]) -> Mapping[str, drain.Load] | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from tandem.api import meta
 from tandem.api.status import DrainStatus
@@ -53,20 +53,17 @@ class DrainPlan:
     cancelled: bool = False  # a drain in progress was called off (scale-up)
 
 
-def pod_views(pods: Sequence[Mapping[str, object]], statefulset: str) -> list[PodView]:
+def pod_views(pods: Sequence[Mapping[str, Any]], statefulset: str) -> list[PodView]:
     """The pods of one StatefulSet (by name: `<statefulset>-<ordinal>`), from API objects."""
     views = []
     for pod in pods:
         md = pod.get("metadata") or {}
-        assert isinstance(md, Mapping)
         name = str(md.get("name", ""))
         prefix, _, ordinal = name.rpartition("-")
         if prefix != statefulset or not ordinal.isdigit():
             continue
         status = pod.get("status") or {}
-        assert isinstance(status, Mapping)
         annotations = md.get("annotations") or {}
-        assert isinstance(annotations, Mapping)
         views.append(
             PodView(
                 name=name,

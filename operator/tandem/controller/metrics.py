@@ -51,7 +51,7 @@ DESIRED_REPLICAS = Gauge(
 )
 PROMETHEUS_ERRORS = Counter(
     "tandem_operator_autoscaler_prometheus_errors_total",
-    "Prometheus reads that failed (snapshot, pod_load) or came back without some signal (snapshot-missing).",
+    "Autoscaler reads of Prometheus that failed or came back incomplete (query: snapshot, pod_load).",
     ["query"],
     registry=REGISTRY,
 )

@@ -158,7 +158,7 @@ def test_loads_are_read_only_while_they_matter(now: float, needed: bool) -> None
 
 
 def test_pod_views_from_api_objects() -> None:
-    pods = [
+    pods: list[dict[str, Any]] = [
         {"metadata": {"name": f"{STS}-1", "annotations": {"tandem.dev/draining": "x"}},
          "status": {"phase": "Running", "podIP": "127.20.0.5"}},
         {"metadata": {"name": f"{STS}-0"}, "status": {"phase": "Pending"}},

@@ -158,3 +158,17 @@ def test_seconds_until_due() -> None:
     assert replicas.seconds_until_due(AutoscalingStatus(last_evaluated=100.0), 30.0, 110.0) == 20.0
     assert replicas.seconds_until_due(AutoscalingStatus(last_evaluated=100.0), 30.0, 140.0) == 0.0
     assert replicas.seconds_until_due(None, 30.0, 140.0) == 0.0
+
+
+def test_an_external_pool_renders_without_replicas() -> None:
+    from tandem.api.models import PDDeployment
+    from tandem.render import render
+
+    pdd = PDDeployment(metadata={"name": "llama", "namespace": "ns"}, spec=spec(decode={"external": True}))
+    sts = {o["metadata"]["name"]: o["spec"] for o in render(pdd) if o["kind"] == "StatefulSet"}
+    assert "replicas" not in sts["llama-decode"]
+    assert sts["llama-prefill"]["replicas"] == 1
+    sized = {
+        o["metadata"]["name"]: o["spec"] for o in render(pdd, {"decode": 3}) if o["kind"] == "StatefulSet"
+    }
+    assert sized["llama-decode"]["replicas"] == 3  # the caller decides: a new external pool starts at a size

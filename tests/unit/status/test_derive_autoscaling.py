@@ -11,6 +11,7 @@ from tandem.api.status import AutoscalingStatus, Condition, ReplicaSource
 from tandem.autoscale.snapshot import PATH_COLOCATED, PATH_DISAGGREGATED, PathSignals, Snapshot
 from tandem.status.derive import (
     AutoscalingView,
+    ConditionValue,
     Observed,
     WorkloadState,
     autoscaling_condition,
@@ -39,7 +40,7 @@ def pdd(enabled: bool = True, decode: dict[str, Any] | None = None) -> PDDeploym
 
 
 BOUNDED = {"minReplicas": 1, "maxReplicas": 4}
-ACTING = ("True", "Active", "decode 2 -> 3")
+ACTING: ConditionValue = ("True", "Active", "decode 2 -> 3")
 
 
 @pytest.mark.parametrize(
