@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -20,8 +22,10 @@ from tandem.devcluster.handle import ClusterHandle
 T = TypeVar("T")
 
 
-def eventually(fn: Callable[[], T | None], *, timeout: float = 90, what: str = "condition") -> T:
-    """Polls `fn` every half second until it returns something truthy, and returns that."""
+def eventually(
+    fn: Callable[[], T | None], *, timeout: float = 90, what: str = "condition", interval: float = 0.5
+) -> T:
+    """Polls `fn` every `interval` seconds until it returns something truthy, and returns that."""
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while time.monotonic() < deadline:
@@ -31,8 +35,33 @@ def eventually(fn: Callable[[], T | None], *, timeout: float = 90, what: str = "
                 return value
         except Exception as e:
             last = e
-        time.sleep(0.5)
+        time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last error: {last!r}")
+
+
+def metric_total(text: str, name: str, **labels: str) -> float:
+    """The sum of a Prometheus text-format metric's samples whose labels include `labels`."""
+    total = 0.0
+    for line in text.splitlines():
+        if not (line.startswith(name + "{") or line.startswith(name + " ")):
+            continue
+        series, _, value = line.rpartition(" ")
+        found = dict(re.findall(r'(\w+)="([^"]*)"', series))
+        if all(found.get(key) == want for key, want in labels.items()):
+            total += float(value)
+    return total
+
+
+def managers_of(obj: dict[str, Any], *path: str) -> set[str]:
+    """Field managers whose managedFields entry holds the field at `path` (e.g. "spec", "replicas")."""
+    owners = set()
+    for entry in obj.get("metadata", {}).get("managedFields") or []:
+        node: Any = entry.get("fieldsV1") or {}
+        for key in path:
+            node = node.get(f"f:{key}") if isinstance(node, dict) else None
+        if node is not None:
+            owners.add(f"{entry['manager']}:{entry['operation']}")
+    return owners
 
 
 def pods(core: client.CoreV1Api, namespace: str, selector: str = "") -> list[dict[str, Any]]:
@@ -130,3 +159,52 @@ class OperatorProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash or an OOM kill: nothing is released (the lease stays taken)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+
+class RestartableOperator:
+    """One operator at a time under a fixed `--identity`, which a test can crash and restart: the
+    new process renews its own lease at once, as a container restarted in the same pod would.
+
+    Logs go to `log_dir/operator-<n>.log`, one per process.
+    """
+
+    def __init__(
+        self,
+        cluster: ClusterHandle,
+        args: Sequence[str],
+        log_dir: Path,
+        identity: str = "operator-under-test",
+    ) -> None:
+        self.cluster = cluster
+        self.args = [*args, "--identity", identity]
+        self.log_dir = log_dir
+        self.starts = 0
+        self.current = self._start()
+
+    def _start(self) -> OperatorProcess:
+        self.starts += 1
+        return OperatorProcess(self.cluster, self.args, self.log_dir / f"operator-{self.starts}.log")
+
+    def crash_and_restart(self, timeout: float = 90) -> None:
+        """kill -9, then a new process with the same identity; returns once it leads."""
+        self.current.kill()
+        self.current = self._start()
+        self.current.wait_leader(timeout=timeout)
+
+    def metrics(self) -> str:
+        return self.current.metrics()
+
+    def log_text(self) -> str:
+        return "".join(
+            f"--- {path.name}\n{path.read_text(errors='replace')}"
+            for path in sorted(self.log_dir.glob("*.log"))
+        )
+
+    def stop(self) -> None:
+        self.current.stop()
