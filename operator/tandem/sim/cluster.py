@@ -1,0 +1,450 @@
+"""The discrete-event loop: arrivals, the router's choices, KV transfers, scaling, scrapes and results.
+
+`simulate(requests, layout, config, policy)` replays requests (sorted by arrival) in virtual time. Events
+are a heap of `(time, order, kind, object, version)`; arrivals are read from the request list in step
+with it. Only composition changes are events (an arrival, a step or decode run ending, a KV pull ending,
+a replica becoming ready, a scrape, a policy tick); replicas compute runs of decode steps in closed form
+(`tandem.sim.replica`).
+
+The router is modelled as `tandem.router` decides: the path by `choose_path` on a uniform draw against
+the layout's P/D share, and a pod by power-of-two choices on outstanding requests + tokens/512 among
+ready pods (the decode pod is picked when the prefill leg answers). Scaling follows a StatefulSet: new
+replicas are requested now and ready after the model load time; a removal takes the newest replica,
+at once if it is still starting, otherwise it drains (no new legs, gone when its work is done).
+A replica counts its GPUs from request until gone.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from array import array
+from collections.abc import Mapping, Sequence
+from heapq import heappop, heappush
+
+from tandem.router.paths import choose_path
+from tandem.sim.layout import ROLES, Layout, Role, SimConfig
+from tandem.sim.observe import snapshot_of
+from tandem.sim.policy import Policy
+from tandem.sim.replica import DRAINING, READY, STARTING, Replica, Seq
+from tandem.sim.requests import Request
+from tandem.sim.results import (
+    REFUSED,
+    RequestRecords,
+    SimResult,
+    Summary,
+    TickSample,
+    nearest_rank,
+)
+from tandem.sim.windows import ROLE_INDEX, PoolGauges, Windows
+
+_STEP, _PULL, _READY, _SCRAPE, _POLICY = range(5)
+_EXPECTED_OUTPUT_CAP = 4096  # the router weighs a leg by prompt + min(max_tokens, 4096) tokens
+
+
+class Cluster:
+    """The state of one simulation; replicas call back `push_step`, `start_pull`, `first_token`,
+    `prefill_done`, `leg_done` and `replica_gone`."""
+
+    def __init__(
+        self, requests: Sequence[Request], layout: Layout, config: SimConfig, policy: Policy | None
+    ) -> None:
+        if not requests:
+            raise ValueError("no requests to simulate")
+        self.requests = requests
+        self.layout = layout
+        self.config = config
+        self.policy = policy
+        self.rng = random.Random(config.seed)
+        self.heap: list[tuple[float, int, int, object, int]] = []
+        self.order = 0
+        self.now = 0.0
+        self.pools: dict[Role, list[Replica]] = {role: [] for role in ROLES}  # not gone, oldest first
+        self.ready: dict[Role, list[Replica]] = {role: [] for role in ROLES}
+        self.all_replicas: list[Replica] = []
+        self.ordinals: dict[Role, int] = dict.fromkeys(ROLES, 0)
+        self.gpus = 0
+        self.peak_gpus = 0
+        self.scale_actions = 0
+        self.windows = Windows(config.window_seconds)
+        self.series: list[TickSample] = []
+        self.ttft_slo = config.slo.ttft_ms / 1000
+        self.tpot_slo = config.slo.tpot_ms / 1000
+        n = len(requests)
+        self.first = array("d", [math.nan]) * n
+        self.finished = array("d", [math.nan]) * n
+        self.path = array("b", [REFUSED]) * n
+        self.preempts = array("I", [0]) * n
+        self.outstanding = 0
+        self.next_arrival = 0  # index of the next request to arrive
+        self.last_event = 0.0
+        caps = {role: pool.replica.kv_capacity_tokens for role, pool in layout.pools.items()}
+        self.longest_pd = min(caps.get("prefill", 0) + 1, caps.get("decode", 0))
+        self.longest_colocated = caps.get("colocated", 0)
+        for role, pool in layout.pools.items():
+            for _ in range(pool.replicas):
+                self._add_replica(role, 0.0, ready=True)
+
+    # --- callbacks from replicas ----------------------------------------------------------------------
+    def push_step(self, time: float, replica: Replica) -> None:
+        self.order += 1
+        heappush(self.heap, (time, self.order, _STEP, replica, replica.version))
+
+    def start_pull(self, seq: Seq, decode: Replica, now: float) -> None:
+        prefill = seq.prefill
+        assert prefill is not None
+        spec = prefill.spec
+        bandwidth = min(spec.kv_bandwidth_gbps, decode.spec.kv_bandwidth_gbps)
+        seconds = seq.prompt * spec.kv_bytes_per_token_per_gpu * 8 / (bandwidth * 1e9)
+        self.order += 1
+        heappush(self.heap, (now + seconds, self.order, _PULL, seq, 0))
+
+    def first_token(self, seq: Seq, replica: Replica) -> None:
+        self.windows.totals.pool_prompt[ROLE_INDEX[replica.role]] += seq.prompt
+
+    def prefill_done(self, seq: Seq, prefill: Replica, now: float) -> None:
+        prefill.load_requests -= 1
+        prefill.load_tokens -= seq.prefill_load
+        totals = self.windows.totals
+        r = ROLE_INDEX["prefill"]
+        totals.pool_prompt[r] += seq.prompt
+        totals.pool_generation[r] += 1
+        totals.pool_finished[r] += 1
+        totals.pool_finished_prompt[r] += seq.prompt
+        totals.pool_finished_output[r] += 1
+        decode = self._pick(self.ready["decode"])
+        if decode is None:  # the router answers 503; the prefill pod's KV lease lapses
+            prefill.release_held(seq, now)
+            self.outstanding -= 1
+            self._refuse(seq.index, 0)
+            return
+        seq.decode = decode
+        seq.decode_load = seq.prompt + min(seq.out, _EXPECTED_OUTPUT_CAP)
+        decode.load_requests += 1
+        decode.load_tokens += seq.decode_load
+        totals.pool_routed[ROLE_INDEX["decode"]] += 1
+        decode.submit_remote(seq, now)
+
+    def leg_done(self, seq: Seq, replica: Replica, now: float) -> None:
+        replica.load_requests -= 1
+        replica.load_tokens -= seq.decode_load
+        i = seq.index
+        p = seq.path
+        out = seq.out
+        self.first[i] = seq.first
+        self.finished[i] = now
+        self.path[i] = p
+        self.preempts[i] = seq.preemptions
+        self.outstanding -= 1
+        totals = self.windows.totals
+        r = ROLE_INDEX[replica.role]
+        totals.pool_generation[r] += out
+        totals.pool_finished[r] += 1
+        totals.pool_finished_prompt[r] += seq.prompt
+        totals.pool_finished_output[r] += out
+        totals.path_finished[p] += 1
+        totals.path_prompt[p] += seq.prompt
+        totals.path_generation[p] += out
+        ttft = seq.first - seq.arrival
+        tpot = (now - seq.first) / (out - 1) if out > 1 else None
+        totals.observe_latency(p, ttft, tpot)
+        if ttft <= self.ttft_slo and (tpot is None or tpot <= self.tpot_slo):
+            totals.path_within[p] += 1
+
+    def replica_gone(self, replica: Replica, now: float) -> None:
+        self.pools[replica.role].remove(replica)
+        if replica in self.ready[replica.role]:
+            self.ready[replica.role].remove(replica)
+        self.gpus -= replica.tp
+
+    # --- the router -----------------------------------------------------------------------------------
+    def _pick(self, pods: list[Replica]) -> Replica | None:
+        n = len(pods)
+        if n <= 1:
+            return pods[0] if n else None
+        rand = self.rng.random
+        i = int(rand() * n)
+        j = int(rand() * (n - 1))
+        if j >= i:
+            j += 1
+        first, second = pods[i], pods[j]
+        first_cost = first.load_requests + first.load_tokens / 512.0
+        second_cost = second.load_requests + second.load_tokens / 512.0
+        return second if second_cost < first_cost else first
+
+    def _arrive(self, index: int, request: Request, now: float) -> None:
+        self.windows.totals.arrivals += 1
+        ready = self.ready
+        layout = self.layout
+        draw = self.rng.random()
+        path = choose_path(
+            layout.disaggregated_percent,
+            draw,
+            has_prefill=bool(ready["prefill"]),
+            has_decode=bool(ready["decode"]),
+            has_colocated=bool(ready["colocated"]),
+            colocated_fallback=layout.colocated_fallback,
+        )
+        if path == "disaggregated":
+            if request.prompt_tokens + request.output_tokens > self.longest_pd:
+                self._refuse(index, 0)  # vLLM answers 400: longer than the model length it can hold
+                return
+            seq = Seq(index, request.arrival, request.prompt_tokens, request.output_tokens, 0)
+            prefill = self._pick(ready["prefill"])
+            assert prefill is not None
+            seq.prefill = prefill
+            seq.leg_out = 1
+            seq.prefill_load = seq.prompt
+            prefill.load_requests += 1
+            prefill.load_tokens += seq.prompt
+            self.windows.totals.pool_routed[0] += 1
+            self.outstanding += 1
+            prefill.submit(seq, now)
+        elif path == "colocated":
+            if request.prompt_tokens + request.output_tokens > self.longest_colocated:
+                self._refuse(index, 1)
+                return
+            seq = Seq(index, request.arrival, request.prompt_tokens, request.output_tokens, 1)
+            colocated = self._pick(ready["colocated"])
+            assert colocated is not None
+            seq.decode_load = seq.prompt + min(seq.out, _EXPECTED_OUTPUT_CAP)
+            colocated.load_requests += 1
+            colocated.load_tokens += seq.decode_load
+            self.windows.totals.pool_routed[2] += 1
+            self.outstanding += 1
+            colocated.submit(seq, now)
+        else:
+            self._refuse(index, 0 if draw * 100 < layout.disaggregated_percent else 1)
+
+    def _refuse(self, index: int, path: int) -> None:
+        self.path[index] = REFUSED
+        self.windows.totals.path_refused[path] += 1
+
+    # --- scaling --------------------------------------------------------------------------------------
+    def _add_replica(self, role: Role, now: float, ready: bool) -> Replica:
+        pool = self.layout.pools[role]
+        ordinal = self.ordinals[role]
+        self.ordinals[role] = ordinal + 1
+        ready_at = now if ready else now + self.layout.model_load_seconds
+        replica = Replica(
+            self, f"{role}-{ordinal}", role, pool.replica, now, ready_at, self.config.closed_form
+        )
+        self.pools[role].append(replica)
+        self.all_replicas.append(replica)
+        self.gpus += replica.tp
+        self.peak_gpus = max(self.peak_gpus, self.gpus)
+        if replica.state == READY:
+            self.ready[role].append(replica)
+        else:
+            self.order += 1
+            heappush(self.heap, (ready_at, self.order, _READY, replica, 0))
+        return replica
+
+    def apply(self, desired: Mapping[str, int], now: float) -> None:
+        """Resizes pools to `desired` replicas (starting + ready; draining ones no longer count)."""
+        for role_name, want in desired.items():
+            if role_name not in self.layout.pools:
+                raise ValueError(f"the policy sized pool {role_name!r}, which the layout does not have")
+            if want < 0:
+                raise ValueError(f"the policy asked for {want} {role_name} replicas")
+            role = ROLES[ROLES.index(role_name)]
+            active = [r for r in self.pools[role] if r.state in (STARTING, READY)]
+            if want == len(active):
+                continue
+            self.scale_actions += 1
+            for _ in range(want - len(active)):
+                self._add_replica(role, now, ready=False)
+            for replica in reversed(active[want:]):  # the newest goes first, as a StatefulSet's
+                if replica.state == READY:
+                    self.ready[role].remove(replica)
+                replica.drain(now)
+
+    # --- scrapes and policy ticks ---------------------------------------------------------------------
+    def _gauges(self, now: float) -> dict[Role, PoolGauges]:
+        gauges: dict[Role, PoolGauges] = {}
+        for role in self.layout.pools:
+            states = [0, 0, 0, 0]
+            running = waiting = queued = gpus = 0
+            usage: list[float] = []
+            for replica in self.pools[role]:
+                states[replica.state] += 1
+                gpus += replica.tp
+                if replica.state in (READY, DRAINING):
+                    running += len(replica.running)
+                    waiting += len(replica.waiting) + len(replica.pending_pulls)
+                    queued += replica.queued_prompt_tokens()
+                    usage.append(min(1.0, replica.kv_used(now) / replica.cap))
+            gauges[role] = PoolGauges(
+                ready=states[READY],
+                starting=states[STARTING],
+                draining=states[DRAINING],
+                running=running,
+                waiting=waiting,
+                queued_prompt_tokens=queued,
+                kv_usage_mean=sum(usage) / len(usage) if usage else 0.0,
+                kv_usage_max=max(usage, default=0.0),
+                gpus=gpus,
+            )
+        return gauges
+
+    def scrape(self, now: float) -> None:
+        gauges = self._gauges(now)
+        windows = self.windows
+        windows.scrape(now, gauges)
+        view = windows.view(now)
+        inc = view.increase
+        self.series.append(
+            TickSample(
+                time=now,
+                arrival_rate=view.rate(inc.arrivals),
+                finished_rate=view.rate(sum(inc.path_finished)),
+                replicas={role: g.ready + g.starting + g.draining for role, g in gauges.items()},
+                ready={role: g.ready for role, g in gauges.items()},
+                gpus=self.gpus,
+                ttft_p90=view.ttft_quantile(0.9),
+                tpot_p90=view.tpot_quantile(0.9),
+            )
+        )
+
+    def _policy_tick(self, now: float) -> None:
+        assert self.policy is not None
+        if self.windows.last_scrape < now:
+            self.scrape(now)
+        snapshot = snapshot_of(self.windows.view(now), self.config.slo.quantile)
+        self.apply(self.policy.decide(snapshot, now), now)
+
+    def _more_to_come(self) -> bool:
+        return self.outstanding > 0 or self.next_arrival < len(self.requests)
+
+    # --- the loop -------------------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        heap = self.heap
+        requests = self.requests
+        n = len(requests)
+        scrape_every = self.config.scrape_interval_seconds
+        self.scrape(0.0)
+        self.order += 1
+        heappush(heap, (scrape_every, self.order, _SCRAPE, None, 0))
+        if self.policy is not None:
+            self.order += 1
+            heappush(heap, (self.policy.interval_seconds, self.order, _POLICY, None, 0))
+        i = 0
+        inf = math.inf
+        next_time = requests[0].arrival
+        previous = -inf
+        while True:
+            if heap and heap[0][0] <= next_time:
+                time, _, kind, obj, version = heappop(heap)
+                if kind == _STEP:
+                    if obj.version == version:  # type: ignore[attr-defined]
+                        obj.step_end(time)  # type: ignore[attr-defined]
+                elif kind == _PULL:
+                    seq: Seq = obj  # type: ignore[assignment]
+                    assert seq.prefill is not None
+                    assert seq.decode is not None
+                    seq.prefill.release_held(seq, time)
+                    seq.decode.pull_done(seq, time)
+                elif kind == _READY:
+                    replica: Replica = obj  # type: ignore[assignment]
+                    if replica.state == STARTING:
+                        replica.make_ready(time)
+                        ready = self.ready[replica.role]
+                        ready.append(replica)
+                        ready.sort(key=self.all_replicas.index)
+                elif kind == _SCRAPE:
+                    self.scrape(time)
+                    if i >= n and self.outstanding and all(e[2] >= _SCRAPE for e in heap):
+                        raise RuntimeError(
+                            f"simulation stuck at {time:.3f}s with {self.outstanding} requests"
+                        )
+                    if self._more_to_come():
+                        self.order += 1
+                        heappush(heap, (time + scrape_every, self.order, _SCRAPE, None, 0))
+                elif kind == _POLICY:
+                    assert self.policy is not None
+                    self._policy_tick(time)
+                    if self._more_to_come():
+                        self.order += 1
+                        heappush(heap, (time + self.policy.interval_seconds, self.order, _POLICY, None, 0))
+                if kind <= _PULL:
+                    self.last_event = time
+            elif i < n:
+                request = requests[i]
+                if request.arrival < previous:
+                    raise ValueError(f"requests are not sorted by arrival (request {i})")
+                previous = request.arrival
+                i += 1
+                self.next_arrival = i
+                self._arrive(i - 1, request, request.arrival)
+                self.last_event = request.arrival
+                next_time = requests[i].arrival if i < n else inf
+            else:
+                break
+        return self._result()
+
+    def _result(self) -> SimResult:
+        end = self.last_event
+        records = RequestRecords(
+            arrival=array("d", (r.arrival for r in self.requests)),
+            output_tokens=array("I", (r.output_tokens for r in self.requests)),
+            path=self.path,
+            first=self.first,
+            finished=self.finished,
+            preemptions=self.preempts,
+            ttft_slo=self.ttft_slo,
+            tpot_slo=self.tpot_slo,
+        )
+        gpu_seconds = sum(max(0.0, min(r.gone_at, end) - r.requested_at) * r.tp for r in self.all_replicas)
+        n = len(records)
+        ttfts: list[float] = []
+        tpots: list[float] = []
+        ttft_ok = tpot_ok = within = finished = 0
+        for i in range(n):
+            if self.path[i] == REFUSED:
+                continue
+            finished += 1
+            ttft = self.first[i] - records.arrival[i]
+            ttfts.append(ttft)
+            t_ok = ttft <= self.ttft_slo
+            out = records.output_tokens[i]
+            p_ok = True
+            if out > 1:
+                tpot = (self.finished[i] - self.first[i]) / (out - 1)
+                tpots.append(tpot)
+                p_ok = tpot <= self.tpot_slo
+            ttft_ok += t_ok
+            tpot_ok += p_ok
+            within += t_ok and p_ok
+        ttfts.sort()
+        tpots.sort()
+        gpu_hours = gpu_seconds / 3600
+        summary = Summary(
+            requests=n,
+            finished=finished,
+            refused=n - finished,
+            within_slo=within,
+            attainment=within / n,
+            ttft_attainment=ttft_ok / n,
+            tpot_attainment=tpot_ok / n,
+            duration_seconds=end,
+            gpu_hours=gpu_hours,
+            goodput_per_gpu_hour=within / gpu_hours if gpu_hours > 0 else 0.0,
+            scale_actions=self.scale_actions,
+            peak_gpus=self.peak_gpus,
+            mean_gpus=gpu_seconds / end if end > 0 else float(self.gpus),
+            preemptions=sum(self.preempts),
+            ttft_p50=nearest_rank(ttfts, 0.5),
+            ttft_p90=nearest_rank(ttfts, 0.9),
+            ttft_p99=nearest_rank(ttfts, 0.99),
+            tpot_p50=nearest_rank(tpots, 0.5),
+            tpot_p90=nearest_rank(tpots, 0.9),
+            tpot_p99=nearest_rank(tpots, 0.99),
+        )
+        return SimResult(records=records, series=self.series, summary=summary)
+
+
+def simulate(
+    requests: Sequence[Request], layout: Layout, config: SimConfig, policy: Policy | None = None
+) -> SimResult:
+    """Replays `requests` (sorted by arrival) against `layout`; `policy` resizes pools every interval."""
+    return Cluster(requests, layout, config, policy).run()

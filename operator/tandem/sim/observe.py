@@ -1,0 +1,60 @@
+"""The simulator's windows as the autoscaler's `Snapshot`, so `decide()` cannot tell sim from live.
+
+Rates are increases over the window divided by its span; gauges are the last scrape's, summed over the
+pool's serving replicas (KV usage averaged and maxed). TTFT and TPOT are PromQL-style quantiles of the
+router's histograms at the SLO's quantile; `None` where the window saw no request of that kind.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tandem.autoscale.snapshot import PathSignals, PoolSignals, PoolSize, Snapshot
+from tandem.sim.windows import PATH_NAMES, ROLE_INDEX, WindowView
+
+
+def snapshot_of(view: WindowView, quantile: float) -> Snapshot:
+    inc = view.increase
+    sizes: dict[str, PoolSize] = {}
+    pools: dict[str, PoolSignals] = {}
+    for role, gauges in view.gauges.items():
+        sizes[role] = PoolSize(replicas=gauges.ready + gauges.starting, ready=gauges.ready)
+        r = ROLE_INDEX[role]
+        finished = inc.pool_finished[r]
+        pools[role] = PoolSignals(
+            scraped_pods=gauges.ready + gauges.draining,
+            waiting_requests=float(gauges.waiting),
+            running_requests=float(gauges.running),
+            kv_usage_mean=gauges.kv_usage_mean,
+            kv_usage_max=gauges.kv_usage_max,
+            prompt_tokens_rate=view.rate(inc.pool_prompt[r]),
+            generation_tokens_rate=view.rate(inc.pool_generation[r]),
+            request_rate=view.rate(finished),
+            queued_prompt_tokens=float(gauges.queued_prompt_tokens),
+            mean_prompt_tokens=inc.pool_finished_prompt[r] / finished if finished else 0.0,
+            mean_output_tokens=inc.pool_finished_output[r] / finished if finished else 0.0,
+        )
+    paths: dict[str, PathSignals] = {}
+    for p, name in enumerate(PATH_NAMES):
+        finished = inc.path_finished[p]
+        if not finished and not inc.path_refused[p]:
+            continue
+        paths[name] = PathSignals(
+            request_rate=view.rate(finished + inc.path_refused[p]),
+            within_slo_rate=view.rate(inc.path_within[p]),
+            ttft_seconds=_or_none(view.ttft_quantile(quantile, p)),
+            tpot_seconds=_or_none(view.tpot_quantile(quantile, p)),
+        )
+    missing = () if view.seconds > 0 else ("no scrape window yet",)
+    return Snapshot(
+        observed_at=view.now,
+        window_seconds=view.seconds,
+        sizes=sizes,
+        pools=pools,
+        paths=paths,
+        missing=missing,
+    )
+
+
+def _or_none(value: float) -> float | None:
+    return None if math.isnan(value) else value
