@@ -172,3 +172,25 @@ def test_an_external_pool_renders_without_replicas() -> None:
         o["metadata"]["name"]: o["spec"] for o in render(pdd, {"decode": 3}) if o["kind"] == "StatefulSet"
     }
     assert sized["llama-decode"]["replicas"] == 3  # the caller decides: a new external pool starts at a size
+
+
+def test_the_documented_hpa_example_targets_the_pool_it_hands_over() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    from tandem.api.models import PDDeployment
+    from tandem.render import render
+
+    path = Path(__file__).parents[3] / "docs" / "examples" / "hpa-decode.yaml"
+    pdd_doc, hpa = yaml.safe_load_all(path.read_text())
+    pdd = PDDeployment.from_object(pdd_doc)
+    sts = next(o for o in render(pdd) if o["kind"] == "StatefulSet" and "replicas" not in o["spec"])
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "name": sts["metadata"]["name"],
+    }
+    assert hpa["metadata"]["namespace"] == pdd.metadata.namespace
+    assert replicas.source(pdd.spec, "decode", False) is ReplicaSource.external
+    assert replicas.source(pdd.spec, "prefill", False) is ReplicaSource.autoscaler
