@@ -218,8 +218,13 @@ class Autoscaler:
                     requeue = min(requeue or drain.DRAIN_POLL_SECONDS, drain.DRAIN_POLL_SECONDS)
             elif size is None and live[role] is None:  # a new external pool starts at the spec's size
                 applied[role] = spec.pool(role).replicas  # (handed over on the next pass)
-            else:  # no drain for pools the autoscaler does not size: lift any mark left from one
-                keep = [v.name for v in views if v.draining and (size is None or v.ordinal < size)]
+            else:  # no drain for pools the autoscaler does not size: lift the marks of one it left
+                recorded = _recorded_drain(previous, role)
+                keep = [
+                    v.name
+                    for v in views
+                    if v.draining and v.name in recorded and (size is None or v.ordinal < size)
+                ]
                 self._mark(pdd, keep, None)
                 if state is not None and getattr(state.pools, role).draining is not None:
                     state = _with_drain(state, role, None)
@@ -288,6 +293,14 @@ def _decide(
     from tandem.autoscale.decide import decide
 
     return decide(spec, snapshot, state, now, paused=paused)
+
+
+def _recorded_drain(previous: PDDeploymentStatus | None, role: str) -> set[str]:
+    """The pods a drain in the last status marked (a pool's marks are lifted only when recorded)."""
+    if previous is None or previous.autoscaling is None:
+        return set()
+    record = getattr(previous.autoscaling.pools, role).draining
+    return set(record.pods or [record.pod]) if record is not None else set()
 
 
 def _spec_replicas(sts: Obj | None) -> int | None:

@@ -234,6 +234,7 @@ class Reconciler:
                     raise
                 result.conflict = True  # its decisions are not recorded: the next pass makes them again
                 result.requeue(REQUEUE_CONFLICT_SECONDS)
+                self._record_child_events(body, result)
                 return result
             result.status_written = True
         self._record_events(body, result, previous, status)
@@ -260,13 +261,16 @@ class Reconciler:
             applied = self.kube.apply(kind, handover.release(current), handover.HANDOVER_MANAGER)
         return applied
 
-    def _record_events(
-        self, body: Obj, result: PassResult, previous: PDDeploymentStatus | None, status: PDDeploymentStatus
-    ) -> None:
+    def _record_child_events(self, body: Obj, result: PassResult) -> None:
         if result.applied:
             self.events.normal(body, "Applied", "applied " + ", ".join(result.applied))
         if result.deleted:
             self.events.normal(body, "Pruned", "deleted " + ", ".join(result.deleted))
+
+    def _record_events(
+        self, body: Obj, result: PassResult, previous: PDDeploymentStatus | None, status: PDDeploymentStatus
+    ) -> None:
+        self._record_child_events(body, result)
         old = {c.type: c for c in previous.conditions} if previous else {}
         new = {c.type: c for c in status.conditions}
         stalled, was = new.get("Stalled"), old.get("Stalled")
