@@ -325,3 +325,32 @@ def test_external_pool_is_handed_over_and_back_without_moving(hpa_count: int) ->
         assert all(DRAINING in (world.pod(i) or {})["metadata"]["annotations"] for i in (3, 4))
         world.run(DRAIN_SETTLE_SECONDS)
         assert world.sts()["spec"]["replicas"] == 3
+
+
+def test_advisory_advises_once_per_change_and_runs_the_spec_size() -> None:
+    doc = manifest()
+    doc["spec"]["autoscaling"]["mode"] = "Advisory"
+    world = World(doc)
+    for _ in range(8):
+        world.run(5.0)
+    assert world.events().count("AutoscalerAdvice") == 1
+    assert "ScaledDown" not in world.events()
+    assert world.sts()["spec"]["replicas"] == 2
+    status = world.pdd["status"]
+    assert status["pools"]["decode"]["source"] == "spec"
+    assert status["autoscaling"]["pools"]["decode"]["lastDecision"]["to"] == 1
+    cond = next(c for c in status["conditions"] if c["type"] == "AutoscalingActive")
+    assert (cond["status"], cond["reason"]) == ("False", "Advisory")
+
+
+def test_paused_holds_every_size() -> None:
+    doc = manifest()
+    doc["metadata"]["annotations"] = {"tandem.dev/autoscaling-paused": "true"}
+    world = World(doc)
+    for _ in range(8):
+        world.run(5.0)
+    assert world.sts()["spec"]["replicas"] == 2
+    assert world.pdd["status"]["autoscaling"]["mode"] == "Paused"
+    assert world.pdd["status"]["pools"]["decode"]["source"] == "autoscaler"
+    cond = next(c for c in world.pdd["status"]["conditions"] if c["type"] == "AutoscalingActive")
+    assert (cond["status"], cond["reason"]) == ("False", "Paused")
