@@ -7,7 +7,7 @@ size. New replicas become ready after the layout's model load time; removed ones
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -41,7 +41,7 @@ class StaticPolicy:
 class ScheduledPolicy:
     """Sizes by time: at the first tick at or after each `at` second, the sizes given there (tests)."""
 
-    steps: list[tuple[float, Mapping[str, int]]]
+    steps: Sequence[tuple[float, Mapping[str, int]]]
     interval_seconds: float = 15.0
 
     def decide(self, snapshot: Snapshot, now: float) -> dict[str, int]:

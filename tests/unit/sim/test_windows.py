@@ -1,0 +1,111 @@
+"""Prometheus-like windows: histogram_quantile as PromQL does it, increases over a window, the Snapshot."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tandem.router.metrics import ITL_BUCKETS, TTFT_BUCKETS
+from tandem.sim import Request, StaticPolicy, simulate
+from tandem.sim.layout import Role
+from tandem.sim.windows import PoolGauges, Windows, histogram_quantile
+
+if TYPE_CHECKING:
+    from conftest import SimKit
+
+BOUNDS = (1.0, 2.0, 4.0)
+
+
+@pytest.mark.parametrize(
+    ("q", "counts", "expected"),
+    [
+        (0.5, [0, 10, 0, 0], 1.5),  # interpolated inside (1, 2]
+        (0.9, [10, 0, 0, 0], 0.9),  # the first bucket starts at 0
+        (0.5, [2, 2, 4, 2], 2.5),  # rank 5: one of the four in (2, 4]
+        (0.9, [2, 2, 4, 2], 4.0),  # rank 9 is in +Inf: the highest finite bound
+        (1.0, [0, 0, 0, 5], 4.0),
+        (-0.1, [1, 0, 0, 0], -math.inf),
+        (1.1, [1, 0, 0, 0], math.inf),
+    ],
+)
+def test_histogram_quantile_as_promql(q: float, counts: list[int], expected: float) -> None:
+    assert histogram_quantile(q, BOUNDS, counts) == pytest.approx(expected)
+
+
+def test_histogram_quantile_without_observations_is_nan() -> None:
+    assert math.isnan(histogram_quantile(0.9, BOUNDS, [0, 0, 0, 0]))
+
+
+def gauges(running: int) -> dict[Role, PoolGauges]:
+    return {"colocated": PoolGauges(1, 0, 0, running, 0, 0, 0.0, 0.0, 1)}
+
+
+def test_a_window_is_the_increase_since_the_sample_one_window_back() -> None:
+    windows = Windows(window_seconds=60.0)
+    for t in range(0, 91, 15):
+        windows.totals.arrivals = t * 2  # 2 requests/s
+        windows.totals.observe_latency(0, 0.3, 0.02)
+        windows.scrape(float(t), gauges(running=t))
+    view = windows.view(90.0)
+    assert view.seconds == 60.0
+    assert view.increase.arrivals == 120
+    assert view.rate(view.increase.arrivals) == 2.0
+    assert sum(view.increase.ttft[0]) == 4  # observed at 45, 60, 75, 90: after the 30 s sample
+    assert view.gauges["colocated"].running == 90
+    assert {0.25, 0.5} <= set(TTFT_BUCKETS)
+    assert 0.25 < view.ttft_quantile(0.9) <= 0.5  # all observations 0.3 s: in the bucket (0.25, 0.5]
+    assert {0.01, 0.025} <= set(ITL_BUCKETS)
+    assert 0.01 < view.tpot_quantile(0.5, path=0) <= 0.025
+
+
+def test_a_window_shorter_than_its_length_at_the_start() -> None:
+    windows = Windows(window_seconds=60.0)
+    windows.scrape(0.0, {})
+    windows.totals.arrivals = 30
+    windows.scrape(15.0, {})
+    view = windows.view(15.0)
+    assert (view.seconds, view.increase.arrivals) == (15.0, 30)
+
+
+def test_the_policy_sees_a_snapshot_of_the_window(kit: SimKit) -> None:
+    requests = [Request(0.1 * i, 200, 30) for i in range(1200)]  # 10 requests/s for two minutes
+    policy = StaticPolicy(interval_seconds=30.0, keep_snapshots=True)
+    result = simulate(requests, kit.pd(prefill=1, decode=2), kit.config(), policy)
+    assert [s.observed_at for s in policy.seen[:4]] == [30.0, 60.0, 90.0, 120.0]
+    snapshot = policy.seen[2]  # at 90 s: the window 30..90 s
+    assert snapshot.window_seconds == 60.0
+    assert snapshot.has_data
+    assert snapshot.sizes["prefill"].replicas == 1
+    assert snapshot.sizes["decode"].ready == 2
+    path = snapshot.paths["disaggregated"]
+    assert path.request_rate == pytest.approx(10.0, rel=0.05)
+    assert path.attainment == 1.0
+    assert path.ttft_seconds is not None
+    assert path.ttft_seconds < 0.1
+    assert path.tpot_seconds is not None
+    assert path.tpot_seconds < 0.025
+    assert "colocated" not in snapshot.paths
+    prefill, decode = snapshot.pools["prefill"], snapshot.pools["decode"]
+    assert prefill.request_rate == pytest.approx(10.0, rel=0.05)
+    assert prefill.mean_prompt_tokens == 200.0
+    assert decode.mean_output_tokens == 30.0
+    assert decode.generation_tokens_rate == pytest.approx(300.0, rel=0.05)
+    assert decode.prompt_tokens_rate == pytest.approx(2000.0, rel=0.05)
+    assert 0.0 < decode.kv_usage_mean < 0.01
+    assert decode.scraped_pods == 2
+    assert result.summary.attainment == 1.0
+
+
+def test_the_time_series_follows_the_load(kit: SimKit) -> None:
+    requests = [Request(0.05 * i, 100, 10) for i in range(2400)] + [
+        Request(120 + 0.5 * i, 100, 10) for i in range(240)
+    ]
+    result = simulate(requests, kit.colocated(replicas=2), kit.config())
+    by_time = {round(s.time): s for s in result.series}
+    assert by_time[60].arrival_rate == pytest.approx(20.0, rel=0.02)
+    assert by_time[225].arrival_rate == pytest.approx(2.0, rel=0.02)
+    assert by_time[60].gpus == 2
+    assert by_time[60].ttft_p90 < 0.1
+    assert math.isnan(by_time[0].ttft_p90)
