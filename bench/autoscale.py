@@ -104,7 +104,7 @@ class Case:
 # (each hour of the curve lasts 150 s, so model loads weigh 24x more against its swings), stated in the
 # report. `--servegen-compress 1` runs it at real pace.
 CASES: tuple[Case, ...] = (
-    Case("azure-code", "Azure LLM 2023 code (1 h)", "azure-code", 8.0, 1000, 30, 48, tuned=True),
+    Case("azure-code", "Azure LLM 2023 code (1 h)", "azure-code", 10.0, 1000, 30, 48, tuned=True),
     Case("azure-conv", "Azure LLM 2023 conversation (1 h)", "azure-conv", 16.0, 1000, 30, 48, tuned=True),
     Case("mooncake", "Mooncake FAST'25 conversation (1 h)", "mooncake", 2.0, 5000, 50, 48, tuned=False),
     Case(

@@ -192,8 +192,8 @@ def search_static_pd(
        or a search out from `guess` when one is given, the other pool then at twice its guess or more;
        the probes may exceed the budget: they only bound). A layout within both targets needs at least
        both, since the share within both is at most either share.
-    2. From (p_min, d_min), add one replica at a time to the pool whose target misses more requests,
-       until the combined attainment reaches the target or the budget is spent.
+    2. From (p_min, d_min), add one replica at a time to the pool whose extra replica lifts the combined
+       attainment more (both are simulated), until it reaches the target or the budget is spent.
     3. Then try to remove one replica from each pool (the greedy steps may overshoot).
     """
     result = SearchResult(None, None, target, budget_gpus)
@@ -236,11 +236,7 @@ def search_static_pd(
         outcome = run(layout)
         if outcome.attainment >= target:
             break
-        ttft_miss, tpot_miss = 1 - outcome.ttft_attainment, 1 - outcome.tpot_attainment
-        if ttft_miss >= tpot_miss:
-            layout = StaticLayout(layout.prefill + 1, layout.decode)
-        else:
-            layout = StaticLayout(layout.prefill, layout.decode + 1)
+        layout = _better_step(layout, outcome, run, gpus, budget_gpus)
     improved = True
     while improved:  # local minimality: no single replica can go
         improved = False
@@ -254,6 +250,27 @@ def search_static_pd(
     result.layout = layout
     result.gpus = layout.gpus(gpus)
     return result
+
+
+def _better_step(
+    layout: StaticLayout,
+    outcome: Outcome,
+    run: Callable[[StaticLayout], Outcome],
+    gpus: Mapping[str, int],
+    budget_gpus: int,
+) -> StaticLayout:
+    """One more replica for the pool that helps more: both neighbours are simulated when both fit the
+    budget (a decode pool too small shows up as TTFT misses, its KV pulls waiting, so the miss shares
+    alone can point at the wrong pool); the one with the higher attainment wins, ties to the pool whose
+    target missed more."""
+    more_p = StaticLayout(layout.prefill + 1, layout.decode)
+    more_d = StaticLayout(layout.prefill, layout.decode + 1)
+    fits = [c for c in (more_p, more_d) if c.gpus(gpus) <= budget_gpus]
+    if len(fits) < 2:
+        return fits[0] if fits else more_p
+    ttft_first = 1 - outcome.ttft_attainment >= 1 - outcome.tpot_attainment
+    first, second = (more_p, more_d) if ttft_first else (more_d, more_p)
+    return second if run(second).attainment > run(first).attainment else first
 
 
 def _share(result: SearchResult, layout: StaticLayout) -> str:

@@ -286,6 +286,18 @@ def test_static_pd_search_adds_to_the_pool_that_misses_more() -> None:
     assert result.gpus == 7
 
 
+def test_static_pd_search_grows_decode_when_its_shortage_shows_as_ttft_misses() -> None:
+    # decode below 4 replicas delays KV pulls: requests miss TTFT, while every TPOT is fine
+    def evaluate(layout: StaticLayout) -> FakeOutcome:
+        short_decode = 0.3 + 0.1 * layout.decode
+        ttft = short_decode if layout.decode < 4 else (0.99 if layout.prefill >= 3 else 0.5)
+        return FakeOutcome(ttft, ttft, 1.0)
+
+    result = search_static_pd(evaluate, budget_gpus=16)
+    assert result.layout == StaticLayout(3, 4)
+    assert result.gpus == 7
+
+
 def test_static_pd_search_says_when_the_budget_is_not_enough() -> None:
     result = search_static_pd(_fake_pd(6, 5, []), budget_gpus=10)
     assert result.layout is None
