@@ -2,8 +2,9 @@
 
 The same engine serves every role, as vLLM does: a prefill replica runs prompts whose leg ends at the first
 token (`max_tokens: 1`) and holds their KV until the decode replica has pulled it; a decode replica pulls
-KV (blocks for the prompt first, in arrival order, as `WAITING_FOR_REMOTE_KVS`), then recomputes the last
-prompt token and samples from there; a colocated replica does both.
+KV (blocks for the prompt first, in arrival order, as `WAITING_FOR_REMOTE_KVS`), then queues behind the
+sequences already waiting, recomputes the last prompt token and samples from there; a colocated replica
+does both.
 
 A step is scheduled as `tandem.engine.scheduler` does it: running sequences first (a decode is one token,
 an unfinished prompt its next chunk), then waiting ones while the token budget, `max_num_seqs` and KV last;
