@@ -2,13 +2,20 @@
 
 TTFT is the time from sending the request to the first generated text; TPOT is the time from
 then to the last token over the remaining tokens (the count reported in the stream's usage).
+
+`replay` sends a trace's requests at their times; `BackgroundLoad` sends an open-loop load whose
+rate and lengths change by phase, from a thread of its own (the autoscaling e2e tests and
+`bench/autoscale_reaction.py` drive it while they poll the cluster).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import itertools
 import json
 import math
+import threading
 import time
 from collections.abc import Sequence
 
@@ -22,6 +29,20 @@ MAX_IN_FLIGHT = 64
 
 
 async def one_request(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    model: str,
+    index: int,
+    req: TraceRequest,
+    label: str = "",
+) -> Sample:
+    """One streamed completion, measured; never raises for a failed request (the sample says why)."""
+    sent_at = time.time()
+    sample = await _stream(session, base_url, model, index, req)
+    return dataclasses.replace(sample, sent_at=sent_at, label=label)
+
+
+async def _stream(
     session: aiohttp.ClientSession, base_url: str, model: str, index: int, req: TraceRequest
 ) -> Sample:
     body = {
@@ -83,7 +104,7 @@ async def replay(base_url: str, model: str, requests: Sequence[TraceRequest], ta
             async with limit:
                 tally.in_flight += 1
                 try:
-                    tally.add(await one_request(session, base_url, model, index, req))
+                    tally.add(await one_request(session, base_url, model, index, req, req.phase))
                 finally:
                     tally.in_flight -= 1
 
@@ -96,3 +117,133 @@ async def replay(base_url: str, model: str, requests: Sequence[TraceRequest], ta
             tally.sent += 1
             tasks.append(asyncio.create_task(run(index, req)))
         await asyncio.gather(*tasks)
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """What `BackgroundLoad` sends now: `rate` requests/s, evenly spaced (0: nothing new)."""
+
+    rate: float
+    prompt_tokens: int
+    output_tokens: int
+    label: str = ""
+
+
+class BackgroundLoad:
+    """An open-loop streaming load on `base_url`, in a thread with its own event loop.
+
+    `set()` switches the phase at once; `stop()` stops sending and waits for the requests in flight.
+    Bounded by construction: it sends at most `max_requests` requests and nothing after
+    `max_seconds`, so a test that forgets to stop it still ends. Every finished request is a
+    `Sample` in `tally` (with `sent_at` and the phase's label).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        max_requests: int = 3000,
+        max_seconds: float = 600.0,
+        max_in_flight: int = MAX_IN_FLIGHT,
+        request_timeout: float = REQUEST_TIMEOUT_S,
+        first_index: int = 0,
+    ) -> None:
+        self.base_url = base_url
+        self.model = model
+        self.max_requests = max_requests
+        self.max_seconds = max_seconds
+        self.max_in_flight = max_in_flight
+        self.request_timeout = request_timeout
+        self.tally = Tally()
+        self._phase = Phase(0.0, 1, 1)
+        self._changed = threading.Event()
+        self._stopping = threading.Event()
+        self._indexes = itertools.count(first_index)
+        self._thread = threading.Thread(target=self._run, name="background-load", daemon=True)
+        self.error: BaseException | None = None
+
+    def start(self, phase: Phase | None = None) -> BackgroundLoad:
+        if phase is not None:
+            self._phase = phase
+        self._thread.start()
+        return self
+
+    def set(self, phase: Phase) -> None:
+        self._phase = phase
+        self._changed.set()
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stops sending and waits (at most `timeout` seconds past the request timeout) for the
+        requests in flight to finish."""
+        self._stopping.set()
+        self._changed.set()
+        self._thread.join(timeout=(self.request_timeout + 30) if timeout is None else timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def samples(
+        self, *, since: float = 0.0, until: float = math.inf, label: str | None = None
+    ) -> list[Sample]:
+        """Finished requests sent within [since, until) (wall clock), of one phase if `label`."""
+        return [
+            s
+            for s in list(self.tally.samples)
+            if since <= s.sent_at < until and (label is None or s.label == label)
+        ]
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # surfaced by the caller through `error`
+            self.error = exc
+
+    async def _main(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.request_timeout, sock_connect=5)
+        connector = aiohttp.TCPConnector(limit=self.max_in_flight)
+        limit = asyncio.Semaphore(self.max_in_flight)
+        tasks: set[asyncio.Task[None]] = set()
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+
+            async def run(index: int, phase: Phase) -> None:
+                req = TraceRequest(0.0, phase.prompt_tokens, phase.output_tokens)
+                async with limit:
+                    self.tally.in_flight += 1
+                    try:
+                        sample = await one_request(
+                            session, self.base_url, self.model, index, req, phase.label
+                        )
+                        self.tally.add(sample)
+                    finally:
+                        self.tally.in_flight -= 1
+
+            started = time.monotonic()
+            phase = self._phase
+            next_at = time.monotonic()
+            while not self._stopping.is_set():
+                now = time.monotonic()
+                if now - started >= self.max_seconds or self.tally.sent >= self.max_requests:
+                    break
+                if self._phase is not phase:
+                    phase, next_at = self._phase, now
+                if phase.rate <= 0:
+                    await asyncio.to_thread(self._changed.wait, 0.5)
+                    self._changed.clear()
+                    next_at = time.monotonic()
+                    continue
+                if next_at > now:
+                    await asyncio.sleep(min(next_at - now, 0.5))
+                    continue
+                self.tally.sent += 1
+                task = asyncio.create_task(run(next(self._indexes), phase))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                next_at += 1.0 / phase.rate
+            if tasks:
+                await asyncio.wait(set(tasks), timeout=self.request_timeout + 10)

@@ -1,9 +1,13 @@
 """`make demo` / `python -m tandem.demo`: everything from a cold machine to a report, then stops it.
 
-Stages: the local cluster (binaries from `make tools`), `helm install` of charts/tandem, the sim P/D
-example, a window of the Azure conversation trace replayed through the router at its pod IP while
-a live panel shows pools, requests, TTFT/TPOT against the SLO and the operator's Events; halfway a
-spec change (one more decode replica, as a Git commit would make it) shows the operator at work.
+Stages: the local cluster (binaries from `make tools`), `helm install` of charts/tandem with the
+cluster's Prometheus as the autoscaler's (`prometheus.url`), the sim P/D example under the SLO
+autoscaler (examples/sim-pd-autoscaling.yaml with compressed settings, `tandem.demo.manifest`), and
+the Azure conversation trace replayed through the router at its pod IP in three segments: quiet, a
+surge (the same trace at a higher rate), quiet again. A live panel shows each pool's desired vs
+ready replicas, the autoscaler's decisions with their reasons, TTFT/TPOT and attainment against the
+SLO at the client and at the routers (status.slo), and the operator's Events; after the replay the
+demo waits for the pools to scale back in.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from tandem.demo import load, trace, view
+from tandem.demo import load, manifest, trace, view
 from tandem.demo.cluster import Reader, parse_router_metrics
 from tandem.demo.stats import Tally
 from tandem.devcluster import cluster as devcluster
@@ -31,7 +35,7 @@ from tandem.devcluster.handle import ClusterHandle
 
 REPO = layout.REPO_ROOT
 CHART = REPO / "charts" / "tandem"
-EXAMPLE = REPO / "examples" / "sim-pd.yaml"
+EXAMPLE = REPO / "examples" / "sim-pd-autoscaling.yaml"
 TRACE = REPO / "e2e" / "traces" / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv"
 RELEASE, OPERATOR_NS = "tandem", "tandem-system"
 DEFAULT_SLO_MS = (500.0, 50.0)  # DESIGN.md's example SLO, used while spec.slo is not set
@@ -41,9 +45,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m tandem.demo", description=__doc__)
     p.add_argument("--dir", type=Path, default=REPO / ".tandem" / "demo", help="demo cluster directory")
     p.add_argument("--window-start", type=float, default=600.0, help="trace second to start at")
-    p.add_argument("--window-seconds", type=float, default=40.0, help="seconds of trace to replay")
-    p.add_argument("--rate-scale", type=float, default=0.25, help="arrival-rate factor (0.25: 4x slower)")
-    p.add_argument("--no-scale-up", action="store_true", help="skip the mid-replay spec change")
+    p.add_argument("--quiet-scale", type=float, default=0.1, help="arrival-rate factor while quiet")
+    p.add_argument("--surge-scale", type=float, default=0.35, help="arrival-rate factor of the surge")
+    p.add_argument("--quiet-seconds", type=float, default=35.0, help="seconds of quiet before the surge")
+    p.add_argument("--surge-seconds", type=float, default=70.0, help="seconds of surge")
+    p.add_argument("--after-seconds", type=float, default=55.0, help="seconds of quiet after the surge")
+    p.add_argument(
+        "--settle-seconds",
+        type=float,
+        default=60.0,
+        help="most seconds to wait for the scale-in after the replay",
+    )
     p.add_argument("--keep", action="store_true", help="leave the cluster running at the end")
     return p.parse_args(list(argv))
 
@@ -55,12 +67,22 @@ class Demo:
         self.tty = sys.stdout.isatty()
         self.durations: dict[str, float] = {}
         self.tally = Tally()
-        self.doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+        self.doc: dict[str, Any] = manifest.demo_manifest(yaml.safe_load(EXAMPLE.read_text()))
         self.name: str = self.doc["metadata"]["name"]
         self.namespace: str = self.doc["metadata"].get("namespace", "default")
         self.snap = view.Snapshot(elapsed_s=0.0, stage="starting")
         self.notes: list[str] = []
         self._last_print = 0.0
+        self.decisions: list[dict[str, Any]] = []
+        self._decided: set[tuple[str, str, int, int]] = set()
+        self.replay_started = 0.0  # wall clock
+        self.peaks: dict[str, int] = {}
+        self.timeline: list[dict[str, Any]] = []
+        self.segments = [
+            trace.Segment("quiet", args.quiet_seconds, args.quiet_scale),
+            trace.Segment("surge", args.surge_seconds, args.surge_scale),
+            trace.Segment("quiet after", args.after_seconds, args.quiet_scale),
+        ]
 
     # --- output ---------------------------------------------------------------------------------
     def say(self, text: str) -> None:
@@ -68,6 +90,7 @@ class Demo:
 
     def show(self, *, force: bool = False) -> None:
         self.snap.elapsed_s = time.monotonic() - self.started
+        self.snap.now = time.time()
         self.snap.notes = self.notes
         text = view.panel(self.snap, self.tally)
         if self.tty:
@@ -100,9 +123,13 @@ class Demo:
     def install_chart(self, handle: ClusterHandle) -> None:
         began = time.monotonic()
         self.say(f"helm install {RELEASE} charts/tandem -n {OPERATOR_NS} --wait")
+        self.say(
+            f"  --set prometheus.url={handle.prometheus_url} (the cluster's Prometheus, for the autoscaler)"
+        )
         handle.helm(
             "install", RELEASE, str(CHART), "-n", OPERATOR_NS, "--create-namespace",
-            "--set", "operator.resyncSeconds=30", "--wait", "--timeout", "3m",
+            "--set", "operator.resyncSeconds=30", "--set", f"prometheus.url={handle.prometheus_url}",
+            "--wait", "--timeout", "3m",
         )  # fmt: skip
         pods = json.loads(
             handle.kubectl("get", "pods", "-n", OPERATOR_NS, "-l", "app.kubernetes.io/component=operator",
@@ -114,8 +141,10 @@ class Demo:
 
     async def apply_and_wait(self, handle: ClusterHandle, reader: Reader) -> None:
         began = time.monotonic()
-        self.say(f"kubectl apply -f examples/sim-pd.yaml  ({self.namespace}/{self.name})")
-        handle.kubectl("apply", "-f", str(EXAMPLE))
+        self.say(f"kubectl apply -f examples/sim-pd-autoscaling.yaml  ({self.namespace}/{self.name}), with")
+        self.say(f"  the demo's settings: {manifest.describe()}")
+        self.notes.append(f"demo settings: {manifest.describe()}")
+        handle.kubectl("apply", "-f", "-", input=yaml.safe_dump(self.doc, sort_keys=False))
         self.snap.stage = "waiting for the PDDeployment to be Ready"
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
@@ -136,6 +165,7 @@ class Demo:
     async def refresh(self, reader: Reader, router: str = "") -> None:
         self.snap.pdd = await asyncio.to_thread(reader.pdd)
         self.snap.events = await asyncio.to_thread(reader.events)
+        self.record(self.snap.pdd)
         if router:
             with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
                 timeout = aiohttp.ClientTimeout(total=3)
@@ -146,59 +176,121 @@ class Demo:
                     endpoints, served = parse_router_metrics(await r.text())
                     self.snap.router_endpoints, self.snap.router_requests = endpoints, served
 
+    def record(self, pdd: dict[str, Any]) -> None:
+        """Keeps every new decision the status shows, each pool's peak and a timeline of sizes."""
+        status = pdd.get("status") or {}
+        pools = (status.get("autoscaling") or {}).get("pools") or {}
+        now = time.time()
+        since = now - self.replay_started if self.replay_started else 0.0
+        for role, pool in pools.items():
+            d = pool.get("lastDecision") or {}
+            key = (role, str(d.get("time", "")), int(d.get("from", -1)), int(d.get("to", -1)))
+            if d and key not in self._decided and d.get("from") != d.get("to"):
+                self._decided.add(key)
+                at = view.rfc3339_seconds(str(d.get("time", "")))
+                self.decisions.append(
+                    {
+                        "pool": role,
+                        "time": d.get("time"),
+                        "at": round(at - self.replay_started, 1) if self.replay_started else None,
+                        "from": d.get("from"),
+                        "to": d.get("to"),
+                        "reason": d.get("reason", ""),
+                        "figures": d.get("figures", {}),
+                    }
+                )
+        sizes = {}
+        for role, pool in (status.get("pools") or {}).items():
+            if role == "router":
+                continue
+            ready, want = int(pool.get("readyReplicas", 0) or 0), int(pool.get("desiredReplicas", 0) or 0)
+            if want or ready:
+                sizes[role] = {"ready": ready, "desired": want}
+                self.peaks[role] = max(self.peaks.get(role, 0), want)
+        if self.replay_started and sizes and (not self.timeline or self.timeline[-1]["pools"] != sizes):
+            self.timeline.append({"at": round(since, 1), "pools": sizes, "slo": status.get("slo")})
+
     async def replay(self, handle: ClusterHandle, reader: Reader) -> None:
         began = time.monotonic()
         rows = trace.parse_azure_csv(TRACE.read_text())
         max_len = int(self.doc["spec"]["model"].get("maxModelLen", 16384))
-        requests = trace.window(
-            rows, start_s=self.args.window_start, length_s=self.args.window_seconds,
-            rate_scale=self.args.rate_scale, max_model_len=max_len,
-        )  # fmt: skip
+        requests = trace.surge(
+            rows, start_s=self.args.window_start, segments=self.segments, max_model_len=max_len
+        )
         ips = await asyncio.to_thread(reader.router_ips)
         if not ips:
             raise SystemExit("no Ready router pod")
         router = f"http://{ips[0]}:8080"
         model = self.doc["spec"]["model"]["name"]
-        length = requests[-1].at if requests else 0.0
+        length = sum(seg.wall_seconds for seg in self.segments)
+        plan = ", then ".join(
+            f"{seg.label} {seg.wall_seconds:.0f}s at x{seg.rate_scale:g} "
+            f"({sum(1 for r in requests if r.phase == seg.label)} requests)"
+            for seg in self.segments
+        )
         self.say(
             f"replaying {len(requests)} requests of the Azure conversation trace "
-            f"(t={self.args.window_start:.0f}s+{self.args.window_seconds:.0f}s, "
-            f"rate x{self.args.rate_scale}) "
-            f"through the router at {router} over ~{length:.0f}s"
+            f"from t={self.args.window_start:.0f}s "
+            f"through the router at {router} over ~{length:.0f}s: {plan}"
         )
+        self.notes.append(f"load: {plan}")
         self.snap.replay_total = len(requests)
         self.snap.stage = f"replaying the trace through {router}"
+        self.replay_started = time.time()
         task = asyncio.create_task(load.replay(router, model, requests, self.tally))
-        scaled = self.args.no_scale_up
         t0 = time.monotonic()
         while not task.done():
-            self.snap.replay_elapsed_s = time.monotonic() - t0
-            if not scaled and self.snap.replay_elapsed_s >= 0.4 * length:
-                scaled = True
-                await asyncio.to_thread(self.scale_decode, handle)
+            self.snap.replay_elapsed_s = elapsed = time.monotonic() - t0
+            self.snap.phase = self.phase_at(elapsed)
             await self.refresh(reader, router)
             self.show()
             await asyncio.sleep(1)
         await task
         self.snap.replay_elapsed_s = time.monotonic() - t0
+        self.snap.phase = ""
         await self.refresh(reader, router)
         self.snap.stage = "replay finished"
         self.show(force=True)
         self.stage("replay", began)
+        await self.settle(reader, router)
 
-    def scale_decode(self, handle: ClusterHandle) -> None:
-        decode = int(self.doc["spec"]["decode"]["replicas"])
-        patch = json.dumps({"spec": {"decode": {"replicas": decode + 1}}})
-        handle.kubectl("patch", "-n", self.namespace, f"pdd/{self.name}", "--type=merge", "-p", patch)
-        self.notes.append(
-            f"at {time.monotonic() - self.started:.0f}s: spec.decode.replicas {decode} -> {decode + 1} "
-            "(kubectl patch, as a Git commit would): watch the operator apply it and the router pick it up"
-        )
+    def phase_at(self, elapsed: float) -> str:
+        start = 0.0
+        for seg in self.segments:
+            if elapsed < start + seg.wall_seconds:
+                return f"{seg.label} x{seg.rate_scale:g}, {start + seg.wall_seconds - elapsed:.0f}s left"
+            start += seg.wall_seconds
+        return "last requests finishing"
+
+    def settled(self) -> bool:
+        spec = self.doc["spec"]
+        pools = (self.snap.pdd.get("status") or {}).get("pools") or {}
+        for role in ("prefill", "decode"):
+            bounds = (spec.get(role) or {}).get("autoscaling") or {}
+            pool = pools.get(role) or {}
+            floor = int(bounds.get("minReplicas", spec.get(role, {}).get("replicas", 0)))
+            if int(pool.get("desiredReplicas", -1)) != floor or int(pool.get("replicas", -1)) != floor:
+                return False
+        return True
+
+    async def settle(self, reader: Reader, router: str) -> None:
+        """Waits (at most --settle-seconds) for the pools to be back at their minimum."""
+        began = time.monotonic()
+        self.snap.stage = "load is quiet: waiting for the autoscaler to scale back in"
+        while not self.settled() and time.monotonic() - began < self.args.settle_seconds:
+            await self.refresh(reader, router)
+            self.show()
+            await asyncio.sleep(1)
+        await self.refresh(reader, router)
+        self.snap.stage = "pools back at their minimum" if self.settled() else "scale-in still under way"
+        self.show(force=True)
+        self.stage("scale-in", began)
 
     def slo(self) -> None:
         slo = (self.doc.get("spec") or {}).get("slo") or {}
         if "ttftMs" in slo and "tpotMs" in slo:
             self.snap.ttft_slo_ms, self.snap.tpot_slo_ms = float(slo["ttftMs"]), float(slo["tpotMs"])
+            self.snap.attainment_target = float(slo.get("attainmentPercent", 95))
             self.snap.slo_source = "(spec.slo)"
         else:
             self.snap.ttft_slo_ms, self.snap.tpot_slo_ms = DEFAULT_SLO_MS
@@ -213,12 +305,18 @@ class Demo:
             self.slo()
             await self.apply_and_wait(handle, reader)
             await self.replay(handle, reader)
-            print(view.report(self.snap, self.tally, self.durations), flush=True)
+            summary = self.summary()
+            report = view.report(self.snap, self.tally, self.durations, self.decisions, summary["segments"])
+            print(report, flush=True)
             out = self.args.dir / "report.json"
-            out.write_text(json.dumps(self.summary(), indent=2))
+            out.write_text(json.dumps(summary, indent=2))
             self.say(f"report written to {out}")
-            # A demo that served (nearly) everything succeeded; say so in the exit code too.
+            # A demo that served (nearly) everything and saw the autoscaler act succeeded; the exit
+            # code says so too.
             served = len(self.tally.ok)
+            if not any(d["to"] > d["from"] for d in self.decisions):
+                self.say("the autoscaler never scaled out: see the decisions' reasons above")
+                return 1
             return 0 if served and len(self.tally.failed) <= 0.05 * self.snap.replay_total else 1
         finally:
             kube.close(api)
@@ -246,6 +344,37 @@ class Demo:
             "within_slo": self.tally.attainment(self.snap.ttft_slo_ms / 1000, self.snap.tpot_slo_ms / 1000),
             "events": list(self.snap.events),
             "stage_seconds": {k: round(v, 1) for k, v in self.durations.items()},
+            "settings": manifest.describe(),
+            "segments": [
+                {
+                    "label": seg.label,
+                    "wall_seconds": seg.wall_seconds,
+                    "rate_scale": seg.rate_scale,
+                    **self.segment_stats(seg.label),
+                }
+                for seg in self.segments
+            ],
+            "decisions": self.decisions,
+            "peak_replicas": self.peaks,
+            "pool_timeline": self.timeline,
+            "status_slo": (self.snap.pdd.get("status") or {}).get("slo"),
+            "settled": self.settled(),
+        }
+
+    def segment_stats(self, label: str) -> dict[str, Any]:
+        """Client-measured figures of the requests one segment sent."""
+        part = Tally(samples=[s for s in self.tally.samples if s.label == label])
+
+        def num(x: float) -> float | None:
+            return None if math.isnan(x) else round(x * 1000, 1)
+
+        attain = part.attainment(self.snap.ttft_slo_ms / 1000, self.snap.tpot_slo_ms / 1000)
+        return {
+            "requests": len(part.samples),
+            "failed": len(part.failed),
+            "ttft_ms_p90": num(part.ttft(90)),
+            "tpot_ms_p90": num(part.tpot(90)),
+            "within_slo": None if math.isnan(attain) else round(attain, 3),
         }
 
 

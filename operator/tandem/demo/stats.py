@@ -17,6 +17,8 @@ class Sample:
     output_tokens: int = 0
     input_tokens: int = 0
     error: str = ""
+    sent_at: float = math.nan  # wall-clock time (epoch seconds) the request was sent
+    label: str = ""  # the load phase that sent it
 
 
 def percentile(values: Sequence[float], p: float) -> float:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import csv
 import io
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 
@@ -15,6 +16,7 @@ class TraceRequest:
     at: float
     input_tokens: int
     output_tokens: int
+    phase: str = ""  # the segment of a `surge` schedule it belongs to
 
 
 def _parse_time(text: str) -> float:
@@ -52,6 +54,45 @@ def window(
     for at, inp, outp in rows:
         if start_s <= at < start_s + length_s and inp >= 1 and outp >= 1 and inp + outp <= max_model_len:
             out.append(TraceRequest((at - start_s) / rate_scale, inp, outp))
+    return out
+
+
+@dataclass(frozen=True)
+class Segment:
+    """`wall_seconds` of replay at `rate_scale` times the trace's arrival rate."""
+
+    label: str
+    wall_seconds: float
+    rate_scale: float
+
+    @property
+    def trace_seconds(self) -> float:
+        return self.wall_seconds * self.rate_scale
+
+
+def surge(
+    rows: list[tuple[float, int, int]],
+    *,
+    start_s: float,
+    segments: Sequence[Segment],
+    max_model_len: int,
+) -> list[TraceRequest]:
+    """Consecutive windows of the trace from `start_s`, each replayed at its segment's rate scale,
+    one after the other: a quiet segment at a low scale, then a surge at a higher one, then quiet
+    again, is the trace's own arrivals (and lengths) with a stated rate step in the middle."""
+    out: list[TraceRequest] = []
+    trace_at, wall_at = start_s, 0.0
+    for seg in segments:
+        part = window(
+            rows,
+            start_s=trace_at,
+            length_s=seg.trace_seconds,
+            rate_scale=seg.rate_scale,
+            max_model_len=max_model_len,
+        )
+        out += [replace(r, at=r.at + wall_at, phase=seg.label) for r in part]
+        trace_at += seg.trace_seconds
+        wall_at += seg.wall_seconds
     return out
 
 

@@ -76,8 +76,9 @@ def test_panel_shows_pools_latency_against_slo_and_events() -> None:
         },
     }
     tally = Tally(sent=2)
-    tally.add(Sample(ok=True, ttft_s=0.6, tpot_s=0.01, output_tokens=10, input_tokens=100))
+    tally.add(Sample(ok=True, ttft_s=0.6, tpot_s=0.01, output_tokens=10, input_tokens=100, sent_at=995.0))
     snap = view.Snapshot(
+        now=1000.0,
         elapsed_s=12,
         stage="replaying",
         pdd=pdd,
@@ -94,3 +95,124 @@ def test_panel_shows_pools_latency_against_slo_and_events() -> None:
     assert "Applied: applied StatefulSet/sim-pd-decode" in text
     assert "sent 2/5  served 1  failed 0" in text
     assert "TPOT ms       p50 10" in view.report(snap, tally, {"replay": 4.0})
+
+
+def test_surge_replays_consecutive_trace_windows_at_their_own_rates() -> None:
+    rows = [(float(t), 100 + t, 10) for t in range(20)]  # one request a second
+    segments = [
+        trace.Segment("quiet", wall_seconds=20, rate_scale=0.25),  # trace 0-5 s over 20 s
+        trace.Segment("surge", wall_seconds=10, rate_scale=1.0),  # trace 5-15 s over 10 s
+    ]
+    got = trace.surge(rows, start_s=0.0, segments=segments, max_model_len=4096)
+    quiet = [r for r in got if r.phase == "quiet"]
+    surge = [r for r in got if r.phase == "surge"]
+    assert [r.at for r in quiet] == pytest.approx([0, 4, 8, 12, 16])
+    assert [r.at for r in surge] == pytest.approx([20 + i for i in range(10)])
+    assert surge[0].input_tokens == 105  # the trace goes on where the quiet part stopped
+
+
+def test_demo_manifest_is_a_valid_autoscaled_pddeployment() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    from tandem.api.models import PDDeployment
+    from tandem.demo import manifest
+
+    example = Path(__file__).parents[3] / "examples" / "sim-pd-autoscaling.yaml"
+    doc = manifest.demo_manifest(yaml.safe_load(example.read_text()))
+    pdd = PDDeployment.model_validate(doc)
+    assert pdd.spec.autoscaling.enabled
+    assert pdd.spec.autoscaling.interval_seconds == 5
+    assert pdd.spec.slo is not None
+    assert pdd.spec.slo.ttft_ms == manifest.SLO["ttftMs"]
+    env = {e.name: e.value for e in pdd.spec.engine.env}
+    assert env["TANDEM_SIM_TIME_SCALE"] == str(manifest.TIME_SCALE)
+    assert env["TANDEM_SIM_LOAD_SECONDS"] == str(manifest.LOAD_SECONDS)
+    assert pdd.spec.prefill.autoscaling is not None
+    assert pdd.spec.prefill.autoscaling.max_replicas == 4
+    assert "--max-num-batched-tokens" in pdd.spec.prefill.engine_args
+    assert "intervalSeconds 5" not in manifest.describe()  # prose, not field names
+    assert "decisions every 5s" in manifest.describe()
+
+
+def test_panel_shows_the_autoscaler_decisions_and_status_slo() -> None:
+    pdd = {
+        "metadata": {"namespace": "default", "name": "sim-pd-autoscaling", "generation": 1},
+        "spec": {
+            "prefill": {"replicas": 1, "autoscaling": {"minReplicas": 1, "maxReplicas": 4}},
+            "decode": {"replicas": 1},
+            "slo": {"ttftMs": 4000, "tpotMs": 100, "attainmentPercent": 90},
+            "autoscaling": {"enabled": True, "intervalSeconds": 5},
+        },
+        "status": {
+            "conditions": [
+                {
+                    "type": "AutoscalingActive",
+                    "status": "True",
+                    "reason": "Active",
+                    "message": "prefill 1 -> 3",
+                }
+            ],
+            "pools": {"prefill": {"readyReplicas": 1, "desiredReplicas": 3, "gpus": 3}},
+            "autoscaling": {
+                "mode": "Active",
+                "pools": {
+                    "prefill": {
+                        "desiredReplicas": 3,
+                        "lastDecision": {
+                            "time": "2026-11-30T10:00:00Z",
+                            "from": 1,
+                            "to": 3,
+                            "reason": "prompt tokens 2.4k/s + queue 9k over 5 s need 4 replicas",
+                        },
+                    }
+                },
+            },
+            "slo": {"ttftMs": 5200.0, "tpotMs": 30.0, "attainmentPercent": 71.5, "windowSeconds": 60},
+        },
+    }
+    now = view.rfc3339_seconds("2026-11-30T10:00:12Z")
+    tally = Tally(sent=3)
+    tally.add(Sample(ok=True, ttft_s=6.0, tpot_s=0.02, output_tokens=10, sent_at=now - 100))  # old
+    tally.add(Sample(ok=True, ttft_s=1.0, tpot_s=0.02, output_tokens=10, sent_at=now - 10))
+    snap = view.Snapshot(elapsed_s=99, stage="replaying", pdd=pdd, now=now, ttft_slo_ms=4000, tpot_slo_ms=100)
+    snap.attainment_target = 90.0
+    text = view.panel(snap, tally)
+    assert "prefill   1/3 ready  [#..     ]  3 GPU" in text
+    assert "autoscaler: Active, a decision every 5s; AutoscalingActive=True (Active): prefill 1 -> 3" in text
+    assert "prefill  12s ago: 1 -> 3: prompt tokens 2.4k/s" in text
+    # the recent column only has the 1 s request: the mark is on it, not on the whole run
+    assert "4000 at p90: ok" in text
+    assert "at the client: 50.0% of all, last 30s 100.0%" in text
+    assert "routers (status.slo, 60s window): TTFT p90 5200 ms, TPOT p90 30 ms, within both 71.5%" in text
+    assert "(target 90%)" in text
+    decisions = [{"pool": "prefill", "at": 41.0, "from": 1, "to": 3, "reason": "queue"}]
+    report = view.report(snap, tally, {"replay": 160.0}, decisions)
+    assert "+41s prefill 1 -> 3: queue" in report
+    assert "1 size changes" in report
+
+
+def test_panel_says_no_change_yet_for_a_first_pass_record_and_report_has_segments() -> None:
+    decision = {"time": "2026-11-30T10:00:00Z", "from": 1, "to": 1, "reason": "no data: ..."}
+    pdd = {
+        "spec": {"autoscaling": {"enabled": True}},
+        "status": {
+            "autoscaling": {
+                "mode": "Active",
+                "pools": {"decode": {"desiredReplicas": 1, "lastDecision": decision}},
+            }
+        },
+    }
+    lines = view.autoscaler_lines(pdd, now=0.0)
+    assert "  decode   no size change yet: holding 1" in lines
+    snap = view.Snapshot(elapsed_s=1, stage="done", pdd=pdd)
+    segments = [
+        {"label": "surge", "requests": 10, "rate_scale": 0.35, "failed": 0, "ttft_ms_p90": 9000.4,
+         "tpot_ms_p90": 22.0, "within_slo": 0.6},
+    ]  # fmt: skip
+    text = view.report(snap, Tally(), {}, (), segments)
+    assert (
+        "surge         10 requests at x0.35, 0 failed, TTFT p90 9000 ms, TPOT p90 22 ms, 60.0% within both"
+        in text
+    )
