@@ -294,9 +294,10 @@ METRIC_BY_ROLE: dict[str, HPAMetric] = {
     "colocated": "kv_usage",
 }
 # Targets tuned once on the training traces (the two Azure 2023 traces) with `bench/autoscale.py --tune-hpa`
-# and then fixed (docs/simulator.md, "Baselines", says how).
-HPA_PREFILL_QUEUED_TOKENS_TARGET = 2048.0
-HPA_KV_USAGE_TARGET = 0.5
+# (the grid prefill 1024/2048/4096 x decode 0.2/0.3/0.4/0.5: the fewest GPU-hours reaching 95% on both;
+# docs/simulator.md, "Results", has every point) and then fixed.
+HPA_PREFILL_QUEUED_TOKENS_TARGET = 4096.0
+HPA_KV_USAGE_TARGET = 0.3
 
 
 @dataclass(frozen=True, slots=True)
