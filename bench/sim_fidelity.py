@@ -177,9 +177,15 @@ def simulate(
 
 
 # --- the live cluster ----------------------------------------------------------------------------------
-def pdd_manifest(decode: int, time_scale: float, kv_gbps: float = KV_BANDWIDTH_GBPS) -> dict[str, Any]:
+def pdd_manifest(
+    decode: int,
+    time_scale: float,
+    kv_gbps: float = KV_BANDWIDTH_GBPS,
+    extra_env: Sequence[str] = (),
+) -> dict[str, Any]:
     """examples/sim-pd.yaml with `decode` decode replicas, TANDEM_SIM_TIME_SCALE and the KV link speed
-    (also set as TANDEM_SIM_KV_BANDWIDTH_GBPS: the API caps `bandwidthGbps` at 3200)."""
+    (also set as TANDEM_SIM_KV_BANDWIDTH_GBPS: the API caps `bandwidthGbps` at 3200), and `extra_env`
+    (NAME=VALUE) for the engines."""
     pool = {
         "tensorParallelSize": 1,
         "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
@@ -196,6 +202,7 @@ def pdd_manifest(decode: int, time_scale: float, kv_gbps: float = KV_BANDWIDTH_G
                 "env": [
                     {"name": "TANDEM_SIM_TIME_SCALE", "value": f"{time_scale:g}"},
                     {"name": "TANDEM_SIM_KV_BANDWIDTH_GBPS", "value": f"{kv_gbps:g}"},
+                    *({"name": n, "value": v} for n, _, v in (e.partition("=") for e in extra_env)),
                 ],
             },
             "kvTransfer": {"connector": "NixlConnector", "bandwidthGbps": int(min(3200, max(1, kv_gbps)))},
@@ -427,7 +434,10 @@ def run_live(args: argparse.Namespace, requests: Sequence[Req]) -> dict[str, Any
         operator.wait_leader(timeout=90)
         say(f"operator leads ({time.monotonic() - began:.0f}s); applying {NAMESPACE}/{NAME}")
         handle.kubectl(
-            "apply", "-f", "-", input=yaml.safe_dump(pdd_manifest(args.decode, args.time_scale, args.kv_gbps))
+            "apply",
+            "-f",
+            "-",
+            input=yaml.safe_dump(pdd_manifest(args.decode, args.time_scale, args.kv_gbps, args.engine_env)),
         )
         api = handle.api_client()
         reader = Reader(api, NAMESPACE, NAME)
@@ -518,6 +528,7 @@ def report(args: argparse.Namespace, requests: Sequence[Req], live: dict[str, An
             "time_scale": scale,
             "layout": f"1 prefill + {live['decode']} decode, TP1, {GPU} {MODEL_ID}, router 1 replica",
             "kv_bandwidth_gbps": kv_gbps,
+            "engine_env": list(live.get("engine_env") or []),
             "units": "H100 ms (live wall-clock figures divided by the time scale)",
         },
         "live_ok": len(keep),
@@ -617,7 +628,10 @@ def print_report(result: dict[str, Any]) -> None:
         f"rate x{s['rate_scale']:g}: {s['requests']} requests ({s['arrival_rate_per_s']:.2f}/s modelled), "
         f"mean {s['mean_prompt_tokens']:.0f} prompt / {s['mean_output_tokens']:.0f} output tokens"
     )
-    print(f"{s['layout']}; KV {s['kv_bandwidth_gbps']:g} Gb/s; TANDEM_SIM_TIME_SCALE={s['time_scale']:g}")
+    print(
+        f"{s['layout']}; KV {s['kv_bandwidth_gbps']:g} Gb/s; TANDEM_SIM_TIME_SCALE={s['time_scale']:g}"
+        + (f"; engine env {' '.join(s['engine_env'])}" if s.get("engine_env") else "")
+    )
     print(f"live: {result['live_ok']} ok, {result['live_failed']} failed {result['live_errors'] or ''}")
     print(f"figures in {s['units']}")
     print(format_table([Row(**r) for r in result["table"]]))
@@ -669,6 +683,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=KV_BANDWIDTH_GBPS,
         help="P->D KV link speed, live and simulated (a huge value takes KV transfer out of both)",
     )
+    p.add_argument(
+        "--engine-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an extra environment variable for the engines (repeatable), e.g. TANDEM_SIM_* settings",
+    )
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--reuse-live", action="store_true", help="re-simulate the live run saved in --out")
     args = p.parse_args(argv)
@@ -676,6 +697,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.window_seconds = 15.0 if args.quick else 40.0
     if args.time_scale <= 0:
         p.error("--time-scale must be positive")
+    if any("=" not in e or not e.partition("=")[0] for e in args.engine_env):
+        p.error("--engine-env takes NAME=VALUE")
 
     if args.reuse_live:
         previous = json.loads(args.out.read_text())
@@ -690,6 +713,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "window_seconds": s["window_seconds"],
             "rate_scale": s["rate_scale"],
             "kv_gbps": s["kv_bandwidth_gbps"],
+            "engine_env": s.get("engine_env", []),
             "cpu": previous["machine"],
             "pods": previous["pods"],
             "replay_wall_s": previous["replay_wall_s"],
@@ -706,6 +730,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             window_seconds=args.window_seconds,
             rate_scale=args.rate_scale,
             kv_gbps=args.kv_gbps,
+            engine_env=args.engine_env,
         )
     result = report(args, requests, live)
     args.out.parent.mkdir(parents=True, exist_ok=True)
