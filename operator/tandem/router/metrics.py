@@ -4,10 +4,8 @@ All names start with `tandem_router_`. Latencies are measured at the router, so 
 hop, both legs and any retry: the numbers the autoscaler and the rollout analysis judge by.
 Each `RouterMetrics` owns its registry, so several routers can live in one process (tests).
 
-The bucket constants are shared with the cluster simulator (`tandem.sim`), so a quantile it
-computes from its own histograms matches what `histogram_quantile` makes of the router's. They
-are vLLM's plus bounds around common SLO targets (TTFT 200 ms .. 3 s, TPOT 20 .. 80 ms), so a
-quantile near a target is not interpolated across a wide bucket.
+The histogram buckets live in the pure module `tandem.router.buckets`, shared with the cluster
+simulator.
 
 `tandem_router_requests_within_slo_total{path}` exists only while the router knows an SLO
 (`spec.slo` or `--slo-ttft-ms/--slo-tpot-ms`): without one it has no series at all, so a query for
@@ -20,26 +18,10 @@ from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from tandem.router.buckets import E2E_BUCKETS, ITL_BUCKETS, LEG_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
 from tandem.router.paths import PATHS
 from tandem.router.slo import SloTargets
 
-# vLLM's TTFT buckets (reference §3.2) cut below 1 ms too, for the router's own overhead.
-# SLO bounds added: 0.2, 0.3, 0.4, 0.6, 0.8, 1.5, 2.0, 3.0.
-TTFT_BUCKETS: Final = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.2, 0.25, 0.3, 0.4, 0.5,
-    0.6, 0.75, 0.8, 1.0, 1.5, 2.0, 2.5, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
-)  # fmt: skip
-# vLLM's ITL buckets cut below 10 ms too; SLO bounds added: 0.02, 0.03, 0.04, 0.06, 0.08.
-ITL_BUCKETS: Final = (
-    0.001, 0.0025, 0.005, 0.01, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.08, 0.1, 0.15,
-    0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
-)  # fmt: skip
-TPOT_BUCKETS: Final = ITL_BUCKETS
-E2E_BUCKETS: Final = (
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
-    30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
-)  # fmt: skip
-LEG_BUCKETS: Final = TTFT_BUCKETS
 STATUS_CLASSES: Final = ("2xx", "4xx", "5xx")  # the `code` label of tandem_router_requests_total
 
 

@@ -1,0 +1,31 @@
+"""The router's histogram buckets, shared with the cluster simulator (`tandem.sim`). Pure constants.
+
+A quantile the simulator computes from its own histograms matches what `histogram_quantile` makes
+of the router's only if both use the same bounds. They are vLLM's plus bounds around common SLO
+targets (TTFT 200 ms .. 3 s, TPOT 20 .. 80 ms), so a quantile near a target is not interpolated
+across a wide bucket.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# vLLM's TTFT buckets (reference §3.2) cut below 1 ms too, for the router's own overhead.
+# SLO bounds added: 0.2, 0.3, 0.4, 0.6, 0.8, 1.5, 2.0, 3.0.
+TTFT_BUCKETS: Final = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.2, 0.25, 0.3, 0.4, 0.5,
+    0.6, 0.75, 0.8, 1.0, 1.5, 2.0, 2.5, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
+)  # fmt: skip
+# vLLM's ITL buckets cut below 10 ms too; SLO bounds added: 0.02, 0.03, 0.04, 0.06, 0.08.
+ITL_BUCKETS: Final = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.08, 0.1, 0.15,
+    0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+TPOT_BUCKETS: Final = ITL_BUCKETS
+E2E_BUCKETS: Final = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
+    30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
+)  # fmt: skip
+LEG_BUCKETS: Final = TTFT_BUCKETS
+
+__all__ = ["E2E_BUCKETS", "ITL_BUCKETS", "LEG_BUCKETS", "TPOT_BUCKETS", "TTFT_BUCKETS"]
