@@ -144,7 +144,9 @@ def _sim_env(spec: PDDeploymentSpec, name: str) -> str | None:
 
 
 @functools.lru_cache(maxsize=256)
-def _load(candidates: tuple[str, ...], gpu: str, tp: int, kv_cache_dtype: str) -> tuple[Profile, int, bool]:
+def _load(
+    candidates: tuple[str, ...], gpu: str, tp: int, kv_cache_dtype: str, time_scale: float
+) -> tuple[Profile, int, bool]:
     model, fallback = FALLBACK_MODEL, True
     for candidate in candidates:
         try:
@@ -160,23 +162,32 @@ def _load(candidates: tuple[str, ...], gpu: str, tp: int, kv_cache_dtype: str) -
     if kv_cache_dtype != "auto":
         with contextlib.suppress(KeyError, ValueError):
             profile = profile.with_kv_cache_dtype(kv_cache_dtype)
+    if time_scale > 0:
+        profile = profile.time_scaled(time_scale)
     per_token = kv_bytes_per_token(model) or 1
     return profile, per_token, fallback
 
 
 def pool_model(spec: PDDeploymentSpec, role: str) -> PoolModel:
     """The profile for `role`: the model (sim engine: TANDEM_SIM_PERF_MODEL first) on `spec.autoscaling.gpu`
-    at the pool's TP; an unknown model or GPU falls back to the sim engine's default (marked `fallback`)."""
+    at the pool's TP; an unknown model or GPU falls back to the sim engine's default (marked `fallback`).
+
+    A sim engine runs the profile of TANDEM_SIM_GPU (if set) with every step time multiplied by
+    TANDEM_SIM_TIME_SCALE, so its pods are sized by the profile they really run."""
     candidates: list[str] = []
     gpu = spec.autoscaling.gpu
+    time_scale = 1.0
     if spec.engine.type is EngineType.sim:
         perf_model = _sim_env(spec, "TANDEM_SIM_PERF_MODEL")
         if perf_model:
             candidates.append(perf_model)
+        gpu = _sim_env(spec, "TANDEM_SIM_GPU") or gpu
+        with contextlib.suppress(TypeError, ValueError):
+            time_scale = float(_sim_env(spec, "TANDEM_SIM_TIME_SCALE") or 1.0)
     candidates += [spec.model.uri, spec.model.name]
     limits = engine_limits(spec, role)
     profile, per_token, fallback = _load(
-        tuple(candidates), gpu, spec.pool(role).tensor_parallel_size, limits.kv_cache_dtype
+        tuple(candidates), gpu, spec.pool(role).tensor_parallel_size, limits.kv_cache_dtype, time_scale
     )
     return PoolModel(profile=profile, limits=limits, kv_bytes_per_token=per_token, fallback=fallback)
 

@@ -117,6 +117,32 @@ class Profile(BaseModel):
             }
         )
 
+    def time_scaled(self, factor: float) -> Profile:
+        """This profile with every step time multiplied by `factor` (the sim engine's
+        TANDEM_SIM_TIME_SCALE: a pod `factor` times slower than the GPU it models)."""
+        if factor == 1:
+            return self
+        p, d = self.prefill, self.decode
+        return self.model_copy(
+            update={
+                "prefill": p.model_copy(
+                    update={
+                        "floor_ms": p.floor_ms * factor,
+                        "intercept_ms": p.intercept_ms * factor,
+                        "per_token_ms": p.per_token_ms * factor,
+                        "per_token_sq_ms": p.per_token_sq_ms * factor,
+                    }
+                ),
+                "decode": d.model_copy(
+                    update={
+                        "base_ms": d.base_ms * factor,
+                        "per_seq_beyond_knee_ms": d.per_seq_beyond_knee_ms * factor,
+                        "per_context_token_ms": d.per_context_token_ms * factor,
+                    }
+                ),
+            }
+        )
+
     def _decode_growth_seconds(self, batch: int, context_tokens: int) -> float:
         """What decodes add above the weight-read floor: sequences beyond the knee and the KV read."""
         d = self.decode

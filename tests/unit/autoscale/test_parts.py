@@ -238,3 +238,32 @@ BUDGET_CASES = [
 )
 def test_budget_arbitration(claims: list[Claim], available: int, expected: dict[str, int]) -> None:
     assert arbitrate(claims, available) == expected
+
+
+SIM_ENGINE = {"image": "tandem:dev", "type": "sim"}
+
+
+@pytest.mark.parametrize(
+    ("env", "slower"),
+    [
+        ([], 1.0),
+        ([{"name": "TANDEM_SIM_TIME_SCALE", "value": "3"}], 3.0),
+        ([{"name": "TANDEM_SIM_TIME_SCALE", "value": "0.5"}], 0.5),
+        ([{"name": "TANDEM_SIM_TIME_SCALE", "value": "not-a-number"}], 1.0),
+        ([{"name": "TANDEM_SIM_GPU", "value": "H100"}], 1.0),
+    ],
+)
+def test_a_sim_engine_is_sized_by_the_profile_it_runs(
+    kit: Kit, env: list[dict[str, str]], slower: float
+) -> None:
+    plain = pool_model(kit.with_spec(engine=SIM_ENGINE).spec, "decode").profile
+    scaled = pool_model(kit.with_spec(engine={**SIM_ENGINE, "env": env}).spec, "decode").profile
+    assert scaled.gpu == "H100"
+    assert scaled.decode_step_seconds(8, 8000) == pytest.approx(plain.decode_step_seconds(8, 8000) * slower)
+    assert scaled.prefill_seconds(2000) == pytest.approx(plain.prefill_seconds(2000) * slower)
+
+
+def test_a_vllm_engine_ignores_the_sim_settings(kit: Kit) -> None:
+    env = [{"name": "TANDEM_SIM_TIME_SCALE", "value": "3"}]
+    scaled = pool_model(kit.with_spec(engine={"env": env}).spec, "prefill").profile
+    assert scaled == pool_model(kit.spec, "prefill").profile
