@@ -17,10 +17,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from tandem.devcluster import cluster as devcluster
 from tandem.devcluster import layout, procs
 from tandem.devcluster.handle import ClusterHandle
+
+# CI (and `make test` under CI=true) runs every property test on the same examples, so a red run is
+# reproducible and never a roll of the dice; a developer's run explores new examples each time.
+settings.register_profile("ci", derandomize=True, database=None)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
