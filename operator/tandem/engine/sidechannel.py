@@ -81,15 +81,17 @@ async def _paced_write(writer: asyncio.StreamWriter, size: int, seconds: float) 
     zeros = bytes(min(per_slice + slices, _CHUNK))
     sent = 0
     for k in range(1, slices + 1):
+        # Slice k is sent once its share of the modelled time has passed, so the reader has the last
+        # byte at `seconds`, not one slice early.
+        delay = start + seconds * k / slices - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
         target_bytes = size if k == slices else per_slice * k
         while sent < target_bytes:
             n = min(len(zeros), target_bytes - sent)
             writer.write(zeros[:n])
             sent += n
         await writer.drain()
-        delay = start + seconds * k / slices - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
 
 
 @dataclass
