@@ -43,7 +43,9 @@ MATRIX: dict[str, dict[str, Any]] = {
     "no-crds": {"crds": {"install": False, "keep": True}},
     "crds-not-kept": {"crds": {"install": True, "keep": False}},
     "monitoring": {"podMonitor": {"enabled": True, "labels": {"release": "prom"}},
+                   "workloadPodMonitor": {"enabled": True, "labels": {"release": "prom"}},
                    "service": {"enabled": False}},
+    "namespaced-monitoring": {"watchNamespaces": ["team-a"], "workloadPodMonitor": {"enabled": True}},
     "external-sa": {"serviceAccount": {"create": False, "name": "ops"}, "rbac": {"create": False}},
     "digest": {"image": {"repository": "registry.example/tandem", "digest": "sha256:" + "a" * 64,
                          "pullPolicy": "Always"}},
@@ -286,3 +288,24 @@ def test_release_name_containing_tandem_is_not_repeated() -> None:
     assert r.get("Deployment", "tandem-prod", NS)
     r = template(release="prod")
     assert r.get("Deployment", "prod-tandem", NS)
+
+
+@pytest.mark.parametrize(
+    ("name", "namespaces"), [("monitoring", None), ("namespaced-monitoring", ["team-a"])]
+)
+def test_the_workload_pod_monitor_scrapes_engines_and_routers_with_the_labels_the_autoscaler_reads(
+    name: str, namespaces: list[str] | None
+) -> None:
+    monitors = [
+        o for o in template(MATRIX[name]).of_kind("PodMonitor") if "workloads" in o["metadata"]["name"]
+    ]
+    assert len(monitors) == 1
+    spec = monitors[0]["spec"]
+    assert spec["namespaceSelector"] == ({"any": True} if namespaces is None else {"matchNames": namespaces})
+    (roles,) = spec["selector"]["matchExpressions"]
+    assert roles["key"] == "tandem.dev/role"
+    assert sorted(roles["values"]) == ["colocated", "decode", "prefill", "router"]
+    (endpoint,) = spec["podMetricsEndpoints"]
+    assert endpoint["port"] == "http"
+    targets = {r["targetLabel"] for r in endpoint["relabelings"]}
+    assert targets == {"tandem_dev_pddeployment", "tandem_dev_role"}
