@@ -631,3 +631,24 @@ def test_a_state_from_a_longer_config_is_fitted_and_reported() -> None:
         "step 2 no longer exists (2 steps): at step 1",
         "weight 80% is not step 1's: now 40%",
     )
+
+
+@pytest.mark.parametrize(
+    ("config", "phase"),
+    [
+        (CONFIG, Phase.Paused),  # onMetricsUnavailable: Pause: already paused, stays
+        (ROLLBACK_ON_MISSING, Phase.RollingBack),
+        (dataclasses.replace(ROLLBACK_ON_MISSING, auto_rollback=False), Phase.Paused),
+    ],
+    ids=["pause", "rollback", "rollback-no-auto"],
+)
+def test_metrics_unavailable_while_paused(config: RolloutConfig, phase: Phase) -> None:
+    s = state("Paused/Inconclusive")
+    t = step(s, verdict("Missing"), None, T, config)
+    assert t.state.phase is phase
+    if phase is Phase.Paused:  # the cause and reason it paused for are kept
+        assert (t.state.pause_cause, t.state.reason, t.state.metrics_missing_since) == (
+            PauseCause.Inconclusive,
+            s.reason,
+            T,
+        )
