@@ -119,11 +119,24 @@ def _advance(s: RolloutState, now: float, config: RolloutConfig, why: str) -> Ro
     return _move(s, now, config, Phase.Shifting, f"{why}; step {nxt}: {weight}% to the target arm", step=nxt)
 
 
+# A rollback's reason keeps its cause (with the figures) to the end: each stage swaps the suffix.
+WEIGHT_FIRST: Final = "; rolling back: weight back to the source arm first"
+SCALING_DOWN: Final = "; rolling back: scaling the target arm down"
+ROLLED_BACK: Final = "; rolled back: the source arm serves all requests"
+
+
+def _cause(reason: str) -> str:
+    for suffix in (WEIGHT_FIRST, SCALING_DOWN, ROLLED_BACK):
+        if reason.endswith(suffix):
+            return reason.removesuffix(suffix)
+    return reason
+
+
 def _rollback(s: RolloutState, now: float, config: RolloutConfig, why: str) -> RolloutState:
     # The weight published so far is s.weight: already 0 (Preparing) means the routers have it.
     stage = RollbackStage.ScalingDown if s.weight == 0 else RollbackStage.RestoringWeight
-    then = "scaling the target arm down" if s.weight == 0 else "weight back to the source arm first"
-    return _move(s, now, config, Phase.RollingBack, f"{why}; rolling back: {then}", rollback_stage=stage)
+    suffix = SCALING_DOWN if s.weight == 0 else WEIGHT_FIRST
+    return _move(s, now, config, Phase.RollingBack, clip(why, len(suffix)) + suffix, rollback_stage=stage)
 
 
 def _pause(s: RolloutState, now: float, config: RolloutConfig, cause: PauseCause, why: str) -> RolloutState:
@@ -309,10 +322,10 @@ def _rolling_back(s: RolloutState, now: float, config: RolloutConfig, observed: 
             s,
             rollback_stage=RollbackStage.ScalingDown,
             phase_since=now,
-            reason=f"weight on the source arm for {_fmt(waited)} s; scaling the target arm down",
+            reason=_cause(s.reason) + SCALING_DOWN,
         )
     if observed.target_pods == 0:
-        return _move(s, now, config, Phase.RolledBack, "rolled back: the source arm serves all requests")
+        return _move(s, now, config, Phase.RolledBack, _cause(s.reason) + ROLLED_BACK)
     return s
 
 

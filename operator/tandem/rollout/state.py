@@ -171,8 +171,10 @@ def start(
     )
 
 
-def clip(text: str) -> str:
-    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
+def clip(text: str, room: int = 0) -> str:
+    """`text` cut to MAX_REASON characters, less `room` kept for a suffix."""
+    limit = MAX_REASON - room
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _verdict_to_dict(record: VerdictRecord) -> dict[str, Any]:

@@ -510,6 +510,20 @@ def test_rollback_puts_the_weight_back_first_and_scales_down_only_after_the_dela
         s = t.state
     assert seen == [(0, False), (0, False), (0, False), (0, True), (0, True), (0, True)]
     assert s.phase is Phase.RolledBack
+    # The cause and its figures stay in the reason through every stage.
+    assert s.reason == (
+        "step 1 failed: SLO attainment 80.0% below the floor 95.0%; "
+        "rolled back: the source arm serves all requests"
+    )
+
+
+def test_a_long_rollback_reason_is_clipped_before_its_stage() -> None:
+    long = Verdict(Result.Fail, "x" * 5000, {}, T - 60, T)
+    s = step(state("Shifting"), long, None, T, CONFIG).state
+    assert len(s.reason) == 1024
+    assert s.reason.endswith("...; rolling back: weight back to the source arm first")
+    s = step(s, None, None, T + 60, CONFIG).state
+    assert s.reason.endswith("...; rolling back: scaling the target arm down")
 
 
 def test_rolled_back_needs_the_target_arm_gone() -> None:
