@@ -425,18 +425,7 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0, owner_pid: int = 0) -> State
             kube.close(api)
 
         cdir.prometheus_config.write_text(layout.PROMETHEUS_CONFIG.read_text().replace("__KUBECONFIG__", kc))
-        start(
-            "prometheus",
-            [
-                str(bins / "prometheus"),
-                f"--config.file={cdir.prometheus_config}",
-                f"--storage.tsdb.path={cdir.prometheus_data}",
-                f"--web.listen-address=127.0.0.1:{state.prometheus_port}",
-                "--storage.tsdb.retention.time=6h",
-                "--web.enable-lifecycle",
-                "--log.level=warn",
-            ],
-        )
+        start("prometheus", _prometheus_argv(cdir, state))
         start(
             "pod-runner",
             [layout.tandem_executable(), "dev", "runner", "--dir", str(cdir.path)],
@@ -454,6 +443,51 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0, owner_pid: int = 0) -> State
     state.save(cdir.state)
     _log(f"up in {state.startup_seconds}s; KUBECONFIG={cdir.kubeconfig}")
     return state
+
+
+def _prometheus_argv(cdir: ClusterDir, state: State) -> list[str]:
+    return [
+        str(Path(state.bin_dir) / "prometheus"),
+        f"--config.file={cdir.prometheus_config}",
+        f"--storage.tsdb.path={cdir.prometheus_data}",
+        f"--web.listen-address=127.0.0.1:{state.prometheus_port}",
+        "--storage.tsdb.retention.time=6h",
+        "--web.enable-lifecycle",
+        "--log.level=warn",
+    ]
+
+
+def stop_prometheus(cdir: ClusterDir) -> None:
+    """Stops the running cluster's Prometheus alone (an outage the autoscaler must ride out); the
+    rest of the cluster keeps running. `start_prometheus` brings it back on the same port and data."""
+    state = load_state(cdir)
+    if state is None:
+        raise ClusterError(f"no cluster state in {cdir.path}")
+    pid = state.pids.get("prometheus")
+    if pid is not None and procs.has_marker(pid, cdir.marker):
+        procs.stop([pid], cdir.marker, grace=10.0)
+    _log("prometheus stopped")
+
+
+def start_prometheus(cdir: ClusterDir, *, timeout: float = 60.0) -> None:
+    """Starts the cluster's Prometheus again after `stop_prometheus` (a no-op while it runs) and
+    waits until it is ready."""
+    state = load_state(cdir)
+    if state is None:
+        raise ClusterError(f"no cluster state in {cdir.path}")
+    pid = state.pids.get("prometheus")
+    if pid is None or not procs.has_marker(pid, cdir.marker):
+        log = cdir.logs / "prometheus.log"
+        proc = procs.spawn(_prometheus_argv(cdir, state), log=log, marker=cdir.marker, cwd=cdir.path)
+        state.pids["prometheus"] = proc.pid
+        state.save(cdir.state)
+    try:
+        procs.wait_until(
+            lambda: _http_ok(f"{state.prometheus_url}/-/ready"), timeout=timeout, what="Prometheus /-/ready"
+        )
+    except TimeoutError as e:
+        raise _fail(cdir, str(e), cdir.logs / "prometheus.log") from e
+    _log("prometheus started")
 
 
 def _base_env() -> dict[str, str]:

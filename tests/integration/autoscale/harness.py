@@ -1,0 +1,251 @@
+"""What the autoscaling e2e tests share: manifests, a watcher that records the PDDeployment and its
+StatefulSets once a second, and small readers of status.
+
+The load itself is `tandem.demo.load.BackgroundLoad` (streamed completions through the router's pod
+IP, each measured at the client). Every address is a loopback one (127.0.0.0/8).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from kubernetes import client
+
+from tandem.api import meta
+from tandem.demo.stats import Sample, percentile
+from tandem.devcluster import kube
+from tandem.devcluster.handle import ClusterHandle
+from tandem.devcluster.testing import eventually
+
+T = TypeVar("T")
+
+MODEL = "llama-3.1-8b"
+IMAGE = "ghcr.io/tandem-dev/tandem:0.1.0"
+ROLES = ("prefill", "decode")
+
+
+def engine_env(time_scale: float, load_seconds: float) -> list[dict[str, str]]:
+    return [
+        {"name": "TANDEM_SIM_TIME_SCALE", "value": f"{time_scale:g}"},
+        {"name": "TANDEM_SIM_LOAD_SECONDS", "value": f"{load_seconds:g}"},
+    ]
+
+
+def pool(replicas: int, bounds: tuple[int, int] | None = None, *engine_args: str) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "replicas": replicas,
+        "tensorParallelSize": 1,
+        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
+    }
+    if engine_args:
+        spec["engineArgs"] = list(engine_args)
+    if bounds is not None:
+        spec["autoscaling"] = {"minReplicas": bounds[0], "maxReplicas": bounds[1]}
+    return spec
+
+
+def pddeployment(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "model": {"name": MODEL, "uri": "hf://meta-llama/Llama-3.1-8B-Instruct", "maxModelLen": 4096},
+        "engine": {"type": "sim", "image": IMAGE},
+        "kvTransfer": {"connector": "NixlConnector", "bandwidthGbps": 100},
+        "router": {"replicas": 1, "image": IMAGE},
+        "serving": {"mode": "Disaggregated"},
+    }
+    return {
+        "apiVersion": meta.API_VERSION,
+        "kind": meta.KIND,
+        "metadata": {"name": name},
+        "spec": base | spec,
+    }
+
+
+def rfc3339(text: str) -> float:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+@dataclass(frozen=True)
+class Seen:
+    """The PDDeployment and its pools' StatefulSets at one moment (`at`: wall clock)."""
+
+    at: float
+    pdd: dict[str, Any]
+    sts: dict[str, tuple[int, int]] = field(default_factory=dict)  # role -> (spec.replicas, ready)
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return dict(self.pdd.get("status") or {})
+
+    def autoscaling(self, role: str) -> dict[str, Any]:
+        pools = (self.status.get("autoscaling") or {}).get("pools") or {}
+        return dict(pools.get(role) or {})
+
+    def desired(self, role: str) -> int | None:
+        value = self.autoscaling(role).get("desiredReplicas")
+        return None if value is None else int(value)
+
+    def replicas(self, role: str) -> int:
+        return self.sts.get(role, (0, 0))[0]
+
+    def ready(self, role: str) -> int:
+        return self.sts.get(role, (0, 0))[1]
+
+    def condition(self, kind: str) -> dict[str, Any]:
+        for cond in self.status.get("conditions") or []:
+            if cond.get("type") == kind:
+                return dict(cond)
+        return {}
+
+    def slo(self) -> dict[str, Any]:
+        return dict(self.status.get("slo") or {})
+
+    def mode(self) -> str:
+        return str((self.status.get("autoscaling") or {}).get("mode", ""))
+
+    def is_ready(self) -> bool:
+        gen = (self.pdd.get("metadata") or {}).get("generation")
+        return (
+            self.condition("Ready").get("status") == "True" and self.status.get("observedGeneration") == gen
+        )
+
+    def brief(self) -> str:
+        sizes = ", ".join(
+            f"{role} {self.ready(role)}/{self.replicas(role)} (desired {self.desired(role)})"
+            for role in ROLES
+        )
+        active = self.condition("AutoscalingActive")
+        slo = self.slo()
+        return (
+            f"{sizes}; AutoscalingActive={active.get('status')} {active.get('reason')}; "
+            f"slo ttft {slo.get('ttftMs')} ms tpot {slo.get('tpotMs')} ms "
+            f"attainment {slo.get('attainmentPercent')}%"
+        )
+
+
+class Watcher:
+    """Reads the PDDeployment and its StatefulSets once a second in a thread, keeping every reading."""
+
+    def __init__(self, cluster: ClusterHandle, namespace: str, name: str, period: float = 1.0) -> None:
+        self.cluster, self.namespace, self.name, self.period = cluster, namespace, name, period
+        self.history: list[Seen] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"watch-{name}", daemon=True)
+
+    def start(self) -> Watcher:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def read(self, api: client.ApiClient) -> Seen:
+        custom = client.CustomObjectsApi(api)
+        pdd = kube.raw(
+            custom.get_namespaced_custom_object(
+                meta.GROUP, meta.VERSION, self.namespace, meta.PLURAL, self.name, _preload_content=False
+            )
+        )
+        apps = client.AppsV1Api(api)
+        items = kube.raw(
+            apps.list_namespaced_stateful_set(
+                self.namespace, label_selector=f"{meta.LABEL_PDD}={self.name}", _preload_content=False
+            )
+        )["items"]
+        sts: dict[str, tuple[int, int]] = {}
+        for item in items:
+            role = item["metadata"].get("labels", {}).get(meta.LABEL_ROLE, "")
+            spec_replicas = item["spec"].get("replicas")
+            sts[role] = (
+                1 if spec_replicas is None else int(spec_replicas),
+                int((item.get("status") or {}).get("readyReplicas") or 0),
+            )
+        return Seen(at=time.time(), pdd=pdd, sts=sts)
+
+    def _run(self) -> None:
+        api = self.cluster.api_client()
+        try:
+            while not self._stop.is_set():
+                with contextlib.suppress(Exception):
+                    self.history.append(self.read(api))
+                self._stop.wait(self.period)
+        finally:
+            kube.close(api)
+
+    def latest(self) -> Seen:
+        if not self.history:
+            raise AssertionError("nothing read yet")
+        return self.history[-1]
+
+    def since(self, moment: float) -> list[Seen]:
+        return [s for s in list(self.history) if s.at >= moment]
+
+    def wait(self, what: str, check: Callable[[Seen], T | None], timeout: float) -> T:
+        """Polls the newest reading every second until `check` returns something truthy."""
+
+        def probe() -> T | None:
+            if not self.history:
+                return None
+            return check(self.history[-1])
+
+        try:
+            return eventually(probe, timeout=timeout, what=what, interval=1.0)
+        except AssertionError as exc:
+            last = self.history[-1].brief() if self.history else "nothing read"
+            raise AssertionError(f"{exc}\nlast seen: {last}") from None
+
+    def first(self, check: Callable[[Seen], bool], since: float = 0.0) -> Seen | None:
+        """The earliest reading since `since` for which `check` holds."""
+        return next((s for s in self.since(since) if check(s)), None)
+
+
+def events(cluster: ClusterHandle, namespace: str, name: str) -> list[dict[str, Any]]:
+    api = cluster.api_client()
+    try:
+        core = client.CoreV1Api(api)
+        items = kube.raw(
+            core.list_namespaced_event(
+                namespace, field_selector=f"involvedObject.name={name}", _preload_content=False
+            )
+        )["items"]
+    finally:
+        kube.close(api)
+
+    def when(e: dict[str, Any]) -> str:
+        return str(e.get("lastTimestamp") or e.get("eventTime") or e["metadata"]["creationTimestamp"])
+
+    return sorted(items, key=when)
+
+
+def router_url(cluster: ClusterHandle, namespace: str, name: str) -> str:
+    api = cluster.api_client()
+    try:
+        core = client.CoreV1Api(api)
+        pods = kube.raw(
+            core.list_namespaced_pod(
+                namespace,
+                label_selector=f"{meta.LABEL_PDD}={name},{meta.LABEL_ROLE}=router",
+                _preload_content=False,
+            )
+        )["items"]
+    finally:
+        kube.close(api)
+    ips = sorted(p["status"]["podIP"] for p in pods if kube.is_ready(p) and p["status"].get("podIP"))
+    assert ips, "no Ready router pod"
+    assert ips[0].startswith("127."), ips
+    return f"http://{ips[0]}:{meta.ROUTER_PORT}"
+
+
+def ttft_quantile(samples: list[Sample], q: float) -> float:
+    """TTFT (s) at quantile `q` (percent) of the successful samples; nan without any."""
+    return percentile([s.ttft_s for s in samples if s.ok], q)
+
+
+def failures(samples: list[Sample]) -> list[str]:
+    return [s.error for s in samples if not s.ok]
