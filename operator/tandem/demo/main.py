@@ -45,7 +45,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m tandem.demo", description=__doc__)
     p.add_argument("--dir", type=Path, default=REPO / ".tandem" / "demo", help="demo cluster directory")
     p.add_argument("--window-start", type=float, default=600.0, help="trace second to start at")
-    p.add_argument("--quiet-scale", type=float, default=0.1, help="arrival-rate factor while quiet")
+    p.add_argument("--quiet-scale", type=float, default=0.08, help="arrival-rate factor while quiet")
     p.add_argument("--surge-scale", type=float, default=0.35, help="arrival-rate factor of the surge")
     p.add_argument("--quiet-seconds", type=float, default=35.0, help="seconds of quiet before the surge")
     p.add_argument("--surge-seconds", type=float, default=70.0, help="seconds of surge")
