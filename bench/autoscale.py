@@ -260,6 +260,33 @@ def make_policy(name: str, setup: Setup, knobs: Knobs = KNOBS, hpa: HPAConfig | 
 
 # --- one job -----------------------------------------------------------------------------------------------
 
+JOB_WALL_LIMIT_SECONDS = 600.0  # a policy run still going after this is stopped and reported as such
+
+
+class JobTooSlow(Exception):
+    def __init__(self, now: float, attainment: str) -> None:
+        super().__init__(f"stopped at virtual {now:.0f} s")
+        self.now = now
+        self.attainment = attainment
+
+
+class WallClockGuard:
+    """Wraps a policy: past `limit` seconds of wall time since `started`, its next tick stops the run
+    (an overloaded simulation can take many times longer than a healthy one; the row says so)."""
+
+    def __init__(self, policy: Policy, started: float, limit: float) -> None:
+        self.policy = policy
+        self.interval_seconds = policy.interval_seconds
+        self.started = started
+        self.limit = limit
+
+    def decide(self, snapshot: Any, now: float) -> dict[str, int]:
+        if time.perf_counter() - self.started > self.limit:
+            total = snapshot.total()
+            share = total.attainment
+            raise JobTooSlow(now, "n/a" if share is None else f"{share:.1%}")
+        return self.policy.decide(snapshot, now)
+
 
 @dataclass
 class Outcome:
@@ -323,8 +350,19 @@ def run_job(
         return Outcome(case.name, policy, summary, series, f"{found.layout}", wall, found.simulations, extra)
     instance = make_policy(policy, setup, knobs, hpa)
     layout = setup.layout_pd
-    result = simulate(requests_of(case), layout, setup.config, instance)
     note = f"from {StaticLayout(setup.initial['prefill'], setup.initial['decode'])}"
+    guarded = WallClockGuard(instance, started, JOB_WALL_LIMIT_SECONDS)
+    try:
+        result = simulate(requests_of(case), layout, setup.config, guarded)
+    except JobTooSlow as exc:
+        wall = time.perf_counter() - started
+        span = requests_of(case)[-1].arrival
+        note = (
+            f"{note}; stopped after {wall:.0f} s of wall time at {exc.now:.0f} of {span:.0f} s virtual: "
+            f"a deep overload (the simulator slows down as its queues grow); last window's attainment "
+            f"{exc.attainment}"
+        )
+        return Outcome(case.name, policy, None, [], note, wall, 1, {"stopped_at": exc.now})
     extra: dict[str, Any] = {}
     if isinstance(instance, TandemPolicy):
         extra["decisions"] = len(instance.decisions)
