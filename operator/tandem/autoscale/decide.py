@@ -347,20 +347,27 @@ def _active(
             Claim(
                 role=role,
                 wanted=targets[role],
-                current=currents[role],
+                current=max(currents[role], _running(state, role)),
                 min_replicas=_bounds(spec, role).min_replicas,
                 gpus_per_replica=spec.pool(role).tensor_parallel_size,
                 deficit=sizings[role].deficit,
             )
             for role in currents
         ]
-        available = spec.max_gpus - fixed
-        granted = arbitrate(claims, available)
+        # Pods still draining hold their GPUs: reserve them for every pool whose drain goes on (its
+        # size stays at or below the drain's target); the reserve only grows, so this settles.
+        draining, granted = 0, dict(targets)
+        for _ in range(len(currents) + 1):
+            draining = _draining_gpus(spec, state, granted)
+            available = spec.max_gpus - fixed - draining
+            granted = arbitrate(claims, available)
+            if _draining_gpus(spec, state, granted) <= draining:
+                break
         minimums = sum(c.min_replicas * c.gpus_per_replica for c in claims)
         if minimums > available:
             budget_note = (
                 f"the minimums need {minimums} GPUs but maxGPUs {spec.max_gpus} leaves {available} "
-                f"after {fixed} GPUs of other pools"
+                f"after {fixed} GPUs of other pools and {draining} of draining pods"
             )
         for role, value in granted.items():
             if value != targets[role]:
@@ -403,6 +410,24 @@ def _active(
     condition = _condition(spec, pools, advisory, budget_note)
     new_state = _new_state(state, now, rules.mode.value, updates)
     return Decision(pools=pools, state=new_state, condition=condition, held=False)
+
+
+def _running(state: AutoscalingStatus, role: str) -> int:
+    """Pods a pool's StatefulSet still has: its drain's target plus the pods being drained."""
+    drain = _pool_state(state, role).draining
+    return 0 if drain is None else drain.target_replicas + len(drain.pods or [drain.pod])
+
+
+def _draining_gpus(spec: PDDeploymentSpec, state: AutoscalingStatus, targets: Mapping[str, int]) -> int:
+    """GPUs of pods still draining: their StatefulSet keeps them until they are idle, so the budget
+    cannot lend them to another pool yet. A pool whose target is above its drain's target cancels
+    the drain (the operator keeps those pods in service), so its own claim covers them."""
+    total = 0
+    for role, target in targets.items():
+        drain = _pool_state(state, role).draining
+        if drain is not None and target <= drain.target_replicas:
+            total += len(drain.pods or [drain.pod]) * spec.pool(role).tensor_parallel_size
+    return total
 
 
 def _fixed_gpus(spec: PDDeploymentSpec, snapshot: Snapshot, autoscaled: list[str]) -> int:

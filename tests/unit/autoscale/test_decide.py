@@ -452,6 +452,32 @@ def test_max_gpus_never_goes_below_min_replicas(kit: Kit) -> None:
     assert "minimums need 2 GPUs" in decision.condition[2]
 
 
+@pytest.mark.parametrize(
+    ("decode_wants", "prefill_gets"),
+    [
+        (1, 1),  # decode keeps draining decode-1: 3 GPUs = prefill 1 + decode 1 + 1 draining
+        (2, 1),  # decode wants its draining pod back (the drain is cancelled): prefill 1 + decode 2
+    ],
+)
+def test_max_gpus_counts_pods_still_draining(kit: Kit, decode_wants: int, prefill_gets: int) -> None:
+    """A draining pod keeps its GPUs until its StatefulSet lets it go: the budget cannot lend them."""
+    k = kit.with_spec(
+        maxGPUs=3, prefill={"replicas": 1}, decode={"replicas": 1}, autoscaling={"scaleUp": {"maxStep": 8}}
+    )
+    drain = DrainStatus(pod="decode-1", pods=["decode-1"], started_at=T0 - 10, target_replicas=1)
+    state = at({"prefill": 1, "decode": 1})
+    state.pools.decode = state.pools.decode.model_copy(update={"draining": drain})
+    snapshot = k.snapshot(
+        T0, sizes={"prefill": (1, 1), "decode": (2, 2)}, busy=1, queue=3.0, decode=decode_wants - 0.5
+    )
+    decision = decide(k.spec, snapshot, state, T0)
+    assert decision.pools["decode"].target == decode_wants
+    assert decision.pools["prefill"].target == prefill_gets
+    held = decision.pools["prefill"].target + max(decision.pools["decode"].target, 2)
+    assert held <= 3
+    assert decision.state.pools.decode.draining == drain  # the operator's, carried over
+
+
 # --- state ---------------------------------------------------------------------------------------------
 
 

@@ -310,7 +310,10 @@ def test_no_traffic_reaches_min_replicas_after_the_window(case: Case) -> None:
             # A size above maxReplicas (the bound was lowered) goes down to it at once: bounds win.
             history = getattr(case.state.pools, role).recommendations
             above_max = start[role] > spec.pool(role).autoscaling.max_replicas  # type: ignore[union-attr]
-            if not history and not above_max:
+            # So does a size the GPU budget cannot hold (maxGPUs wins over the windows too).
+            start_gpus = sum(n * spec.pool(r).tensor_parallel_size for r, n in start.items())
+            over_budget = spec.max_gpus is not None and start_gpus > spec.max_gpus
+            if not history and not above_max and not over_budget:
                 assert first_down[role] - case.now >= rules.scale_down.stabilization_seconds
 
 
