@@ -28,8 +28,11 @@ correction shrinks by `1/ratio`, kept within [`miss_shrink_min`, `miss_shrink_ma
 Capacity correction (measured / profile capacity, bounded to [`correction_min`, `correction_max`],
 smoothed geometrically by `correction_smoothing`), learnt only when every ready pod reports and none
 is starting:
-- prefill, when every replica has at least a step's budget of prompt tokens queued (saturated): the
-  sample is prompt tokens/s per ready replica over the profile's busy throughput;
+- prefill, when it was saturated over the whole window: at least one request waiting per ready
+  replica, and a queue of at least a step's budget (or a mean prompt, whichever is larger) per
+  replica now and, when the producer read it, one window earlier. The sample is prompt tokens/s
+  per ready replica over the profile's busy throughput (a small token budget alone would call one
+  queued prompt saturation and learn a low capacity);
 - decode, with a measured TPOT and a batch per replica of at least `decode_learn_min_share` of the
   seeded capacity (a light batch's step time says little about a full one's): the profile's step
   time is scaled by measured TPOT / profile step time at the observed batch, and the sample is the
@@ -321,6 +324,13 @@ def _finish(
     )
 
 
+def _prefill_saturated(obs: _Observed, queue: float, budget: int) -> bool:
+    ready = obs.size.ready
+    floor = max(budget, obs.prompt_tokens) * ready
+    before = obs.signals.queued_prompt_tokens_before
+    return obs.signals.waiting_requests >= ready and queue >= floor and (before is None or before >= floor)
+
+
 def _prefill(
     spec: PDDeploymentSpec,
     model: PoolModel,
@@ -340,7 +350,11 @@ def _prefill(
     ready = obs.size.ready
     before = correction
     learnt = False
-    if _can_learn(obs) and computed > 0 and queue >= model.limits.max_num_batched_tokens * ready:
+    if (
+        _can_learn(obs)
+        and computed > 0
+        and _prefill_saturated(obs, queue, model.limits.max_num_batched_tokens)
+    ):
         correction = _smooth(correction, computed / ready / cap.raw_tokens_per_second, knobs)
         learnt = True
     per_replica = max(cap.at_target * correction, 1e-9)

@@ -191,6 +191,33 @@ def test_no_learning_from_an_incomplete_picture(kit: Kit, snapshot_args: dict[st
     assert decision.state.pools.prefill.capacity_correction == 1.0, why
 
 
+def _with_queue(snapshot: Snapshot, **fields: float | None) -> Snapshot:
+    pools = {**snapshot.pools, "prefill": dataclasses.replace(snapshot.pools["prefill"], **fields)}
+    return dataclasses.replace(snapshot, pools=pools)
+
+
+@pytest.mark.parametrize(
+    ("fields", "learns"),
+    [
+        ({}, True),  # a deep queue, many requests waiting per pod
+        ({"waiting_requests": 3.0}, False),  # fewer requests waiting than pods: one pod may idle
+        ({"queued_prompt_tokens_before": 0.0}, False),  # the queue built up only at the window's end
+        ({"queued_prompt_tokens_before": None}, True),  # not read: judged on the queue now
+        ({"queued_prompt_tokens": 4 * 1000.0, "waiting_requests": 4.0}, False),  # one prompt per pod <
+    ],  # the 8192-token budget: a pod with one queued prompt may still have room in its step
+    ids=["saturated", "too-few-waiting", "queue-only-at-the-end", "queue-before-unknown", "under-a-step"],
+)
+def test_prefill_learns_only_from_a_pool_saturated_over_the_window(
+    kit: Kit, fields: dict[str, float | None], learns: bool
+) -> None:
+    snapshot = saturated(kit, 0.5)
+    snapshot = _with_queue(
+        snapshot, queued_prompt_tokens_before=snapshot.pools["prefill"].queued_prompt_tokens
+    )
+    decision = decide(kit.spec, _with_queue(snapshot, **fields), at({"prefill": 4, "decode": 2}), T0)
+    assert (decision.state.pools.prefill.capacity_correction < 1.0) is learns
+
+
 def test_a_partial_scrape_forbids_scaling_down(kit: Kit) -> None:
     k = no_window(kit)
     snapshot = k.snapshot(T0, sizes={"prefill": (4, 4), "decode": (2, 2)}, prefill=0.5)
