@@ -2,16 +2,27 @@
 
 Each `schedule(now)` builds one engine step under the token budget (`max_num_batched_tokens`) and
 the sequence cap (`max_num_seqs`): running sequences first (a decode is 1 token, an unfinished
-prompt its next chunk), then waiting ones while budget and KV blocks last. Without chunked prefill a
-prompt is only admitted whole. When a running sequence needs a block and none is free the newest
-running sequence is preempted (blocks freed, recomputed later). `complete(step, now)` applies the
-step: computed tokens advance and every sequence that caught up samples one output token.
+prompt its next chunk), then one pass over the waiting queue in order, which stops at the first
+sequence that cannot be given its chunk's KV blocks (strict FCFS: nothing behind it skips ahead).
+Without chunked prefill a prompt is only admitted whole. When a running sequence needs a block and
+none is free the newest running sequence is preempted (blocks freed, recomputed later) and put at
+the head of the queue; a step that preempted admits nothing unless it preempted every running
+sequence (vLLM then schedules again at once). `complete(step, now)` applies the step: computed
+tokens advance and every sequence that caught up samples one output token.
 
-Disaggregation: a sequence arriving with remote KV waits in WAITING_FOR_REMOTE_KVS; the step lists
-it in `pulls` once its blocks are allocated; `remote_kv_done` then marks all but the last prompt
-token computed (D recomputes that one and samples the first output token itself), or applies the
-load-failure policy. A prefill-for-remote-decode sequence finishes holding its blocks, which the
+Disaggregation: a sequence arriving with remote KV waits in WAITING_FOR_REMOTE_KVS; when the pass
+reaches it, it gets blocks for its whole prompt (no token budget) and the step lists it in `pulls`;
+while its pull is in flight it is skipped by the pass and counts against `max_num_seqs`.
+`remote_kv_done` then marks all but the last prompt token computed (D recomputes that one and
+samples the first output token itself), or applies the load-failure policy; the sequence keeps its
+place in the queue. A prefill-for-remote-decode sequence finishes holding its blocks, which the
 caller hands to the KV connector instead of freeing.
+
+Two departures from vLLM V1: (1) vLLM checks `max_num_seqs` against running requests only, here
+pulls in flight count too, so a decode engine does not fill its KV with pulls it has no slot to
+run; (2) when the head cannot get blocks and nothing runs, queued sequences already holding their
+(pulled) KV are admitted past it: strict FCFS would wedge there for good (a preempted sequence
+at the head waiting for blocks held by pulled sequences behind it), as vLLM can.
 """
 
 from __future__ import annotations
@@ -218,38 +229,87 @@ class Scheduler:
             budget -= n
             i += 1
 
-        if not step.preempted:
+        # As vLLM V1: no admission in a step that preempted, unless the preemptions emptied the
+        # batch; then vLLM's next schedule comes at once with nothing running, which is this pass.
+        if not step.preempted or not self.running:
             self._admit(step, budget, now)
         return step
 
     def _admit(self, step: Step, budget: int, now: float) -> None:
-        for seq in self.waiting:  # blocks for remote KV are taken in arrival order
-            if seq.status is Status.WAITING_FOR_REMOTE_KVS and not seq.pull_started:
+        """One pass over `waiting` in order, as vLLM V1's scheduler makes it.
+
+        A pull in flight is skipped (it holds its blocks and waits for its KV); a remote-KV sequence
+        not yet pulled gets blocks for its whole prompt and joins `step.pulls`, taking no budget;
+        any other sequence is admitted with its next chunk. The pass stops at the first sequence
+        that cannot get blocks (or budget, or a slot): nothing behind it skips ahead, so a preempted
+        sequence at the head is not starved by later pulls. Pulls in flight count against
+        `max_num_seqs` with the running sequences.
+        """
+        active = len(self.running) + sum(
+            1 for s in self.waiting if s.status is Status.WAITING_FOR_REMOTE_KVS and s.pull_started
+        )
+        admitted: list[Sequence] = []
+        blocked = False
+        for seq in self.waiting:
+            if seq.status is Status.WAITING_FOR_REMOTE_KVS and seq.pull_started:
+                continue  # its KV is on the way; it does not block the queue
+            if budget <= 0 or active >= self.max_num_seqs:
+                break
+            if seq.status is Status.WAITING_FOR_REMOTE_KVS:
                 if not self._grow(seq, seq.prompt_tokens):
+                    blocked = True
                     break
                 seq.pull_started = True
                 step.pulls.append(seq)
-        admitted: list[Sequence] = []
-        for seq in self.waiting:
-            if seq.status is Status.WAITING_FOR_REMOTE_KVS:
-                continue  # parked until its KV arrives; does not block the queue
-            if budget <= 0 or len(self.running) >= self.max_num_seqs:
-                break
+                active += 1
+                continue
             remaining = seq.total_tokens - seq.num_computed
             n = min(remaining, budget)
             if n < remaining and not self.chunked_prefill:
                 break
             if not self._grow(seq, seq.num_computed + n):
+                blocked = True
                 break
+            budget = self._start(seq, n, step, now, budget)
             admitted.append(seq)
-            seq.status = Status.RUNNING
-            if seq.first_scheduled is None:
-                seq.first_scheduled = now
-            self.running.append(seq)
-            step.entries.append(StepEntry(seq, n, seq.num_computed))
-            budget -= n
+            active += 1
+        if blocked and not self.running:
+            self._admit_resident(step, budget, now, active, admitted)
         for seq in admitted:
             self.waiting.remove(seq)
+
+    def _admit_resident(
+        self, step: Step, budget: int, now: float, active: int, admitted: list[Sequence]
+    ) -> None:
+        """The head cannot get blocks and nothing runs to free any: queued sequences whose pulled KV
+        holds the blocks it waits for go first, or the engine would never step again.
+
+        Strict FCFS deadlocks here (as vLLM V1 can when a preempted request lands ahead of requests
+        holding loaded KV); only sequences already holding blocks skip ahead, and only while nothing
+        runs, so no new pull takes blocks before the head and its wait stays bounded.
+        """
+        for seq in self.waiting:
+            if budget <= 0 or active >= self.max_num_seqs:
+                break
+            if seq.status is not Status.WAITING or not seq.blocks:
+                continue
+            remaining = seq.total_tokens - seq.num_computed
+            n = min(remaining, budget)
+            if n < remaining and not self.chunked_prefill:
+                continue
+            if not self._grow(seq, seq.num_computed + n):
+                continue
+            budget = self._start(seq, n, step, now, budget)
+            admitted.append(seq)
+            active += 1
+
+    def _start(self, seq: Sequence, n: int, step: Step, now: float, budget: int) -> int:
+        seq.status = Status.RUNNING
+        if seq.first_scheduled is None:
+            seq.first_scheduled = now
+        self.running.append(seq)
+        step.entries.append(StepEntry(seq, n, seq.num_computed))
+        return budget - n
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

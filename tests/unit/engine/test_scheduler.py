@@ -186,3 +186,117 @@ def test_a_natural_end_finishes_with_stop() -> None:
     sched.add(seq)
     run_to_end(sched)
     assert seq.finish_reason == "stop"
+
+
+def drive_decode_engine(sched: Scheduler, arrivals: list[Sequence], limit: int = 500) -> dict[str, list[int]]:
+    """Steps a decode-role scheduler on a step clock: `arrivals[t]` arrives at step t, every pull
+    started in a step lands before the next one. Returns, per request, the steps at which it was
+    given blocks for its pull ("pull") and admitted to run ("run"), and fails on a wedge: a step
+    with nothing to compute and no pull in flight to wake the engine again."""
+    events: dict[str, list[int]] = {}
+    in_flight: list[Sequence] = []
+    was_running: set[Sequence] = set()
+    t = 0
+    while t < len(arrivals) or sched.has_work:
+        assert t < limit, "the scheduler did not drain"
+        if t < len(arrivals):
+            sched.add(arrivals[t])
+        for seq in in_flight:
+            assert sched.remote_kv_done(seq, ok=True, now=float(t))
+        in_flight = []
+        step = sched.schedule(float(t))
+        for seq in step.pulls:
+            events.setdefault(f"{seq.request_id}:pull", []).append(t)
+        in_flight = list(step.pulls)
+        running = set(sched.running)
+        for seq in running - was_running:
+            events.setdefault(f"{seq.request_id}:run", []).append(t)
+        was_running = running
+        if step.has_compute:
+            sched.complete(step, float(t + 1))
+            was_running = set(sched.running)
+        else:
+            assert in_flight or t + 1 < len(arrivals), (
+                f"wedged at step {t}: running {sched.num_running}, waiting "
+                f"{[(s.request_id, s.status.value, len(s.blocks)) for s in sched.waiting]}, "
+                f"free blocks {sched.pool.num_free}"
+            )
+        t += 1
+    return events
+
+
+def test_a_preempted_sequence_is_rescheduled_before_later_remote_kv_pulls() -> None:
+    """Decode role, KV nearly full: the newest running sequence is preempted while remote-KV pulls
+    keep arriving. It heads the waiting queue, so it gets blocks before any pull that arrived after
+    it (vLLM V1: one in-order pass over waiting), and nobody waits unboundedly."""
+    sched = make(blocks=6, block_size=4, batched=64)
+    old = Sequence("old", 8, 8, 0.0, remote_kv=True)
+    new = Sequence("new", 8, 8, 0.0, remote_kv=True)
+    # Both pulled at step 0 (2 blocks each); then one 3-block pull arrives every step.
+    pulls = [Sequence(f"p{t}", 12, 4, float(t), remote_kv=True) for t in range(1, 30)]
+    sched.add(old)
+    events = drive_decode_engine(sched, [new, *pulls])
+    assert sched.num_preemptions >= 1
+    runs = events["new:run"]
+    assert len(runs) >= 2, "the test needs `new` preempted and rescheduled"
+    preempted_at, rescheduled_at = runs[0] + 1, runs[1]
+    for seq in pulls:
+        if seq.arrival >= preempted_at:
+            assert events[f"{seq.request_id}:pull"][0] >= rescheduled_at, seq.request_id
+    for seq in [old, new, *pulls]:
+        assert seq.finish_reason == "length", seq.request_id
+    assert sched.pool.num_used == 0
+
+
+def test_pulled_kv_behind_a_head_that_cannot_fit_runs_when_nothing_else_can() -> None:
+    """The only running sequence preempts itself because pulled KV holds the blocks it needs. Strict
+    FCFS would wedge (the head waits for blocks that only the queued sequences behind it can free);
+    the pulled sequence goes first, in the same step, as vLLM schedules again at once."""
+    sched = make(blocks=4, block_size=4, batched=64)
+    alone = Sequence("alone", 4, 8, 0.0)  # up to 11 KV tokens: 3 blocks
+    pulled = Sequence("pulled", 8, 2, 0.0, remote_kv=True)  # 2 blocks for its prompt
+    sched.add(alone)
+    sched.add(pulled)
+    step = sched.schedule(0.0)
+    assert step.pulls == [pulled]
+    for t in range(1, 5):  # `alone` fills its second block; the pull is still in flight
+        sched.complete(step, float(t))
+        step = sched.schedule(float(t))
+    assert sched.pool.num_free == 0
+    sched.complete(step, 5.0)
+    assert alone.num_computed == 8
+    assert sched.remote_kv_done(pulled, ok=True, now=5.0)
+    step = sched.schedule(5.0)  # `alone` needs a third block: none free
+    assert step.preempted == 1
+    assert [(e.seq, e.tokens) for e in step.entries] == [(pulled, 1)]
+    assert list(sched.waiting) == [alone]
+    assert run_to_end(sched, limit=100) < 100
+    assert alone.finish_reason == pulled.finish_reason == "length"
+
+
+def test_pulls_in_flight_count_against_max_num_seqs() -> None:
+    sched = make(seqs=2)
+    local = Sequence("local", 10, 50, 0.0)
+    sched.add(local)
+    sched.complete(sched.schedule(0.0), 1.0)
+    remotes = [Sequence(f"r{i}", 100, 3, 1.0, remote_kv=True) for i in range(3)]
+    for seq in remotes:
+        sched.add(seq)
+    step = sched.schedule(1.0)
+    assert step.pulls == [remotes[0]]  # one running + one pull in flight: the cap
+    assert [len(s.blocks) for s in remotes] == [7, 0, 0]
+    sched.complete(step, 2.0)
+    assert sched.schedule(2.0).pulls == []
+    assert sched.remote_kv_done(remotes[0], ok=True, now=2.5)
+    step = sched.schedule(2.5)
+    assert {e.seq for e in step.entries} == {local, remotes[0]}
+    assert step.pulls == []  # both slots run
+    t = 3.0
+    while sched.has_work:  # the rest pull one at a time, as slots free up
+        sched.complete(step, t)
+        step = sched.schedule(t)
+        assert sched.num_running + len(step.pulls) <= 2
+        for seq in step.pulls:
+            assert sched.remote_kv_done(seq, ok=True, now=t)
+        t += 1.0
+    assert all(s.finish_reason == "length" for s in [local, *remotes])
