@@ -79,7 +79,9 @@ class PrometheusReader:
             except concurrent.futures.TimeoutError:
                 future.cancel()
                 errors[name] = f"no answer from {self.url} within {self.timeout:g}s"
-            except Exception as exc:  # connection refused, HTTP error, bad JSON: all mean "no data"
+            except requests.exceptions.ConnectionError as exc:
+                errors[name] = f"Prometheus at {self.url} unreachable ({type(exc).__name__})"
+            except Exception as exc:  # HTTP error, bad JSON: all mean "no data"
                 errors[name] = f"{type(exc).__name__}: {_short(exc)}"
         if errors:
             log.warning("Prometheus at %s: %d of %d queries failed", self.url, len(errors), len(queries))

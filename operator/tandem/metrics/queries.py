@@ -323,6 +323,22 @@ def _freshness(
     return _Freshness(fresh, stale)
 
 
+def failed_queries(errors: Mapping[str, str]) -> list[str]:
+    """One line per distinct error, naming the queries it hit (an unreachable Prometheus fails them
+    all alike: say so once)."""
+    by_error: dict[str, list[str]] = {}
+    for name, error in sorted(errors.items()):
+        by_error.setdefault(error, []).append(name)
+    lines = []
+    for error, names in sorted(by_error.items()):
+        if len(names) == 1:
+            lines.append(f"{names[0]}: {error}")
+        else:
+            shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+            lines.append(f"{error} ({len(names)} queries: {shown})")
+    return lines
+
+
 def build_snapshot(
     results: Mapping[str, Result],
     errors: Mapping[str, str],
@@ -334,7 +350,7 @@ def build_snapshot(
     scrape_interval: float | None = None,
 ) -> Snapshot:
     """A `Snapshot` from the answers of `snapshot_queries` (by name) and the queries that failed."""
-    missing = [f"{name}: {error}" for name, error in sorted(errors.items())]
+    missing = failed_queries(errors)
 
     def get(name: str) -> Result:
         return results.get(name) or []

@@ -18,6 +18,7 @@ from tandem.metrics.queries import (
     build_pod_loads,
     build_snapshot,
     engine_selector,
+    failed_queries,
     pod_load_queries,
     quantile_of,
     router_selector,
@@ -222,8 +223,15 @@ def test_failed_queries_are_named() -> None:
 def test_every_query_failing_gives_only_their_errors() -> None:
     errors = {name: "ConnectionError: refused" for name in snapshot_queries("ns", "llm", 60, 0.95)}
     snap = snapshot({}, errors, sizes={"decode": PoolSize(1, 1)})
-    assert len(snap.missing) == len(errors)
-    assert all(m.endswith("ConnectionError: refused") for m in snap.missing)
+    # One line for the one error, naming how many queries it hit.
+    assert snap.missing == (
+        f"ConnectionError: refused ({len(errors)} queries: {', '.join(sorted(errors)[:3])}, ...)",
+    )
+
+
+def test_distinct_errors_each_get_a_line_naming_their_query() -> None:
+    errors = {"engine_age": "timeout", "waiting": "HTTP 500", "running": "HTTP 500"}
+    assert failed_queries(errors) == ["HTTP 500 (2 queries: running, waiting)", "engine_age: timeout"]
 
 
 def test_recorded_answers_from_the_dev_cluster() -> None:
