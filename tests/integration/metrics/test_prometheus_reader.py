@@ -166,7 +166,11 @@ def test_snapshot_of_a_live_deployment(cluster: ClusterHandle, deployed: Deploye
         snap = read(reader, deployed, 60)
         pd = snap.paths["disaggregated"]
         seen = pd.request_rate > 0 and pd.within_slo_rate > 0 and pd.ttft_seconds is not None
-        engines = all(snap.pools[role].scraped_pods == 1 for role in ("prefill", "decode"))
+        # Each target is scraped on its own schedule: the router's counters may be seen before the
+        # engines' are, so wait for both sides of the requests.
+        engines = all(snap.pools[role].scraped_pods == 1 for role in ("prefill", "decode")) and (
+            snap.pools["decode"].generation_tokens_rate > 0 and snap.pools["prefill"].prompt_tokens_rate > 0
+        )
         return snap if seen and engines and not snap.missing else None
 
     snap = eventually(traffic_seen, timeout=180, what="Prometheus to scrape the requests")
