@@ -52,6 +52,7 @@ from tandem.sim.layout import SLO, Layout, PoolSpec, ReplicaSpec, SimConfig
 from tandem.sim.requests import Request
 from tandem.sim.results import Summary
 from tandem.sim.traces import TraceError, read_azure, read_mooncake, read_plain, spread_ticks, window
+from tandem.sim.traces.readers import numbered_lines
 
 GIB = 1 << 30
 DEFAULT_RATIOS: tuple[tuple[int, int], ...] = ((1, 1), (1, 2), (1, 3), (2, 1), (3, 1))
@@ -240,9 +241,7 @@ def superpose(requests: Sequence[Request], factor: float, seed: int = 0) -> list
 
 def trace_format(path: Path) -> str:
     """`azure`, `mooncake` or `plain`, from the first non-blank line (gzip or not)."""
-    from tandem.sim.traces.readers import _lines
-
-    for _, line in _lines(path):
+    for _, line in numbered_lines(path):
         text = line.strip()
         if not text:
             continue

@@ -28,7 +28,8 @@ class TraceError(ValueError):
     """A trace file cannot be read; the message names the file and the line."""
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
+def numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of a trace file, gzip or not; unreadable files raise TraceError."""
     try:
         with path.open("rb") as raw:
             gzipped = raw.read(2) == b"\x1f\x8b"
@@ -108,7 +109,7 @@ def read_azure(path: str | Path) -> list[Request]:
     path = Path(path)
     requests: list[Request] = []
     first_day: int | None = None
-    lines = _lines(path)
+    lines = numbered_lines(path)
     for number, line in lines:
         header = next(csv.reader([line]), [])
         if [h.strip() for h in header] != _AZURE_HEADER:
@@ -157,7 +158,7 @@ def read_mooncake(path: str | Path) -> list[Request]:
     """Mooncake's traces: `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (512-token blocks)."""
     path = Path(path)
     requests: list[Request] = []
-    for number, line in _lines(path):
+    for number, line in numbered_lines(path):
         if not line.strip():
             continue
         where = f"{path}:{number}"
@@ -200,7 +201,7 @@ def read_plain(path: str | Path) -> list[Request]:
     naming at least `timestamp,input_tokens,output_tokens` (seconds, tokens, tokens; `tenant` optional)."""
     path = Path(path)
     requests: list[Request] = []
-    lines = _lines(path)
+    lines = numbered_lines(path)
     header: list[str] | None = None
     for number, line in lines:
         if not line.strip():

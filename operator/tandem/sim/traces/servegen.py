@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.sim.requests import Request
-from tandem.sim.traces.readers import TraceError, _lines
+from tandem.sim.traces.readers import TraceError, numbered_lines
 
 RATE_WINDOW_SECONDS = 600.0
 LENGTH_WINDOW_SECONDS = 6 * 3600.0
@@ -100,7 +100,7 @@ class ServeGenData:
 
 def _rows(path: Path, header: list[str]) -> list[tuple[str, list[str]]]:
     rows: list[tuple[str, list[str]]] = []
-    lines = _lines(path)
+    lines = numbered_lines(path)
     for number, line in lines:
         if [h.strip() for h in line.strip().split(",")] != header:
             raise TraceError(f"{path}:{number}: expected the header {','.join(header)}")
