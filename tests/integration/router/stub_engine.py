@@ -36,6 +36,7 @@ class StubEngine:
     max_model_len: int = 2048
     script: Script = field(default_factory=Script)
     seen: list[dict[str, Any]] = field(default_factory=list)  # request bodies with their headers
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)  # set once a completion arrives
     cancelled: int = 0
     host: str = "127.0.0.1"  # any 127.0.0.0/8 address: pods of a test get one each
     port: int = 0  # 0: any free port
@@ -70,6 +71,7 @@ class StubEngine:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.seen.append({"body": body, "request_id": request.headers.get("X-Request-Id")})
+        self.arrived.set()
         script = self.script
         try:
             if script.hold_s:

@@ -133,10 +133,11 @@ async def test_a_draining_pod_finishes_its_streams_and_gets_no_new_ones() -> Non
             router.state.on_pods("SYNC", pods)
             url = router.url + "/v1/completions"
             in_flight = asyncio.create_task(stream(session, url, {**PROMPT, "max_tokens": 20}))
-            for _ in range(100):
-                if any(e.seen for e in engines["decode"]):
-                    break
-                await asyncio.sleep(0.05)
+            arrivals = [asyncio.create_task(e.arrived.wait()) for e in engines["decode"]]
+            done, pending = await asyncio.wait(arrivals, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+            for waiting in pending:
+                waiting.cancel()
+            assert done, "no decode engine got the request within 60 s"
             busy_p = next(e for e in engines["prefill"] if e.seen)
             busy_d = next(e for e in engines["decode"] if e.seen)
             # The autoscaler marks both pods of the request draining while its answer streams.

@@ -198,7 +198,7 @@ PREDICATES = [
     ),
     (
         "spec.autoscaling.prometheus.url must be",
-        {"autoscaling": {"prometheus": {"url": "http://10.1.2.3"}}},
+        {"autoscaling": {"prometheus": {"url": "http://127.0.0.1:9090"}}},
         True,
     ),
     (
