@@ -9,7 +9,6 @@ Missing binaries are a failure, not a skip: `make tools` builds them.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import uuid
@@ -20,7 +19,7 @@ import pytest
 from hypothesis import settings
 
 from tandem.devcluster import cluster as devcluster
-from tandem.devcluster import layout, procs
+from tandem.devcluster import layout
 from tandem.devcluster.handle import ClusterHandle
 
 # CI (and `make test` under CI=true) runs every property test on the same examples, so a red run is
@@ -65,26 +64,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]
 @pytest.fixture
 def namespace(cluster: ClusterHandle, request: pytest.FixtureRequest) -> Iterator[str]:
     """A new namespace (with its default ServiceAccount) for one test, deleted afterwards."""
-    from kubernetes import client
-
-    from tandem.devcluster import kube
+    from tandem.devcluster.testing import scratch_namespace
 
     base = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
-    name = f"t-{base}-{uuid.uuid4().hex[:6]}"
-    api = cluster.api_client()
-    core = client.CoreV1Api(api)
-    try:
-        core.create_namespace({"metadata": {"name": name, "labels": {"tandem.dev/test": "true"}}})
-        procs.wait_until(
-            lambda: kube.has_service_account(api, name, "default"),
-            timeout=60,
-            what=f"ServiceAccount default in {name}",
-        )
+    with scratch_namespace(cluster, f"t-{base}-{uuid.uuid4().hex[:6]}") as name:
         yield name
-    finally:
-        with contextlib.suppress(client.ApiException):
-            core.delete_namespace(name, propagation_policy="Background")
-        kube.close(api)
 
 
 CRD = Path(__file__).parents[1] / "crds" / "pddeployment.yaml"

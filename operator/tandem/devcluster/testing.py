@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import socket
@@ -10,13 +11,13 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from kubernetes import client
 
-from tandem.devcluster import kube
+from tandem.devcluster import kube, procs
 from tandem.devcluster.handle import ClusterHandle
 
 T = TypeVar("T")
@@ -208,3 +209,23 @@ class RestartableOperator:
 
     def stop(self) -> None:
         self.current.stop()
+
+
+@contextlib.contextmanager
+def scratch_namespace(cluster: ClusterHandle, name: str) -> Iterator[str]:
+    """A new namespace `name` (labelled as a test's, with its default ServiceAccount), deleted after."""
+    api = cluster.api_client()
+    core = client.CoreV1Api(api)
+    try:
+        labels = {"tandem.dev/test": "true"}
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels=labels)))
+        procs.wait_until(
+            lambda: kube.has_service_account(api, name, "default"),
+            timeout=60,
+            what=f"ServiceAccount default in {name}",
+        )
+        yield name
+    finally:
+        with contextlib.suppress(client.ApiException):
+            core.delete_namespace(name, propagation_policy="Background")
+        kube.close(api)

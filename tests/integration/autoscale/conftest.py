@@ -3,18 +3,15 @@ and restart, and a standby for the fail-over), and a namespace kept for the whol
 
 from __future__ import annotations
 
-import contextlib
 import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-from kubernetes import client
 
-from tandem.devcluster import kube, procs
 from tandem.devcluster.handle import ClusterHandle
-from tandem.devcluster.testing import OperatorProcess, RestartableOperator
+from tandem.devcluster.testing import OperatorProcess, RestartableOperator, scratch_namespace
 
 
 @dataclass
@@ -60,21 +57,7 @@ def operators(
 
 
 @pytest.fixture(scope="module")
-def module_namespace(cluster: ClusterHandle, request: pytest.FixtureRequest) -> Iterator[str]:
+def module_namespace(cluster: ClusterHandle) -> Iterator[str]:
     """A namespace for the module's PDDeployments, deleted at its end."""
-    name = f"t-autoscale-{uuid.uuid4().hex[:6]}"
-    api = cluster.api_client()
-    core = client.CoreV1Api(api)
-    try:
-        body = client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={"tandem.dev/test": "true"}))
-        core.create_namespace(body)
-        procs.wait_until(
-            lambda: kube.has_service_account(api, name, "default"),
-            timeout=60,
-            what=f"ServiceAccount default in {name}",
-        )
+    with scratch_namespace(cluster, f"t-autoscale-{uuid.uuid4().hex[:6]}") as name:
         yield name
-    finally:
-        with contextlib.suppress(client.ApiException):
-            core.delete_namespace(name, propagation_policy="Background")
-        kube.close(api)
