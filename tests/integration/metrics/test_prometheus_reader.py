@@ -198,10 +198,17 @@ def test_snapshot_of_a_live_deployment(cluster: ClusterHandle, deployed: Deploye
         )
         Path(record).write_text(json.dumps({"now": now, "window_seconds": 60, "results": results}, indent=1))
 
-    # Quiet: a 10 s window with no request in it reads zero, and zero is data, not a gap.
+    # Quiet: a 10 s window with no request in it reads zero, and zero is data, not a gap. The router
+    # and the engines are scraped on their own schedules, so the router's window may empty a scrape
+    # before the engines' does: wait for both.
     def quiet() -> Snapshot | None:
         snap = read(reader, deployed, 10)
-        return snap if snap.paths["disaggregated"].request_rate == 0 and not snap.missing else None
+        engines_quiet = all(
+            snap.pools[role].generation_tokens_rate == 0 and snap.pools[role].prompt_tokens_rate == 0
+            for role in ("prefill", "decode")
+        )
+        router_quiet = snap.paths["disaggregated"].request_rate == 0
+        return snap if router_quiet and engines_quiet and not snap.missing else None
 
     snap = eventually(quiet, timeout=120, what="a quiet window")
     assert snap.has_data
