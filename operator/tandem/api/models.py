@@ -352,7 +352,7 @@ class AutoscalingSpec(ApiModel):
         ),
     ] = "H100"
     scale_up: ScalingRules = ScalingRules(stabilization_seconds=0, max_step=4)
-    scale_down: ScalingRules = ScalingRules(stabilization_seconds=300, max_step=1)
+    scale_down: ScalingRules = ScalingRules(stabilization_seconds=600, max_step=1)
     drain_timeout_seconds: Annotated[
         int,
         Field(

@@ -14,8 +14,9 @@ class Knobs:
     # Dead band: hold while the needed replicas are within this fraction of the current size.
     dead_band: float = 0.10
     # Prefill: a replica is loaded to at most this share of its raw prompt-token throughput, less the
-    # queueing room the TTFT target leaves (see capacity.prefill_capacity).
-    prefill_utilisation_cap: float = 0.85
+    # queueing room the TTFT target leaves (see capacity.prefill_capacity). 0.7 (was 0.85): bursts that
+    # outrun a model load queue for minutes at 0.85 (docs/simulator.md, Results).
+    prefill_utilisation_cap: float = 0.7
     prefill_utilisation_floor: float = 0.30
     # Waiting time at the SLO's quantile, in service times (exponential tail: -ln(1 - 0.95) = 3).
     ttft_quantile_factor: float = 3.0

@@ -39,7 +39,7 @@ UP_CASES = [
     # id, current prefill, load (replicas' worth), expected target, limited_by
     ("load-step", 2, {"prefill": 4.5}, 5, None),
     ("load-step-over-step-limit", 2, {"prefill": 9.5}, 6, "maxStep"),
-    ("queue-growth", 2, {"busy": 2, "queue": 2.5}, 5, None),  # 2 busy = 2.35 at target, + 2.5
+    ("queue-growth", 2, {"busy": 2, "queue": 2.5}, 6, None),  # 2 busy = 2.86 at target (rho 0.7), + 2.5
     ("queue-over-step-limit", 2, {"busy": 2, "queue": 6.0}, 6, "maxStep"),
     ("steady-no-change", 4, {"prefill": 3.5}, 4, None),
 ]
@@ -94,11 +94,12 @@ def test_decode_capacity_is_the_smaller_of_tpot_batch_and_kv(kit: Kit) -> None:
 
 
 QUEUE_GROWTH_CASES = [
-    # id, queue now, queue one window earlier, expected target. 2 busy replicas compute 2.35 replicas'
-    # worth at target; the queue grew by `now - before` x 30 s of capacity over the 60 s window.
-    ("growth-unknown", 1.5, None, 4),  # 2.35 + backlog 1.5 = 3.85
-    ("grew", 1.5, 0.0, 5),  # arrivals 2.35 + 0.75, backlog 1.5: 4.6
-    ("shrinking", 1.5, 3.0, 4),  # draining: arrivals are what is computed
+    # id, queue now, queue one window earlier, expected target. 2 busy replicas compute 2.86 replicas'
+    # worth at target (1 / rho 0.7 each); the queue grew by `now - before` x 30 s of capacity over the
+    # 60 s window.
+    ("growth-unknown", 1.0, None, 4),  # 2.86 + backlog 1.0 = 3.86
+    ("grew", 1.0, 0.0, 5),  # arrivals 2.86 + 0.5, backlog 1.0: 4.36
+    ("shrinking", 1.0, 3.0, 4),  # draining: arrivals are what is computed
 ]
 
 
@@ -128,7 +129,7 @@ def test_starting_pods_are_capacity(kit: Kit, ready: int) -> None:
         assert pool.target == 5
         assert "counting 3 starting" in pool.reason
     else:
-        assert pool.target == math.ceil(5 * kit.prompt_raw / kit.prompt_capacity + 2.0) > 5
+        assert pool.recommendation == math.ceil(5 * kit.prompt_raw / kit.prompt_capacity + 2.0) > 5
 
 
 def test_starting_backlog_share_knob(kit: Kit) -> None:
@@ -144,10 +145,10 @@ def test_starting_backlog_share_knob(kit: Kit) -> None:
 def test_a_load_step_adds_pods_once_while_models_load(kit: Kit) -> None:
     """Pass 1 sizes for the step; while the new pods load the backlog keeps growing, pass 2 adds nothing."""
     state = at({"prefill": 2, "decode": 2})
-    step = kit.snapshot(T0, sizes={"prefill": (2, 2), "decode": (2, 2)}, busy=2, queue=2.5)
+    step = kit.snapshot(T0, sizes={"prefill": (2, 2), "decode": (2, 2)}, busy=2, queue=2.0)
     first = decide(kit.spec, step, state, T0)
-    assert first.pools["prefill"].target == 5
-    loading = kit.snapshot(T0 + 30, sizes={"prefill": (5, 2), "decode": (2, 2)}, busy=2, queue=5.0)
+    assert first.pools["prefill"].target == 5  # 2.86 + 2.0
+    loading = kit.snapshot(T0 + 30, sizes={"prefill": (5, 2), "decode": (2, 2)}, busy=2, queue=4.0)
     second = decide(kit.spec, loading, first.state, T0 + 30)
     assert second.pools["prefill"].target == 5
 
@@ -418,7 +419,7 @@ def test_max_gpus_goes_to_the_largest_slo_deficit_first(
     )
     sizes = {"prefill": (2, 2), "decode": (1, 1)}
     snapshot = k.snapshot(
-        T0, sizes=sizes, busy=2, queue=4.5, decode=2.5, ttft=ttft, tpot=tpot, attainment=0.8
+        T0, sizes=sizes, busy=2, queue=3.5, decode=2.5, ttft=ttft, tpot=tpot, attainment=0.8
     )
     decision = decide(k.spec, snapshot, at({"prefill": 2, "decode": 1}), T0)
     wanted = (decision.pools["prefill"].recommendation, decision.pools["decode"].recommendation)
