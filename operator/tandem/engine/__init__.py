@@ -69,6 +69,9 @@ run time with `POST /admin/faults` (JSON merged into the current faults; `GET` s
   slowdown: F                   every step and KV transfer takes F times longer.
   kv_pull_failure_rate: R       fraction of KV reads that fail: on a decode engine its pulls fail, on a
                                 prefill engine it refuses reads (NIXL_ERR_BACKEND); policy decides.
+  kv_bandwidth_factor: F        0 < F <= 1: KV reads run at F x the configured link (a slow link, as a
+                                silent TCP fallback), shown truthfully in vllm:nixl_xfer_time_seconds.
+                                Either end's factor slows a read (the lower of the two wins).
   error_rate: R, error_status   fraction of completion requests answered at once with HTTP error_status
                                 (default 500) and an OpenAI error body.
   stream_error_rate: R, stream_error_after_tokens: N

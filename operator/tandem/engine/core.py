@@ -30,7 +30,7 @@ from tandem.engine.kvheld import HeldKVError, HeldKVTable
 from tandem.engine.metrics import EngineMetrics
 from tandem.engine.scheduler import Scheduler, Sequence, Status, Step
 from tandem.engine.settings import Faults
-from tandem.engine.sidechannel import SideChannelServer, read_remote_kv, send_simple
+from tandem.engine.sidechannel import SideChannelServer, link_factor, read_remote_kv, send_simple
 from tandem.perf import kv_transfer_seconds
 
 
@@ -304,6 +304,7 @@ class EngineCore:
                 "prompt_tokens": job.seq.prompt_tokens,
                 "prompt_key": job.prompt_key,
                 "engine_id": self.engine_id,
+                "kv_bandwidth_factor": self.faults.kv_bandwidth_factor,
             }
             outcome = await read_remote_kv(remote.remote_host, remote.remote_port, request, read_timeout=60.0)
             ok, error = outcome.ok, outcome.error
@@ -364,7 +365,10 @@ class EngineCore:
         per_gpu = self.config.arch.kv_bytes_per_token_per_gpu(self.config.tensor_parallel_size)
         per_gpu = per_gpu * self.config.kv_bytes_per_token // self.config.arch.kv_bytes_per_token
         # Every TP rank reads its own KV slice over its own NIC, in parallel.
-        seconds = kv_transfer_seconds(entry.prompt_tokens, per_gpu, self.config.sim.kv_bandwidth_gbps)
+        bandwidth = self.config.sim.kv_bandwidth_gbps * link_factor(
+            self.faults.kv_bandwidth_factor, request.get("kv_bandwidth_factor")
+        )
+        seconds = kv_transfer_seconds(entry.prompt_tokens, per_gpu, bandwidth)
         seconds *= self.config.sim.time_scale * self.faults.slowdown
         size = max(
             1, math.ceil(entry.prompt_tokens * self.config.kv_bytes_per_token / self.config.sim.kv_scale)

@@ -33,6 +33,10 @@ class Faults(BaseModel):
     hang: bool = False  # stop stepping and answering everything but /admin
     slowdown: float = Field(default=1.0, gt=0)  # multiplies every step's duration
     kv_pull_failure_rate: float = Field(default=0.0, ge=0, le=1)  # KV reads that fail (either side)
+    # A slow P->D link (a silent TCP fallback): KV reads run at this fraction of the configured link.
+    # Either end's factor slows a read (the slower end bounds it): a decode engine sends its factor
+    # with the read, the prefill engine paces at the lower of the two.
+    kv_bandwidth_factor: float = Field(default=1.0, gt=0, le=1)
     error_rate: float = Field(default=0.0, ge=0, le=1)  # completion requests answered with error_status
     error_status: int = Field(default=500, ge=400, le=599)
     stream_error_rate: float = Field(default=0.0, ge=0, le=1)  # streams that end in an error event

@@ -1,14 +1,16 @@
 """The NIXL side channel over TCP: the decode engine reads a prefill engine's held KV.
 
 Wire format (one connection per read): the reader sends one JSON line
-`{"op": "read", "remote_request_id", "remote_block_ids", "prompt_tokens", "prompt_key", "engine_id"}`;
+`{"op": "read", "remote_request_id", "remote_block_ids", "prompt_tokens", "prompt_key", "engine_id",
+"kv_bandwidth_factor"}`;
 the holder answers one JSON line, `{"ok": true, "bytes": N}` followed by N payload bytes, or
 `{"ok": false, "error": "..."}`. Other ops: `release` (decode gave up; free now) and `heartbeat`
 (extend the leases of `remote_request_ids`), each answered with `{"ok": true}`.
 
 The payload is the modelled KV size divided by TANDEM_SIM_KV_SCALE, and it is paced so the read
 lasts the modelled transfer time (bandwidth x time scale): a real transfer over loopback, sized
-and timed by the model without moving gigabytes.
+and timed by the model without moving gigabytes. The `kv_bandwidth_factor` fault (either end's;
+the lower wins, `link_factor`) scales the bandwidth: a slow link, as a silent TCP fallback.
 """
 
 from __future__ import annotations
@@ -71,6 +73,19 @@ class SideChannelServer:
             pass
         finally:
             writer.close()
+
+
+def link_factor(own: float, peer: Any) -> float:
+    """The fraction of the configured link a read runs at: the lower of this engine's
+    `kv_bandwidth_factor` fault and the reader's (sent with the read; anything but a number in
+    (0, 1] counts as 1). A slow NIC at either end slows the transfer."""
+    try:
+        theirs = float(peer)
+    except (TypeError, ValueError):
+        theirs = 1.0
+    if not 0.0 < theirs <= 1.0:  # also NaN
+        theirs = 1.0
+    return min(own, theirs)
 
 
 async def _paced_write(writer: asyncio.StreamWriter, size: int, seconds: float) -> None:
