@@ -1,7 +1,11 @@
 """What one replica of a pool sustains within the SLO, seeded from the `perf` profile.
 
-- Prefill: a busy replica computes `perf.prefill_tokens_per_second(profile, mean prompt, token budget)`
-  prompt tokens/s. At the TTFT target it may only be loaded to a utilisation `rho` that leaves room
+- Prefill: a busy replica spends, per prompt of n tokens, n x (a full token budget's linear step time
+  / budget) plus the prompt's attention, quadratic in n; over the window's prompt lengths it computes
+  `E[n] / (E[n] x linear + per_token_sq x E[n^2])` prompt tokens/s (`busy_prefill_tokens_per_second`;
+  with `E[n^2] = E[n]^2` this is `perf.prefill_tokens_per_second` at the mean prompt: heavy-tailed
+  prompts, Mooncake's `E[n^2] = 2.72 E[n]^2`, make it far lower than the mean predicts).
+  At the TTFT target it may only be loaded to a utilisation `rho` that leaves room
   for queueing: with a prompt's service time `s` and the TTFT budget `T` (target less the KV
   transfer and the first decode step), `rho = clamp(1 - k * s / T, floor, cap)`, where `k` is the
   waiting time at the SLO's quantile in service times (knobs). Capacity at target = raw x rho.
@@ -73,9 +77,9 @@ class PoolModel:
 
 @dataclass(frozen=True, slots=True)
 class PrefillCapacity:
-    raw_tokens_per_second: float  # a busy replica, from the profile
+    raw_tokens_per_second: float  # a busy replica, from the profile, over the prompt-length distribution
     utilisation: float  # share of it usable within the TTFT target
-    service_seconds: float  # one mean prompt alone
+    service_seconds: float  # a prompt's mean busy time (E[n] / raw)
 
     @property
     def at_target(self) -> float:
@@ -192,6 +196,27 @@ def pool_model(spec: PDDeploymentSpec, role: str) -> PoolModel:
     return PoolModel(profile=profile, limits=limits, kv_bytes_per_token=per_token, fallback=fallback)
 
 
+def busy_prefill_tokens_per_second(
+    profile: Profile, mean_prompt_tokens: float, second_moment: float, max_num_batched_tokens: int
+) -> float:
+    """Prompt tokens per second of busy time of one replica over prompts of mean `E[n]` and second moment
+    `E[n^2]` (`second_moment`; below `E[n]^2`, e.g. 0 for unknown, it is taken as `E[n]^2`).
+
+    A busy vLLM V1 replica fills every step with `max_num_batched_tokens` tokens, so each prompt token
+    costs the linear time of a full step / budget, and a prompt of n tokens adds its attention
+    `per_token_sq x n^2` however it is chunked (`perf.prefill_tokens_per_second`, at one length). Summed
+    over the prompts: `E[n] / (E[n] x linear_per_token + per_token_sq x E[n^2])`.
+    """
+    if max_num_batched_tokens < 1:
+        raise ValueError("max_num_batched_tokens must be >= 1")
+    mean = max(1.0, mean_prompt_tokens)
+    moment = max(second_moment, mean * mean)
+    linear_per_token = profile.prefill_linear_seconds(max_num_batched_tokens) / max_num_batched_tokens
+    attention = profile.prefill_attention_seconds(0, 1) * moment  # per_token_sq x E[n^2], seconds
+    busy = mean * linear_per_token + attention
+    return mean / busy if busy > 0 else math.inf
+
+
 def prefill_capacity(
     model: PoolModel,
     slo: SLOSpec,
@@ -199,14 +224,20 @@ def prefill_capacity(
     knobs: Knobs,
     *,
     transfer_gbps: float | None,
+    prompt_second_moment: float = 0.0,
 ) -> PrefillCapacity:
     """Prompt tokens/s one replica computes busy, and the share of that usable within the TTFT target.
 
-    `transfer_gbps` is the KV link of a disaggregated prefill (None for colocated): the KV transfer of a
-    prompt comes out of the TTFT budget, as does the first decode step.
+    `prompt_second_moment` is `E[n^2]` of the prompt lengths (0: unknown, every prompt taken at the
+    mean). `transfer_gbps` is the KV link of a disaggregated prefill (None for colocated): the KV
+    transfer of a prompt comes out of the TTFT budget, as does the first decode step.
     """
     prompt = max(1, round(mean_prompt_tokens))
-    raw = prefill_tokens_per_second(model.profile, prompt, model.limits.max_num_batched_tokens)
+    budget_tokens = model.limits.max_num_batched_tokens
+    if prompt_second_moment > prompt * prompt:
+        raw = busy_prefill_tokens_per_second(model.profile, prompt, prompt_second_moment, budget_tokens)
+    else:
+        raw = prefill_tokens_per_second(model.profile, prompt, budget_tokens)
     service = prompt / raw if raw > 0 else math.inf
     budget = slo.ttft_ms / 1000.0 - model.profile.decode_step_seconds(1, prompt)
     if transfer_gbps is not None:

@@ -110,6 +110,7 @@ class _Observed:
     signals: PoolSignals
     path: PathSignals
     prompt_tokens: float
+    prompt_second_moment: float  # E[n^2] of the prompts `prompt_tokens` is the mean of (0: unknown)
     output_tokens: float
     drain_seconds: float
     quantile: str
@@ -124,6 +125,15 @@ def _observe(
     signals = pools.get(role, PoolSignals())
     order = [role, *(r for r in ROLES if r != role)]
     prompt = _first_positive(*(pools[r].mean_prompt_tokens for r in order if r in pools))
+    # the second moment of the same pool's prompts as the mean's
+    moment = next(
+        (
+            pools[r].prompt_tokens_second_moment
+            for r in order
+            if r in pools and pools[r].mean_prompt_tokens == prompt
+        ),
+        0.0,
+    )
     # Decode sees every output token; prefill's outputs are one token each, so it comes last.
     out_order = [r for r in ("decode", "colocated", "prefill") if r in pools]
     output = _first_positive(*(pools[r].mean_output_tokens for r in out_order if r != "prefill"))
@@ -134,6 +144,7 @@ def _observe(
         signals=signals,
         path=snapshot.paths.get(path_of(role), PathSignals()),
         prompt_tokens=prompt or knobs.default_prompt_tokens,
+        prompt_second_moment=moment if prompt else 0.0,
         output_tokens=output or knobs.default_output_tokens,
         drain_seconds=drain,
         quantile=f"p{slo.attainment_percent:g}",
@@ -324,6 +335,11 @@ def _finish(
     )
 
 
+def _square_ratio(obs: _Observed) -> float:
+    """E[n^2] / E[n]^2 of the prompts (1: unknown or all alike)."""
+    return max(1.0, obs.prompt_second_moment / obs.prompt_tokens**2) if obs.prompt_tokens > 0 else 1.0
+
+
 def _prefill_saturated(obs: _Observed, queue: float, budget: int) -> bool:
     ready = obs.size.ready
     floor = max(budget, obs.prompt_tokens) * ready
@@ -342,7 +358,12 @@ def _prefill(
     slo: SLOSpec,
 ) -> Sizing:
     cap = prefill_capacity(
-        model, slo, obs.prompt_tokens, knobs, transfer_gbps=spec.kv_transfer.bandwidth_gbps
+        model,
+        slo,
+        obs.prompt_tokens,
+        knobs,
+        transfer_gbps=spec.kv_transfer.bandwidth_gbps,
+        prompt_second_moment=obs.prompt_second_moment,
     )
     computed = obs.signals.prompt_tokens_rate
     rate = _arrival(obs, snapshot)
@@ -370,6 +391,7 @@ def _prefill(
         "queuedPromptTokens": queue,
         "drainSeconds": obs.drain_seconds,
         "meanPromptTokens": obs.prompt_tokens,
+        "promptSquareRatio": _square_ratio(obs),
         "profileTokensPerSecond": cap.raw_tokens_per_second,
         "utilisationAtTarget": cap.utilisation,
         "capacityTokensPerSecond": per_replica,
@@ -489,7 +511,14 @@ def _colocated(
     knobs: Knobs,
     slo: SLOSpec,
 ) -> Sizing:
-    prefill = prefill_capacity(model, slo, obs.prompt_tokens, knobs, transfer_gbps=None)
+    prefill = prefill_capacity(
+        model,
+        slo,
+        obs.prompt_tokens,
+        knobs,
+        transfer_gbps=None,
+        prompt_second_moment=obs.prompt_second_moment,
+    )
     decode = decode_capacity(model, slo, obs.prompt_tokens + obs.output_tokens / 2.0, knobs)
     prompt_cap = max(prefill.at_target * correction, 1e-9)
     seq_cap = max(max(decode.sequences, 1.0) * correction, 1e-9)

@@ -14,6 +14,10 @@ estimated as waiting requests x mean prompt tokens (over the window's finished r
 the pool's lifetime: a pool flooded before its first request finished still has a mean). The same
 estimate one window earlier (`waiting_before`, with today's mean) is `queued_prompt_tokens_before`.
 
+The prompts' second moment E[n^2] (prefill's attention is quadratic in n) comes from the window's
+increase of `vllm:request_prompt_tokens_bucket` by `autoscale.snapshot.second_moment`, with the exact
+mean from `_sum / _count`: the simulator estimates it from the same buckets the same way.
+
 Freshness: every query is evaluated at the snapshot's `now`. A series whose newest sample is older
 than 3 scrape intervals (the interval given to the reader, else estimated per series as the window
 over its sample count) is stale: the snapshot lists it in `missing`, and `decide()` holds. So do a
@@ -38,6 +42,7 @@ from tandem.autoscale.snapshot import (
     PoolSignals,
     PoolSize,
     Snapshot,
+    second_moment,
 )
 
 LABEL_PDD: Final = "tandem_dev_pddeployment"  # Prometheus' name of the pod label tandem.dev/pddeployment
@@ -132,6 +137,11 @@ ENGINE_QUERIES: Final[tuple[Query, ...]] = (
         "mean output length of the window's finished requests (NaN without any)",
     ),
     Query(
+        "prompt_tokens_buckets",
+        "sum by (tandem_dev_role, le) (increase(vllm:request_prompt_tokens_bucket SEL [WINDOW]))",
+        "the window's finished prompts by length bucket (cumulative, by le): their second moment",
+    ),
+    Query(
         "mean_prompt_tokens_lifetime",
         "sum by (tandem_dev_role) (vllm:request_prompt_tokens_sum SEL)"
         " / sum by (tandem_dev_role) (vllm:request_prompt_tokens_count SEL)",
@@ -195,7 +205,9 @@ POD_QUERIES: Final[tuple[Query, ...]] = (
 )
 
 # The engine queries answered by role (the rest are about freshness).
-_POOL_SIGNALS: Final = tuple(q.name for q in ENGINE_QUERIES if q.name not in ("engine_age", "engine_samples"))
+_POOL_SIGNALS: Final = tuple(
+    q.name for q in ENGINE_QUERIES if q.name not in ("engine_age", "engine_samples", "prompt_tokens_buckets")
+)
 
 QUERIES: Final[dict[str, Query]] = {q.name: q for q in (*ENGINE_QUERIES, *ROUTER_QUERIES, *POD_QUERIES)}
 
@@ -276,6 +288,36 @@ def by_label(result: Result, label: str) -> dict[str, float]:
         key = (sample.get("metric") or {}).get(label)
         if isinstance(key, str):
             out[key] = _value(sample)
+    return out
+
+
+def buckets_by_role(result: Result) -> dict[str, tuple[list[float], list[float]]]:
+    """Role -> (finite upper bounds, counts per bucket, not cumulative, the last one `+Inf`) from a
+    `sum by (tandem_dev_role, le)` over a histogram's `_bucket` series."""
+    cumulative: dict[str, dict[float, float]] = {}
+    for sample in result:
+        labels = sample.get("metric") or {}
+        role, le = labels.get(LABEL_ROLE), labels.get("le")
+        if not isinstance(role, str) or not isinstance(le, str):
+            continue
+        try:
+            bound = float(le)
+        except ValueError:
+            continue
+        value = _value(sample)
+        cumulative.setdefault(role, {})[bound] = value if math.isfinite(value) else 0.0
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    for role, by_bound in cumulative.items():
+        bounds = sorted(by_bound)
+        counts, below = [], 0.0
+        for bound in bounds:
+            counts.append(max(0.0, by_bound[bound] - below))
+            below = max(below, by_bound[bound])
+        if not bounds or not math.isinf(bounds[-1]):
+            counts.append(0.0)  # no +Inf series: nothing above the last bound
+        else:
+            bounds.pop()
+        out[role] = (bounds, counts)
     return out
 
 
@@ -371,6 +413,7 @@ def build_snapshot(
         missing.append("router_age: no fresh router metrics (tandem_router_*) for this PDDeployment")
 
     per_role = {name: by_label(get(name), LABEL_ROLE) for name in _POOL_SIGNALS}
+    prompt_buckets = buckets_by_role(get("prompt_tokens_buckets"))
     pools: dict[str, PoolSignals] = {}
     for role in POOL_ROLES:
         value = {name: _finite(per_role[name].get(role)) for name in _POOL_SIGNALS}
@@ -388,6 +431,9 @@ def build_snapshot(
             queued_prompt_tokens=value["waiting"] * queue_mean,
             queued_prompt_tokens_before=_finite(before) * queue_mean if before is not None else None,
             mean_prompt_tokens=value["mean_prompt_tokens"],
+            prompt_tokens_second_moment=second_moment(
+                *prompt_buckets.get(role, ([], [])), value["mean_prompt_tokens"]
+            ),
             mean_output_tokens=value["mean_output_tokens"],
         )
 

@@ -112,6 +112,7 @@ class Cluster:
         totals.pool_finished[r] += 1
         totals.pool_finished_prompt[r] += seq.prompt
         totals.pool_finished_output[r] += 1
+        totals.observe_prompt(r, seq.prompt)
         decode = self._pick(self.ready["decode"])
         if decode is None:  # the router answers 503; the prefill pod's KV lease lapses
             prefill.release_held(seq, now)
@@ -142,6 +143,7 @@ class Cluster:
         totals.pool_finished[r] += 1
         totals.pool_finished_prompt[r] += seq.prompt
         totals.pool_finished_output[r] += out
+        totals.observe_prompt(r, seq.prompt)
         totals.path_finished[p] += 1
         totals.path_prompt[p] += seq.prompt
         totals.path_generation[p] += out
@@ -173,7 +175,9 @@ class Cluster:
         return second if second_cost < first_cost else first
 
     def _arrive(self, index: int, request: Request, now: float) -> None:
-        self.windows.totals.arrivals += 1
+        totals = self.windows.totals
+        totals.arrivals += 1
+        totals.arrival_prompt += request.prompt_tokens
         ready = self.ready
         layout = self.layout
         draw = self.rng.random()

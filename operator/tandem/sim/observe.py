@@ -1,7 +1,10 @@
 """The simulator's windows as the autoscaler's `Snapshot`, so `decide()` cannot tell sim from live.
 
 Rates are increases over the window divided by its span; gauges are the last scrape's, summed over the
-pool's serving replicas (KV usage averaged and maxed). TTFT and TPOT are PromQL-style quantiles of the
+pool's serving replicas (KV usage averaged and maxed), and the queued prompt tokens also one window
+earlier (`queued_prompt_tokens_before`, as the live reader's `offset`). The prompts' second moment comes
+from a histogram with vLLM's `vllm:request_prompt_tokens` buckets through the same
+`autoscale.snapshot.second_moment` the live reader uses. TTFT and TPOT are PromQL-style quantiles of the
 router's histograms at the SLO's quantile; `None` where the window saw no request of that kind.
 """
 
@@ -9,8 +12,15 @@ from __future__ import annotations
 
 import math
 
-from tandem.autoscale.snapshot import PathSignals, PoolSignals, PoolSize, Snapshot
-from tandem.sim.windows import PATH_NAMES, ROLE_INDEX, WindowView
+from tandem.autoscale.snapshot import (
+    ArrivalSignals,
+    PathSignals,
+    PoolSignals,
+    PoolSize,
+    Snapshot,
+    second_moment,
+)
+from tandem.sim.windows import PATH_NAMES, PROMPT_BUCKETS, ROLE_INDEX, WindowView
 
 
 def snapshot_of(view: WindowView, quantile: float) -> Snapshot:
@@ -21,6 +31,8 @@ def snapshot_of(view: WindowView, quantile: float) -> Snapshot:
         sizes[role] = PoolSize(replicas=gauges.ready + gauges.starting, ready=gauges.ready)
         r = ROLE_INDEX[role]
         finished = inc.pool_finished[r]
+        mean_prompt = inc.pool_finished_prompt[r] / finished if finished else 0.0
+        before = view.gauges_before.get(role) if view.gauges_before is not None else None
         pools[role] = PoolSignals(
             scraped_pods=gauges.ready + gauges.draining,
             waiting_requests=float(gauges.waiting),
@@ -31,7 +43,9 @@ def snapshot_of(view: WindowView, quantile: float) -> Snapshot:
             generation_tokens_rate=view.rate(inc.pool_generation[r]),
             request_rate=view.rate(finished),
             queued_prompt_tokens=float(gauges.queued_prompt_tokens),
-            mean_prompt_tokens=inc.pool_finished_prompt[r] / finished if finished else 0.0,
+            queued_prompt_tokens_before=float(before.queued_prompt_tokens) if before is not None else None,
+            mean_prompt_tokens=mean_prompt,
+            prompt_tokens_second_moment=second_moment(PROMPT_BUCKETS, inc.pool_prompt_hist[r], mean_prompt),
             mean_output_tokens=inc.pool_finished_output[r] / finished if finished else 0.0,
         )
     paths: dict[str, PathSignals] = {}
@@ -53,6 +67,10 @@ def snapshot_of(view: WindowView, quantile: float) -> Snapshot:
         pools=pools,
         paths=paths,
         missing=missing,
+        arrivals=ArrivalSignals(
+            request_rate=view.rate(inc.arrivals),
+            mean_prompt_tokens=inc.arrival_prompt / inc.arrivals if inc.arrivals else 0.0,
+        ),
     )
 
 

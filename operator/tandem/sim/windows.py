@@ -16,11 +16,15 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tandem.engine.metrics import token_buckets
 from tandem.router.buckets import ITL_BUCKETS, TTFT_BUCKETS
 from tandem.sim.layout import ROLES, Role
 
 PATH_NAMES: tuple[str, str] = ("disaggregated", "colocated")  # index 0 and 1 everywhere in the sim
 ROLE_INDEX: dict[Role, int] = {role: i for i, role in enumerate(ROLES)}
+# vLLM's vllm:request_prompt_tokens buckets: the 1-2-5 series up to max_model_len (Llama-3.1's 131072,
+# the bench's model; its top finite bound is 100000, a longer prompt goes to +Inf).
+PROMPT_BUCKETS: tuple[float, ...] = token_buckets(131072)
 
 
 def histogram_quantile(q: float, bounds: Sequence[float], counts: Sequence[float]) -> float:
@@ -52,6 +56,7 @@ class Totals:
     """Cumulative counters. Paths index 0 (disaggregated) and 1 (colocated); pools by `ROLE_INDEX`."""
 
     __slots__ = (
+        "arrival_prompt",
         "arrivals",
         "path_finished",
         "path_generation",
@@ -63,13 +68,15 @@ class Totals:
         "pool_finished_prompt",
         "pool_generation",
         "pool_prompt",
+        "pool_prompt_hist",
         "pool_routed",
         "tpot",
         "ttft",
     )
 
     def __init__(self) -> None:
-        self.arrivals = 0
+        self.arrivals = 0  # requests that reached a router (refused ones included)
+        self.arrival_prompt = 0  # their prompt tokens
         self.path_finished = [0, 0]
         self.path_within = [0, 0]
         self.path_prompt = [0, 0]
@@ -84,6 +91,11 @@ class Totals:
         self.pool_generation = [0] * n  # tokens sampled, counted when the leg ends
         self.pool_finished_prompt = [0] * n
         self.pool_finished_output = [0] * n
+        # finished legs by prompt length, vLLM's vllm:request_prompt_tokens (PROMPT_BUCKETS, then +Inf)
+        self.pool_prompt_hist = [[0] * (len(PROMPT_BUCKETS) + 1) for _ in range(n)]
+
+    def observe_prompt(self, role_index: int, prompt: int) -> None:
+        self.pool_prompt_hist[role_index][bisect_left(PROMPT_BUCKETS, prompt)] += 1
 
     def observe_latency(self, path: int, ttft: float, tpot: float | None) -> None:
         self.ttft[path][bisect_left(TTFT_BUCKETS, ttft)] += 1
@@ -143,12 +155,14 @@ class Sample:
 
 @dataclass(frozen=True, slots=True)
 class WindowView:
-    """The window ending at `now`: counter increases over `seconds` and the gauges of the last scrape."""
+    """The window ending at `now`: counter increases over `seconds`, the gauges of the last scrape and
+    those of the scrape one window earlier (`gauges_before`, as PromQL's `offset`)."""
 
     now: float
     seconds: float  # the span the increases cover (shorter than the window at the start of a trace)
     increase: Totals
     gauges: dict[Role, PoolGauges]
+    gauges_before: dict[Role, PoolGauges] | None = None
 
     def rate(self, count: float) -> float:
         return count / self.seconds if self.seconds > 0 else 0.0
@@ -188,4 +202,6 @@ class Windows:
             return WindowView(now, 0.0, Totals(), {})
         last = self.samples[-1]
         first = self.samples[0]
-        return WindowView(now, last.time - first.time, last.totals.minus(first.totals), last.gauges)
+        return WindowView(
+            now, last.time - first.time, last.totals.minus(first.totals), last.gauges, first.gauges
+        )

@@ -183,6 +183,14 @@ def test_snapshot_of_a_live_deployment(cluster: ClusterHandle, deployed: Deploye
     assert snap.pools["decode"].generation_tokens_rate > 0
     assert snap.pools["prefill"].prompt_tokens_rate > 0
     assert snap.pools["prefill"].mean_prompt_tokens > 0
+    # Every prompt has the same length, so one of vLLM's 1-2-5 buckets holds them all: E[n^2] read from
+    # vllm:request_prompt_tokens_bucket is mean^2 times that bucket's uniform ratio (at most 1.061).
+    prefill = snap.pools["prefill"]
+    assert (
+        prefill.mean_prompt_tokens**2
+        < prefill.prompt_tokens_second_moment
+        <= 1.07 * prefill.mean_prompt_tokens**2
+    )
     assert snap.pools["decode"].mean_output_tokens == pytest.approx(8)
     assert snap.paths["colocated"].request_rate == 0
     if record := os.environ.get("TANDEM_RECORD_PROMETHEUS_ANSWERS"):

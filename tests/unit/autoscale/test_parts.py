@@ -9,8 +9,16 @@ import pytest
 from tandem.api.status import Recommendation
 from tandem.autoscale import stabilize
 from tandem.autoscale.budget import Claim, arbitrate
-from tandem.autoscale.capacity import decode_capacity, engine_limits, pool_model, prefill_capacity
+from tandem.autoscale.capacity import (
+    busy_prefill_tokens_per_second,
+    decode_capacity,
+    engine_limits,
+    pool_model,
+    prefill_capacity,
+)
 from tandem.autoscale.knobs import KNOBS, Knobs
+from tandem.autoscale.snapshot import second_moment
+from tandem.perf import load_profile, prefill_tokens_per_second
 
 if TYPE_CHECKING:
     from conftest import Kit
@@ -267,3 +275,83 @@ def test_a_vllm_engine_ignores_the_sim_settings(kit: Kit) -> None:
     env = [{"name": "TANDEM_SIM_TIME_SCALE", "value": "3"}]
     scaled = pool_model(kit.with_spec(engine={"env": env}).spec, "prefill").profile
     assert scaled == pool_model(kit.spec, "prefill").profile
+
+
+# --- prefill over the prompt-length distribution ----------------------------------------------------
+
+SECOND_MOMENT_CASES = [
+    # id, bounds, counts (last: +Inf), exact mean, expected E[n^2]
+    # all in (5, 10]: bucketed E[n] 7.5, E[n^2] (25 + 50 + 100) / 3 = 58.33; ratio 1.037 x 7.5^2
+    ("one-bucket", (1.0, 2.0, 5.0, 10.0), [0, 0, 0, 5, 0], 7.5, 175 / 3),
+    # half in (0, 10], half in (10, 20]: E[n] (5 + 15) / 2 = 10, E[n^2] (100/3 + 700/3) / 2 = 133.3;
+    # ratio 1.333, times the exact mean 12 squared: 192
+    ("two-buckets", (10.0, 20.0), [1, 1, 0], 12.0, 192.0),
+    ("inf-at-last-bound", (10.0,), [0, 2], 50.0, 2500.0),  # a point at 10: ratio 1, so mean^2
+    ("no-observations", (10.0,), [0, 0], 0.0, 0.0),
+    ("no-mean", (10.0,), [3, 0], 0.0, 0.0),
+]
+
+
+@pytest.mark.parametrize(
+    ("bounds", "counts", "mean", "expected"),
+    [c[1:] for c in SECOND_MOMENT_CASES],
+    ids=[c[0] for c in SECOND_MOMENT_CASES],
+)
+def test_second_moment_from_a_histogram(
+    bounds: tuple[float, ...], counts: list[float], mean: float, expected: float
+) -> None:
+    assert second_moment(bounds, counts, mean) == pytest.approx(expected)
+
+
+def _simple_profile() -> Any:
+    """Linear 0.1 ms per token (no floor or intercept), attention 1e-5 ms per token^2."""
+    base = load_profile("meta-llama/Llama-3.1-8B-Instruct", "H100", 1)
+    prefill = base.prefill.model_copy(
+        update={"floor_ms": 0.0, "intercept_ms": 0.0, "per_token_ms": 0.1, "per_token_sq_ms": 1e-5}
+    )
+    return base.model_copy(update={"prefill": prefill})
+
+
+BUSY_CASES = [
+    # id, E[n], E[n^2], tokens/s = E[n] / (E[n] x 1e-4 s + 1e-8 s x E[n^2])
+    ("all-alike", 1000.0, 1e6, 1000 / 0.11),  # 0.1 + 0.01 s per prompt: 9,091
+    ("mooncake-spread", 1000.0, 2.72e6, 1000 / 0.1272),  # 0.1 + 0.0272 s: 7,862
+    ("spread-4", 1000.0, 4e6, 1000 / 0.14),  # 7,143
+    ("unknown-is-mean-squared", 1000.0, 0.0, 1000 / 0.11),
+]
+
+
+@pytest.mark.parametrize(
+    ("mean", "moment", "expected"), [c[1:] for c in BUSY_CASES], ids=[c[0] for c in BUSY_CASES]
+)
+def test_busy_prefill_tokens_per_second_over_the_distribution(
+    mean: float, moment: float, expected: float
+) -> None:
+    profile = _simple_profile()
+    assert busy_prefill_tokens_per_second(profile, mean, moment, 8192) == pytest.approx(expected)
+
+
+def test_busy_prefill_at_the_mean_is_perfs_figure() -> None:
+    profile = load_profile("meta-llama/Llama-3.1-8B-Instruct", "H100", 1)
+    for n in (128, 2048, 12035):
+        assert busy_prefill_tokens_per_second(profile, n, float(n * n), 8192) == pytest.approx(
+            prefill_tokens_per_second(profile, n, 8192)
+        )
+
+
+def test_prefill_capacity_uses_the_second_moment(kit: Kit) -> None:
+    model = pool_model(kit.spec, "prefill")
+    slo = kit.spec.slo
+    assert slo is not None
+    slo = slo.model_copy(update={"ttft_ms": 5000})
+    at_mean = prefill_capacity(model, slo, 12000, KNOBS, transfer_gbps=400)
+    spread = prefill_capacity(
+        model, slo, 12000, KNOBS, transfer_gbps=400, prompt_second_moment=2.72 * 12000**2
+    )
+    assert spread.raw_tokens_per_second == pytest.approx(
+        busy_prefill_tokens_per_second(
+            model.profile, 12000, 2.72 * 12000**2, model.limits.max_num_batched_tokens
+        )
+    )
+    assert spread.raw_tokens_per_second < 0.85 * at_mean.raw_tokens_per_second
+    assert spread.service_seconds == pytest.approx(12000 / spread.raw_tokens_per_second)

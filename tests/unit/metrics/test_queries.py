@@ -283,3 +283,23 @@ def test_pod_loads() -> None:
 def test_a_stale_pod_has_no_known_load() -> None:
     loads = build_pod_loads(pod_answers(pod_age=[sample(30, pod="p-0")]), ["p-0"])
     assert loads == {}
+
+
+def test_the_prompt_buckets_give_the_second_moment() -> None:
+    """vLLM's cumulative `le` buckets by role: prefill's 4 prompts, 2 in (0, 10] and 2 in (10, 20], mean
+    12 (from _sum/_count): bucketed E[n] 10, E[n^2] 133.3, ratio 4/3, so E[n^2] = 4/3 x 144 = 192."""
+    role = "tandem_dev_role"
+    buckets = [
+        sample(2, le="10.0", **{role: "prefill"}),
+        sample(4, le="20.0", **{role: "prefill"}),
+        sample(4, le="+Inf", **{role: "prefill"}),
+        sample(0, le="10.0", **{role: "decode"}),
+    ]
+    answers = fresh_answers(
+        prompt_tokens_buckets=buckets,
+        mean_prompt_tokens=[sample(12, **{role: "prefill"}), sample("NaN", **{role: "decode"})],
+    )
+    pools = snapshot(answers).pools
+    assert pools["prefill"].prompt_tokens_second_moment == pytest.approx(192.0)
+    assert pools["decode"].prompt_tokens_second_moment == 0.0  # no prompts in the window
+    assert pools["colocated"].prompt_tokens_second_moment == 0.0  # no series

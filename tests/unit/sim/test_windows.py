@@ -109,3 +109,38 @@ def test_the_time_series_follows_the_load(kit: SimKit) -> None:
     assert by_time[60].gpus == 2
     assert by_time[60].ttft_p90 < 0.1
     assert math.isnan(by_time[0].ttft_p90)
+
+
+def test_the_snapshot_carries_prompt_spread_arrivals_and_the_queue_a_window_back(kit: SimKit) -> None:
+    """Prompts alternate 100 and 900 tokens (E[n] 500, E[n^2] 410,000: 1.64 E[n]^2), 10 requests/s. The
+    histogram has vLLM's buckets, (50, 100] and (500, 1000]; uniform within each, the bucketed E[n] is
+    (75 + 750) / 2 = 412.5 and E[n^2] ((50^2 + 50*100 + 100^2) / 3 + (500^2 + 500*1000 + 1000^2) / 3) / 2
+    = 294,583.3, a ratio of 1.731 (the exact 1.64 is within 6%), times the exact 500^2: 432,813."""
+    requests = [Request(0.1 * i, 100 if i % 2 else 900, 30) for i in range(1200)]
+    policy = StaticPolicy(interval_seconds=30.0, keep_snapshots=True)
+    simulate(requests, kit.pd(prefill=1, decode=2), kit.config(), policy)
+    snapshot = policy.seen[2]  # at 90 s: the window 30..90 s
+    prefill = snapshot.pools["prefill"]
+    assert prefill.mean_prompt_tokens == pytest.approx(500.0, rel=0.01)
+    expected = (((50**2 + 50 * 100 + 100**2) / 3 + (500**2 + 500 * 1000 + 1000**2) / 3) / 2) / 412.5**2
+    assert expected == pytest.approx(1.731, abs=1e-3)
+    assert prefill.prompt_tokens_second_moment == pytest.approx(
+        expected * prefill.mean_prompt_tokens**2, rel=1e-9
+    )
+    assert snapshot.arrivals is not None
+    assert snapshot.arrivals.request_rate == pytest.approx(10.0, rel=0.01)
+    assert snapshot.arrivals.mean_prompt_tokens == pytest.approx(500.0, rel=0.01)
+    assert prefill.queued_prompt_tokens_before is not None  # the 30-s scrape's gauge
+    assert prefill.queued_prompt_tokens_before >= 0
+
+
+def test_arrivals_are_counted_before_service() -> None:
+    """A window counts the requests that arrived in it, served or not (the planner baseline's signal)."""
+    windows = Windows(window_seconds=60.0)
+    windows.scrape(0.0, {})
+    windows.totals.arrivals, windows.totals.arrival_prompt = 120, 120 * 300
+    windows.scrape(60.0, {})
+    view = windows.view(60.0)
+    assert view.rate(view.increase.arrivals) == 2.0
+    assert view.increase.arrival_prompt / view.increase.arrivals == 300.0
+    assert view.gauges_before == {}
