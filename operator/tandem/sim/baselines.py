@@ -7,9 +7,11 @@ defines them. Pure: no clock (time is an argument) and no I/O.
 - `HPAPolicy`: the Kubernetes HPA algorithm (pkg/controller/podautoscaler) per pool on one signal:
   prefill on queued prompt tokens per replica, decode (and colocated) on KV-cache usage.
 - `PlannerPolicy`: Dynamo's throughput planner (generation 1, `anchors.md` section 1.3): every interval
-  predict request count, mean ISL and mean OSL, and size prefill as prompt-token demand over one replica's
-  prefill throughput, decode as output-token demand over one replica's decode throughput at the ITL target,
-  both from the same `perf` profile tandem uses.
+  predict the request count arriving at the frontend, mean ISL and mean OSL, and size prefill as
+  prompt-token demand over one replica's prefill throughput at the TTFT target, decode as output-token
+  demand over one replica's decode throughput at the ITL target, both derived from the same `perf`
+  profile tandem uses the way Dynamo's pre-deployment profiler measures them; no headroom, averages,
+  no queue term (its published behaviour).
 
 Both policies follow the simulator's policy protocol: `interval_seconds` and
 `decide(snapshot, now) -> {role: replicas}`; a role left out keeps its size.
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 from tandem.autoscale.snapshot import Snapshot
-from tandem.perf import Profile, decode_batch_at_tpot, prefill_tokens_per_second
+from tandem.perf import Profile, decode_batch_at_tpot
 from tandem.sim.requests import Request
 
 DEFAULT_ATTAINMENT_TARGET = 0.95
@@ -449,16 +451,30 @@ def predict(history: list[float], predictor: Predictor) -> float:
     return max(0.0, mean_y + slope * (n - mean_x))
 
 
+def prefill_ttft_alone(profile: Profile, isl: int, max_num_batched_tokens: int = 8192) -> float:
+    """TTFT of one prompt of `isl` tokens on an idle prefill replica, as Dynamo's profiler measures it
+    (batch 1): vLLM computes it in chunks of the token budget, each a step of its linear time, plus the
+    prompt's whole attention once."""
+    budget = max(1, max_num_batched_tokens)
+    full, rest = divmod(max(1, isl), budget)
+    linear = full * profile.prefill_linear_seconds(budget) + (
+        profile.prefill_linear_seconds(rest) if rest else 0.0
+    )
+    return linear + profile.prefill_attention_seconds(0, max(1, isl))
+
+
 def prefill_replica_tokens_per_second(
     profile: Profile, isl: float, ttft_seconds: float, max_num_batched_tokens: int = 8192
 ) -> float:
-    """Prompt tokens/s one prefill replica sustains at this ISL (`perf.prefill_tokens_per_second`).
-
-    As Dynamo's generation 2, if one prompt alone takes longer than the TTFT target the throughput is
-    divided by how many times over it is (its latency floor, `ceil(ttft_est / ttft_sla)` replicas)."""
+    """Prompt tokens/s one prefill replica sustains at this ISL *at the TTFT target*, as Dynamo's
+    pre-deployment profiler finds it: prefill is profiled at batch 1 over ISLs, throughput per GPU =
+    ISL / TTFT (`prefill_thpt_per_gpu`, `docs/architecture/pre_deployment_profiling.md`, `anchors.md`
+    section 1.3), at the TP whose TTFT meets the target. Here TP is the pool's, so when one prompt alone
+    takes longer than the target the throughput is divided by how many times over it is (generation 2's
+    latency floor, `ceil(ttft_est / ttft_sla)` replicas)."""
     tokens = max(1, round(isl))
-    rate = prefill_tokens_per_second(profile, tokens, max_num_batched_tokens)
-    alone = profile.prefill_seconds(tokens)
+    alone = prefill_ttft_alone(profile, tokens, max_num_batched_tokens)
+    rate = tokens / alone
     if alone > ttft_seconds:
         rate /= math.ceil(alone / ttft_seconds)
     return rate
@@ -468,7 +484,9 @@ def decode_replica_tokens_per_second(
     profile: Profile, isl: float, osl: float, itl_seconds: float, kv_capacity_tokens: int, max_num_seqs: int
 ) -> float:
     """Output tokens/s one decode replica sustains at the ITL target, sequences at context ISL + OSL/2
-    (Dynamo's decode profile point), batch capped by KV capacity and max_num_seqs; 0 if even one misses."""
+    (Dynamo's decode profile point): its profiler sweeps concurrency up to the KV cache's capacity and the
+    planner takes the highest throughput whose ITL meets the target, i.e. the largest batch within it,
+    capped by KV capacity and max_num_seqs; 0 if even one misses."""
     context = max(1.0, isl + osl / 2)
     batch = decode_batch_at_tpot(profile, itl_seconds, context, max_batch=max_num_seqs)
     batch = min(batch, int(kv_capacity_tokens // context))
@@ -494,7 +512,7 @@ class PlannerConfig:
 
 @dataclass(frozen=True, slots=True)
 class PlannerObservation:
-    """One interval as the planner reads it from the frontend: request count, mean ISL, mean OSL."""
+    """One interval as the planner reads it from the frontend: requests arrived, mean ISL, mean OSL."""
 
     num_req: float
     isl: float
@@ -507,28 +525,37 @@ class PlannerPolicy:
 
     Each call reads one window; the sim's windows tile the interval when the policy is called every
     window (`interval_seconds` = window); observations are summed over `adjustment_interval_seconds`
-    and the planner acts once per adjustment interval.
+    and the planner acts once per adjustment interval. The request count and ISL are those of the
+    requests that *arrived* (Dynamo reads its frontend's request counter, `increase(requests_total[I])`,
+    and input-length histogram), from `Snapshot.arrivals` (the simulator counts arrivals; a snapshot
+    without it, as a live one, falls back to finished requests); OSL is known only when a request
+    finishes, so it is the finished requests' mean.
     """
 
     def __init__(self, config: PlannerConfig, window_seconds: float | None = None) -> None:
         self.config = config
         self.interval_seconds = window_seconds or config.adjustment_interval_seconds
         self.history: list[PlannerObservation] = []
-        self._pending: list[tuple[float, float, float]] = []  # (requests, prompt tokens, output tokens)
+        # (requests arrived, their prompt tokens, requests finished, their output tokens)
+        self._pending: list[tuple[float, float, float, float]] = []
         self._next_act: float | None = None
         self.last_figures: dict[str, float] = {}
 
-    def observe(self, snapshot: Snapshot) -> tuple[float, float, float]:
-        """Requests finished in the window and their prompt and output tokens (routers' and pools' rates)."""
-        total = snapshot.total()
-        requests = total.request_rate * snapshot.window_seconds
-        prompt = output = 0.0
+    def observe(self, snapshot: Snapshot) -> tuple[float, float, float, float]:
+        """Requests arrived in the window and their prompt tokens (`Snapshot.arrivals`; finished requests
+        without it), and requests finished and their output tokens (the decode and colocated pools)."""
+        finished = prompt_finished = output = 0.0
         for role, signals in snapshot.pools.items():
             if role in ("decode", "colocated"):
                 n = signals.request_rate * snapshot.window_seconds
-                prompt += signals.mean_prompt_tokens * n
+                finished += n
+                prompt_finished += signals.mean_prompt_tokens * n
                 output += signals.mean_output_tokens * n
-        return requests, prompt, output
+        arrivals = snapshot.arrivals
+        if arrivals is None:
+            return snapshot.total().request_rate * snapshot.window_seconds, prompt_finished, finished, output
+        arrived = arrivals.request_rate * snapshot.window_seconds
+        return arrived, arrivals.mean_prompt_tokens * arrived, finished, output
 
     def decide(self, snapshot: Snapshot, now: float) -> dict[str, int]:
         cfg = self.config
@@ -541,13 +568,13 @@ class PlannerPolicy:
             return {}
         self._next_act = now + cfg.adjustment_interval_seconds
         requests = sum(p[0] for p in self._pending)
-        finished = requests or 1.0
         prompt = sum(p[1] for p in self._pending)
-        output = sum(p[2] for p in self._pending)
+        finished = sum(p[2] for p in self._pending)
+        output = sum(p[3] for p in self._pending)
         self._pending.clear()
-        if requests <= 0:
+        if requests <= 0 or finished <= 0:
             return {}  # Dynamo skips a tick whose averages are NaN (no traffic)
-        self.history.append(PlannerObservation(requests, prompt / finished, output / finished))
+        self.history.append(PlannerObservation(requests, prompt / requests, output / finished))
         return self.size(self.predicted(), snapshot)
 
     def predicted(self) -> PlannerObservation:

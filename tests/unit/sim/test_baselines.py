@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tandem.autoscale.snapshot import PathSignals, PoolSignals, PoolSize, Snapshot
+from tandem.autoscale.snapshot import ArrivalSignals, PathSignals, PoolSignals, PoolSize, Snapshot
 from tandem.perf import decode_batch_at_tpot, kv_cache_tokens, load_profile, prefill_tokens_per_second
 from tandem.sim.baselines import (
     HPAConfig,
@@ -22,6 +22,7 @@ from tandem.sim.baselines import (
     hpa_replicas,
     predict,
     prefill_replica_tokens_per_second,
+    prefill_ttft_alone,
     search_static_colocated,
     search_static_pd,
 )
@@ -137,14 +138,18 @@ def test_predictors() -> None:
 
 def test_planner_per_replica_throughputs_come_from_perf() -> None:
     profile = load_profile(LLAMA_8B, "H100", 1)
-    # prefill: perf's busy-replica throughput at the ISL, as long as one prompt fits the TTFT target
-    assert prefill_replica_tokens_per_second(profile, 1000, 1.0) == prefill_tokens_per_second(profile, 1000)
-    # a 32k prompt alone takes ~1.4 s: at a 0.5 s TTFT it needs ceil(1.4/0.5) = 3 replicas' worth
-    alone = profile.prefill_seconds(32768)
-    assert 1.0 < alone < 1.5
-    assert prefill_replica_tokens_per_second(profile, 32768, 0.5) == pytest.approx(
-        prefill_tokens_per_second(profile, 32768) / math.ceil(alone / 0.5)
-    )
+    # prefill, as Dynamo's profiler measures it: ISL / TTFT at batch 1. 1000 tokens alone take
+    # 1 + 0.0218 x 1000 = 22.8 ms of linear ops and 6.6e-7 x 1000^2 = 0.66 ms of attention: 42,626 tokens/s
+    # (a busy replica packing prompts into 8192-token steps computes more: perf's 44.3k)
+    assert profile.prefill_seconds(1000) == pytest.approx(0.02346)
+    assert prefill_ttft_alone(profile, 1000) == profile.prefill_seconds(1000)
+    assert prefill_replica_tokens_per_second(profile, 1000, 1.0) == pytest.approx(1000 / 0.02346)
+    assert prefill_replica_tokens_per_second(profile, 1000, 1.0) < prefill_tokens_per_second(profile, 1000)
+    # a 32k prompt alone: 4 chunks of 8192 (1 + 0.0218 x 8192 = 179.6 ms each) and 708.7 ms of attention,
+    # 1.427 s; at a 0.5 s TTFT it needs ceil(1.427 / 0.5) = 3 replicas' worth (the latency floor)
+    alone = prefill_ttft_alone(profile, 32768)
+    assert alone == pytest.approx(4 * 0.1795856 + 6.6e-7 * 32768**2 / 1000)
+    assert prefill_replica_tokens_per_second(profile, 32768, 0.5) == pytest.approx(32768 / alone / 3)
     # decode: the batch at the ITL target with sequences at ISL + OSL/2 = 1100 tokens, its step time
     batch = decode_batch_at_tpot(profile, 0.03, 1100.0)
     expected = batch / profile.decode_step_seconds(batch, math.ceil(batch * 1100.0))
@@ -180,10 +185,10 @@ def test_planner_sizes_pools_by_hand() -> None:
     profile = planner.config.prefill_profile
     # 36,000 requests in 180 s = 200 req/s of 1000-token prompts and 200-token outputs
     sizes = planner.size(PlannerObservation(num_req=36_000, isl=1000, osl=200))
-    p_rate = prefill_tokens_per_second(profile, 1000)  # ~44k tokens/s
+    p_rate = 1000 / profile.prefill_seconds(1000)  # ~42.6k tokens/s at batch 1
     d_rate = decode_replica_tokens_per_second(profile, 1000, 200, 0.03, kv_cache_tokens(profile), 1024)
     assert sizes == {"prefill": math.ceil(200_000 / p_rate), "decode": math.ceil(40_000 / d_rate)}
-    assert sizes["prefill"] == 5  # 200,000 / 44,300
+    assert sizes["prefill"] == 5  # 200,000 / 42,626
     # no load: one replica per pool (min_endpoint)
     assert planner.size(PlannerObservation(num_req=0, isl=1000, osl=200)) == {"prefill": 1, "decode": 1}
 
@@ -198,8 +203,16 @@ def test_planner_budget_scales_both_pools_prefill_first() -> None:
     assert sizes == {"prefill": expected_p, "decode": max(1, 6 - expected_p)}
 
 
-def _window(now: float, requests: float, isl: float, osl: float) -> Snapshot:
+def _window(
+    now: float,
+    requests: float,
+    isl: float,
+    osl: float,
+    arrived: float | None = None,
+    arrived_isl: float = 0.0,
+) -> Snapshot:
     rate = requests / 60.0
+    arrivals = None if arrived is None else ArrivalSignals(arrived / 60.0, arrived_isl)
     return Snapshot(
         observed_at=now,
         window_seconds=60.0,
@@ -211,6 +224,7 @@ def _window(now: float, requests: float, isl: float, osl: float) -> Snapshot:
             ),
         },
         paths={"disaggregated": PathSignals(request_rate=rate, within_slo_rate=rate)},
+        arrivals=arrivals,
     )
 
 
@@ -224,6 +238,18 @@ def test_planner_acts_once_per_interval_on_the_interval_sums() -> None:
     assert planner.history == [PlannerObservation(36_000, 1000, 200)]
     assert sizes == planner.size(PlannerObservation(36_000, 1000, 200))
     assert planner.decide(_window(240.0, 0, 0, 0), 240.0) == {}
+
+
+def test_planner_counts_arrivals_not_finished_requests() -> None:
+    """An overloaded pool finishes what it can (its own capacity); the frontend sees what arrives: 60,000
+    requests of 2000 tokens arrived while 30,000 of 1000 finished (with 200 output tokens each)."""
+    planner = _planner(interval=60.0)
+    sizes = planner.decide(_window(60.0, 30_000, 1000, 200, arrived=60_000, arrived_isl=2000), 60.0)
+    assert planner.history == [PlannerObservation(60_000, 2000, 200)]
+    assert sizes == planner.size(PlannerObservation(60_000, 2000, 200))
+    finished_only = _planner(interval=60.0)
+    assert finished_only.decide(_window(60.0, 30_000, 1000, 200), 60.0)["prefill"] < sizes["prefill"]
+    assert finished_only.history == [PlannerObservation(30_000, 1000, 200)]
 
 
 def test_planner_skips_an_interval_without_traffic() -> None:
@@ -348,16 +374,19 @@ def test_tandem_policy_starts_from_the_operators_seed_and_carries_its_state() ->
     assert policy.state.pools.prefill.desired_replicas == 3
     assert policy.state.pools.decode.desired_replicas == 2
     assert [r.replicas for r in policy.state.pools.prefill.recommendations] == [3, 3]
-    # no traffic is data: the pools would go to minReplicas, but not before the 300-s window
+    # no traffic is data: the pools would go to minReplicas, but not before the 600-s window (default)
+    window = spec.autoscaling.scale_down.stabilization_seconds
+    assert window == 600
     idle = _snapshot(30.0, (3, 0.0), (2, 0.0))
     assert policy.decide(idle, 30.0) == {"prefill": 3, "decode": 2}
     assert policy.decisions == []
-    for t in range(60, 300, 30):
+    for t in range(60, window, 30):
         policy.decide(_snapshot(float(t), (3, 0.0), (2, 0.0)), float(t))
-    sizes = policy.decide(_snapshot(330.0, (3, 0.0), (2, 0.0)), 330.0)
+    assert policy.decisions == []
+    sizes = policy.decide(_snapshot(window + 30.0, (3, 0.0), (2, 0.0)), window + 30.0)
     assert sizes["prefill"] < 3  # the scale-down step (1 by default) once the window has passed
     assert policy.decisions[-1].role in ("prefill", "decode")
-    assert policy.decisions[0].time == 330.0
+    assert policy.decisions[0].time == window + 30.0
 
 
 def test_autoscaled_spec_is_valid_for_both_modes() -> None:
