@@ -140,6 +140,8 @@ class Replica:
         "tp",
         "version",
         "waiting",
+        "waiting_resident",
+        "waiting_tokens",
     )
 
     def __init__(
@@ -183,6 +185,11 @@ class Replica:
         self.heap_counter = 0
         self.prefilling: list[Seq] = []  # running sequences still computing their prompt
         self.waiting: deque[Seq] = deque()
+        # Kept as `waiting` changes (a waiting sequence's counts do not move), so neither the scrape's
+        # gauge nor a blocked head rescans a long queue: tokens still to compute of the waiting
+        # sequences, and how many of them hold pulled KV (`computed` > 0: only those can jump the head).
+        self.waiting_tokens = 0
+        self.waiting_resident = 0
         self.pending_pulls: deque[Seq] = deque()  # decode role: KV to pull once blocks are free
         self.other = 0  # KV tokens not held by decodes: prefills, pulls, prefills held for their pull
         self.busy = False
@@ -215,8 +222,22 @@ class Replica:
         return self.dec_base + self.dec_n * s + self.other
 
     def queued_prompt_tokens(self) -> int:
-        queued = sum(q.prompt + q.num_output - q.computed for q in self.waiting)
-        return queued + sum(q.prompt + q.num_output - q.computed for q in self.prefilling)
+        return self.waiting_tokens + sum(q.prompt + q.num_output - q.computed for q in self.prefilling)
+
+    def _queue(self, seq: Seq, first: bool = False) -> None:
+        if first:
+            self.waiting.appendleft(seq)
+        else:
+            self.waiting.append(seq)
+        self.waiting_tokens += seq.prompt + seq.num_output - seq.computed
+        if seq.computed:
+            self.waiting_resident += 1
+
+    def _unqueued(self, seq: Seq) -> None:
+        """`seq` has just left `waiting` (before its counts change)."""
+        self.waiting_tokens -= seq.prompt + seq.num_output - seq.computed
+        if seq.computed:
+            self.waiting_resident -= 1
 
     # --- intake ---------------------------------------------------------------------------------------
     def submit(self, seq: Seq, now: float) -> None:
@@ -224,7 +245,7 @@ class Replica:
         seq.computed = 0
         seq.num_output = 0
         seq.fin = -1
-        self.waiting.append(seq)
+        self._queue(seq)
         self._poke(now)
 
     def submit_remote(self, seq: Seq, now: float) -> None:
@@ -238,7 +259,7 @@ class Replica:
         seq.num_output = 0
         seq.leg_out = seq.out
         self.other -= 1  # the pull reserved the whole prompt; the sequence stores `computed` tokens
-        self.waiting.append(seq)
+        self._queue(seq)
         self._poke(now, resident=True)
 
     def release_held(self, seq: Seq, now: float) -> None:
@@ -343,9 +364,11 @@ class Replica:
                 n = rem if rem < budget else budget
                 if free < rem:  # room for the whole prompt, not just this chunk (see the docstring)
                     self.admit_blocked = True
-                    budget, free, n_running = self._admit_resident(plan, budget, free, n_running)
+                    if self.waiting_resident:
+                        budget, free, n_running = self._admit_resident(plan, budget, free, n_running)
                     break
                 waiting.popleft()
+                self._unqueued(seq)
                 running[seq] = None
                 self.prefilling.append(seq)
                 plan.append((seq, n))
@@ -373,7 +396,7 @@ class Replica:
         Strict FCFS would deadlock when the pulled KV of queued sequences is what the head waits for.
         """
         for seq in list(self.waiting):
-            if budget <= 0 or n_running >= self.max_seqs:
+            if budget <= 0 or n_running >= self.max_seqs or not self.waiting_resident:
                 break
             if not seq.computed:
                 continue
@@ -382,6 +405,7 @@ class Replica:
             if free < rem:
                 continue
             self.waiting.remove(seq)
+            self._unqueued(seq)
             self.running[seq] = None
             self.prefilling.append(seq)
             plan.append((seq, n))
@@ -508,7 +532,7 @@ class Replica:
         seq.computed = 0
         seq.preemptions += 1
         self.preemptions += 1
-        self.waiting.appendleft(seq)
+        self._queue(seq, first=True)
         return freed
 
     def _gone(self, now: float) -> None:

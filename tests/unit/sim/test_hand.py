@@ -146,3 +146,25 @@ def test_a_request_longer_than_the_kv_cache_is_refused(kit: SimKit) -> None:
         [Request(0.0, 900, 200)], kit.colocated(kit.spec(cap=1000, seqs=4, batched=1024)), kit.config()
     )
     assert result.summary.refused == 1
+
+
+def test_the_queue_counters_match_a_scan_of_the_queue(kit: SimKit, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The waiting queue's tokens and its count of pulled sequences are kept incrementally (an overload
+    does not rescan the queue every scrape or blocked step): at every scrape of an overloaded P/D layout
+    with a small decode KV cache (preemptions, pulls waiting for blocks) they equal a scan."""
+    checked: list[int] = []
+    scrape = Cluster.scrape
+
+    def checking(self: Cluster, now: float) -> None:
+        for replica in self.all_replicas:
+            waiting = list(replica.waiting)
+            assert replica.waiting_tokens == sum(q.prompt + q.num_output - q.computed for q in waiting)
+            assert replica.waiting_resident == sum(1 for q in waiting if q.computed)
+            checked.append(len(waiting))
+        scrape(self, now)
+
+    monkeypatch.setattr(Cluster, "scrape", checking)
+    requests = [Request(0.02 * i, 3000 + 500 * (i % 7), 200 + 50 * (i % 5)) for i in range(3000)]
+    result = simulate(requests, kit.pd(kit.spec(cap=60_000), prefill=1, decode=1), kit.config())
+    assert max(checked) > 100  # the prefill queue grew long
+    assert sum(result.records.preemptions) > 0
