@@ -3,6 +3,7 @@ statuses the operator's own `derive_status` produces, in a real Lua 5.1 interpre
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 import yaml
 
 from tandem.api.models import PDDeployment
+from tandem.api.status import RolloutStatus
 from tandem.status.derive import Observed, PodProblem, WorkloadState, derive_status
 
 from .helm import REPO
@@ -97,6 +99,24 @@ OBSERVED = {
         "Degraded",
     ),
 }
+
+
+def _rollout(phase: str, weight: int, **extra: Any) -> RolloutStatus:
+    return RolloutStatus(
+        phase=phase, weight=weight, started_at=0, step_started_at=0, phase_since=0, reason=phase, **extra
+    )
+
+
+_CONVERGED = OBSERVED["converged"][0]
+for _name, _rollout_status, _health in (
+    ("rollout-preparing", _rollout("Preparing", 0), "Progressing"),
+    ("rollout-shifting", _rollout("Shifting", 50), "Progressing"),
+    ("rollout-rolling-back", _rollout("RollingBack", 0, rollback_stage="RestoringWeight"), "Progressing"),
+    ("rollout-paused", _rollout("Paused", 50, pause_cause="AwaitingPromote"), "Suspended"),
+    ("rollout-rolled-back", _rollout("RolledBack", 0), "Degraded"),
+    ("rollout-promoted", _rollout("Promoted", 100), "Healthy"),
+):
+    OBSERVED[_name] = (dataclasses.replace(_CONVERGED, rollout=_rollout_status), _health)
 
 
 @pytest.mark.parametrize("name", sorted(OBSERVED))

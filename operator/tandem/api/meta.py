@@ -33,6 +33,9 @@ APP_NAME: Final = "tandem"
 
 # Annotations a user (or an Argo CD action) sets on a PDDeployment.
 ANNOTATION_AUTOSCALING_PAUSED: Final = "tandem.dev/autoscaling-paused"  # "true" holds every decision
+# A rollout command: promote, abort or retry, optionally `/TOKEN` to give the same one again
+# (docs/rollout.md); acted on once, echoed in status.rollout.lastCommand.
+ANNOTATION_ROLLOUT_COMMAND: Final = "tandem.dev/rollout-command"
 
 # Annotation the operator sets on a pod it is about to remove: the router sends it no new work.
 ANNOTATION_DRAINING: Final = "tandem.dev/draining"  # value: RFC 3339 time the drain started

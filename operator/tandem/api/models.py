@@ -1,9 +1,8 @@
 """The PDDeployment spec as pydantic v2 models: the source of truth for the CRD and the renderer.
 
 Field names are snake_case in Python and camelCase in YAML (aliases). Every field here has
-behaviour behind it in the renderer, the router or the operator; rollout fields arrive with the
-feature that uses them. Cross-field rules live in `rules.py` so that the CRD's CEL and
-these models enforce the same thing.
+behaviour behind it in the renderer, the router or the operator. Cross-field rules live in
+`rules.py` so that the CRD's CEL and these models enforce the same thing.
 """
 
 from __future__ import annotations
@@ -363,6 +362,111 @@ class AutoscalingSpec(ApiModel):
     ] = 300
 
 
+class OnMetricsUnavailable(StrEnum):
+    Pause = "Pause"
+    Rollback = "Rollback"
+
+
+class RolloutStep(ApiModel):
+    """One step of a rollout: a share of requests on the target arm, held at least this long."""
+
+    weight: Annotated[
+        int, Field(ge=1, le=100, description="Percent of requests on the target arm (strictly increasing).")
+    ]
+    pause_seconds: Annotated[
+        float | None,
+        Field(
+            ge=0,
+            le=86400,
+            description=(
+                "Least time at this weight (the step also bakes at least one analysis window); "
+                "unset: a manual gate, after a passing verdict the rollout waits for a promote command."
+            ),
+        ),
+    ] = None
+
+
+class RolloutAnalysisSpec(ApiModel):
+    """How each step's target arm is judged, against the SLO and against the source arm."""
+
+    window_seconds: Annotated[
+        int,
+        Field(ge=10, le=3600, description="Traffic one verdict judges (seconds); each step's least bake."),
+    ] = 60
+    min_samples: Annotated[
+        int, Field(ge=1, le=1_000_000, description="Requests the target arm must finish in a window.")
+    ] = 100
+    attainment_floor: Annotated[
+        float | None,
+        Field(
+            ge=0,
+            le=1,
+            description="Least SLO attainment of the target arm (0..1); unset: spec.slo.attainmentPercent.",
+        ),
+    ] = None
+    max_attainment_drop: Annotated[
+        float, Field(ge=0, le=1, description="Most the target's attainment may be below the source arm's.")
+    ] = 0.05
+    max_error_rate: Annotated[
+        float, Field(ge=0, le=1, description="Most failed requests / requests on the target arm.")
+    ] = 0.01
+    max_kv_failure_rate: Annotated[
+        float,
+        Field(ge=0, le=1, alias="maxKVFailureRate", description="Most failed KV transfers / transfers."),
+    ] = 0.01
+    min_kv_bandwidth_ratio: Annotated[
+        float,
+        Field(
+            ge=0,
+            le=1,
+            alias="minKVBandwidthRatio",
+            description="Least effective KV bandwidth / spec.kvTransfer.bandwidthGbps.",
+        ),
+    ] = 0.5
+    on_metrics_unavailable: Annotated[
+        OnMetricsUnavailable,
+        Field(description="What a step does when its metrics cannot be read: Pause or Rollback."),
+    ] = OnMetricsUnavailable.Pause
+    metrics_unavailable_seconds: Annotated[
+        int, Field(ge=0, le=3600, description="How long metrics may be missing before that applies.")
+    ] = 0
+    inconclusive_pause_seconds: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=86400,
+            description="How long after its bake a step may stay undecided (little traffic) until it pauses.",
+        ),
+    ] = 600
+
+
+class RolloutSpec(ApiModel):
+    """Gray rollout between the colocated pool and P/D when spec.serving.mode changes."""
+
+    steps: Annotated[
+        list[RolloutStep],
+        Field(min_length=1, max_length=20, description="Weights of the target arm, strictly increasing."),
+    ]
+    analysis: RolloutAnalysisSpec = RolloutAnalysisSpec()
+    auto_rollback: Annotated[
+        bool,
+        Field(
+            description=(
+                "Roll back by itself on a failed verdict, and fall back from a steady P/D deployment "
+                "whose SLO breach persists at its maximum size; off: pause instead."
+            )
+        ),
+    ] = True
+    scale_down_delay_seconds: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=3600,
+            description="How long the arm traffic left keeps its pods after the weight moved (seconds).",
+        ),
+    ] = 30
+
+
 class PDDeploymentSpec(ApiModel):
     model: ModelSpec
     engine: EngineSpec
@@ -384,6 +488,10 @@ class PDDeploymentSpec(ApiModel):
         ),
     ] = None
     autoscaling: AutoscalingSpec = AutoscalingSpec()
+    rollout: Annotated[
+        RolloutSpec | None,
+        Field(description="Shift traffic gradually, judged and reversible, when spec.serving.mode changes."),
+    ] = None
 
     @model_validator(mode="after")
     def _check(self) -> PDDeploymentSpec:

@@ -8,6 +8,7 @@ applies each rule's counter-example to a real apiserver and checks the message c
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -229,6 +230,76 @@ def _autoscaling_rules(role: str) -> list[Rule]:
     ]
 
 
+def _rollout(spec: Spec) -> Spec | None:
+    block: Spec | None = spec.get("rollout")
+    return block
+
+
+def _strictly_increasing(weights: list[int]) -> bool:
+    return all(b > a for a, b in itertools.pairwise(weights))
+
+
+def _rollout_weights(spec: Spec) -> list[int]:
+    return [int(step.get("weight", 0)) for step in (_rollout(spec) or {}).get("steps") or []]
+
+
+def _rollout_window(spec: Spec) -> int:
+    return int(((_rollout(spec) or {}).get("analysis") or {}).get("windowSeconds", 60))
+
+
+def _autoscaling_interval(spec: Spec) -> int:
+    return int((spec.get("autoscaling") or {}).get("intervalSeconds", 30))
+
+
+ROLLOUT_RULES: Final[tuple[Rule, ...]] = (
+    Rule(
+        cel=(
+            "!has(self.rollout) || (self.rollout.steps.map(s, s.weight).isSorted() && "
+            "self.rollout.steps.all(a, self.rollout.steps.exists_one(b, b.weight == a.weight)))"
+        ),
+        message="spec.rollout.steps[*].weight must be strictly increasing (each step above the one before)",
+        field_path=".rollout.steps",
+        check=lambda s: _rollout(s) is None or _strictly_increasing(_rollout_weights(s)),
+    ),
+    Rule(
+        cel=(
+            "!has(self.rollout) || !self.autoscaling.enabled || "
+            "self.rollout.analysis.windowSeconds >= self.autoscaling.intervalSeconds"
+        ),
+        message=(
+            "spec.rollout.analysis.windowSeconds must be at least spec.autoscaling.intervalSeconds "
+            "(a window shorter than the interval metrics are read at judges stale or partial data)"
+        ),
+        field_path=".rollout.analysis.windowSeconds",
+        check=lambda s: (
+            _rollout(s) is None
+            or not _autoscaling_enabled(s)
+            or _rollout_window(s) >= _autoscaling_interval(s)
+        ),
+    ),
+    Rule(
+        cel=(
+            "!has(self.rollout) || "
+            "(self.colocated.replicas >= 1 && self.prefill.replicas >= 1 && self.decode.replicas >= 1)"
+        ),
+        message=(
+            "spec.rollout needs both arms: spec.colocated.replicas, spec.prefill.replicas and "
+            "spec.decode.replicas must each be at least 1 (the full size of each arm)"
+        ),
+        field_path=".rollout",
+        check=lambda s: (
+            _rollout(s) is None
+            or (
+                _replicas(s, "colocated") >= 1
+                and _replicas(s, "prefill") >= 1
+                and _replicas(s, "decode") >= 1
+            )
+        ),
+        reason="FieldValueRequired",
+    ),
+)
+
+
 SPEC_RULES: Final[tuple[Rule, ...]] = (
     *[rule for role in POOLS for rule in _pool_rules(role)],
     *[rule for role in POOLS for rule in _autoscaling_rules(role)],
@@ -356,6 +427,7 @@ SPEC_RULES: Final[tuple[Rule, ...]] = (
         ),
         reason="FieldValueForbidden",
     ),
+    *ROLLOUT_RULES,
 )
 
 NAME_RULE: Final = Rule(

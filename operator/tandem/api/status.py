@@ -29,6 +29,8 @@ class ConditionType(StrEnum):
     Stalled = "Stalled"
     Available = "Available"
     AutoscalingActive = "AutoscalingActive"
+    RolloutProgressing = "RolloutProgressing"
+    RolledBack = "RolledBack"
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -149,6 +151,63 @@ class SLOStatus(ApiModel):
     observed_at: Annotated[str, Field(description="RFC 3339 time of the measurement.")] = ""
 
 
+class RolloutVerdictStatus(ApiModel):
+    """One analysis verdict on the target arm, with the figures it was judged on."""
+
+    step: Annotated[int, Field(ge=0, description="The step it judged.")]
+    result: Annotated[str, Field(description="Pass, Fail or Inconclusive.")]
+    reason: Annotated[str, Field(max_length=1024)] = ""
+    figures: Annotated[dict[str, float], Field(max_length=32)] = {}
+    window_start: Annotated[float, Field(description="Unix time the judged window began, in seconds.")]
+    window_end: Annotated[float, Field(description="Unix time the judged window ended, in seconds.")]
+    missing: Annotated[
+        list[Annotated[str, Field(max_length=1024)]],
+        Field(max_length=32, description="Signals that could not be read (Inconclusive)."),
+    ] = []
+
+
+class RolloutStatus(ApiModel):
+    """A gray rollout between the colocated pool and P/D: the state machine's record (docs/rollout.md)."""
+
+    target: Annotated[
+        str, Field(description="The serving mode traffic moves to: Disaggregated or Colocated.")
+    ] = "Disaggregated"
+    phase: Annotated[
+        str, Field(description="Preparing, Shifting, Paused, Promoted, RollingBack or RolledBack.")
+    ]
+    step: Annotated[int, Field(ge=0, description="Index of the current step.")] = 0
+    weight: Annotated[
+        int, Field(ge=0, le=100, description="Percent of requests on the target arm (the routers follow it).")
+    ] = 0
+    attempt: Annotated[int, Field(ge=1, description="1 + the retries after a rollback.")] = 1
+    started_at: Annotated[float, Field(description="Unix time this attempt began, in seconds.")]
+    step_started_at: Annotated[float, Field(description="Unix time the current step began.")]
+    phase_since: Annotated[float, Field(description="Unix time the phase was entered.")]
+    reason: Annotated[str, Field(max_length=1024)] = ""
+    pause_cause: Annotated[
+        str | None,
+        Field(description="Why it is Paused: AwaitingPromote, Inconclusive, MetricsUnavailable or Failed."),
+    ] = None
+    rollback_stage: Annotated[
+        str | None, Field(description="RollingBack: RestoringWeight, then ScalingDown.")
+    ] = None
+    metrics_missing_since: Annotated[
+        float | None, Field(description="Verdicts have said 'metrics unavailable' since (unix time).")
+    ] = None
+    last_command: Annotated[
+        str | None,
+        Field(max_length=1024, description="The last tandem.dev/rollout-command value acted on (once)."),
+    ] = None
+    last_command_outcome: Annotated[str | None, Field(max_length=1024)] = None
+    problems: Annotated[
+        list[Annotated[str, Field(max_length=1024)]],
+        Field(max_length=16, description="What the last pass did not act on (unknown commands, ...)."),
+    ] = []
+    verdicts: Annotated[
+        list[RolloutVerdictStatus], Field(max_length=5, description="The last verdicts, newest last.")
+    ] = []
+
+
 class PDDeploymentStatus(ApiModel):
     observed_generation: Annotated[int, Field(ge=0)] = 0
     phase: Phase = Phase.Progressing
@@ -158,3 +217,4 @@ class PDDeploymentStatus(ApiModel):
     kv_transfer: KVTransferStatus = KVTransferStatus()
     slo: SLOStatus | None = None
     autoscaling: AutoscalingStatus | None = None
+    rollout: RolloutStatus | None = None

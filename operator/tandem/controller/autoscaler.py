@@ -38,6 +38,7 @@ from tandem.api.status import (
 from tandem.autoscale.snapshot import PoolSize, Snapshot
 from tandem.controller import drain, metrics, replicas
 from tandem.kube.rest import POD, KubeError, KubeRest, Obj
+from tandem.rollout.arms import Bound
 from tandem.status.derive import AutoscalingView, ConditionValue, autoscaling_condition, measured_slo
 
 if TYPE_CHECKING:
@@ -94,6 +95,10 @@ class Autoscaler:
     def url(self, spec: PDDeploymentSpec) -> str | None:
         return spec.autoscaling.prometheus.url or self.prometheus_url
 
+    def reader(self, url: str, timeout: float) -> Any:
+        """The shared PrometheusReader for `url` (the rollout step reads through it too)."""
+        return self._reader(url, timeout)
+
     def _reader(self, url: str, timeout: float) -> Any:
         reader = self._readers.get((url, timeout))
         if reader is None:
@@ -141,7 +146,10 @@ class Autoscaler:
         statefulsets: Mapping[str, Obj | None],
         pods: Sequence[Obj],
         now: float,
+        bounds: Mapping[str, Bound] | None = None,
     ) -> Outcome:
+        """`bounds` (from the rollout step) clamp each pool's decided size: an arm sized for its share
+        of the traffic, or scaled to zero once traffic has left it."""
         spec = pdd.spec
         paused = is_paused(body)
         live: dict[str, int | None] = {
@@ -182,6 +190,10 @@ class Autoscaler:
             )
 
         sizes = replicas.pool_sizes(spec, state)
+        for role, bound in (bounds or {}).items():
+            size = sizes.get(role)
+            if size is not None:
+                sizes[role] = bound.apply(size)
         sources: dict[str, ReplicaSource] = {
             role: replicas.source(spec, role, paused) for role in meta.POOL_ROLES
         }

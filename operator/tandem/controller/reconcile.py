@@ -24,6 +24,7 @@ from tandem.controller.autoscaler import Autoscaler, Outcome
 from tandem.controller.drift import is_subset
 from tandem.controller.events import EventRecorder
 from tandem.controller.replicas import is_external
+from tandem.controller.rollout import RolloutController
 from tandem.kube.rest import PDDEPLOYMENT, POD, Kind, KubeError, KubeRest, Obj
 from tandem.render import CHILD_KINDS, render
 from tandem.status.derive import Observed, PodProblem, WorkloadState, derive_status
@@ -148,10 +149,17 @@ class Reconciler:
     """Reconciles PDDeployments through one KubeRest; holds no state between passes (the
     autoscaler's lives in status)."""
 
-    def __init__(self, kube: KubeRest, events: EventRecorder, autoscaler: Autoscaler | None = None) -> None:
+    def __init__(
+        self,
+        kube: KubeRest,
+        events: EventRecorder,
+        autoscaler: Autoscaler | None = None,
+        rollouts: RolloutController | None = None,
+    ) -> None:
         self.kube = kube
         self.events = events
         self.autoscaler = autoscaler or Autoscaler(kube)
+        self.rollouts = rollouts or RolloutController(self.autoscaler)
 
     def reconcile(self, body: Obj, now: str, epoch: float | None = None) -> PassResult:
         """One pass; `now` is the RFC 3339 time for status, `epoch` the same instant in seconds."""
@@ -177,7 +185,8 @@ class Reconciler:
         statefulsets: dict[str, Obj | None] = {
             role: existing.get(("StatefulSet", f"{name}-{role}")) for role in meta.POOL_ROLES
         }
-        scaling = self.autoscaler.step(pdd, body, previous, statefulsets, pods, epoch)
+        rollout = self.rollouts.step(pdd, body, previous, statefulsets, pods, epoch)
+        scaling = self.autoscaler.step(pdd, body, previous, statefulsets, pods, epoch, rollout.bounds)
         replicas: dict[str, int | None] = {**scaling.replicas, "router": pdd.spec.router.replicas}
         desired = render(pdd, replicas)
 
@@ -222,6 +231,9 @@ class Reconciler:
             autoscaling=scaling.state,
             slo=scaling.slo,
             autoscaling_condition=scaling.condition,
+            mode=rollout.mode,
+            rollout=rollout.status,
+            rollout_conditions=rollout.conditions,
         )
         status = derive_status(pdd, observed, previous.conditions if previous else [], now)
         result.phase = status.phase.value
@@ -238,13 +250,14 @@ class Reconciler:
                 return result
             result.status_written = True
         self._record_events(body, result, previous, status)
-        for event_type, reason, message in scaling.events:
+        for event_type, reason, message in [*rollout.events, *scaling.events]:
             self.events.post(body, event_type, reason, message)
         if status.phase.value == "Degraded":
             result.requeue(REQUEUE_STALLED_SECONDS)
         elif status.phase.value != "Healthy":
             result.requeue(REQUEUE_PROGRESSING_SECONDS)
         result.requeue(scaling.requeue_after)
+        result.requeue(rollout.requeue_after)
         return result
 
     def _apply(self, obj: Obj, current: Obj | None, transfer: handover.Step) -> Obj:

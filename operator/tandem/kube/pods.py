@@ -46,8 +46,8 @@ class PddInfo:
     """The part of a PDDeployment the router reads."""
 
     name: str
-    serving_mode: str | None  # spec.serving.mode: Disaggregated | Colocated
-    rollout_weight: int | None  # status.rollout.weight: percent of traffic on P/D, while rolling
+    serving_mode: str | None  # status.mode (in effect), else spec.serving.mode: Disaggregated | Colocated
+    rollout_weight: int | None  # percent of traffic on P/D from status.rollout (weight and target)
     model_name: str | None  # spec.model.name: the served model name
     max_model_len: int | None  # spec.model.maxModelLen
     slo_ttft_ms: int | None = None  # spec.slo.ttftMs (set together with tpot, or neither)
@@ -87,9 +87,27 @@ def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+_MODES = ("Disaggregated", "Colocated")
+
+
+def _pd_weight(obj: Mapping[str, Any]) -> int | None:
+    """Percent of requests on P/D from `status.rollout` (its weight is the target arm's)."""
+    weight = _int_or_none(_get(obj, "status", "rollout", "weight"))
+    if weight is None:
+        return None
+    target = _get(obj, "status", "rollout", "target")
+    return 100 - weight if target == "Colocated" else weight
+
+
 def pdd_info_from(obj: Mapping[str, Any]) -> PddInfo:
-    """A `PddInfo` from a PDDeployment object."""
-    mode = _get(obj, "spec", "serving", "mode")
+    """A `PddInfo` from a PDDeployment object.
+
+    The serving mode is the one in effect (`status.mode`, written by the operator), not the spec's:
+    a mode change moves traffic only once the operator says so (after the new arm is ready, or
+    step by step under `spec.rollout`). Before the operator's first status, the spec's."""
+    mode = _get(obj, "status", "mode")
+    if mode not in _MODES:
+        mode = _get(obj, "spec", "serving", "mode")
     model = _get(obj, "spec", "model", "name")
     ttft_ms = _int_or_none(_get(obj, "spec", "slo", "ttftMs"))
     tpot_ms = _int_or_none(_get(obj, "spec", "slo", "tpotMs"))
@@ -97,7 +115,7 @@ def pdd_info_from(obj: Mapping[str, Any]) -> PddInfo:
     return PddInfo(
         name=str(_get(obj, "metadata", "name") or ""),
         serving_mode=mode if isinstance(mode, str) else None,
-        rollout_weight=_int_or_none(_get(obj, "status", "rollout", "weight")),
+        rollout_weight=_pd_weight(obj),
         model_name=model if isinstance(model, str) else None,
         max_model_len=_int_or_none(_get(obj, "spec", "model", "maxModelLen")),
         slo_ttft_ms=ttft_ms if has_slo else None,

@@ -370,3 +370,23 @@ def step(
     changed = key != (state.phase, state.step, state.pause_cause, state.rollback_stage)
     scale_down = s.phase is Phase.RolledBack or s.rollback_stage is RollbackStage.ScalingDown
     return Transition(state=s, scale_down_allowed=scale_down, changed=changed, problems=tuple(problems))
+
+
+def fall_back(state: RolloutState, now: float, config: RolloutConfig, why: str) -> Transition:
+    """A steady-state target arm (Promoted) going back to the source arm, as a rollback does:
+    weight 0 first, the target arm's scale-down after `scaleDownDelaySeconds` (issue 12, item 4).
+
+    The controller decides when (an SLO breach that persists at the arm's maximum size, or KV
+    transfers failing); anything but Promoted is left as it is and reported in `problems`.
+    """
+    if state.phase is not Phase.Promoted:
+        return Transition(state, False, False, (f"fall-back ignored: the rollout is {state.phase}",))
+    s = _rollback(_fit(state, config, []), now, config, why)
+    return Transition(state=s, scale_down_allowed=False, changed=True, problems=())
+
+
+def promoted(config: RolloutConfig, now: float, reason: str, last_command: str | None = None) -> RolloutState:
+    """The state of a target arm already serving everything with no rollout behind it (a P/D
+    deployment created as such, or one whose mode changed without `spec.rollout`): Promoted, so that
+    `fall_back` can take it back to the source arm."""
+    return _move(start(config, now, last_command), now, config, Phase.Promoted, reason, step=config.last_step)

@@ -28,6 +28,7 @@ from tandem.api.status import (
     PoolsStatus,
     PoolStatus,
     ReplicaSource,
+    RolloutStatus,
     SLOStatus,
 )
 from tandem.autoscale.snapshot import Snapshot
@@ -71,6 +72,9 @@ class Observed:
     autoscaling: AutoscalingStatus | None = None  # the autoscaler's state after this pass
     slo: SLOStatus | None = None  # the SLO as last measured
     autoscaling_condition: ConditionValue | None = None  # this pass's AutoscalingActive; None: keep
+    mode: str | None = None  # the serving mode in effect (a rollout's source until promoted); None: spec's
+    rollout: RolloutStatus | None = None  # status.rollout after this pass
+    rollout_conditions: Sequence[tuple[str, ConditionStatus, str, str]] = ()  # RolloutProgressing, RolledBack
 
 
 @dataclass(frozen=True)
@@ -186,8 +190,40 @@ def _converged(role: str, observed: Observed) -> bool:
     )
 
 
-def _serving_roles(mode: ServingMode) -> tuple[str, ...]:
-    return ("prefill", "decode") if mode is ServingMode.Disaggregated else ("colocated",)
+def _serving_roles(mode: str) -> tuple[str, ...]:
+    return ("prefill", "decode") if mode == ServingMode.Disaggregated.value else ("colocated",)
+
+
+# Rollout phases and what they make of kstatus and the phase (docs/rollout.md, "Status"): a
+# rollout moving traffic is Reconciling (InProgress, Argo CD Progressing); a paused one waits for
+# a human (phase Paused, Argo CD Suspended); a rolled-back one serves the source arm while the spec
+# asks for the target, and only a command or a spec change moves it (Stalled: kstatus Failed,
+# Argo CD Degraded). Promoted changes nothing.
+_ROLLOUT_MOVING = ("Preparing", "Shifting", "RollingBack")
+
+
+def _with_rollout(
+    rollout: RolloutStatus, phase: Phase, conditions: list[tuple[str, ConditionStatus, str, str]]
+) -> tuple[Phase, list[tuple[str, ConditionStatus, str, str]]]:
+    by_type = {str(kind): (kind, status, reason, message) for kind, status, reason, message in conditions}
+    what = f"rollout {rollout.phase} at {rollout.weight}%: {rollout.reason}"
+    if rollout.phase in _ROLLOUT_MOVING:
+        by_type[ConditionType.Reconciling] = (
+            ConditionType.Reconciling,
+            "True",
+            f"Rollout{rollout.phase}",
+            what,
+        )
+        return Phase.Progressing, list(by_type.values())
+    if rollout.phase == "Paused":
+        by_type[ConditionType.Reconciling] = (ConditionType.Reconciling, "False", "RolloutPaused", what)
+        return Phase.Paused, list(by_type.values())
+    if rollout.phase == "RolledBack":
+        by_type[ConditionType.Ready] = (ConditionType.Ready, "False", "RolledBack", what)
+        by_type[ConditionType.Reconciling] = (ConditionType.Reconciling, "False", "RolledBack", what)
+        by_type[ConditionType.Stalled] = (ConditionType.Stalled, "True", "RolledBack", what)
+        return Phase.Degraded, list(by_type.values())
+    return phase, conditions
 
 
 def _kv_status(pdd: PDDeployment) -> KVTransferStatus:
@@ -234,7 +270,8 @@ def derive_status(
     else:
         stalled = None
 
-    serving_roles = (*_serving_roles(pdd.spec.serving.mode), "router")
+    mode = observed.mode or pdd.spec.serving.mode.value
+    serving_roles = (*_serving_roles(mode), "router")
     available = all(getattr(pools, role).ready_replicas >= 1 for role in serving_roles)
 
     conditions: list[tuple[str, ConditionStatus, str, str]] = []
@@ -266,7 +303,8 @@ def derive_status(
             (ConditionType.Stalled, "False", "Progressing", "no problem blocks progress"),
         ]
         phase = Phase.Progressing
-    mode = pdd.spec.serving.mode.value
+    if observed.rollout is not None and stalled is None:
+        phase, conditions = _with_rollout(observed.rollout, phase, conditions)
     if available:
         conditions.append((ConditionType.Available, "True", "Serving", f"{mode} path has ready pods"))
     else:
@@ -276,6 +314,7 @@ def derive_status(
         )
     if observed.autoscaling_condition is not None:
         conditions.append((ConditionType.AutoscalingActive, *observed.autoscaling_condition))
+    conditions += observed.rollout_conditions
 
     return PDDeploymentStatus(
         observed_generation=generation,
@@ -286,6 +325,7 @@ def derive_status(
         kv_transfer=_kv_status(pdd),
         slo=observed.slo,
         autoscaling=observed.autoscaling,
+        rollout=observed.rollout,
     )
 
 

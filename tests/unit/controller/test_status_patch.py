@@ -19,5 +19,5 @@ def test_a_finished_drain_is_removed_from_status() -> None:
 
 
 def test_fields_of_other_writers_stay() -> None:
-    old = {"phase": "Healthy", "rollout": {"step": 2}}
+    old = {"phase": "Healthy", "otherWriter": {"step": 2}}
     assert status_patch(old, {"phase": "Progressing"}) == {"phase": "Progressing"}

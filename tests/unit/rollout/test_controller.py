@@ -1,0 +1,340 @@
+"""Reconcile passes of a PDDeployment under `spec.rollout`, against the in-memory API of the
+autoscaler's tests and a scripted Prometheus (virtual clock): a colocated -> P/D rollout step by
+step, a failed step rolling back weight first, commands acted on once, a restart mid-rollout, no
+status write for a countdown, the cut-over without a rollout, and the steady-state fall-back."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tandem.controller.events import EventRecorder
+from tandem.controller.reconcile import Reconciler
+from tandem.kube.pods import pdd_info_from
+
+_path = Path(__file__).parents[1] / "controller" / "test_reconcile_autoscaling.py"
+_spec = importlib.util.spec_from_file_location("reconcile_world", _path)
+assert _spec is not None
+assert _spec.loader is not None
+world_module: Any = importlib.util.module_from_spec(_spec)
+sys.modules["reconcile_world"] = world_module  # dataclasses look their module up there
+_spec.loader.exec_module(world_module)
+
+NS, NAME, T0 = world_module.NS, world_module.NAME, world_module.T0
+URL = "http://127.0.0.1:9090"
+COMMAND = "tandem.dev/rollout-command"
+
+
+@dataclass
+class Traffic:
+    """What the routers counted per path over any window: requests, within SLO, 5xx."""
+
+    by_path: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    reads: int = 0
+    fail: str = ""  # a query error for every rollout query
+
+    def run(self, queries: dict[str, str], at: float) -> tuple[dict[str, Any], dict[str, str]]:
+        if not any(name.startswith("rollout_") for name in queries):
+            return {}, {}  # the KV transport's queries: no NIXL metrics here
+        self.reads += 1
+        if self.fail:
+            return {}, dict.fromkeys(queries, self.fail)
+
+        def answer(index: int) -> list[dict[str, Any]]:
+            return [{"metric": {"path": p}, "value": [at, str(v[index])]} for p, v in self.by_path.items()]
+
+        return {
+            "rollout_requests": answer(0),
+            "rollout_within_slo": answer(1),
+            "rollout_errors": answer(2),
+        }, {}
+
+
+class Reader(world_module.ScriptedReader):  # type: ignore[misc]
+    def __init__(self, traffic: Traffic) -> None:
+        super().__init__()
+        self.traffic = traffic
+
+    def run(self, queries: dict[str, str], at: float) -> tuple[dict[str, Any], dict[str, str]]:
+        return self.traffic.run(queries, at)
+
+
+def manifest(mode: str = "Colocated", **rollout: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "tandem.dev/v1alpha1",
+        "kind": "PDDeployment",
+        "metadata": {"name": NAME, "namespace": NS, "uid": "u1", "generation": 1, "resourceVersion": "1"},
+        "spec": {
+            "model": {"name": "m", "uri": "hf://meta-llama/Llama-3.1-8B-Instruct"},
+            "engine": {"type": "sim", "image": "img"},
+            "prefill": {"replicas": 1},
+            "decode": {"replicas": 2},
+            "colocated": {"replicas": 2},
+            "router": {"replicas": 1},
+            "slo": {"ttftMs": 1000, "tpotMs": 50},
+            "autoscaling": {"prometheus": {"url": URL}},
+            "serving": {"mode": mode},
+            "rollout": {
+                "steps": [{"weight": 50, "pauseSeconds": 0}, {"weight": 100, "pauseSeconds": 0}],
+                "analysis": {"windowSeconds": 20, "minSamples": 10},
+                "scaleDownDelaySeconds": 10,
+                **rollout,
+            },
+        },
+    }
+
+
+class World(world_module.World):  # type: ignore[misc]
+    def __init__(self, doc: dict[str, Any]) -> None:
+        super().__init__(doc)
+        self.traffic = Traffic()
+        self.reconciler.autoscaler._readers[(URL, 5.0)] = Reader(self.traffic)
+
+    def restart(self) -> None:
+        """A new operator process: nothing in memory but the reader."""
+        autoscaler = world_module.Autoscaler(self.kube, URL)
+        autoscaler._readers[(URL, 5.0)] = Reader(self.traffic)
+        self.reconciler = Reconciler(self.kube, EventRecorder(self.kube), autoscaler)
+
+    def set_mode(self, mode: str) -> None:
+        self.pdd["spec"]["serving"]["mode"] = mode
+        self.pdd["metadata"]["generation"] += 1
+
+    def command(self, value: str) -> None:
+        self.pdd["metadata"].setdefault("annotations", {})[COMMAND] = value
+
+    @property
+    def rollout(self) -> dict[str, Any]:
+        rollout: dict[str, Any] = self.pdd["status"].get("rollout") or {}
+        return rollout
+
+    def size(self, role: str) -> int:
+        sts = self.kube.objects.get(("StatefulSet", NS, f"{NAME}-{role}"))
+        return int(sts["spec"]["replicas"]) if sts is not None else 0
+
+    def condition(self, kind: str) -> dict[str, Any]:
+        return next(c for c in self.pdd["status"]["conditions"] if c["type"] == kind)
+
+    def router_share(self) -> int | None:
+        info = pdd_info_from(self.pdd)
+        if info.rollout_weight is not None:
+            return info.rollout_weight
+        return 0 if info.serving_mode == "Colocated" else 100
+
+    def healthy(self) -> None:
+        self.traffic.by_path = {"disaggregated": (50, 50, 0), "colocated": (50, 50, 0)}
+
+    def broken(self) -> None:
+        self.traffic.by_path = {"disaggregated": (50, 20, 0), "colocated": (50, 50, 0)}
+
+
+def started() -> World:
+    world = World(manifest())
+    world.run()
+    assert world.pdd["status"]["mode"] == "Colocated"
+    assert "rollout" not in world.pdd["status"]
+    assert (world.size("colocated"), world.size("prefill"), world.size("decode")) == (2, 0, 0), (
+        "the arm not in effect holds no pods"
+    )
+    world.set_mode("Disaggregated")
+    world.run(1.0)
+    return world
+
+
+def test_a_rollout_completes_step_by_step() -> None:
+    world = started()
+    assert (world.rollout["phase"], world.rollout["weight"], world.rollout["target"]) == (
+        "Preparing",
+        0,
+        "Disaggregated",
+    )
+    assert world.pdd["status"]["mode"] == "Colocated"
+    assert world.router_share() == 0
+    assert (world.size("prefill"), world.size("decode")) == (1, 1), "P/D sized for the first step"
+    assert "RolloutStarted" in world.events()
+    world.healthy()
+    world.run(1.0)  # the P/D pods are ready (settled): step 0
+    assert (world.rollout["phase"], world.rollout["weight"]) == ("Shifting", 50)
+    assert world.router_share() == 50
+    assert (world.size("colocated"), world.size("prefill"), world.size("decode")) == (1, 1, 1)
+    assert world.condition("RolloutProgressing")["status"] == "True"
+    assert world.pdd["status"]["phase"] == "Progressing"
+    world.run(21.0)  # a whole window inside the step, passing
+    assert (world.rollout["phase"], world.rollout["weight"]) == ("Shifting", 100)
+    assert world.rollout["verdicts"][-1]["result"] == "Pass"
+    assert world.rollout["verdicts"][-1]["figures"]["targetRequests"] == 50
+    world.run(21.0)
+    assert (world.rollout["phase"], world.rollout["weight"]) == ("Promoted", 100)
+    assert world.pdd["status"]["mode"] == "Disaggregated"
+    assert world.router_share() == 100
+    assert world.size("colocated") == 1, "the source keeps a pod through the scale-down delay"
+    assert (world.size("prefill"), world.size("decode")) == (1, 2)
+    world.run(11.0)
+    assert world.size("colocated") == 0
+    world.run(1.0)
+    assert world.condition("RolloutProgressing")["reason"] == "Promoted"
+    assert world.pdd["status"]["phase"] == "Healthy"
+    events = world.events()
+    assert events.index("RolloutStarted") < events.index("RolloutShifting") < events.index("RolloutPromoted")
+
+
+def test_a_failing_step_rolls_back_weight_first() -> None:
+    world = started()
+    world.broken()
+    world.run(1.0)
+    assert world.rollout["phase"] == "Shifting"
+    world.run(21.0)
+    assert (world.rollout["phase"], world.rollout["weight"], world.rollout["rollbackStage"]) == (
+        "RollingBack",
+        0,
+        "RestoringWeight",
+    )
+    assert world.router_share() == 0
+    assert world.size("colocated") == 2, "the source arm is restored at once"
+    assert (world.size("prefill"), world.size("decode")) == (1, 1), "P/D keeps its pods for the delay"
+    assert "40.0%" in world.rollout["reason"], "the cause keeps its figures"
+    rolled = world.condition("RolledBack")
+    assert rolled["status"] == "True"
+    assert "40.0%" in rolled["message"]
+    world.run(5.0)
+    assert (world.size("prefill"), world.size("decode")) == (1, 1)
+    world.run(6.0)  # the delay is over: scale-down allowed
+    assert (world.size("prefill"), world.size("decode")) == (0, 0)
+    world.run(1.0)
+    assert world.rollout["phase"] == "RolledBack"
+    assert world.pdd["status"]["mode"] == "Colocated"
+    assert world.pdd["status"]["phase"] == "Degraded"
+    assert world.condition("Stalled")["reason"] == "RolledBack"
+    assert pdd_info_from(world.pdd).rollout_weight == 0
+    assert "RolloutRollingBack" in world.events()
+    assert "RolloutRolledBack" in world.events()
+
+
+def test_commands_act_once_and_unknown_ones_are_reported() -> None:
+    world = started()
+    world.command("promote")
+    world.run(1.0)
+    assert world.rollout["lastCommand"] == "promote"
+    assert "ignored" in world.rollout["lastCommandOutcome"], "no traffic before the target is ready"
+    world.healthy()
+    world.run(1.0)
+    assert (world.rollout["phase"], world.rollout["weight"]) == ("Shifting", 50), (
+        "the same value is not re-run"
+    )
+    world.command("promote/2")
+    world.run(1.0)
+    assert (world.rollout["phase"], world.rollout["weight"]) == ("Shifting", 100)
+    world.command("pause")
+    world.run(1.0)
+    assert any("unknown rollout command 'pause'" in p for p in world.rollout["problems"])
+    ignored = world.events().count("RolloutCommandIgnored")
+    world.run(1.0)
+    assert world.events().count("RolloutCommandIgnored") == ignored, "reported once while it holds"
+    world.command("abort")
+    world.run(1.0)
+    assert (world.rollout["phase"], world.rollout["weight"]) == ("RollingBack", 0)
+    world.run(11.0)
+    world.run(1.0)
+    assert world.rollout["phase"] == "RolledBack"
+    world.command("retry")
+    world.run(1.0)
+    assert (world.rollout["phase"], world.rollout["attempt"]) == ("Preparing", 2)
+
+
+def test_an_operator_restart_resumes_from_status() -> None:
+    world = started()
+    world.healthy()
+    world.run(1.0)
+    assert world.rollout["phase"] == "Shifting"
+    before = copy.deepcopy(world.rollout)
+    world.restart()
+    world.run(1.0)
+    assert world.rollout["stepStartedAt"] == before["stepStartedAt"], "not restarted"
+    world.run(21.0)
+    assert world.rollout["weight"] == 100
+
+
+def test_a_countdown_alone_writes_no_status() -> None:
+    world = started()
+    world.healthy()
+    world.run(1.0)
+    world.run(5.0)  # a verdict (inconclusive: the window began before the step) is recorded
+    writes = len(world.kube.writes)
+    world.run(1.0)  # no verdict due, only the bake countdown moved
+    assert ("status",) not in world.kube.writes[writes:]
+
+
+def test_setting_the_mode_back_aborts_weight_first() -> None:
+    world = started()
+    world.healthy()
+    world.run(1.0)
+    assert world.rollout["weight"] == 50
+    world.set_mode("Colocated")
+    world.run(1.0)
+    assert (world.rollout["phase"], world.rollout["weight"]) == ("RollingBack", 0)
+    assert "RolloutReverted" in world.events()
+    world.run(11.0)
+    world.run(1.0)
+    world.run(1.0)
+    assert "rollout" not in world.pdd["status"] or world.pdd["status"].get("rollout") is None
+    assert world.pdd["status"]["mode"] == "Colocated"
+    assert (world.size("prefill"), world.size("decode")) == (0, 0)
+
+
+def test_without_a_rollout_the_old_arm_stays_until_the_new_one_is_ready() -> None:
+    doc = manifest()
+    del doc["spec"]["rollout"]
+    doc["spec"]["prefill"]["replicas"] = 0
+    doc["spec"]["decode"]["replicas"] = 0
+    world = World(doc)
+    world.run()
+    assert world.pdd["status"]["mode"] == "Colocated"
+    spec = world.pdd["spec"]
+    spec["serving"]["mode"] = "Disaggregated"
+    spec["prefill"]["replicas"], spec["decode"]["replicas"], spec["colocated"]["replicas"] = 1, 1, 0
+    world.pdd["metadata"]["generation"] += 1
+    body = copy.deepcopy(world.pdd)
+    stamp = "2027-01-15T08:00:01Z"
+    result = world.reconciler.reconcile(body, stamp, T0 + 1)  # before the P/D pods exist
+    assert result.deleted == [], "the colocated pool is not deleted before P/D is ready"
+    assert world.size("colocated") == 2
+    assert world.pdd["status"]["mode"] == "Colocated"
+    assert world.router_share() == 0
+    world.settle()
+    world.run(1.0)
+    assert world.pdd["status"]["mode"] == "Disaggregated"
+    assert world.router_share() == 100
+    assert ("delete", "StatefulSet", f"{NAME}-colocated") in world.kube.writes
+    assert "ModeSwitched" in world.events()
+
+
+def test_a_steady_pd_deployment_falls_back_when_its_slo_fails_at_full_size() -> None:
+    world = World(manifest(mode="Disaggregated"))
+    world.run()
+    assert world.pdd["status"]["mode"] == "Disaggregated"
+    assert world.size("colocated") == 0
+    world.traffic.by_path = {"disaggregated": (100, 99, 0)}
+    world.run(6.0)
+    assert "rollout" not in world.pdd["status"], "a passing window changes nothing"
+    world.traffic.by_path = {"disaggregated": (100, 60, 0)}
+    world.run(6.0)
+    assert (world.rollout["phase"], world.rollout["weight"]) == ("RollingBack", 0)
+    assert "steady P/D breach" in world.rollout["reason"]
+    assert "60.0%" in world.rollout["reason"]
+    assert world.size("colocated") == 2
+    assert (world.size("prefill"), world.size("decode")) == (1, 2), "P/D serves until colocated is ready"
+
+
+def test_metrics_unavailable_never_promotes() -> None:
+    world = started()
+    world.traffic.fail = "Prometheus at http://127.0.0.1:9090 unreachable"
+    world.run(1.0)
+    for _ in range(10):
+        world.run(6.0)
+        assert world.rollout["weight"] <= 50
+    assert (world.rollout["phase"], world.rollout["pauseCause"]) == ("Paused", "MetricsUnavailable")
+    assert world.pdd["status"]["phase"] == "Paused"
