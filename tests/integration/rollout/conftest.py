@@ -1,0 +1,47 @@
+"""Fixtures of the rollout e2e tests: one operator (restartable: a test kills it -9 mid-rollout) and a
+namespace kept for the whole module."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tandem.devcluster.handle import ClusterHandle
+from tandem.devcluster.testing import RestartableOperator, scratch_namespace
+
+
+@pytest.fixture(scope="module")
+def operator(
+    cluster: ClusterHandle, crd: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RestartableOperator]:
+    lease = f"tandem-rollout-e2e-{uuid.uuid4().hex[:6]}"
+    args = [
+        "--resync-seconds", "20",
+        "--lease-namespace", "default",
+        "--lease-name", lease,
+        "--prometheus-url", cluster.prometheus_url,
+    ]  # fmt: skip
+    op = RestartableOperator(
+        cluster, args, tmp_path_factory.mktemp("rollout-operator"), identity="rollout-e2e"
+    )
+    try:
+        op.current.wait_leader(timeout=90)
+    except AssertionError as exc:
+        op.stop()
+        pytest.fail(str(exc))
+    try:
+        yield op
+    finally:
+        if os.environ.get("TANDEM_SHOW_OPERATOR_LOG"):
+            print(op.log_text())
+        op.stop()
+        cluster.kubectl("delete", "lease", lease, "-n", "default", check=False)
+
+
+@pytest.fixture(scope="module")
+def module_namespace(cluster: ClusterHandle) -> Iterator[str]:
+    with scratch_namespace(cluster, f"t-rollout-{uuid.uuid4().hex[:6]}") as name:
+        yield name

@@ -1,0 +1,329 @@
+"""The gray rollout end to end, on the local control plane with its real Prometheus.
+
+The operator (a local `tandem operator` process with `--prometheus-url` = the dev cluster's
+Prometheus, which scrapes the sim engines and the router every 2 s) moves one sim PDDeployment
+between colocated and P/D while a streamed load goes through the operator's router at its pod IP
+(127.0.0.0/8), each request measured at the client (`tandem.demo.load.BackgroundLoad`). The router
+splits by `status.rollout` and labels every request with its path, which is what the analysis reads.
+
+Compressed settings (one deployment, `gray`, for the whole module; bring-up is the expensive part):
+- sim engines at `TANDEM_SIM_TIME_SCALE=1`, `TANDEM_SIM_LOAD_SECONDS=3` (a new pod is not Ready for
+  3 s); pools colocated 1, prefill 1, decode 1 (fixed sizes: each arm gets its share, rounded up);
+- SLO TTFT 1500 ms, TPOT 100 ms, attainment 90 %;
+- rollout steps 50 % then 100 %, no pause beyond the analysis window (`pauseSeconds: 0`),
+  `windowSeconds: 10`, `minSamples: 10`, `maxAttainmentDrop: 0.2`, `scaleDownDelaySeconds: 5`;
+- load: 4 requests/s of 200-token prompts and 16 output tokens (about 20 requests per arm per window
+  at 50 %).
+
+The story, in order: colocated -> P/D completes step by step (kstatus and `kubectl wait` follow each
+phase); P/D -> colocated (the same machine, arms swapped) with the operator killed -9 mid-rollout and
+resumed from status; colocated -> P/D again with decode slowed 20x during the first step: automatic
+rollback, weight first, with the time from the injection to weight 0 printed and bounded; then
+`retry`, `promote` and `abort` through the annotation. No client request may fail throughout.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from tandem.api import meta
+from tandem.demo.load import BackgroundLoad, Phase
+from tandem.devcluster import kube
+from tandem.devcluster.handle import ClusterHandle
+from tandem.devcluster.testing import RestartableOperator
+
+
+def _load(name: str, path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+_HERE = Path(__file__).parent
+harness: Any = _load("rollout_e2e_harness", _HERE.parent / "autoscale" / "harness.py")
+kstatus: Any = _load("rollout_e2e_kstatus", _HERE.parent / "gitops" / "kstatus.py")
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
+
+NAME = "gray"
+TIME_SCALE = 1
+LOAD_SECONDS = 3
+WINDOW = 10
+DELAY = 5
+LOAD = Phase(4.0, 200, 16, "steady")
+SLOWDOWN = 20.0
+# A step lasts at least its window (10 s) plus the analysis period (5 s) and a scrape or two; on a
+# 2-core machine shared with other sessions we allow 45 s per step and 60 s for a new arm's pods.
+STEP_TIMEOUT = 45
+ARM_TIMEOUT = 60
+# Breach -> weight 0: the slowed requests must fill the window's attainment (a window is 10 s, the
+# analysis reads every 5 s, Prometheus scrapes every 2 s); stated bound with slack for the machine.
+ROLLBACK_BOUND = 2 * WINDOW + 5 + 15
+
+
+def manifest(mode: str) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "engine": {
+            "type": "sim",
+            "image": harness.IMAGE,
+            "env": harness.engine_env(TIME_SCALE, LOAD_SECONDS),
+        },
+        "prefill": harness.pool(1),
+        "decode": harness.pool(1),
+        "colocated": harness.pool(1),
+        "serving": {"mode": mode},
+        "slo": {"ttftMs": 1500, "tpotMs": 100, "attainmentPercent": 90},
+        "rollout": {
+            "steps": [{"weight": 50, "pauseSeconds": 0}, {"weight": 100, "pauseSeconds": 0}],
+            "analysis": {
+                "windowSeconds": WINDOW,
+                "minSamples": 10,
+                "maxAttainmentDrop": 0.2,
+                "inconclusivePauseSeconds": 120,
+            },
+            "scaleDownDelaySeconds": DELAY,
+        },
+    }
+    doc: dict[str, Any] = harness.pddeployment(NAME, spec)
+    return doc
+
+
+def rollout(seen: Any) -> dict[str, Any]:
+    return dict(seen.status.get("rollout") or {})
+
+
+def phase_of(seen: Any) -> tuple[str, int] | None:
+    r = rollout(seen)
+    return (str(r["phase"]), int(r["weight"])) if r else None
+
+
+@dataclass
+class Gray:
+    cluster: ClusterHandle
+    operator: RestartableOperator
+    namespace: str
+    watch: Any
+    load: BackgroundLoad
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def kubectl(self, *args: str, check: bool = True) -> Any:
+        return self.cluster.kubectl(*args, "-n", self.namespace, check=check)
+
+    def set_mode(self, mode: str) -> float:
+        patch = json.dumps({"spec": {"serving": {"mode": mode}}})
+        self.kubectl("patch", "pdd", NAME, "--type", "merge", "-p", patch)
+        return time.time()
+
+    def command(self, value: str) -> None:
+        self.kubectl("annotate", "pdd", NAME, f"{meta.ANNOTATION_ROLLOUT_COMMAND}={value}", "--overwrite")
+
+    def wait(self, what: str, check: Callable[[Any], Any], timeout: float) -> Any:
+        return self.watch.wait(what, check, timeout)
+
+    def wait_phase(self, phase: str, weight: int | None = None, timeout: float = STEP_TIMEOUT) -> Any:
+        def check(seen: Any) -> Any:
+            got = phase_of(seen)
+            ok = got is not None and got[0] == phase and (weight is None or got[1] == weight)
+            return seen if ok else None
+
+        return self.wait(f"rollout {phase} {weight}", check, timeout)
+
+    def phases_since(self, moment: float) -> list[tuple[str, int]]:
+        out: list[tuple[str, int]] = []
+        for seen in self.watch.since(moment):
+            got = phase_of(seen)
+            if got is not None and (not out or out[-1] != got):
+                out.append(got)
+        return out
+
+    def kstatus(self) -> str:
+        obj = json.loads(self.kubectl("get", "pdd", NAME, "-o", "json").stdout)
+        return str(kstatus.compute(obj).status)
+
+    def pods(self, role: str) -> list[str]:
+        api = self.cluster.api_client()
+        try:
+            items = kube.raw(
+                client.CoreV1Api(api).list_namespaced_pod(
+                    self.namespace,
+                    label_selector=f"{meta.LABEL_PDD}={NAME},{meta.LABEL_ROLE}={role}",
+                    _preload_content=False,
+                )
+            )["items"]
+        finally:
+            kube.close(api)
+        ips = [p["status"]["podIP"] for p in items if kube.is_ready(p) and p["status"].get("podIP")]
+        assert all(ip.startswith("127.") for ip in ips), ips
+        return ips
+
+    def fault(self, role: str, faults: dict[str, Any] | None) -> None:
+        for ip in self.pods(role):
+            url = f"http://{ip}:{meta.ENGINE_PORT}/admin/faults"
+            if faults is None:
+                request = urllib.request.Request(url, method="DELETE")
+            else:
+                data = json.dumps(faults).encode()
+                request = urllib.request.Request(
+                    url, data=data, method="POST", headers={"content-type": "application/json"}
+                )
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                assert answer.status == 200
+
+    def failures_since(self, moment: float) -> list[str]:
+        return [s.error for s in self.load.samples(since=moment) if not s.ok]
+
+
+@pytest.fixture(scope="module")
+def gray(cluster: ClusterHandle, operator: RestartableOperator, module_namespace: str) -> Iterator[Gray]:
+    ns = module_namespace
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(manifest("Colocated")))
+    watch = harness.Watcher(cluster, ns, NAME).start()
+    load: BackgroundLoad | None = None
+    began = time.monotonic()
+    try:
+        watch.wait("gray Ready", lambda s: s.is_ready() and s.ready("colocated") >= 1, 180)
+        print(f"\ngray Ready (colocated) in {time.monotonic() - began:.0f}s")
+        load = BackgroundLoad(
+            harness.router_url(cluster, ns, NAME), harness.MODEL, max_requests=4000, max_seconds=540
+        )
+        load.start(LOAD)
+        yield Gray(cluster, operator, ns, watch, load)
+    finally:
+        if load is not None and load.running:
+            load.stop(timeout=60)
+        watch.stop()
+        print(f"--- events of {NAME}")
+        for e in harness.events(cluster, ns, NAME):
+            print(f"  {e.get('reason')}: {e.get('message', '')[:240]}")
+
+
+def test_colocated_to_pd_completes_step_by_step(gray: Gray) -> None:
+    seen = gray.watch.latest()
+    assert seen.status.get("mode") == "Colocated"
+    assert (seen.replicas("prefill"), seen.replicas("decode")) == (0, 0), "the idle arm holds no pods"
+    time.sleep(4)  # a few requests on the colocated arm before the change
+    started = gray.set_mode("Disaggregated")
+    gray.wait_phase("Preparing", 0, 20)
+    assert gray.kstatus() == "InProgress"
+    shifting = gray.wait_phase("Shifting", 50, ARM_TIMEOUT)
+    assert shifting.status.get("mode") == "Colocated", "the source is the mode in effect until promoted"
+    gray.wait_phase("Shifting", 100)
+    done = gray.kubectl(
+        "wait", f"pdd/{NAME}", "--for=jsonpath={.status.rollout.phase}=Promoted", f"--timeout={STEP_TIMEOUT}s"
+    )
+    assert done.returncode == 0
+    promoted = gray.wait_phase("Promoted", 100, 10)
+    took = promoted.at - started
+    gray.figures["promote_s"] = round(took, 1)
+    phases = gray.phases_since(started)
+    print(f"colocated -> P/D promoted in {took:.0f}s: {phases}")
+    assert phases[:4] == [("Preparing", 0), ("Shifting", 50), ("Shifting", 100), ("Promoted", 100)], phases
+    verdicts = rollout(promoted)["verdicts"]
+    passed = [v for v in verdicts if v["result"] == "Pass"]
+    assert len(passed) >= 2, verdicts
+    print("passing verdicts: " + "; ".join(v["reason"] for v in passed))
+    assert all(v["figures"]["targetRequests"] >= 10 for v in passed)
+    gray.wait("the colocated arm scaled to zero after the delay", lambda s: s.replicas("colocated") == 0, 30)
+    assert gray.watch.latest().status.get("mode") == "Disaggregated"
+    gray.wait("Ready after the rollout", lambda s: s.is_ready() and s.status.get("phase") == "Healthy", 60)
+    assert gray.kstatus() == "Current"
+    assert gray.failures_since(started) == []
+
+
+def test_pd_to_colocated_resumes_after_the_operator_is_killed(gray: Gray) -> None:
+    started = gray.set_mode("Colocated")
+    shifting = gray.wait_phase("Shifting", 50, ARM_TIMEOUT)
+    assert rollout(shifting)["target"] == "Colocated"
+    step_started = rollout(shifting)["stepStartedAt"]
+    gray.operator.crash_and_restart()
+    after = gray.wait(
+        "the new operator's first pass",
+        lambda s: s if gray.operator.starts == 2 and phase_of(s) is not None else None,
+        30,
+    )
+    assert rollout(after).get("attempt") == 1
+    resumed = gray.wait_phase("Shifting", 100, STEP_TIMEOUT + 30)
+    assert rollout(resumed)["stepStartedAt"] > step_started, "moved on from the step it was in"
+    promoted = gray.wait_phase("Promoted", 100, STEP_TIMEOUT)
+    assert rollout(promoted)["attempt"] == 1
+    assert rollout(promoted)["startedAt"] <= step_started
+    phases = gray.phases_since(started)
+    print(f"P/D -> colocated across a kill -9 in {promoted.at - started:.0f}s: {phases}")
+    assert ("Preparing", 0) not in phases[phases.index(("Shifting", 50)) :], "not restarted from scratch"
+    gray.wait("P/D scaled to zero", lambda s: s.replicas("prefill") == 0 and s.replicas("decode") == 0, 30)
+    assert gray.watch.latest().status.get("mode") == "Colocated"
+    assert gray.failures_since(started) == []
+
+
+def test_decode_slowness_rolls_back_weight_first(gray: Gray) -> None:
+    started = gray.set_mode("Disaggregated")
+    gray.wait_phase("Shifting", 50, ARM_TIMEOUT)
+    injected = time.time()
+    gray.fault("decode", {"slowdown": SLOWDOWN})
+    back = gray.wait_phase("RollingBack", 0, ROLLBACK_BOUND + 10)
+    to_zero = back.at - injected
+    gray.figures["breach_to_weight_0_s"] = round(to_zero, 1)
+    r = rollout(back)
+    print(f"decode slowed x{SLOWDOWN:g} -> weight 0 in {to_zero:.1f}s: {r['reason']}")
+    assert to_zero <= ROLLBACK_BOUND, to_zero
+    assert "below" in r["reason"], r["reason"]
+    failed = [v for v in r["verdicts"] if v["result"] == "Fail"]
+    assert failed
+    assert failed[-1]["figures"]["targetAttainment"] < 0.9
+    assert min(back.replicas("prefill"), back.replicas("decode")) >= 1, "P/D keeps its pods at first"
+    rolled = gray.kubectl("wait", f"pdd/{NAME}", "--for=condition=RolledBack", "--timeout=10s")
+    assert rolled.returncode == 0
+    gray.wait_phase("RolledBack", 0, DELAY + 30)
+    final = gray.wait(
+        "P/D scaled to zero",
+        lambda s: s if s.replicas("prefill") == 0 and s.replicas("decode") == 0 else None,
+        30,
+    )
+    # weight 0 was published before P/D shrank: no reading shows P/D smaller while weight > 0
+    for seen in gray.watch.since(injected):
+        got = phase_of(seen)
+        if got is not None and got[1] > 0:
+            assert seen.replicas("decode") >= 1, (got, seen.sts)
+    assert final.status.get("phase") == "Degraded"
+    assert gray.kstatus() == "Failed"
+    assert gray.failures_since(started) == []
+
+
+def test_retry_promote_and_abort(gray: Gray) -> None:
+    moment = time.time()
+    gray.command("retry")
+    preparing = gray.wait_phase("Preparing", 0, 20)
+    assert rollout(preparing)["attempt"] == 2
+    gray.wait_phase("Shifting", 50, ARM_TIMEOUT)  # the new decode pod starts without the fault
+    gray.command("promote")
+    promoted = gray.wait_phase("Shifting", 100, 20)
+    assert rollout(promoted)["lastCommand"] == "promote"
+    gray.command("abort")
+    aborted = gray.wait_phase("RollingBack", 0, 20)
+    assert "abort" in rollout(aborted)["reason"]
+    gray.wait_phase("RolledBack", 0, DELAY + 30)
+    gray.command("bogus")
+    bad = gray.wait(
+        "the unknown command reported",
+        lambda s: s if any("bogus" in p for p in rollout(s).get("problems") or []) else None,
+        20,
+    )
+    assert phase_of(bad) == ("RolledBack", 0)
+    print(f"retry, promote, abort: {gray.phases_since(moment)}; figures {gray.figures}")
+    assert gray.failures_since(moment) == []
