@@ -166,6 +166,24 @@ class KVTransferSpec(ApiModel):
             description="What decode does when it cannot load the remote KV (vLLM kv_load_failure_policy)."
         ),
     ] = KVLoadFailurePolicy.fail
+    degraded_below_percent: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=100,
+            description="KVTransportDegraded is set when the effective KV bandwidth (engines' NIXL metrics, "
+            "transfers over minJudgedTransferBytes) stays below this percent of bandwidthGbps.",
+        ),
+    ] = 50
+    min_judged_transfer_bytes: Annotated[
+        int,
+        Field(
+            ge=2048,
+            le=8 * 1024**3,
+            description="Only KV transfers larger than this are judged for bandwidth (smaller ones are "
+            "latency-bound); rounded up to a bucket of vllm:nixl_bytes_transferred (powers of 4 from 2 KiB).",
+        ),
+    ] = 32 * 1024 * 1024
 
 
 class RDMASpec(ApiModel):

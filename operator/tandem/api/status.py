@@ -29,6 +29,7 @@ class ConditionType(StrEnum):
     Stalled = "Stalled"
     Available = "Available"
     AutoscalingActive = "AutoscalingActive"
+    KVTransportDegraded = "KVTransportDegraded"
     RolloutProgressing = "RolloutProgressing"
     RolledBack = "RolledBack"
 
@@ -71,6 +72,29 @@ class PoolsStatus(ApiModel):
     router: PoolStatus = PoolStatus()
 
 
+class KVTransportMeasurement(ApiModel):
+    """The KV transport as the engines' NIXL metrics showed it over the last window (operator-read)."""
+
+    observed_at: Annotated[float, Field(description="Unix time of the reading.")]
+    window_seconds: Annotated[int, Field(ge=0, description="The window the reading covers (seconds).")]
+    transfers: Annotated[int, Field(ge=0, description="KV transfers in the window, failed included.")] = 0
+    failed_transfers: Annotated[int, Field(ge=0)] = 0
+    judged_transfers: Annotated[
+        int, Field(ge=0, description="Successful transfers over the minimum judged size.")
+    ] = 0
+    effective_gbps: Annotated[
+        float | None, Field(description="Effective bandwidth of the judged transfers, at most (Gb/s).")
+    ] = None
+    link_gbps: Annotated[
+        float, Field(description="What a healthy link gives (spec.kvTransfer.bandwidthGbps, Gb/s).")
+    ]
+    bandwidth_percent: Annotated[int | None, Field(description="effectiveGbps / linkGbps, percent.")] = None
+    readings_below: Annotated[
+        int,
+        Field(ge=0, description="Judged readings in a row below spec.kvTransfer.degradedBelowPercent."),
+    ] = 0
+
+
 class KVTransferStatus(ApiModel):
     bytes_per_token: Annotated[
         int | None, Field(description="KV-cache bytes per token (spec or the known architecture).")
@@ -79,6 +103,7 @@ class KVTransferStatus(ApiModel):
         int | None,
         Field(description="Transfer time of 1,000 tokens of KV at spec.kvTransfer.bandwidthGbps (ms)."),
     ] = None
+    measured: KVTransportMeasurement | None = None
 
 
 class ScaleDecision(ApiModel):

@@ -23,6 +23,7 @@ from tandem.controller import handover
 from tandem.controller.autoscaler import Autoscaler, Outcome
 from tandem.controller.drift import is_subset
 from tandem.controller.events import EventRecorder
+from tandem.controller.kv_transport import KvTransportCheck
 from tandem.controller.replicas import is_external
 from tandem.controller.rollout import RolloutController
 from tandem.kube.rest import PDDEPLOYMENT, POD, Kind, KubeError, KubeRest, Obj
@@ -155,11 +156,13 @@ class Reconciler:
         events: EventRecorder,
         autoscaler: Autoscaler | None = None,
         rollouts: RolloutController | None = None,
+        kv_transport: KvTransportCheck | None = None,
     ) -> None:
         self.kube = kube
         self.events = events
         self.autoscaler = autoscaler or Autoscaler(kube)
         self.rollouts = rollouts or RolloutController(self.autoscaler)
+        self.kv_transport = kv_transport or KvTransportCheck(self.autoscaler.prometheus_url)
 
     def reconcile(self, body: Obj, now: str, epoch: float | None = None) -> PassResult:
         """One pass; `now` is the RFC 3339 time for status, `epoch` the same instant in seconds."""
@@ -187,6 +190,7 @@ class Reconciler:
         }
         rollout = self.rollouts.step(pdd, body, previous, statefulsets, pods, epoch)
         scaling = self.autoscaler.step(pdd, body, previous, statefulsets, pods, epoch, rollout.bounds)
+        kv = self.kv_transport.step(pdd, previous, epoch)
         replicas: dict[str, int | None] = {**scaling.replicas, "router": pdd.spec.router.replicas}
         desired = render(pdd, replicas)
 
@@ -231,6 +235,8 @@ class Reconciler:
             autoscaling=scaling.state,
             slo=scaling.slo,
             autoscaling_condition=scaling.condition,
+            kv_measured=kv.measured,
+            kv_condition=kv.condition,
             mode=rollout.mode,
             rollout=rollout.status,
             rollout_conditions=rollout.conditions,
@@ -250,7 +256,7 @@ class Reconciler:
                 return result
             result.status_written = True
         self._record_events(body, result, previous, status)
-        for event_type, reason, message in [*rollout.events, *scaling.events]:
+        for event_type, reason, message in [*rollout.events, *scaling.events, *kv.events]:
             self.events.post(body, event_type, reason, message)
         if status.phase.value == "Degraded":
             result.requeue(REQUEUE_STALLED_SECONDS)
@@ -258,6 +264,7 @@ class Reconciler:
             result.requeue(REQUEUE_PROGRESSING_SECONDS)
         result.requeue(scaling.requeue_after)
         result.requeue(rollout.requeue_after)
+        result.requeue(kv.requeue_after)
         return result
 
     def _apply(self, obj: Obj, current: Obj | None, transfer: handover.Step) -> Obj:

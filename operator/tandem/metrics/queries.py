@@ -204,12 +204,53 @@ POD_QUERIES: Final[tuple[Query, ...]] = (
     Query("pod_cache_config", "vllm:cache_config_info SEL", "num_gpu_blocks (a label)"),
 )
 
+# The KV transport (`tandem.metrics.kv_transport`), over the engines' NIXL metrics (reference 3.4),
+# which vLLM records on the engine that READs (decode): per successful transfer its duration and its
+# bytes, and a counter of failed transfers. Engine selector (every pool role; prefill records none).
+# Answers are sums over the window (increase(), so extrapolated and fractional) and by `le` for the
+# two histograms; `kv_series` counts the pods that export them at all (none: no NIXL metrics).
+KV_QUERIES: Final[tuple[Query, ...]] = (
+    Query("kv_series", "count(vllm:nixl_xfer_time_seconds_count SEL)", "engine pods exporting NIXL metrics"),
+    Query(
+        "kv_transfers",
+        "sum(increase(vllm:nixl_xfer_time_seconds_count SEL [WINDOW]))",
+        "successful KV transfers in the window",
+    ),
+    Query(
+        "kv_failed",
+        "sum(increase(vllm:nixl_num_failed_transfers_total SEL [WINDOW]))",
+        "failed KV transfers in the window",
+    ),
+    Query(
+        "kv_seconds",
+        "sum(increase(vllm:nixl_xfer_time_seconds_sum SEL [WINDOW]))",
+        "seconds spent in successful KV transfers",
+    ),
+    Query(
+        "kv_bytes",
+        "sum(increase(vllm:nixl_bytes_transferred_sum SEL [WINDOW]))",
+        "bytes moved by successful KV transfers",
+    ),
+    Query(
+        "kv_seconds_buckets",
+        "sum by (le) (increase(vllm:nixl_xfer_time_seconds_bucket SEL [WINDOW]))",
+        "transfers per duration bucket (cumulative)",
+    ),
+    Query(
+        "kv_bytes_buckets",
+        "sum by (le) (increase(vllm:nixl_bytes_transferred_bucket SEL [WINDOW]))",
+        "transfers per size bucket (cumulative)",
+    ),
+)
+
 # The engine queries answered by role (the rest are about freshness).
 _POOL_SIGNALS: Final = tuple(
     q.name for q in ENGINE_QUERIES if q.name not in ("engine_age", "engine_samples", "prompt_tokens_buckets")
 )
 
-QUERIES: Final[dict[str, Query]] = {q.name: q for q in (*ENGINE_QUERIES, *ROUTER_QUERIES, *POD_QUERIES)}
+QUERIES: Final[dict[str, Query]] = {
+    q.name: q for q in (*ENGINE_QUERIES, *ROUTER_QUERIES, *POD_QUERIES, *KV_QUERIES)
+}
 
 
 # --- building -------------------------------------------------------------------------------------
@@ -263,6 +304,12 @@ def snapshot_queries(namespace: str, pdd_name: str, window_seconds: float, quant
     out = {q.name: q.render(engines, window, quantile) for q in ENGINE_QUERIES}
     out |= {q.name: q.render(routers, window, quantile) for q in ROUTER_QUERIES}
     return out
+
+
+def kv_transport_queries(namespace: str, pdd_name: str, window_seconds: float) -> dict[str, str]:
+    """Query name -> PromQL, for one PDDeployment's KV transport over the window."""
+    sel, window = engine_selector(namespace, pdd_name), duration(window_seconds)
+    return {q.name: q.render(sel, window) for q in KV_QUERIES}
 
 
 def pod_load_queries(namespace: str, pods: Sequence[str]) -> dict[str, str]:

@@ -23,6 +23,7 @@ from tandem.api.status import (
     ConditionStatus,
     ConditionType,
     KVTransferStatus,
+    KVTransportMeasurement,
     PDDeploymentStatus,
     Phase,
     PoolsStatus,
@@ -72,6 +73,8 @@ class Observed:
     autoscaling: AutoscalingStatus | None = None  # the autoscaler's state after this pass
     slo: SLOStatus | None = None  # the SLO as last measured
     autoscaling_condition: ConditionValue | None = None  # this pass's AutoscalingActive; None: keep
+    kv_measured: KVTransportMeasurement | None = None  # status.kvTransfer.measured (controller/kv_transport)
+    kv_condition: ConditionValue | None = None  # this pass's KVTransportDegraded; None: keep
     mode: str | None = None  # the serving mode in effect (a rollout's source until promoted); None: spec's
     rollout: RolloutStatus | None = None  # status.rollout after this pass
     rollout_conditions: Sequence[tuple[str, ConditionStatus, str, str]] = ()  # RolloutProgressing, RolledBack
@@ -314,6 +317,8 @@ def derive_status(
         )
     if observed.autoscaling_condition is not None:
         conditions.append((ConditionType.AutoscalingActive, *observed.autoscaling_condition))
+    if observed.kv_condition is not None:
+        conditions.append((ConditionType.KVTransportDegraded, *observed.kv_condition))
     conditions += observed.rollout_conditions
 
     return PDDeploymentStatus(
@@ -322,7 +327,7 @@ def derive_status(
         mode=mode,
         conditions=merge_conditions(previous, conditions, generation, now),
         pools=pools,
-        kv_transfer=_kv_status(pdd),
+        kv_transfer=_kv_status(pdd).model_copy(update={"measured": observed.kv_measured}),
         slo=observed.slo,
         autoscaling=observed.autoscaling,
         rollout=observed.rollout,
