@@ -25,7 +25,7 @@ class Knobs:
     tpot_headroom: float = 0.85
     kv_target_usage: float = 0.85
     # ... and its output tokens/s loaded to at most this share of what that batch generates.
-    decode_utilisation_cap: float = 0.8
+    decode_utilisation_cap: float = 0.9
     # A decode pod whose KV cache is this full cannot admit: a TTFT miss then is decode's, not prefill's.
     kv_full_usage: float = 0.95
     # Queued prompt tokens are to be drained within this many seconds (0: the decision interval).
@@ -48,6 +48,10 @@ class Knobs:
     miss_min_load: float = 0.5
     decode_learn_min_share: float = 0.5  # decode learns from TPOT only at this share of its capacity
     comfortable_ratio: float = 0.80  # latency under this share of its target is "comfortably within"
+    # No scale-down while the pool's own latency at the SLO quantile is at or above this share of its
+    # target, or attainment is under target (a pool near its SLO is not shrunk into the next burst);
+    # the hold is recorded, so the scale-down window restarts. inf: off.
+    down_slo_ratio: float = 0.80
     relax_rate: float = 0.10  # then a correction below 1 moves this share of the way back to 1
     # A snapshot older than this many decision intervals is stale (no data).
     stale_intervals: float = 3.0

@@ -290,6 +290,13 @@ def _finish(
     if activation and current == 0:
         exact = max(exact, 1.0)
     replicas = max(0, math.ceil(exact - 1e-9))
+    tight = slo_state.ratio is not None and (
+        slo_state.ratio >= knobs.down_slo_ratio
+        or (obs.path.attainment is not None and obs.path.attainment < obs.attainment_target)
+    )
+    held_down = tight and replicas < current
+    if held_down:
+        replicas = current
     floor: int | None = None
     loaded = total > base or total >= knobs.miss_min_load * current  # a backlog, or busy enough
     if slo_state.missed:
@@ -323,6 +330,8 @@ def _finish(
     reason = parts[0] + (f" ({'; '.join(parts[1:])})" if len(parts) > 1 else "")
     if floor is not None and floor > math.ceil(exact - 1e-9):
         reason += f"; SLO missed: at least {floor}"
+    elif held_down:
+        reason += f"; SLO not comfortably met: no scale-down below {current}"
     deficit = max(0.0, (slo_state.ratio or 0.0) - 1.0)
     return Sizing(
         exact=exact,

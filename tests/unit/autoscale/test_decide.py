@@ -199,6 +199,40 @@ def test_scale_down_waits_for_the_window_and_goes_to_the_highest_recommendation_
     assert loop.step(prefill=2.5).pools["prefill"].target == 3
 
 
+TIGHT_CASES = [
+    # id, TTFT (s, target 1 s), attainment, expected target. The load needs 3 of the 6 prefill replicas
+    # (scale-down window 0): a pool near its SLO keeps its size.
+    ("comfortable", 0.3, 0.99, 5, None),  # one step down (maxStep 1)
+    ("ttft-at-0.8-of-target", 0.8, 0.99, 6, "SLO not comfortably met: no scale-down below 6"),
+    ("attainment-under-target", 0.3, 0.90, 6, "SLO not comfortably met: no scale-down below 6"),
+    ("no-requests", None, 1.0, 5, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("ttft", "attainment", "target", "said"), [c[1:] for c in TIGHT_CASES], ids=[c[0] for c in TIGHT_CASES]
+)
+def test_no_scale_down_while_the_slo_is_tight(
+    kit: Kit, ttft: float | None, attainment: float, target: int, said: str | None
+) -> None:
+    k = kit.with_spec(prefill={"replicas": 6}, autoscaling={"scaleDown": {"stabilizationSeconds": 0}})
+    snapshot = k.snapshot(
+        T0,
+        sizes={"prefill": (6, 6), "decode": (2, 2)},
+        prefill=2.5,
+        decode=1.5,
+        ttft=ttft,
+        attainment=attainment,
+        request_rate=None if ttft is not None else 0.0,
+    )
+    pool = decide(k.spec, snapshot, at({"prefill": 6, "decode": 2}), T0).pools["prefill"]
+    assert pool.target == target
+    assert (said in pool.reason) if said else "no scale-down" not in pool.reason
+    off = decide(k.spec, snapshot, at({"prefill": 6, "decode": 2}), T0, knobs=Knobs(down_slo_ratio=math.inf))
+    if ttft is not None and attainment >= 0.95:
+        assert off.pools["prefill"].target == 5  # the knob turns the hold off
+
+
 STEP_CASES = [
     # id, down maxStep, up maxStep, current, load, target
     ("down-1", 1, 4, 8, 1.5, 7),
