@@ -3,8 +3,8 @@
 The routers label every finished request with the path it took (`disaggregated` or `colocated`),
 so one set of router queries gives both arms: requests finished (`increase` of
 `tandem_router_requests_total`), those that failed (code 5xx), those within both SLO targets, and
-TTFT / TPOT at the SLO's quantile. The target arm's KV-transfer failure rate and bandwidth ratio
-come from `tandem.metrics.kv_transport` (P/D only) when that module is present.
+TTFT / TPOT at the SLO's quantile. The P/D arm's KV-transfer failure rate and bandwidth ratio
+come from `tandem.metrics.kv_transport` (the engines' NIXL metrics; None when not judged).
 
 `rollout_queries` and `build_window` are pure; `read_window` runs the queries and never raises: a
 failed query is named in `Window.metrics_missing`, which `judge()` turns into Inconclusive (never a
@@ -13,13 +13,13 @@ Pass). Counts are Prometheus' extrapolated increases, rounded.
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Final
 
 from tandem.api.models import PDDeploymentSpec
 from tandem.autoscale.snapshot import PATH_COLOCATED, PATH_DISAGGREGATED
+from tandem.metrics.kv_transport import read_kv_transport
 from tandem.metrics.prometheus import PrometheusReader
 from tandem.metrics.queries import (
     LABEL_PDD,
@@ -146,24 +146,14 @@ def build_window(
 def _kv_reading(
     reader: PrometheusReader, spec: PDDeploymentSpec, namespace: str, pdd_name: str, window: float, now: float
 ) -> tuple[float | None, float | None]:
-    """(failure rate, bandwidth ratio) of the KV transport, when `tandem.metrics.kv_transport` exists."""
-    try:
-        module: Any = importlib.import_module("tandem.metrics.kv_transport")
-    except ImportError:
+    """(failure rate, bandwidth ratio) of the KV transport over the window (`metrics/kv_transport.py`).
+
+    Its own failed queries are not "metrics unavailable" for the rollout: a colocated arm moves no KV
+    and a P/D arm is still judged on what the routers saw; the figures are then None (not judged)."""
+    reading = read_kv_transport(reader, namespace, pdd_name, window, now, spec=spec)
+    if reading.missing:
         return None, None
-    read = getattr(module, "read_kv_transport", None)
-    if read is None:
-        return None, None
-    try:
-        reading = read(reader, namespace, pdd_name, window, now, spec=spec)
-    except Exception:  # the KV reading is optional evidence: without it the arm is judged on the SLO
-        return None, None
-    failure = getattr(reading, "failure_rate", None)
-    ratio = getattr(reading, "bandwidth_ratio", None)
-    return (
-        float(failure) if isinstance(failure, int | float) else None,
-        float(ratio) if isinstance(ratio, int | float) else None,
-    )
+    return reading.failure_rate, reading.bandwidth_ratio
 
 
 def read_window(

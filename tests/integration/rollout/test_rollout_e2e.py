@@ -19,7 +19,13 @@ The story, in order: colocated -> P/D completes step by step (kstatus and `kubec
 phase); P/D -> colocated (the same machine, arms swapped) with the operator killed -9 mid-rollout and
 resumed from status; colocated -> P/D again with decode slowed 20x during the first step: automatic
 rollback, weight first, with the time from the injection to weight 0 printed and bounded; then
-`retry`, `promote` and `abort` through the annotation. No client request may fail throughout.
+`retry` and `promote` through the annotation, KV pulls failing at 10 % on decode at 100 %: automatic
+rollback on the KV-transfer failure rate (in the step, or, when the step's passing window was read
+before the first failed transfers reached Prometheus, right after promotion: the steady-state
+fall-back of a P/D deployment; both are rollbacks, weight first); `retry` and `abort`, and an
+unknown command. No client request may fail, except where all three attempts of a request hit a
+failing KV pull (the router's failure rules; at most 2 allowed, about 1 in 1,000 P/D requests
+expected).
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ WINDOW = 10
 DELAY = 5
 LOAD = Phase(4.0, 200, 16, "steady")
 SLOWDOWN = 20.0
+KV_FAILURE_RATE = 0.1
 # A step lasts at least its window (10 s) plus the analysis period (5 s) and a scrape or two; on a
 # 2-core machine shared with other sessions we allow 45 s per step and 60 s for a new arm's pods.
 STEP_TIMEOUT = 45
@@ -305,7 +312,7 @@ def test_decode_slowness_rolls_back_weight_first(gray: Gray) -> None:
     assert gray.failures_since(started) == []
 
 
-def test_retry_promote_and_abort(gray: Gray) -> None:
+def test_retry_promote_kv_failures_and_abort(gray: Gray) -> None:
     moment = time.time()
     gray.command("retry")
     preparing = gray.wait_phase("Preparing", 0, 20)
@@ -314,8 +321,27 @@ def test_retry_promote_and_abort(gray: Gray) -> None:
     gray.command("promote")
     promoted = gray.wait_phase("Shifting", 100, 20)
     assert rollout(promoted)["lastCommand"] == "promote"
+    injected = time.time()
+    gray.fault("decode", {"kv_pull_failure_rate": KV_FAILURE_RATE})
+    back = gray.wait_phase("RollingBack", 0, ROLLBACK_BOUND + 10)
+    gray.fault("decode", None)
+    gray.figures["kv_failures_to_weight_0_s"] = round(back.at - injected, 1)
+    reason = rollout(back)["reason"]
+    print(f"KV pulls failing at {KV_FAILURE_RATE:.0%} -> weight 0 in {back.at - injected:.1f}s: {reason}")
+    assert "KV-transfer failure rate" in reason, reason
+    assert back.at - injected <= ROLLBACK_BOUND
+    # The router re-prefills a request whose KV pull failed (up to 2 retries): a client sees a failure
+    # only when all 3 attempts failed (about 1 in 1,000 P/D requests at this rate).
+    kv_failures = gray.failures_since(injected)
+    print(f"client failures while KV pulls failed: {len(kv_failures)} {kv_failures[:3]}")
+    assert len(kv_failures) <= 2, kv_failures
+    gray.wait_phase("RolledBack", 0, DELAY + 30)
+    gray.command("retry/2")
+    gray.wait_phase("Preparing", 0, 20)
     gray.command("abort")
-    aborted = gray.wait_phase("RollingBack", 0, 20)
+    aborted = gray.wait(
+        "aborted", lambda s: s if (phase_of(s) or ("", 1))[0] in ("RollingBack", "RolledBack") else None, 20
+    )
     assert "abort" in rollout(aborted)["reason"]
     gray.wait_phase("RolledBack", 0, DELAY + 30)
     gray.command("bogus")
@@ -325,5 +351,9 @@ def test_retry_promote_and_abort(gray: Gray) -> None:
         20,
     )
     assert phase_of(bad) == ("RolledBack", 0)
-    print(f"retry, promote, abort: {gray.phases_since(moment)}; figures {gray.figures}")
-    assert gray.failures_since(moment) == []
+    assert rollout(bad)["attempt"] == 3
+    print(f"retry, promote, KV failures, retry, abort: {gray.phases_since(moment)}; figures {gray.figures}")
+    before = [s.error for s in gray.load.samples(since=moment, until=injected) if not s.ok]
+    assert before == [], "no failure before the KV fault"
+    after = [s.error for s in gray.load.samples(since=back.at + 5) if not s.ok]
+    assert after == [], "no failure once the weight is back and the fault cleared"
