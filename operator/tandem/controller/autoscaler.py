@@ -38,7 +38,7 @@ from tandem.api.status import (
 from tandem.autoscale.snapshot import PoolSize, Snapshot
 from tandem.controller import drain, metrics, replicas
 from tandem.kube.rest import POD, KubeError, KubeRest, Obj
-from tandem.rollout.arms import Bound
+from tandem.rollout.arms import Bound, bounded_spec
 from tandem.status.derive import AutoscalingView, ConditionValue, autoscaling_condition, measured_slo
 
 if TYPE_CHECKING:
@@ -177,7 +177,7 @@ class Autoscaler:
                 started = time.monotonic()
                 sizes_now = _sizes(spec, state, statefulsets)
                 snapshot = dataclasses.replace(self._snapshot(pdd, url, now, sizes_now), sizes=sizes_now)
-                decision = _decide(spec, snapshot, state, now, paused)
+                decision = _decide(bounded_spec(spec, bounds or {}), snapshot, state, now, paused)
                 metrics.DECISION_SECONDS.observe(time.monotonic() - started)
                 outcome_events += self._decision_events(pdd, state, decision)
                 state = decision.state

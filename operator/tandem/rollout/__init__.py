@@ -1,6 +1,6 @@
 """Gray rollout, the pure core: `judge(window, analysis) -> Verdict` and
 `step(state, verdict, command, now, config, observed) -> Transition` (no I/O, no clock).
 
-The operator wiring, the `spec.rollout` / `status.rollout` API and the routers' traffic split are
-not built yet (issue 12); docs/rollout.md, "The state machine", describes what is here.
+`arms` sizes the colocated and P/D arms for their share of the traffic. The operator runs them from
+`tandem.controller.rollout` with `spec.rollout` / `status.rollout`; docs/rollout.md describes both.
 """

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from typing import Final
 
+from tandem.api.models import PDDeploymentSpec
 from tandem.rollout.config import Analysis, OnMetricsUnavailable, RolloutConfig, Step
 from tandem.rollout.state import Phase, RollbackStage, RolloutState
 
@@ -168,3 +169,28 @@ def config_from(
         auto_rollback=auto_rollback,
         scale_down_delay_seconds=float(scale_down_delay_seconds),
     )
+
+
+def bounded_spec(spec: PDDeploymentSpec, bounds: Mapping[str, Bound]) -> PDDeploymentSpec:
+    """`spec` as the autoscaler's `decide()` should see it during a rollout: each autoscaled pool's
+    `minReplicas` / `maxReplicas` narrowed to its bound, so an arm held at zero claims no GPU of
+    `maxGPUs` (capacity is traded between the arms, not reserved twice) and an arm that must serve
+    is never decided below its floor. Copies without validation (a zero maximum is not a valid
+    spec); the spec itself is unchanged."""
+    pools = {}
+    for role, bound in bounds.items():
+        pool = spec.pool(role)
+        block = pool.autoscaling
+        if block is None or block.external:
+            continue
+        high = block.max_replicas if bound.high is None else min(block.max_replicas, bound.high)
+        low = (
+            min(max(block.min_replicas, bound.low), high)
+            if bound.high is not None
+            else max(block.min_replicas, bound.low)
+        )
+        high = max(high, low)
+        if (low, high) != (block.min_replicas, block.max_replicas):
+            narrowed = block.model_copy(update={"min_replicas": low, "max_replicas": high})
+            pools[role] = pool.model_copy(update={"autoscaling": narrowed})
+    return spec.model_copy(update=pools) if pools else spec

@@ -1,9 +1,8 @@
 """What a rollout is told: its steps and its analysis thresholds, as frozen records.
 
-They mirror the future `spec.rollout` (issue 12, item 1) but are not API models: no field is
-accepted from users before its behaviour exists, so the API layer will build these from its own
-models. Construction checks every field and raises `ValueError` naming it (the API will refuse the
-same at apply time).
+They mirror `spec.rollout` but are not API models: the controller builds them from the API's
+(`controller.rollout.rollout_config`). Construction checks every field and raises `ValueError`
+naming it (the API refuses the same at apply time).
 """
 
 from __future__ import annotations

@@ -208,3 +208,36 @@ def test_routers_read_the_mode_in_effect_and_the_pd_share(
         {"metadata": {"name": "x"}, "spec": {"serving": {"mode": "Disaggregated"}}, "status": status}
     )
     assert (info.serving_mode, info.rollout_weight) == (mode, pd)
+
+
+@pytest.mark.parametrize(
+    ("bound", "want"),
+    [
+        (Bound(0, 0), (0, 0)),  # an arm held at zero claims nothing
+        (Bound(1, None), (1, 4)),
+        (Bound(3, None), (3, 4)),  # a source restored to its full size
+        (Bound(2, 2), (2, 2)),
+        (Bound(6, None), (6, 6)),  # a floor above the maximum wins (the spec's replicas never exceed it)
+    ],
+)
+def test_bounded_spec_narrows_the_autoscaler_bounds(bound: Bound, want: tuple[int, int]) -> None:
+    from tandem.api.models import PDDeploymentSpec
+    from tandem.rollout.arms import bounded_spec
+
+    spec = PDDeploymentSpec.model_validate(
+        {
+            "model": {"name": "m", "uri": "hf://meta-llama/Llama-3.1-8B-Instruct"},
+            "engine": {"type": "sim", "image": "img"},
+            "prefill": {"replicas": 1},
+            "decode": {"replicas": 1, "autoscaling": {"minReplicas": 1, "maxReplicas": 4}},
+            "slo": {"ttftMs": 1000, "tpotMs": 50},
+            "autoscaling": {"enabled": True},
+        }
+    )
+    got = bounded_spec(spec, {"decode": bound, "prefill": Bound(0, 0)})
+    block = got.decode.autoscaling
+    assert block is not None
+    assert (block.min_replicas, block.max_replicas) == want
+    assert got.prefill.autoscaling is None, "a fixed pool is the bounds' business, not decide()'s"
+    assert spec.decode.autoscaling is not None
+    assert (spec.decode.autoscaling.min_replicas, spec.decode.autoscaling.max_replicas) == (1, 4)

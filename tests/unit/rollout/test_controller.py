@@ -338,3 +338,28 @@ def test_metrics_unavailable_never_promotes() -> None:
         assert world.rollout["weight"] <= 50
     assert (world.rollout["phase"], world.rollout["pauseCause"]) == ("Paused", "MetricsUnavailable")
     assert world.pdd["status"]["phase"] == "Paused"
+
+
+def test_autoscaled_arms_trade_the_gpu_budget() -> None:
+    """With the autoscaler: the arm not in effect is decided at 0 (it claims none of maxGPUs), and a
+    rollout's target arm is decided at its floor (1 + 1 while Preparing), not below."""
+    doc = manifest()
+    spec = doc["spec"]
+    spec["autoscaling"] = {"enabled": True, "intervalSeconds": 5, "prometheus": {"url": URL}}
+    spec["colocated"] = {"replicas": 2, "autoscaling": {"minReplicas": 1, "maxReplicas": 3}}
+    spec["prefill"] = {"replicas": 1, "autoscaling": {"minReplicas": 1, "maxReplicas": 2}}
+    spec["decode"] = {"replicas": 1, "autoscaling": {"minReplicas": 1, "maxReplicas": 2}}
+    spec["maxGPUs"] = 4
+    world = World(doc)
+    world.run()
+    world.run(6.0)
+    pools = world.pdd["status"]["autoscaling"]["pools"]
+    assert (pools["prefill"]["desiredReplicas"], pools["decode"]["desiredReplicas"]) == (0, 0)
+    assert pools["colocated"]["desiredReplicas"] == 2
+    assert (world.size("prefill"), world.size("decode"), world.size("colocated")) == (0, 0, 2)
+    world.set_mode("Disaggregated")
+    world.run(1.0)
+    assert world.rollout["phase"] == "Preparing"
+    assert (world.size("prefill"), world.size("decode")) == (1, 1)
+    pools = world.pdd["status"]["autoscaling"]["pools"]
+    assert (pools["prefill"]["desiredReplicas"], pools["decode"]["desiredReplicas"]) == (1, 1)
