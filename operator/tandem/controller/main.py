@@ -91,6 +91,7 @@ class Runtime:
             if body is None or body["metadata"].get("deletionTimestamp"):
                 self.failures.pop(key, None)
                 self.autoscaler.forget(namespace, name)
+                self.reconciler.rollouts.forget(namespace, name)
                 return
             instant = datetime.now(UTC)
             now = instant.strftime("%Y-%m-%dT%H:%M:%SZ")
