@@ -26,12 +26,13 @@ import pytest
 from kubernetes import client
 
 from tandem.api import meta
-from tandem.api.models import SLOSpec
+from tandem.api.models import PDDeploymentSpec, SLOSpec
 from tandem.autoscale.snapshot import PoolSize, Snapshot
 from tandem.devcluster import kube
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.testing import OperatorProcess, eventually, pods
 from tandem.metrics import PrometheusReader
+from tandem.metrics.kv_transport import KvTransportReading, read_kv_transport
 from tandem.metrics.queries import build_snapshot, quantile_of, snapshot_queries
 
 PDD = "metrics"
@@ -127,8 +128,8 @@ def deployed(
         kube.close(api)
 
 
-def complete(router: str, stream: bool) -> int:
-    body = {"model": MODEL_NAME, "prompt": "the autoscaler reads this", "max_tokens": 8, "stream": stream}
+def complete(router: str, stream: bool, prompt: str = "the autoscaler reads this") -> int:
+    body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 8, "stream": stream}
     request = urllib.request.Request(
         router + "/v1/completions", data=json.dumps(body).encode(), method="POST"
     )
@@ -265,3 +266,83 @@ def test_a_prometheus_that_never_answers_times_out() -> None:
         assert not snap.has_data
         assert all("within 2s" in m or "Timeout" in m for m in snap.missing), snap.missing
         reader.close()
+
+
+def set_faults(ip: str, faults: dict[str, Any] | None) -> None:
+    url = f"http://{ip}:{meta.ENGINE_PORT}/admin/faults"
+    data, method = (json.dumps(faults).encode(), "POST") if faults is not None else (None, "DELETE")
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+
+
+WINDOW = 20  # seconds: the KV-transport reads' window (10 scrapes)
+
+
+def test_kv_transport_of_a_live_deployment(cluster: ClusterHandle, deployed: Deployed) -> None:
+    """`read_kv_transport` over the decode engine's real NIXL series: large pulls judged (1100-token
+    prompts: 137.5 MiB of Llama-3.1-8B KV each, over the default 128 MiB minimum), injected pull
+    failures counted, the sim's time scale in the link figure (400 Gb/s x 1/0.1)."""
+    reader = PrometheusReader(cluster.prometheus_url, timeout=10)
+    spec = PDDeploymentSpec.model_validate(pdd_object(deployed.namespace)["spec"])
+    # Pulls before Prometheus' first scrape of the decode engine are invisible to increase() (its
+    # NIXL counters are born with it): wait until both engines are scraped.
+    eventually(
+        lambda: all(
+            read(reader, deployed, 60).pools[role].scraped_pods == 1 for role in ("prefill", "decode")
+        ),
+        timeout=180,
+        what="Prometheus to scrape both engines",
+    )
+    # A window of only these pulls (the module's other test pulls short prompts): wait for a quiet one.
+    eventually(
+        lambda: (
+            read_kv_transport(reader, deployed.namespace, PDD, WINDOW, time.time(), spec=spec).transfers == 0
+        ),
+        timeout=120,
+        what=f"a {WINDOW}s window without KV transfers",
+    )
+    prompt = " ".join(f"w{i}" for i in range(1100))
+    eventually(
+        lambda: complete(deployed.router_url, False, prompt) == 200, timeout=120, what="a first answer"
+    )
+    statuses = [complete(deployed.router_url, stream=False, prompt=prompt) for _ in range(6)]
+    assert statuses == [200] * 6
+    decode_ip = deployed.pods["decode"]["status"]["podIP"]
+    set_faults(decode_ip, {"kv_pull_failure_rate": 1.0})
+    try:
+        failed = [complete(deployed.router_url, stream=False, prompt=prompt) for _ in range(2)]
+    finally:
+        set_faults(decode_ip, None)
+    assert all(status >= 500 for status in failed), failed
+
+    last: list[KvTransportReading] = []
+
+    def seen() -> KvTransportReading | None:
+        got = read_kv_transport(reader, deployed.namespace, PDD, WINDOW, time.time(), spec=spec)
+        last[:] = [got]
+        enough = got.judged_transfers >= 5.5 and got.failed_transfers >= 1.5
+        return got if enough and not got.missing else None
+
+    try:
+        reading = eventually(seen, timeout=120, what="Prometheus to scrape the pulls")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last reading: {last}") from None
+    assert reading.nixl_metrics
+    assert reading.judged_above_bytes == 128 * 1024 * 1024
+    assert reading.link_gbps == pytest.approx(4000)
+    assert reading.failure_rate is not None
+    assert 0 < reading.failure_rate < 1
+    assert reading.effective_gbps is not None
+    assert reading.effective_gbps_floor is not None
+    # Every pull in the window is over the minimum: bytes and seconds are exact, the bounds meet.
+    assert reading.effective_gbps_floor == pytest.approx(reading.effective_gbps)
+    assert reading.effective_gbps > 0
+    assert reading.bandwidth_ratio == pytest.approx(reading.effective_gbps / 4000)
+    print(
+        f"KV transport: {reading.transfers:.1f} transfers, {reading.failed_transfers:.1f} failed,"
+        f" {reading.judged_transfers:.1f} judged, {reading.effective_gbps_floor:.1f}"
+        f"..{reading.effective_gbps:.1f} Gb/s against {reading.link_gbps:g}"
+    )
+    reader.close()
