@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -157,12 +158,19 @@ def _events(prior: Condition | None, condition: ConditionValue) -> list[tuple[st
 class KvTransportCheck:
     """The I/O around `evaluate()`; one per operator, shared by the workers."""
 
-    def __init__(self, prometheus_url: str | None = None) -> None:
+    def __init__(
+        self, prometheus_url: str | None = None, reader_for: Callable[[str, float], Any] | None = None
+    ) -> None:
+        """`reader_for(url, timeout)` gives a `PrometheusReader` (the autoscaler's, so both share one
+        per Prometheus); without it, the check keeps its own."""
         self.prometheus_url = prometheus_url or None
+        self._reader_for = reader_for
         self._readers: dict[tuple[str, float], Any] = {}
         self._last_read: dict[tuple[str, str], float] = {}
 
     def _reader(self, url: str, timeout: float) -> Any:
+        if self._reader_for is not None:
+            return self._reader_for(url, timeout)
         reader = self._readers.get((url, timeout))
         if reader is None:
             from tandem.metrics import PrometheusReader

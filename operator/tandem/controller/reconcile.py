@@ -162,7 +162,9 @@ class Reconciler:
         self.events = events
         self.autoscaler = autoscaler or Autoscaler(kube)
         self.rollouts = rollouts or RolloutController(self.autoscaler)
-        self.kv_transport = kv_transport or KvTransportCheck(self.autoscaler.prometheus_url)
+        self.kv_transport = kv_transport or KvTransportCheck(
+            self.autoscaler.prometheus_url, reader_for=self.autoscaler._reader
+        )
 
     def reconcile(self, body: Obj, now: str, epoch: float | None = None) -> PassResult:
         """One pass; `now` is the RFC 3339 time for status, `epoch` the same instant in seconds."""
