@@ -16,8 +16,10 @@ the last `window_seconds(spec)` (`tandem.metrics.kv_transport`) and sets `KVTran
 
 A reading below the threshold short of DEGRADED_READINGS keeps the status and says so
 (reason BandwidthBelowThresholdPending). The figures and the count live in
-`status.kvTransfer.measured` (so an operator restart keeps them); a read is due when the last is
-an interval old (also kept in memory, so a pass that sees a stale status does not read twice).
+`status.kvTransfer.measured` (so an operator restart keeps them; `observedAt` is the reading that
+produced them: a reading with the same figures changes nothing, so status is not rewritten); a
+read is due when the last is an interval old (kept in memory too, so a pass that sees a stale or
+unchanged status does not read again).
 An Event is posted when the condition's status changes.
 """
 
@@ -62,6 +64,11 @@ def due(
     return True
 
 
+def _sig3(x: float) -> float:
+    """Three significant digits: the figure a status shows, steady under a steady link."""
+    return float(f"{x:.3g}")
+
+
 def _size(n: float | None) -> str:
     if n is None:
         return "?"
@@ -89,7 +96,7 @@ def evaluate(
         transfers=round(reading.transfers),
         failed_transfers=round(reading.failed_transfers),
         judged_transfers=round(reading.judged_transfers),
-        effective_gbps=None if reading.effective_gbps is None else round(reading.effective_gbps, 3),
+        effective_gbps=None if reading.effective_gbps is None else _sig3(reading.effective_gbps),
         link_gbps=round(reading.link_gbps, 3),
         bandwidth_percent=None if ratio is None else round(ratio * 100),
         readings_below=count,
@@ -210,6 +217,8 @@ class KvTransportCheck:
             metrics.PROMETHEUS_ERRORS.labels(query="kv_transport").inc()
         log.debug("%s/%s: KV transport read in %.3fs", key[0], key[1], time.monotonic() - started)
         new, condition = evaluate(reading, spec, measured, prior)
+        if measured is not None and new.model_copy(update={"observed_at": measured.observed_at}) == measured:
+            new = measured  # the same figures: keep the status as it is (no write for a timestamp)
         return KvOutcome(new, condition, interval, _events(prior, condition))
 
     def forget(self, namespace: str, name: str) -> None:

@@ -293,3 +293,19 @@ def test_without_prometheus_or_p_d_nothing_is_read_or_set() -> None:
     check._readers[("http://127.0.0.1:9090", 5.0)] = reader
     assert check.step(colocated, None, T0).condition is None
     assert reader.runs == []
+
+
+def test_an_idle_deployment_keeps_its_status_as_it_is() -> None:
+    check = KvTransportCheck()
+    reader = ScriptedReader()  # no transfer at all
+    check._readers[("http://127.0.0.1:9090", 5.0)] = reader
+    obj = pdd()
+    first = check.step(obj, None, T0)
+    status = status_with(None, first)
+    second = check.step(obj, status, T0 + 5)
+    assert len(reader.runs) == 2
+    assert second.measured == first.measured  # observedAt included: nothing to write
+    assert second.condition == first.condition
+    assert second.condition is not None
+    assert second.condition[:2] == ("Unknown", "NotEnoughTransfers")
+    assert second.events == []
