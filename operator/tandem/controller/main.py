@@ -92,6 +92,7 @@ class Runtime:
                 self.failures.pop(key, None)
                 self.autoscaler.forget(namespace, name)
                 self.reconciler.rollouts.forget(namespace, name)
+                self.reconciler.kv_transport.forget(namespace, name)
                 return
             instant = datetime.now(UTC)
             now = instant.strftime("%Y-%m-%dT%H:%M:%SZ")

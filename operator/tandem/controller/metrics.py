@@ -51,7 +51,8 @@ DESIRED_REPLICAS = Gauge(
 )
 PROMETHEUS_ERRORS = Counter(
     "tandem_operator_autoscaler_prometheus_errors_total",
-    "Autoscaler reads of Prometheus that failed or came back incomplete (query: snapshot, pod_load).",
+    "Operator reads of Prometheus that failed or came back incomplete (query: snapshot, pod_load,"
+    " kv_transport).",
     ["query"],
     registry=REGISTRY,
 )
