@@ -41,8 +41,13 @@ def desired_pools(
     """Pools that exist, with their replica counts (`replicas` overrides `spec.<pool>.replicas`).
 
     A `None` count (the pool is sized by another controller) always exists and stays `None`; without
-    `replicas`, that is every pool with `autoscaling.external`.
+    `replicas`, that is every pool with `autoscaling.external`. Without `replicas`, a spec with
+    `rollout` is rendered at rest, as the operator runs it: the arm `serving.mode` does not use holds
+    no pods (a gray rollout starts it when the mode changes; docs/rollout.md).
     """
+    idle: tuple[str, ...] = ()
+    if replicas is None and pdd.spec.rollout is not None:
+        idle = ("colocated",) if pdd.spec.serving.mode.value == "Disaggregated" else ("prefill", "decode")
     result: dict[Role, int | None] = {}
     for role in meta.POOL_ROLES:
         spec_pool = pdd.spec.pool(role)
@@ -50,7 +55,7 @@ def desired_pools(
         external = spec_pool.autoscaling is not None and spec_pool.autoscaling.external
         desired: int | None
         if replicas is None:
-            desired = None if external else spec_replicas
+            desired = None if external else (0 if role in idle else spec_replicas)
         else:
             desired = replicas.get(role, spec_replicas)
         if desired is None:
