@@ -48,7 +48,7 @@ from tandem.rollout.arms import (
 from tandem.rollout.config import RolloutConfig
 from tandem.rollout.judge import ArmWindow, Result, Verdict, Window, judge
 from tandem.rollout.machine import Command, Observed, Transition, fall_back, parse_command, promoted, step
-from tandem.rollout.state import Phase, RolloutState, start
+from tandem.rollout.state import Phase, RolloutState, clip, start
 
 if TYPE_CHECKING:
     from tandem.controller.autoscaler import Autoscaler
@@ -61,6 +61,7 @@ ConditionTuple = tuple[str, ConditionStatus, str, str]
 AT_MAXIMUM: Final = ("LimitedByMaxReplicas", "LimitedByMaxGPUs")
 ACTIVE_PHASES: Final = (Phase.Preparing, Phase.Shifting, Phase.RollingBack)
 REQUEUE_ACTIVE_SECONDS: Final = 5.0
+MAX_COMMAND_LENGTH: Final = 253  # longer annotation values are reported, never acted on
 _EMPTY_ARM: Final = ArmWindow()
 
 
@@ -105,9 +106,8 @@ class RolloutOutcome:
 
 
 def to_status(state: RolloutState, target: str, problems: Sequence[str]) -> RolloutStatus:
-    return RolloutStatus.model_validate(
-        {**state.to_dict(), "target": target, "problems": list(problems)[:16]}
-    )
+    kept = [clip(p) for p in problems[:16]]
+    return RolloutStatus.model_validate({**state.to_dict(), "target": target, "problems": kept})
 
 
 def from_status(status: RolloutStatus) -> RolloutState:
@@ -321,9 +321,9 @@ class RolloutController:
             target_ready=all(ready[role] >= max(1, before[role].low) for role in target_roles),
             target_pods=sum(1 for pod in pods if _role(pod) in target_roles) if source_ready else None,
         )
-        command = parse_command(
-            ((body.get("metadata") or {}).get("annotations") or {}).get(meta.ANNOTATION_ROLLOUT_COMMAND)
-        )
+        value = ((body.get("metadata") or {}).get("annotations") or {}).get(meta.ANNOTATION_ROLLOUT_COMMAND)
+        too_long = isinstance(value, str) and len(value) > MAX_COMMAND_LENGTH
+        command = None if too_long else parse_command(value)
         verdict = None
         if state.phase in (Phase.Shifting, Phase.Paused):
             verdict = self._verdict(pdd, target, state, config, now)
@@ -334,6 +334,10 @@ class RolloutController:
             new = transition.state
 
         problems = list(transition.problems)
+        if too_long:
+            problems.append(
+                f"{meta.ANNOTATION_ROLLOUT_COMMAND} ignored: longer than {MAX_COMMAND_LENGTH} characters"
+            )
         status = to_status(new, target, problems)
         if stored is not None and stored.target == target and _material(status) == _material(stored):
             status = stored  # only the reason's countdown moved: no write
@@ -351,7 +355,8 @@ class RolloutController:
         requeue: float | None = min(REQUEUE_ACTIVE_SECONDS, analysis_period(config)) if active else None
         if new.phase is Phase.Promoted:
             left = new.phase_since + config.scale_down_delay_seconds - now
-            requeue = max(1.0, left) if left > 0 else analysis_period(config)
+            watched = target == DISAGGREGATED and config.auto_rollback  # the steady fall-back's reads
+            requeue = max(1.0, left) if left > 0 else (analysis_period(config) if watched else None)
         return RolloutOutcome(
             status=status,
             mode=effective_mode(target, new.phase),

@@ -363,3 +363,18 @@ def test_autoscaled_arms_trade_the_gpu_budget() -> None:
     assert (world.size("prefill"), world.size("decode")) == (1, 1)
     pools = world.pdd["status"]["autoscaling"]["pools"]
     assert (pools["prefill"]["desiredReplicas"], pools["decode"]["desiredReplicas"]) == (1, 1)
+
+
+def test_an_overlong_command_is_reported_not_run() -> None:
+    world = started()
+    world.command("abort/" + "x" * 400)
+    world.run(1.0)
+    assert world.rollout["phase"] == "Shifting", "not aborted (the target arm got ready meanwhile)"
+    assert "lastCommand" not in world.rollout
+    assert any("longer than 253" in p for p in world.rollout["problems"])
+    world.command("abort/" + "y" * 2000)
+    world.run(1.0)
+    assert world.rollout["phase"] == "Shifting"
+    world.command("abort")
+    world.run(1.0)
+    assert world.rollout["phase"] == "RollingBack"
