@@ -107,7 +107,11 @@ class RolloutOutcome:
 
 def to_status(state: RolloutState, target: str, problems: Sequence[str]) -> RolloutStatus:
     kept = [clip(p) for p in problems[:16]]
-    return RolloutStatus.model_validate({**state.to_dict(), "target": target, "problems": kept})
+    data = state.to_dict()
+    for verdict in data["verdicts"]:  # within the status schema's limits, whatever a reader said
+        if "missing" in verdict:
+            verdict["missing"] = [clip(m) for m in verdict["missing"][:32]]
+    return RolloutStatus.model_validate({**data, "target": target, "problems": kept})
 
 
 def from_status(status: RolloutStatus) -> RolloutState:

@@ -378,3 +378,13 @@ def test_an_overlong_command_is_reported_not_run() -> None:
     world.command("abort")
     world.run(1.0)
     assert world.rollout["phase"] == "RollingBack"
+
+
+def test_a_long_prometheus_error_fits_in_status() -> None:
+    world = started()
+    world.traffic.fail = "unreachable " + "z" * 3000
+    world.run(1.0)
+    world.run(6.0)
+    missing = world.rollout["verdicts"][-1]["missing"]
+    assert missing
+    assert all(len(m) <= 1024 for m in missing)
