@@ -40,6 +40,8 @@ def test_valid_base_is_accepted_with_defaults(cluster: ClusterHandle, crd: None,
         "connector": "NixlConnector",
         "bandwidthGbps": 400,
         "loadFailurePolicy": "fail",
+        "degradedBelowPercent": 50,
+        "minJudgedTransferBytes": 128 * 1024 * 1024,
     }
     assert got["spec"]["network"]["rdma"]["resourceName"] == "rdma/hca"
     assert got["spec"]["router"]["resources"]["requests"]["cpu"] == "500m"
