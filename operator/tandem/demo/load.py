@@ -35,15 +35,22 @@ async def one_request(
     index: int,
     req: TraceRequest,
     label: str = "",
+    request_id: str = "",
 ) -> Sample:
-    """One streamed completion, measured; never raises for a failed request (the sample says why)."""
+    """One streamed completion, measured; never raises for a failed request (the sample says why).
+    With `request_id`, it is sent as `X-Request-Id` (the router's path draw) and kept in the sample."""
     sent_at = time.time()
-    sample = await _stream(session, base_url, model, index, req)
-    return dataclasses.replace(sample, sent_at=sent_at, label=label)
+    sample = await _stream(session, base_url, model, index, req, request_id)
+    return dataclasses.replace(sample, sent_at=sent_at, label=label, request_id=request_id)
 
 
 async def _stream(
-    session: aiohttp.ClientSession, base_url: str, model: str, index: int, req: TraceRequest
+    session: aiohttp.ClientSession,
+    base_url: str,
+    model: str,
+    index: int,
+    req: TraceRequest,
+    request_id: str = "",
 ) -> Sample:
     body = {
         "model": model,
@@ -58,7 +65,8 @@ async def _stream(
     chunks = 0
     usage_tokens = 0
     try:
-        async with session.post(f"{base_url}/v1/completions", json=body) as resp:
+        headers = {"X-Request-Id": request_id} if request_id else None
+        async with session.post(f"{base_url}/v1/completions", json=body, headers=headers) as resp:
             if resp.status != 200:
                 text = (await resp.text())[:160]
                 return Sample(ok=False, input_tokens=req.input_tokens, error=f"HTTP {resp.status}: {text}")

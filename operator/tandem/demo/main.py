@@ -8,6 +8,9 @@ surge (the same trace at a higher rate), quiet again. A live panel shows each po
 ready replicas, the autoscaler's decisions with their reasons, TTFT/TPOT and attainment against the
 SLO at the client and at the routers (status.slo), and the operator's Events; after the replay the
 demo waits for the pools to scale back in.
+
+`--scenario rollout` (or `SCENARIO=rollout` in the environment, as `make demo SCENARIO=rollout` sets
+it) runs `tandem.demo.rollout` instead: a gray rollout colocated -> P/D and an automatic rollback.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -39,6 +43,7 @@ EXAMPLE = REPO / "examples" / "sim-pd-autoscaling.yaml"
 TRACE = REPO / "e2e" / "traces" / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv"
 RELEASE, OPERATOR_NS = "tandem", "tandem-system"
 DEFAULT_SLO_MS = (500.0, 50.0)  # DESIGN.md's example SLO, used while spec.slo is not set
+SCENARIOS = ("autoscale", "rollout")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -57,7 +62,27 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="most seconds to wait for the scale-in after the replay",
     )
     p.add_argument("--keep", action="store_true", help="leave the cluster running at the end")
-    return p.parse_args(list(argv))
+    p.add_argument(
+        "--scenario",
+        choices=SCENARIOS,
+        default=os.environ.get("SCENARIO") or "autoscale",
+        help="autoscale (the default): the SLO autoscaler and a trace surge; rollout: a gray rollout"
+        " colocated -> P/D and an automatic rollback (`make demo SCENARIO=rollout`, docs/demo.md)",
+    )
+    rollout = p.add_argument_group("the rollout scenario")
+    rollout.add_argument(
+        "--colocated-seconds", type=float, default=15.0, help="seconds of colocated serving before the switch"
+    )
+    rollout.add_argument(
+        "--steady-seconds", type=float, default=10.0, help="seconds of steady P/D before the fault"
+    )
+    rollout.add_argument(
+        "--rolled-back-seconds", type=float, default=5.0, help="seconds of load after the rollback"
+    )
+    args = p.parse_args(list(argv))
+    if args.scenario not in SCENARIOS:  # from $SCENARIO, which argparse does not check
+        p.error(f"unknown scenario {args.scenario!r} (choose from {', '.join(SCENARIOS)})")
+    return args
 
 
 class Demo:
@@ -381,7 +406,12 @@ class Demo:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     args.dir.mkdir(parents=True, exist_ok=True)
+    demo = Demo(args)
+    if args.scenario == "rollout":
+        from tandem.demo.rollout import RolloutDemo  # imports this module
+
+        demo = RolloutDemo(args)
     try:
-        return asyncio.run(Demo(args).run())
+        return asyncio.run(demo.run())
     except KeyboardInterrupt:
         return 130

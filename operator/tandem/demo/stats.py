@@ -19,6 +19,7 @@ class Sample:
     error: str = ""
     sent_at: float = math.nan  # wall-clock time (epoch seconds) the request was sent
     label: str = ""  # the load phase that sent it
+    request_id: str = ""  # the X-Request-Id it was sent with ("": none, the router chose one)
 
 
 def percentile(values: Sequence[float], p: float) -> float:
