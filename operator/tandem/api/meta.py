@@ -28,6 +28,10 @@ LABEL_PART_OF: Final = "app.kubernetes.io/part-of"  # always "tandem"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"  # always "tandem-operator"
 LABEL_ROLE: Final = "tandem.dev/role"  # prefill | decode | colocated | router
 LABEL_PDD: Final = "tandem.dev/pddeployment"  # the PDDeployment's name (selector key)
+# The serving revision of a prefill/decode pod (docs/rollout.md, Revisions); absent on the legacy
+# revision's pods (the first one, rendered as before revisions existed).
+LABEL_REVISION: Final = "tandem.dev/revision"
+REVISIONED_ROLES: Final[tuple[Role, ...]] = ("prefill", "decode")
 
 APP_NAME: Final = "tandem"
 

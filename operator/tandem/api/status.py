@@ -233,6 +233,35 @@ class RolloutStatus(ApiModel):
     ] = []
 
 
+class RevisionRecord(ApiModel):
+    """One serving revision of the P/D pair (docs/rollout.md, Revisions)."""
+
+    id: Annotated[
+        str, Field(max_length=16, description="Hash of the fields prefill and decode must agree on.")
+    ]
+    prefix: Annotated[
+        str, Field(max_length=63, description="Its StatefulSets, Services and PDBs are <prefix>-<role>.")
+    ]
+    legacy: Annotated[
+        bool, Field(description="Today's names and pod template (no revision label): the first revision.")
+    ] = False
+
+
+class RevisionsStatus(ApiModel):
+    """The P/D pair's serving revisions: the spec's, and during a change the one it replaces."""
+
+    current: RevisionRecord
+    previous: Annotated[
+        RevisionRecord | None, Field(description="The revision being replaced; gone once drained.")
+    ] = None
+    weight: Annotated[
+        int, Field(ge=0, le=100, description="Percent of P/D requests on the current revision.")
+    ] = 100
+    since: Annotated[
+        float | None, Field(description="Unix time the weight last changed (the old pair drains from it).")
+    ] = None
+
+
 class PDDeploymentStatus(ApiModel):
     observed_generation: Annotated[int, Field(ge=0)] = 0
     phase: Phase = Phase.Progressing
@@ -243,3 +272,4 @@ class PDDeploymentStatus(ApiModel):
     slo: SLOStatus | None = None
     autoscaling: AutoscalingStatus | None = None
     rollout: RolloutStatus | None = None
+    revisions: RevisionsStatus | None = None

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from tandem.api import meta
 from tandem.api.models import PDDeployment
 from tandem.api.status import PDDeploymentStatus
-from tandem.controller import handover
+from tandem.controller import handover, revisions
 from tandem.controller.autoscaler import Autoscaler, Outcome
 from tandem.controller.drift import is_subset
 from tandem.controller.events import EventRecorder
@@ -27,7 +27,7 @@ from tandem.controller.kv_transport import KvTransportCheck
 from tandem.controller.replicas import is_external
 from tandem.controller.rollout import RolloutController
 from tandem.kube.rest import PDDEPLOYMENT, POD, Kind, KubeError, KubeRest, Obj
-from tandem.render import CHILD_KINDS, render
+from tandem.render import CHILD_KINDS, names, render
 from tandem.status.derive import Observed, PodProblem, WorkloadState, derive_status
 
 log = logging.getLogger(__name__)
@@ -187,14 +187,18 @@ class Reconciler:
                     existing[_key(obj)] = obj
         pods = self.kube.list(POD, ns, selector)
 
+        stored_revisions = previous.revisions if previous is not None else None
+        serving = stored_revisions.current if stored_revisions is not None else None
         statefulsets: dict[str, Obj | None] = {
-            role: existing.get(("StatefulSet", f"{name}-{role}")) for role in meta.POOL_ROLES
+            role: existing.get(("StatefulSet", names.child_name(pdd, role, serving)))
+            for role in meta.POOL_ROLES
         }
         rollout = self.rollouts.step(pdd, body, previous, statefulsets, pods, epoch)
         scaling = self.autoscaler.step(pdd, body, previous, statefulsets, pods, epoch, rollout.bounds)
         kv = self.kv_transport.step(pdd, previous, epoch)
+        revs = revisions.step(pdd, stored_revisions, statefulsets, scaling.replicas, epoch)
         replicas: dict[str, int | None] = {**scaling.replicas, "router": pdd.spec.router.replicas}
-        desired = render(pdd, replicas)
+        desired = render(pdd, replicas, revs.status.current)
 
         live: dict[tuple[str, str], Obj] = {}
         apply_errors: list[str] = []
@@ -215,7 +219,7 @@ class Reconciler:
                 apply_errors.append(f"{key[0]}/{key[1]}: {exc.message}")
         wanted = {_key(obj) for obj in desired}
         for key, obj in existing.items():
-            if key not in wanted:
+            if key not in wanted and key not in revs.keep:  # the previous revision's pair drains
                 try:
                     self.kube.delete(KINDS[key[0]], ns, key[1], obj["metadata"].get("uid"))
                     result.deleted.append(f"{key[0]}/{key[1]}")
@@ -242,6 +246,7 @@ class Reconciler:
             mode=rollout.mode,
             rollout=rollout.status,
             rollout_conditions=rollout.conditions,
+            revisions=revs.status,
         )
         status = derive_status(pdd, observed, previous.conditions if previous else [], now)
         result.phase = status.phase.value
@@ -258,7 +263,7 @@ class Reconciler:
                 return result
             result.status_written = True
         self._record_events(body, result, previous, status)
-        for event_type, reason, message in [*rollout.events, *scaling.events, *kv.events]:
+        for event_type, reason, message in [*rollout.events, *scaling.events, *kv.events, *revs.events]:
             self.events.post(body, event_type, reason, message)
         if status.phase.value == "Degraded":
             result.requeue(REQUEUE_STALLED_SECONDS)
@@ -267,6 +272,7 @@ class Reconciler:
         result.requeue(scaling.requeue_after)
         result.requeue(rollout.requeue_after)
         result.requeue(kv.requeue_after)
+        result.requeue(revs.requeue_after)
         return result
 
     def _apply(self, obj: Obj, current: Obj | None, transfer: handover.Step) -> Obj:

@@ -20,7 +20,7 @@ import contextlib
 import math
 import random
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,22 @@ from tandem.engine.scheduler import Scheduler, Sequence, Status, Step
 from tandem.engine.settings import Faults
 from tandem.engine.sidechannel import SideChannelServer, link_factor, read_remote_kv, send_simple
 from tandem.perf import kv_transfer_seconds
+
+# The prefill engine's serving revision in its kv_transfer_params (a sim-only key; vLLM ignores it).
+REVISION_PARAM = "tandem_serving_revision"
+
+
+def revision_mismatch(params: Mapping[str, Any], own: str) -> str | None:
+    """Why a decode engine of revision `own` refuses KV described by `params`, or None.
+
+    A prefill that sent no revision is the legacy revision (""), as is a decode engine without one."""
+    theirs = params.get(REVISION_PARAM) or ""
+    if not isinstance(theirs, str) or theirs == own:
+        return None
+    return (
+        f"serving revision mismatch: the KV is held by a prefill engine of revision {theirs or 'legacy'}, "
+        f"this decode engine is revision {own or 'legacy'}; refusing the KV pull"
+    )
 
 
 @dataclass(frozen=True)
@@ -190,6 +206,7 @@ class EngineCore:
                 "remote_host": self.config.sim.nixl_side_channel_host,
                 "remote_port": self.side_channel_port,
                 "tp_size": self.config.tensor_parallel_size,
+                REVISION_PARAM: self.config.sim.serving_revision,
             }
             seq.blocks = []
         self.metrics.observe_finished(seq, job.max_tokens_param)

@@ -163,6 +163,12 @@ class EngineMetrics:
             ITERATION_TOKEN_BUCKETS,
         )
 
+        # Decode requests refused because the prefill pod that holds their KV is another serving
+        # revision (TANDEM_SERVING_REVISION; docs/rollout.md, Revisions): a mixed pair, never expected.
+        self.revision_refusals = counter(
+            "tandem:kv_revision_mismatch_refusals",
+            "Decode requests refused: their KV is held by a prefill engine of another serving revision.",
+        )
         self.with_nixl = with_nixl
         if with_nixl:
             self.nixl_xfer_time = histogram(

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from tandem import __version__
 from tandem.engine.config import EngineConfig
-from tandem.engine.core import EngineCore, Job, RemotePrefill
+from tandem.engine.core import EngineCore, Job, RemotePrefill, revision_mismatch
 from tandem.engine.openai import (
     ChunkWriter,
     GenerationRequest,
@@ -228,6 +228,12 @@ class EngineServer:
         if faults.error_rate and self.core.rng.random() < faults.error_rate:
             return _error("injected fault", faults.error_status, "InternalServerError")
 
+        kv_cfg, params = cfg.kv_transfer, req.kv_transfer_params or {}
+        if kv_cfg and kv_cfg.is_consumer and params.get("do_remote_prefill"):
+            refused = revision_mismatch(params, cfg.sim.serving_revision)
+            if refused is not None:
+                self.core.metrics.revision_refusals.inc()
+                return _error(refused, 500, "InternalServerError")
         base_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{base_id}"
         internal_id = f"{response_id}{'' if chat else '-0'}-{secrets.token_hex(4)}"

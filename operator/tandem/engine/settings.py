@@ -60,6 +60,8 @@ class SimSettings(BaseModel):
     nixl_side_channel_port: int = Field(default=5600, ge=0, le=65535)
     abort_request_timeout: float | None = Field(default=None, gt=0)
     load_seconds: float = Field(default=0.0, ge=0)  # wall-clock seconds of "loading weights" (not scaled)
+    # The pod's serving revision (rendered by the operator); a decode engine refuses KV of another.
+    serving_revision: str = ""
     faults: Faults = Field(default_factory=Faults)
 
     @classmethod
@@ -73,6 +75,7 @@ class SimSettings(BaseModel):
             "TANDEM_SIM_RANDOM_SEED": "random_seed",
             "TANDEM_SIM_NIXL_HANDSHAKE_SECONDS": "nixl_handshake_seconds",
             "TANDEM_SIM_LOAD_SECONDS": "load_seconds",
+            "TANDEM_SERVING_REVISION": "serving_revision",
             "VLLM_NIXL_SIDE_CHANNEL_HOST": "nixl_side_channel_host",
             "VLLM_NIXL_SIDE_CHANNEL_PORT": "nixl_side_channel_port",
             "VLLM_NIXL_ABORT_REQUEST_TIMEOUT": "abort_request_timeout",

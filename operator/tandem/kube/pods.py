@@ -20,7 +20,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tandem.api.meta import ANNOTATION_DRAINING, GROUP, LABEL_PDD, LABEL_ROLE, PLURAL, POOL_ROLES, VERSION
+from tandem.api.meta import (
+    ANNOTATION_DRAINING,
+    GROUP,
+    LABEL_PDD,
+    LABEL_REVISION,
+    LABEL_ROLE,
+    PLURAL,
+    POOL_ROLES,
+    VERSION,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +48,7 @@ class PodInfo:
     ready: bool
     terminating: bool
     draining: bool = False  # annotated tandem.dev/draining: finishes its work, takes no new requests
+    revision: str = ""  # the tandem.dev/revision label: the pod's serving revision ("" = legacy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +62,8 @@ class PddInfo:
     max_model_len: int | None  # spec.model.maxModelLen
     slo_ttft_ms: int | None = None  # spec.slo.ttftMs (set together with tpot, or neither)
     slo_tpot_ms: int | None = None  # spec.slo.tpotMs
+    # (revision key, percent of P/D requests) from status.revisions, current first; key "" = legacy.
+    revisions: tuple[tuple[str, int], ...] | None = None
 
 
 def _get(obj: Mapping[str, Any], *path: str) -> Any:
@@ -80,6 +92,7 @@ def pod_info_from(obj: Mapping[str, Any]) -> PodInfo:
         ready=ready,
         terminating=_get(obj, "metadata", "deletionTimestamp") is not None,
         draining=isinstance(annotations, Mapping) and ANNOTATION_DRAINING in annotations,
+        revision=str(labels.get(LABEL_REVISION) or ""),
     )
 
 
@@ -97,6 +110,25 @@ def _pd_weight(obj: Mapping[str, Any]) -> int | None:
         return None
     target = _get(obj, "status", "rollout", "target")
     return 100 - weight if target == "Colocated" else weight
+
+
+def _revision_key(record: Any) -> str | None:
+    if not isinstance(record, Mapping) or not isinstance(record.get("id"), str):
+        return None
+    return "" if record.get("legacy") else str(record["id"])
+
+
+def _revisions(obj: Mapping[str, Any]) -> tuple[tuple[str, int], ...] | None:
+    """(revision key, percent of P/D requests) from `status.revisions`, current first."""
+    current = _revision_key(_get(obj, "status", "revisions", "current"))
+    if current is None:
+        return None
+    weight = _int_or_none(_get(obj, "status", "revisions", "weight"))
+    weight = 100 if weight is None else max(0, min(100, weight))
+    previous = _revision_key(_get(obj, "status", "revisions", "previous"))
+    if previous is None or previous == current:
+        return ((current, 100),)
+    return ((current, weight), (previous, 100 - weight))
 
 
 def pdd_info_from(obj: Mapping[str, Any]) -> PddInfo:
@@ -120,6 +152,7 @@ def pdd_info_from(obj: Mapping[str, Any]) -> PddInfo:
         max_model_len=_int_or_none(_get(obj, "spec", "model", "maxModelLen")),
         slo_ttft_ms=ttft_ms if has_slo else None,
         slo_tpot_ms=tpot_ms if has_slo else None,
+        revisions=_revisions(obj),
     )
 
 

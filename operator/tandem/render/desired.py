@@ -19,6 +19,7 @@ from typing import Any, Final
 from tandem.api import meta
 from tandem.api.meta import Role
 from tandem.api.models import PDDeployment
+from tandem.api.status import RevisionRecord
 from tandem.render import names, pool, router
 
 Manifest = names.Manifest
@@ -65,17 +66,24 @@ def desired_pools(
     return result
 
 
-def render(pdd: PDDeployment, replicas: Mapping[str, int | None] | None = None) -> list[Manifest]:
+def render(
+    pdd: PDDeployment,
+    replicas: Mapping[str, int | None] | None = None,
+    revision: RevisionRecord | None = None,
+) -> list[Manifest]:
+    """`revision`: the serving revision prefill and decode are rendered as (`status.revisions.current`);
+    None renders the legacy one. A previous revision's pair is not rendered: the operator keeps it
+    until it has drained (docs/rollout.md, Revisions)."""
     pools = desired_pools(pdd, replicas)
     objects = [
         router.service_account(pdd),
         router.role(pdd),
         router.role_binding(pdd),
-        *(pool.headless_service(pdd, role) for role in pools),
+        *(pool.headless_service(pdd, role, revision) for role in pools),
         router.service(pdd),
-        *(pool.statefulset(pdd, role, replicas=count) for role, count in pools.items()),
+        *(pool.statefulset(pdd, role, replicas=count, revision=revision) for role, count in pools.items()),
         router.deployment(pdd),
-        *(pool.disruption_budget(pdd, role) for role in pools),
+        *(pool.disruption_budget(pdd, role, revision) for role in pools),
         router.disruption_budget(pdd),
     ]
     return [_unshared(obj) for obj in objects]

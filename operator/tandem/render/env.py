@@ -17,7 +17,11 @@ from typing import Any
 from tandem.api import meta
 from tandem.api.meta import Role
 from tandem.api.models import EngineType, EnvVar, KVConnector, PDDeployment
+from tandem.api.status import RevisionRecord
+from tandem.render import names
 from tandem.render.command import is_disaggregated
+
+SERVING_REVISION_ENV = "TANDEM_SERVING_REVISION"
 
 UCX_TLS_RDMA = "rc,ud,sm,self,cuda_copy"
 UCX_TLS_TCP = "tcp,sm,self,cuda_copy"
@@ -84,7 +88,7 @@ def _user_env(entries: list[EnvVar]) -> list[dict[str, Any]]:
     return list(by_name.values())
 
 
-def engine_env(pdd: PDDeployment, role: Role) -> list[dict[str, Any]]:
+def engine_env(pdd: PDDeployment, role: Role, revision: RevisionRecord | None = None) -> list[dict[str, Any]]:
     spec = pdd.spec
     env = [
         _field("POD_IP", "status.podIP"),
@@ -100,6 +104,9 @@ def engine_env(pdd: PDDeployment, role: Role) -> list[dict[str, Any]]:
         )
     if spec.engine.type is EngineType.sim:
         env.append(_value("TANDEM_SIM_KV_BANDWIDTH_GBPS", str(spec.kv_transfer.bandwidth_gbps)))
+    if revision is not None and names.revisioned(role, revision):
+        # The sim engine refuses a KV pull from another revision's prefill; vLLM ignores it.
+        env.append(_value(SERVING_REVISION_ENV, revision.id))
     user = _user_env(spec.engine.env)
     overridden = {entry["name"] for entry in user}
     return [entry for entry in env if entry["name"] not in overridden] + user

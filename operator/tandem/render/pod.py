@@ -14,6 +14,7 @@ from tandem.api import meta
 from tandem.api.meta import Role
 from tandem.api.models import KVConnector, PDDeployment, Quantity
 from tandem.api.rules import GPU_RESOURCE
+from tandem.api.status import RevisionRecord
 from tandem.render import command as engine_cmd
 from tandem.render import env, lifecycle, model_source, names
 
@@ -63,7 +64,7 @@ def ports(pdd: PDDeployment, role: Role) -> list[dict[str, Any]]:
     return result
 
 
-def affinity(pdd: PDDeployment, role: Role) -> dict[str, Any]:
+def affinity(pdd: PDDeployment, role: Role, revision: RevisionRecord | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {}
     rdma_nodes = pdd.spec.network.rdma.node_selector
     if uses_rdma(pdd, role) and rdma_nodes:
@@ -82,7 +83,7 @@ def affinity(pdd: PDDeployment, role: Role) -> dict[str, Any]:
                 {
                     "weight": PEER_AFFINITY_WEIGHT,
                     "podAffinityTerm": {
-                        "labelSelector": {"matchLabels": names.selector(pdd, peer)},
+                        "labelSelector": {"matchLabels": names.selector(pdd, peer, revision)},
                         "topologyKey": pdd.spec.network.topology_key,
                     },
                 }
@@ -114,7 +115,7 @@ def _volumes(pdd: PDDeployment, role: Role) -> tuple[list[dict[str, Any]], list[
     return volumes, mounts
 
 
-def container(pdd: PDDeployment, role: Role) -> dict[str, Any]:
+def container(pdd: PDDeployment, role: Role, revision: RevisionRecord | None = None) -> dict[str, Any]:
     spec = pdd.spec
     _, mounts = _volumes(pdd, role)
     source = model_source.parse(spec.model.uri)
@@ -123,7 +124,7 @@ def container(pdd: PDDeployment, role: Role) -> dict[str, Any]:
         "image": spec.engine.image,
         "imagePullPolicy": spec.engine.image_pull_policy,
         "command": engine_cmd.engine_command(pdd, role),
-        "env": env.engine_env(pdd, role),
+        "env": env.engine_env(pdd, role, revision),
         "ports": ports(pdd, role),
         "resources": resources(pdd, role),
         "volumeMounts": mounts,
@@ -135,7 +136,7 @@ def container(pdd: PDDeployment, role: Role) -> dict[str, Any]:
     return result
 
 
-def pod_template(pdd: PDDeployment, role: Role) -> dict[str, Any]:
+def pod_template(pdd: PDDeployment, role: Role, revision: RevisionRecord | None = None) -> dict[str, Any]:
     spec = pdd.spec
     pool = spec.pool(role)
     volumes, _ = _volumes(pdd, role)
@@ -151,15 +152,15 @@ def pod_template(pdd: PDDeployment, role: Role) -> dict[str, Any]:
         pod_spec["imagePullSecrets"] = [{"name": name} for name in spec.engine.image_pull_secrets]
     if pool.node_selector:
         pod_spec["nodeSelector"] = dict(pool.node_selector)
-    pod_affinity = affinity(pdd, role)
+    pod_affinity = affinity(pdd, role, revision)
     if pod_affinity:
         pod_spec["affinity"] = pod_affinity
     pod_spec["tolerations"] = tolerations(pdd, role)
-    pod_spec["containers"] = [container(pdd, role)]
+    pod_spec["containers"] = [container(pdd, role, revision)]
     pod_spec["volumes"] = volumes
     return {
         "metadata": {
-            "labels": names.labels(pdd, role),
+            "labels": names.labels(pdd, role, revision),
             "annotations": names.scrape_annotations(meta.ENGINE_PORT, "/metrics"),
         },
         "spec": pod_spec,

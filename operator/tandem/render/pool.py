@@ -10,26 +10,33 @@ from __future__ import annotations
 
 from typing import Any
 
+from tandem.api import meta
 from tandem.api.meta import Role
 from tandem.api.models import PDDeployment
+from tandem.api.status import RevisionRecord
 from tandem.render import names, pod
 
 Manifest = names.Manifest
 
 
-def statefulset(pdd: PDDeployment, role: Role, *, replicas: int | None) -> Manifest:
-    """The pool's StatefulSet; `replicas=None` leaves `spec.replicas` out (another controller sets it)."""
+def statefulset(
+    pdd: PDDeployment, role: Role, *, replicas: int | None, revision: RevisionRecord | None = None
+) -> Manifest:
+    """The pool's StatefulSet; `replicas=None` leaves `spec.replicas` out (another controller sets it).
+
+    `revision`: the serving revision prefill and decode are rendered for (None or legacy: today's
+    names, selector and template)."""
     spec: Manifest = {} if replicas is None else {"replicas": replicas}
     spec |= {
-        "serviceName": names.child_name(pdd, role),
+        "serviceName": names.child_name(pdd, role, revision),
         "podManagementPolicy": "Parallel",
-        "selector": {"matchLabels": names.selector(pdd, role)},
-        "template": pod.pod_template(pdd, role),
+        "selector": {"matchLabels": names.selector(pdd, role, revision)},
+        "template": pod.pod_template(pdd, role, revision),
     }
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": names.object_meta(pdd, role),
+        "metadata": names.object_meta(pdd, role, revision),
         "spec": spec,
     }
 
@@ -41,26 +48,32 @@ def _service_ports(pdd: PDDeployment, role: Role) -> list[dict[str, Any]]:
     ]
 
 
-def headless_service(pdd: PDDeployment, role: Role) -> Manifest:
+def headless_service(pdd: PDDeployment, role: Role, revision: RevisionRecord | None = None) -> Manifest:
     """Stable per-pod DNS names; not-ready pods are published so peers can handshake during start-up."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": names.object_meta(pdd, role),
+        "metadata": names.object_meta(pdd, role, revision),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": names.selector(pdd, role),
+            "selector": names.selector(pdd, role, revision),
             "ports": _service_ports(pdd, role),
         },
     }
 
 
-def disruption_budget(pdd: PDDeployment, role: Role) -> Manifest:
-    """Voluntary evictions (node drains) take one pod of the role at a time."""
+def disruption_budget(pdd: PDDeployment, role: Role, revision: RevisionRecord | None = None) -> Manifest:
+    """Voluntary evictions (node drains) take one pod of the role (and revision) at a time.
+
+    The legacy revision's prefill/decode budget leaves out pods with a revision label: a pod under two
+    budgets cannot be evicted at all (PDB selectors, unlike StatefulSet ones, may change)."""
+    selector: Manifest = {"matchLabels": names.selector(pdd, role, revision)}
+    if role in meta.REVISIONED_ROLES and not names.revisioned(role, revision):
+        selector["matchExpressions"] = [{"key": meta.LABEL_REVISION, "operator": "DoesNotExist"}]
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": names.object_meta(pdd, role),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": names.selector(pdd, role)}},
+        "metadata": names.object_meta(pdd, role, revision),
+        "spec": {"maxUnavailable": 1, "selector": selector},
     }

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from tandem.api.meta import POOL_ROLES
+from tandem.api.meta import POOL_ROLES, REVISIONED_ROLES
 from tandem.kube.pods import PodEventKind, PodInfo
 
 
@@ -67,3 +67,22 @@ def endpoints_by_role(pods: Mapping[str, PodInfo], pdd_name: str, port: int) -> 
         if is_routable(pod, pdd_name) and pod.role is not None and pod.ip is not None:
             view[pod.role].append(base_url(pod.ip, port))
     return {role: sorted(urls) for role, urls in view.items()}
+
+
+def endpoints_by_revision(
+    pods: Mapping[str, PodInfo], pdd_name: str, port: int
+) -> dict[str, dict[str, list[str]]]:
+    """Every serving revision with a routable prefill or decode pod -> role -> sorted base URLs.
+
+    A prefill pod and a decode pod are paired only within one revision (`tandem.router.revisions`)."""
+    view: dict[str, dict[str, list[str]]] = {}
+    for pod in pods.values():
+        if is_routable(pod, pdd_name) and pod.role in REVISIONED_ROLES and pod.ip is not None:
+            roles = view.setdefault(pod.revision, {role: [] for role in REVISIONED_ROLES})
+            roles[pod.role].append(base_url(pod.ip, port))
+    return {rev: {role: sorted(urls) for role, urls in roles.items()} for rev, roles in sorted(view.items())}
+
+
+def pool_key(role: str, revision: str) -> str:
+    """The balancer pool of one role of one revision."""
+    return f"{role}@{revision}"

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tandem.router.discovery import pool_key
 from tandem.router.errors import ClientGone, error_body
 from tandem.router.failure import (
     Action,
@@ -98,6 +99,7 @@ class _Tally:
     usage_tokens: int | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
+    revision: str | None = None  # the serving revision of the P/D pair that served it
 
 
 class _TokenTimes:
@@ -158,11 +160,15 @@ class Flow:
 
     async def serve(self, request: ClientRequest, responder: Responder) -> None:
         state = self.state
+        has_prefill, has_decode = bool(state.endpoints["prefill"]), bool(state.endpoints["decode"])
+        if state.revision_endpoints:  # a pair is a prefill and a decode pod of one revision
+            paired = state.revision_for(request.request_id) is not None
+            has_prefill, has_decode = has_prefill and paired, has_decode and paired
         path = choose_path(
             state.disaggregated_share(),
             draw_for(request.request_id),
-            has_prefill=bool(state.endpoints["prefill"]),
-            has_decode=bool(state.endpoints["decode"]),
+            has_prefill=has_prefill,
+            has_decode=has_decode,
             has_colocated=bool(state.endpoints["colocated"]),
             colocated_fallback=state.colocated_fallback,
         )
@@ -196,6 +202,9 @@ class Flow:
     def _record(self, request: ClientRequest, path: Path, tally: _Tally, metrics: PathMetrics) -> None:
         now = self.clock()
         self.metrics.child(self.metrics.requests, path, f"{tally.status // 100}xx").inc()
+        if tally.revision is not None:
+            revision = tally.revision or "legacy"
+            self.metrics.child(self.metrics.revision_requests, revision, f"{tally.status // 100}xx").inc()
         if tally.status != 200:
             return
         metrics.e2e.observe(now - request.arrived)
@@ -224,11 +233,13 @@ class Flow:
     def _may_retry(self, attempt: int) -> bool:
         return attempt < self.max_retries and self.budget.try_spend(self.clock())
 
-    def _pick(self, role: str, exclude: set[str]) -> str | None:
+    def _pick(self, role: str, exclude: set[str], revision: str | None = None) -> str | None:
+        """A pod of `role` (of `revision`'s pair when given)."""
         now = self.clock()
-        pod = self.state.balancer.pick(role, now, exclude)
+        pool = role if revision is None else pool_key(role, revision)
+        pod = self.state.balancer.pick(pool, now, exclude)
         # Every pod already tried: trying one again beats failing the request.
-        return pod if pod is not None else self.state.balancer.pick(role, now)
+        return pod if pod is not None else self.state.balancer.pick(pool, now)
 
     def _leg_failed(self, role: str, pod: str, failed: _Failed) -> None:
         self.metrics.child(self.metrics.failures, role, failed.failure.value).inc()
@@ -262,7 +273,10 @@ class Flow:
         attempt = 0
         while True:
             request_id = request.request_id if attempt == 0 else f"{request.request_id}-{attempt}"
-            prefill_pod = self._pick("prefill", tried_prefill)
+            # Both legs from one serving revision (chosen again per attempt: a pair may have gone).
+            revision = self.state.revision_for(request.request_id)
+            tally.revision = revision
+            prefill_pod = self._pick("prefill", tried_prefill, revision)
             if prefill_pod is None:
                 self.metrics.child(self.metrics.rejected, "no_ready_pods").inc()
                 tally.status = 503
@@ -280,7 +294,7 @@ class Flow:
                     continue
                 await self._give_up(responder, tally, outcome, action)
                 return
-            decode_pod = self._pick("decode", tried_decode)
+            decode_pod = self._pick("decode", tried_decode, revision)
             if decode_pod is None:
                 self.metrics.child(self.metrics.rejected, "no_ready_pods").inc()
                 tally.status = 503

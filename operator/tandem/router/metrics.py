@@ -64,6 +64,12 @@ class RouterMetrics:
             "Client requests finished, by path and HTTP status class sent to the client.",
             ["path", "code"], registry=r,
         )  # fmt: skip
+        self.revision_requests = Counter(
+            "tandem_router_revision_requests_total",
+            "P/D requests finished, by the serving revision of the prefill/decode pair (legacy: the"
+            " first revision, whose pods carry no revision label) and HTTP status class.",
+            ["revision", "code"], registry=r,
+        )  # fmt: skip
         self.within_slo = Counter(
             "tandem_router_requests_within_slo_total",
             "Client requests that succeeded within both SLO targets (TTFT, and TPOT when more than one"

@@ -15,9 +15,17 @@ from typing import Any
 from tandem.api.meta import POOL_ROLES
 from tandem.kube.pods import PddInfo, PodEventKind, PodInfo
 from tandem.router.balancer import Balancer
-from tandem.router.discovery import apply_pod_event, draining_by_role, endpoints_by_role
+from tandem.router.discovery import (
+    apply_pod_event,
+    draining_by_role,
+    endpoints_by_revision,
+    endpoints_by_role,
+    pool_key,
+)
 from tandem.router.metrics import RouterMetrics
 from tandem.router.paths import disaggregated_share
+from tandem.router.revisions import choose_revision
+from tandem.router.revisions import draw_for as revision_draw
 from tandem.router.slo import SloTargets
 
 log = logging.getLogger(__name__)
@@ -77,6 +85,10 @@ class RouterState:
     catalog: ModelCatalog = field(default_factory=ModelCatalog)
     pods: dict[str, PodInfo] = field(default_factory=dict)
     endpoints: dict[str, list[str]] = field(default_factory=lambda: {role: [] for role in POOL_ROLES})
+    # Serving revision -> prefill/decode -> URLs; the balancer has a pool per (role, revision).
+    revision_endpoints: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    # (revision, percent of P/D requests) from status.revisions; None: any revision with a ready pair.
+    revision_shares: tuple[tuple[str, int], ...] | None = None
     # Bumped whenever the endpoint set changes; the model refresher watches it.
     generation: int = 0
     # True once the router has a view to route by: static endpoints, or the first pod list.
@@ -91,6 +103,7 @@ class RouterState:
         self.synced = self.synced or kind == "SYNC"
         if self.pdd_name is not None:
             self._set_endpoints(endpoints_by_role(self.pods, self.pdd_name, self.engine_port))
+            self._set_revisions(endpoints_by_revision(self.pods, self.pdd_name, self.engine_port))
             for role, count in draining_by_role(self.pods, self.pdd_name).items():
                 self.metrics.draining_endpoints.labels(role).set(count)
 
@@ -100,6 +113,9 @@ class RouterState:
             return
         self.serving_mode = info.serving_mode
         self.rollout_weight = info.rollout_weight
+        if info.revisions != self.revision_shares:
+            log.info("serving revisions: %s", info.revisions)
+        self.revision_shares = info.revisions
         if info.model_name:
             self.catalog.configured[info.model_name] = info.max_model_len
         if info.slo_ttft_ms is not None and info.slo_tpot_ms is not None:
@@ -122,6 +138,26 @@ class RouterState:
         for role, urls in endpoints.items():
             self.balancer.set_pool(role, urls)
             self.metrics.endpoints.labels(role).set(len(urls))
+
+    def _set_revisions(self, by_revision: dict[str, dict[str, list[str]]]) -> None:
+        if by_revision == self.revision_endpoints:
+            return
+        for rev in set(self.revision_endpoints) - set(by_revision):
+            for role in ("prefill", "decode"):
+                self.balancer.set_pool(pool_key(role, rev), ())
+        self.revision_endpoints = by_revision
+        for rev, roles in by_revision.items():
+            for role, urls in roles.items():
+                self.balancer.set_pool(pool_key(role, rev), urls)
+
+    def revision_for(self, request_id: str) -> str | None:
+        """The serving revision whose pair takes this request (None: no ready pair, or static mode)."""
+        if not self.revision_endpoints:
+            return None
+        complete = {
+            rev: bool(r["prefill"]) and bool(r["decode"]) for rev, r in self.revision_endpoints.items()
+        }
+        return choose_revision(self.revision_shares, revision_draw(request_id), complete)
 
     def disaggregated_share(self) -> int:
         mode = self.serving_mode

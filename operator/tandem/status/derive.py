@@ -29,6 +29,7 @@ from tandem.api.status import (
     PoolsStatus,
     PoolStatus,
     ReplicaSource,
+    RevisionsStatus,
     RolloutStatus,
     SLOStatus,
 )
@@ -78,6 +79,7 @@ class Observed:
     mode: str | None = None  # the serving mode in effect (a rollout's source until promoted); None: spec's
     rollout: RolloutStatus | None = None  # status.rollout after this pass
     rollout_conditions: Sequence[tuple[str, ConditionStatus, str, str]] = ()  # RolloutProgressing, RolledBack
+    revisions: RevisionsStatus | None = None  # status.revisions after this pass (controller/revisions)
 
 
 @dataclass(frozen=True)
@@ -331,6 +333,7 @@ def derive_status(
         slo=observed.slo,
         autoscaling=observed.autoscaling,
         rollout=observed.rollout,
+        revisions=observed.revisions,
     )
 
 

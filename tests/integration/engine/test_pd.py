@@ -203,3 +203,31 @@ def test_heartbeats_keep_the_lease_while_decode_waits_for_blocks(colocated: Engi
     finally:
         prefill.stop()
         small_decode.stop()
+
+
+def test_decode_refuses_kv_of_another_serving_revision(prefill: Engine, decode: Engine) -> None:
+    """A decode engine of revision r2 refuses KV from a prefill of another revision (a mixed pair, which
+    the router must never make) with a 500 naming both, counted; the same revision is served."""
+    body = {"model": NAME, "prompt": PROMPT, "max_tokens": 4, "seed": 5}
+    params = prefill_leg(prefill, body, "req-rev-1")
+    assert params["tandem_serving_revision"] == ""  # no TANDEM_SERVING_REVISION: the legacy revision
+    other = start_engine(
+        "--kv-transfer-config",
+        kv_config("kv_consumer"),
+        env={"TANDEM_SERVING_REVISION": "r2"},
+        side_channel=True,
+    )
+    try:
+        status, reply = other.post("/v1/completions", {**body, "kv_transfer_params": params})
+        assert status == 500, reply
+        assert "serving revision mismatch" in reply["error"]["message"]
+        assert "revision legacy" in reply["error"]["message"]
+        assert "revision r2" in reply["error"]["message"]
+        assert metric(other, "tandem:kv_revision_mismatch_refusals_total") == 1.0
+        assert metric(other, "vllm:nixl_num_failed_transfers_total") == 0.0  # no pull was tried
+    finally:
+        other.stop()
+    # The legacy decode engine serves the same handle: it is the prefill's revision.
+    status, reply = decode.post("/v1/completions", {**body, "kv_transfer_params": params})
+    assert status == 200, reply
+    assert metric(decode, "tandem:kv_revision_mismatch_refusals_total") == 0.0
