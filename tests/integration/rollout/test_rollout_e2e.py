@@ -23,9 +23,10 @@ rollback, weight first, with the time from the injection to weight 0 printed and
 rollback on the KV-transfer failure rate (in the step, or, when the step's passing window was read
 before the first failed transfers reached Prometheus, right after promotion: the steady-state
 fall-back of a P/D deployment; both are rollbacks, weight first); `retry` and `abort`, and an
-unknown command. No client request may fail, except where all three attempts of a request hit a
-failing KV pull (the router's failure rules; at most 2 allowed, about 1 in 1,000 P/D requests
-expected).
+unknown command; last, `spec.rollout` and the colocated pool removed in one commit: the mode
+switches to P/D only once its pods are ready, colocated serving until then. No client request may
+fail, except where all three attempts of a request hit a failing KV pull (the router's failure
+rules; at most 2 allowed, about 1 in 1,000 P/D requests expected).
 """
 
 from __future__ import annotations
@@ -357,3 +358,33 @@ def test_retry_promote_kv_failures_and_abort(gray: Gray) -> None:
     assert before == [], "no failure before the KV fault"
     after = [s.error for s in gray.load.samples(since=back.at + 5) if not s.ok]
     assert after == [], "no failure once the weight is back and the fault cleared"
+
+
+def test_a_mode_change_without_rollout_waits_for_the_new_arm(gray: Gray) -> None:
+    """Removing `spec.rollout` and the colocated pool in one commit while colocated serves (the last
+    rollout rolled back): P/D starts, colocated keeps serving and keeps its pod until P/D is ready,
+    then the mode switches and the colocated pool goes; no request fails."""
+    before = gray.watch.latest()
+    assert before.status.get("mode") == "Colocated"
+    assert before.ready("colocated") >= 1
+    moment = time.time()
+    patch = json.dumps({"spec": {"rollout": None, "colocated": {"replicas": 0}}})
+    gray.kubectl("patch", "pdd", NAME, "--type", "merge", "-p", patch)
+    switched = gray.wait(
+        "the mode switched to P/D",
+        lambda s: s if s.status.get("mode") == "Disaggregated" else None,
+        ARM_TIMEOUT,
+    )
+    gray.wait("the colocated pool gone", lambda s: s if "colocated" not in s.sts else None, 30)
+    readings = gray.watch.since(moment)
+    for seen in readings:
+        if seen.at < switched.at:
+            assert seen.status.get("mode") == "Colocated"
+            assert seen.ready("colocated") >= 1, "the serving arm kept its pod until P/D was ready"
+    assert min(switched.ready("prefill"), switched.ready("decode")) >= 1
+    assert "rollout" not in switched.status
+    print(f"cut-over without a rollout: P/D serving {switched.at - moment:.1f}s after the change")
+    events = [e.get("reason") for e in harness.events(gray.cluster, gray.namespace, NAME)]
+    assert "ModeSwitched" in events
+    time.sleep(3)  # requests sent across the switch have finished
+    assert gray.failures_since(moment) == []
