@@ -20,9 +20,9 @@ phase); P/D -> colocated (the same machine, arms swapped) with the operator kill
 resumed from status; colocated -> P/D again with decode slowed 20x during the first step: automatic
 rollback, weight first, with the time from the injection to weight 0 printed and bounded; then
 `retry` and `promote` through the annotation, KV pulls failing at 10 % on decode at 100 %: automatic
-rollback on the KV-transfer failure rate (in the step, or, when the step's passing window was read
-before the first failed transfers reached Prometheus, right after promotion: the steady-state
-fall-back of a P/D deployment; both are rollbacks, weight first); `retry` and `abort`, and an
+rollback on the KV-transfer failure rate (in the step, or, when the step passed before the failures
+showed in a judged window, right after promotion: the steady-state fall-back of a P/D deployment;
+both are rollbacks, weight first); `retry` and `abort`, and an
 unknown command; last, `spec.rollout` and the colocated pool removed in one commit: the mode
 switches to P/D only once its pods are ready, colocated serving until then. No client request may
 fail, except where all three attempts of a request hit a failing KV pull (the router's failure
