@@ -1,0 +1,265 @@
+"""An engine image change rolls prefill and decode together, as a new serving revision, under load.
+
+On the local control plane (the rollout module's cluster and operator fixtures): one sim
+PDDeployment `rev` in P/D mode without `spec.rollout`, load through the operator's router at its pod
+IP (127.0.0.0/8). The first revision keeps today's names (`rev-prefill`, `rev-decode`) and pods; an
+operator restart replaces none of them. Changing `spec.engine.image` starts the new revision's pair
+(`rev-<id>-prefill`, `rev-<id>-decode`, labelled `tandem.dev/revision`) beside the old one; the
+weight moves to it only once both its StatefulSets are Ready; the old pair is deleted after the drain
+(30 s without requests). Every decode engine refuses KV held by a prefill engine of another
+revision (`tandem:kv_revision_mismatch_refusals_total`), so a mixed pair would show as a refusal
+and a failed leg: none may happen, and no client request may fail.
+
+Compressed settings: `TANDEM_SIM_TIME_SCALE=1`, `TANDEM_SIM_LOAD_SECONDS=3` (a new pod is not Ready
+for 3 s), prefill 1, decode 1, load 4 requests/s of 200-token prompts and 16 output tokens.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
+
+from tandem.api import meta
+from tandem.controller.revisions import DEFAULT_DRAIN_SECONDS
+from tandem.demo.load import BackgroundLoad, Phase
+from tandem.devcluster import kube
+from tandem.devcluster.handle import ClusterHandle
+from tandem.devcluster.testing import RestartableOperator
+
+
+def _load(name: str, path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+harness: Any = _load("revision_e2e_harness", Path(__file__).parent.parent / "autoscale" / "harness.py")
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(420)]
+
+NAME = "rev"
+NEW_IMAGE = "ghcr.io/tandem-dev/tandem:0.1.1"
+LOAD = Phase(4.0, 200, 16, "steady")
+START_TIMEOUT = 180
+SWITCH_TIMEOUT = 90  # new pods scheduled, 3 s of loading, Ready, one operator pass
+REFUSALS = "tandem:kv_revision_mismatch_refusals"
+
+
+def manifest(image: str) -> dict[str, Any]:
+    spec = {
+        "engine": {"type": "sim", "image": image, "env": harness.engine_env(1, 3)},
+        "prefill": harness.pool(1),
+        "decode": harness.pool(1),
+        "serving": {"mode": "Disaggregated"},
+    }
+    doc: dict[str, Any] = harness.pddeployment(NAME, spec)
+    return doc
+
+
+@dataclass
+class Cluster:
+    cluster: ClusterHandle
+    namespace: str
+
+    def _core(self, fn: str, **kwargs: Any) -> list[dict[str, Any]]:
+        api = self.cluster.api_client()
+        try:
+            items: list[dict[str, Any]] = kube.raw(
+                getattr(client.CoreV1Api(api), fn)(self.namespace, _preload_content=False, **kwargs)
+            )["items"]
+        finally:
+            kube.close(api)
+        return items
+
+    def pdd(self) -> dict[str, Any]:
+        api = self.cluster.api_client()
+        try:
+            obj: dict[str, Any] = kube.raw(
+                client.CustomObjectsApi(api).get_namespaced_custom_object(
+                    meta.GROUP, meta.VERSION, self.namespace, meta.PLURAL, NAME, _preload_content=False
+                )
+            )
+        finally:
+            kube.close(api)
+        return obj
+
+    def revisions(self) -> dict[str, Any]:
+        return dict((self.pdd().get("status") or {}).get("revisions") or {})
+
+    def statefulsets(self) -> dict[str, dict[str, Any]]:
+        api = self.cluster.api_client()
+        try:
+            items = kube.raw(
+                client.AppsV1Api(api).list_namespaced_stateful_set(
+                    self.namespace, label_selector=f"{meta.LABEL_PDD}={NAME}", _preload_content=False
+                )
+            )["items"]
+        finally:
+            kube.close(api)
+        return {item["metadata"]["name"]: item for item in items}
+
+    def engine_pods(self) -> list[dict[str, Any]]:
+        selector = f"{meta.LABEL_PDD}={NAME},{meta.LABEL_ROLE} in (prefill,decode)"
+        return self._core("list_namespaced_pod", label_selector=selector)
+
+    def router_ip(self) -> str:
+        url: str = harness.router_url(self.cluster, self.namespace, NAME)
+        return url.split("//", 1)[1].rsplit(":", 1)[0]
+
+
+def ready_pods(pods: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {p["metadata"]["name"]: p for p in pods if kube.is_ready(p) and p["status"].get("podIP")}
+
+
+def scrape(ip: str, port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    assert ip.startswith("127."), ip
+    with urllib.request.urlopen(f"http://{ip}:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): float(s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def total(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    return sum(
+        value
+        for (sample, found), value in samples.items()
+        if sample == name and all((k, v) in found for k, v in labels.items())
+    )
+
+
+def wait(what: str, check: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(1)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def rev(cluster: ClusterHandle, operator: RestartableOperator, module_namespace: str) -> Cluster:
+    cluster.kubectl("apply", "-n", module_namespace, "-f", "-", input=yaml.safe_dump(manifest(harness.IMAGE)))
+    return Cluster(cluster, module_namespace)
+
+
+def test_image_change_rolls_prefill_and_decode_as_one_revision(
+    rev: Cluster, operator: RestartableOperator
+) -> None:
+    began = time.monotonic()
+
+    def legacy_ready() -> Any:
+        revisions = rev.revisions()
+        pods = ready_pods(rev.engine_pods())
+        roles = {p["metadata"]["labels"][meta.LABEL_ROLE] for p in pods.values()}
+        current = revisions.get("current") or {}
+        return pods if current.get("legacy") and roles == {"prefill", "decode"} else None
+
+    first = wait("the first revision Ready", legacy_ready, START_TIMEOUT)
+    print(f"\nrev Ready in {time.monotonic() - began:.0f}s: {rev.revisions()}")
+    old_id = rev.revisions()["current"]["id"]
+    assert set(rev.statefulsets()) == {f"{NAME}-prefill", f"{NAME}-decode"}, "today's names"
+    assert all(meta.LABEL_REVISION not in p["metadata"]["labels"] for p in first.values())
+    uids = {name: p["metadata"]["uid"] for name, p in first.items()}
+    generations = {n: s["metadata"]["generation"] for n, s in rev.statefulsets().items()}
+
+    # An operator restart (as an upgrade does) replaces no pod and rewrites no StatefulSet's template.
+    operator.crash_and_restart()
+    time.sleep(10)
+    assert {n: p["metadata"]["uid"] for n, p in ready_pods(rev.engine_pods()).items()} == uids
+    assert {n: s["metadata"]["generation"] for n, s in rev.statefulsets().items()} == generations
+
+    router_ip = rev.router_ip()
+    load = BackgroundLoad(f"http://{router_ip}:{meta.ROUTER_PORT}", harness.MODEL, max_requests=2000)
+    load.start(LOAD)
+    try:
+        time.sleep(5)
+        changed = time.time()
+        patch = json.dumps({"spec": {"engine": {"image": NEW_IMAGE}}})
+        rev.cluster.kubectl("patch", "pdd", NAME, "-n", rev.namespace, "--type", "merge", "-p", patch)
+
+        def recorded() -> Any:
+            r = rev.revisions()
+            return r if (r.get("previous") or {}).get("id") == old_id else None
+
+        started = wait("the new revision recorded", recorded, 30)
+        new_id, prefix = started["current"]["id"], started["current"]["prefix"]
+        assert new_id != old_id
+        assert prefix == f"{NAME}-{new_id}"
+        assert started["previous"]["legacy"] is True
+
+        # Traffic moves only once the new pair is Ready: every reading with weight > 0 shows it Ready.
+        def switched() -> Any:
+            r, sts = rev.revisions(), rev.statefulsets()
+            if r.get("weight", 0) > 0:
+                for role in ("prefill", "decode"):
+                    new = sts[f"{prefix}-{role}"]
+                    assert (new.get("status") or {}).get("readyReplicas", 0) >= new["spec"]["replicas"], new
+                return r
+            return None
+
+        wait("the weight on the new revision", switched, SWITCH_TIMEOUT)
+        switch_s = time.time() - changed
+        new_pods = {
+            n: p
+            for n, p in ready_pods(rev.engine_pods()).items()
+            if p["metadata"]["labels"].get(meta.LABEL_REVISION) == new_id
+        }
+        assert {p["metadata"]["labels"][meta.LABEL_ROLE] for p in new_pods.values()} == {"prefill", "decode"}
+        for pod in new_pods.values():
+            env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+            assert env["TANDEM_SERVING_REVISION"] == new_id
+        # The old pair still runs while it drains: read its engines' refusal counters now.
+        refusals = 0.0
+        for pod in first.values():
+            samples = scrape(pod["status"]["podIP"], meta.ENGINE_PORT)
+            refusals += total(samples, f"{REFUSALS}_total")
+        time.sleep(5)  # requests on the new pair only
+
+        removed = wait(
+            "the old pair deleted",
+            lambda: rev.statefulsets() if f"{NAME}-prefill" not in rev.statefulsets() else None,
+            DEFAULT_DRAIN_SECONDS + 45,
+        )
+        removed_s = time.time() - changed
+        assert set(removed) == {f"{prefix}-prefill", f"{prefix}-decode"}
+        assert "previous" not in rev.revisions() or rev.revisions()["previous"] is None
+        router = scrape(router_ip, meta.ROUTER_PORT)
+    finally:
+        load.stop(timeout=60)
+    for pod in new_pods.values():
+        refusals += total(scrape(pod["status"]["podIP"], meta.ENGINE_PORT), f"{REFUSALS}_total")
+    samples = load.samples(since=changed)
+    failures = [s.error for s in samples if not s.ok]
+    served = {
+        revision: total(router, "tandem_router_revision_requests_total", revision=revision, code="2xx")
+        for revision in ("legacy", new_id)
+    }
+    print(
+        f"image change: weight on the new revision after {switch_s:.1f}s, old pair deleted after "
+        f"{removed_s:.1f}s; {len(samples)} requests since the change, {len(failures)} failed; served by "
+        f"revision {served}; KV refusals {refusals:g}"
+    )
+    assert failures == []
+    assert refusals == 0
+    assert served["legacy"] > 0
+    assert served[new_id] > 0
+    assert total(router, "tandem_router_failures_total", role="decode") == 0
