@@ -53,6 +53,10 @@ Environment (all optional):
                                 multiplied by TANDEM_SIM_TIME_SCALE: load time is set per deployment
                                 (engine.env) to what the test or replay wants, e.g. 120 for an 8B model.
   TANDEM_SIM_FAULTS             JSON object of faults active from the start (fields below).
+  TANDEM_SERVING_REVISION       the pod's serving revision (rendered by the operator for every P/D
+                                revision but the first): a prefill engine puts it in its
+                                kv_transfer_params, a decode engine refuses (500, counted in
+                                tandem:kv_revision_mismatch_refusals) KV of another revision.
   VLLM_NIXL_SIDE_CHANNEL_HOST   side-channel bind address, also advertised as `remote_host`
                                 (default localhost, as vLLM); tests set 127.x.
   VLLM_NIXL_SIDE_CHANNEL_PORT   side-channel port (default 5600; 0 = any free port).
