@@ -5,4 +5,6 @@
 - `load`: replaying the trace through the router over HTTP, measuring TTFT and TPOT per request.
 - `view`: the live terminal panel and the final report, as text (pure).
 - `main`: the script: cluster, helm, apply, replay, watch, report, stop.
+- `gray` and `rollout`: the second scenario (`--scenario rollout`), a gray rollout colocated -> P/D
+  and an automatic rollback: its manifest, path attribution, panel and report (pure), and the script.
 """

@@ -400,8 +400,9 @@ def report(summary: dict[str, Any]) -> str:
                 f" within SLO {_pct(pd['within_slo'])}"
             )
         for key, label in (
-            ("to_weight_0_s", "weight 0 (colocated gets every request)"),
-            ("to_colocated_ready_s", "colocated ready again"),
+            ("to_weight_0_s", "weight 0 (status.rollout, the operator's time)"),
+            ("to_colocated_ready_s", "colocated ready again (the routers move to it)"),
+            ("to_last_pd_request_s", "the last request sent that P/D served"),
             ("to_pd_zero_s", "P/D scaled to 0"),
             ("to_rolled_back_s", "RolledBack"),
         ):

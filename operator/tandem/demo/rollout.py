@@ -345,6 +345,9 @@ class RolloutDemo(Demo):
             part = [s for s in self.tally.samples if lo <= s.sent_at < hi]
             pd = gray.by_path(part, self.gv.timeline)["disaggregated"]
             fault["pd_client"] = gray.path_figures(pd, ttft_slo, tpot_slo)
+            after = [s for s in self.tally.samples if s.sent_at >= fault_at]
+            on_pd = [s.sent_at for s in after if gray.path_of(s, self.gv.timeline) == "disaggregated"]
+            fault["to_last_pd_request_s"] = round(max(on_pd) - fault_at, 1) if on_pd else None
         for label, lo, hi in bounds:
             part = [s for s in self.tally.samples if lo <= s.sent_at < hi]
             paths = gray.by_path(part, self.gv.timeline)

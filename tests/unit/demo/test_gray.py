@@ -230,6 +230,7 @@ def test_phase_history_and_the_report_give_times_cause_and_figures() -> None:
             "to_colocated_ready_s": 20.0,
             "to_pd_zero_s": None,
             "to_rolled_back_s": 30.0,
+            "to_last_pd_request_s": 19.5,
             "verdict": VERDICT,
             "pd_client": {"requests": 23, "ttft_ms_p90": 293.6, "tpot_ms_p90": 83.3, "within_slo": 0.0},
         },
@@ -246,7 +247,8 @@ def test_phase_history_and_the_report_give_times_cause_and_figures() -> None:
         "P/D at the client from the fault to weight 0: 23 requests, TTFT p90 293.6 ms (SLO 1000),"
         " TPOT p90 83.3 ms (SLO 50), within SLO 0.0%" in text
     )
-    assert "weight 0 (colocated gets every request): 14.2s" in text
+    assert "weight 0 (status.rollout, the operator's time): 14.2s" in text
+    assert "the last request sent that P/D served: 19.5s" in text
     assert "P/D scaled to 0: not seen" in text
     assert "P/D steady             disaggregated     1 req, 0 failed, TTFT p90 100.0 ms" in text
     assert "10 sent, 10 ok, 0 failed" in text
