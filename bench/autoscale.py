@@ -8,7 +8,7 @@ H100, TP1, model load 120 s), SLO and GPU budget:
 - HPA: the Kubernetes HPA per pool (prefill: queued prompt tokens per replica, decode: KV usage),
   targets tuned once on the Azure traces (`--tune-hpa`) and fixed in `tandem.sim.baselines`;
 - Dynamo-style planner: 180 s interval (its default), constant and trend predictors (60-s intervals
-  with `--policies dynamo-60s,dynamo-60s-trend`: worse on every trace, not in the default table);
+  with `--policies dynamo-60s,dynamo-60s-trend`: worse on both Azure traces, not in the default table);
 - tandem: `autoscale.decide()` itself, with its state carried as the operator carries it.
 Dynamic policies start from the same size: the static-peak layout (provisioned for the trace; the
 question is what each policy does from there).
