@@ -265,3 +265,81 @@ def test_the_scenario_comes_from_the_flag_or_make_s_variable(monkeypatch: pytest
     monkeypatch.setenv("SCENARIO", "bogus")
     with pytest.raises(SystemExit):
         main.parse_args([])
+
+
+def test_the_rollout_scenario_summary_times_the_fault_from_the_operators_phase_change(
+    tmp_path: Path,
+) -> None:
+    from tandem.demo.rollout import RolloutDemo
+
+    demo = RolloutDemo(main.parse_args(["--scenario", "rollout", "--dir", str(tmp_path)]))
+    demo.slo()
+    assert (demo.snap.ttft_slo_ms, demo.snap.tpot_slo_ms) == (1000.0, 50.0)
+    gv = demo.gv
+    gv.switched_at, gv.fault_at = 1000.0, 1060.0
+    for at, share in ((990.0, 0), (1007.0, 20), (1030.0, 100), (1075.4, 0)):  # 0 once colocated is ready
+        gv.timeline.see(at, share)
+    r = {"target": "Disaggregated", "step": 2, "weight": 100, "reason": "ok"}
+    back = {
+        **r,
+        "phase": "RollingBack",
+        "weight": 0,
+        "phaseSince": 1068.4,  # the operator's time; the demo's poll saw it at 1069
+        "reason": "steady P/D breach: 5 requests on the target arm: SLO attainment 50.0% below the floor",
+    }
+    demo.readings = [
+        (995.0, {}),
+        (1001.0, {**r, "phase": "Preparing", "step": 0, "weight": 0}),
+        (1030.0, {**r, "phase": "Shifting"}),
+        (1044.0, {**r, "phase": "Promoted"}),
+        (1069.0, back),
+        (1121.0, {**back, "phase": "RolledBack"}),
+    ]
+    both = {"readyReplicas": 1, "replicas": 1}
+    none = {"readyReplicas": 0, "replicas": 0}
+    demo.pool_readings = [
+        (1044.0, {"colocated": both, "prefill": both, "decode": both}),
+        (1049.0, {"colocated": none, "prefill": both, "decode": both}),
+        (1075.4, {"colocated": both, "prefill": both, "decode": both}),
+        (1121.0, {"colocated": both, "prefill": none, "decode": none}),
+    ]
+    low = _id_with_draw(0.0, 0.2)
+    demo.tally = Tally(
+        sent=4,
+        samples=[
+            Sample(ok=True, ttft_s=0.04, tpot_s=0.008, sent_at=995.0, request_id=low),  # colocated only
+            Sample(ok=True, ttft_s=0.3, tpot_s=0.085, sent_at=1062.0, request_id=low),  # on slowed P/D
+            Sample(
+                ok=True, ttft_s=0.3, tpot_s=0.09, sent_at=1070.0, request_id=low
+            ),  # weight 0, colocated loading
+            Sample(ok=True, ttft_s=0.05, tpot_s=0.008, sent_at=1090.0, request_id=low),  # back on colocated
+        ],
+    )
+    s = demo.summary()
+    assert [h["phase"] for h in s["history"]] == [
+        "Preparing",
+        "Shifting",
+        "Promoted",
+        "RollingBack",
+        "RolledBack",
+    ]
+    assert s["history"][0]["rel"] == 1.0
+    assert s["promote_s"] == 44.0
+    assert s["colocated_zero_s"] == 49.0
+    fault = s["fault"]
+    assert fault["to_weight_0_s"] == 8.4
+    assert fault["to_colocated_ready_s"] == 15.4
+    assert fault["to_pd_zero_s"] == 61.0
+    assert fault["to_rolled_back_s"] == 61.0
+    assert fault["cause"].startswith("steady P/D breach: 5 requests")
+    assert fault["pd_client"]["requests"] == 1
+    assert fault["pd_client"]["tpot_ms_p90"] == 85.0
+    assert fault["to_last_pd_request_s"] == 10.0
+    stages = {st["label"]: st["paths"] for st in s["stages"]}
+    assert stages["colocated only"]["colocated"]["requests"] == 1
+    assert stages["after weight 0"]["colocated"]["requests"] == 1
+    assert stages["after weight 0"]["disaggregated"]["requests"] == 1
+    assert s["requests"] == 4
+    assert s["failed"] == 0
+    text = gray.report(s)
+    assert "weight 0 (status.rollout, the operator's time): 8.4s" in text
