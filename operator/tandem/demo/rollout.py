@@ -371,6 +371,21 @@ class RolloutDemo(Demo):
             else round(promoted_at + colocated_zero - t0, 1),
             "fault": fault,
             "stages": stages,
+            "slo_misses": [  # every request outside the SLO, for a look at what failed a window
+                {
+                    "rel": round(s.sent_at - t0, 1) if t0 else None,
+                    "path": gray.path_of(s, self.gv.timeline),
+                    "ok": s.ok,
+                    "ttft_ms": None if math.isnan(s.ttft_s) else round(s.ttft_s * 1000, 1),
+                    "tpot_ms": None if math.isnan(s.tpot_s) else round(s.tpot_s * 1000, 1),
+                    "input_tokens": s.input_tokens,
+                    "output_tokens": s.output_tokens,
+                }
+                for s in self.tally.samples
+                if not s.ok
+                or s.ttft_s * 1000 > ttft_slo
+                or (not math.isnan(s.tpot_s) and s.tpot_s * 1000 > tpot_slo)
+            ],
             "share_timeline": [
                 {"rel": round(at - t0, 1) if t0 else 0.0, "pd_share": s} for at, s in self.gv.timeline.points
             ],

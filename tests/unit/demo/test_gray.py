@@ -31,6 +31,7 @@ def test_the_manifest_is_the_example_with_the_demo_settings_in_either_mode() -> 
         assert [s.weight for s in pdd.spec.rollout.steps] == [s["weight"] for s in gray.STEPS]
         assert pdd.spec.rollout.auto_rollback
         assert pdd.spec.rollout.analysis.window_seconds == gray.ANALYSIS["windowSeconds"]
+        assert pdd.spec.rollout.analysis.attainment_floor == gray.ANALYSIS["attainmentFloor"]
         assert pdd.spec.slo is not None
         assert pdd.spec.slo.tpot_ms == gray.SLO["tpotMs"]
         env = {e.name: e.value for e in pdd.spec.engine.env}
@@ -40,6 +41,7 @@ def test_the_manifest_is_the_example_with_the_demo_settings_in_either_mode() -> 
     assert colocated == switched
     assert example["spec"]["serving"]["mode"] == "Colocated", "the example is not changed in place"
     assert "steps 20% (10s) -> 50% (10s) -> 100%" in gray.describe()
+    assert "at least 80% within the SLO and at most 25% below colocated" in gray.describe()
 
 
 def _pdd(
