@@ -260,6 +260,10 @@ class RevisionsStatus(ApiModel):
     since: Annotated[
         float | None, Field(description="Unix time the weight last changed (the old pair drains from it).")
     ] = None
+    rollout: Annotated[
+        RolloutStatus | None,
+        Field(description="With spec.rollout: the steps between the two revisions (target: the new id)."),
+    ] = None
 
 
 class PDDeploymentStatus(ApiModel):

@@ -28,6 +28,7 @@ from tandem.controller.replicas import is_external
 from tandem.controller.rollout import RolloutController
 from tandem.kube.rest import PDDEPLOYMENT, POD, Kind, KubeError, KubeRest, Obj
 from tandem.render import CHILD_KINDS, names, render
+from tandem.render.revision import revision_id
 from tandem.status.derive import Observed, PodProblem, WorkloadState, derive_status
 
 log = logging.getLogger(__name__)
@@ -193,12 +194,32 @@ class Reconciler:
             role: existing.get(("StatefulSet", names.child_name(pdd, role, serving)))
             for role in meta.POOL_ROLES
         }
-        rollout = self.rollouts.step(pdd, body, previous, statefulsets, pods, epoch)
+        # Two pairs serve, or the spec names a new revision (not one held back after a rollback).
+        changing = stored_revisions is not None and (
+            stored_revisions.previous is not None
+            or (stored_revisions.current.id != revision_id(pdd.spec) and stored_revisions.rollout is None)
+        )
+        rollout = self.rollouts.step(pdd, body, previous, statefulsets, pods, epoch, revision_change=changing)
         scaling = self.autoscaler.step(pdd, body, previous, statefulsets, pods, epoch, rollout.bounds)
         kv = self.kv_transport.step(pdd, previous, epoch)
-        revs = revisions.step(pdd, stored_revisions, statefulsets, scaling.replicas, epoch)
+        revs = revisions.step(
+            pdd,
+            stored_revisions,
+            statefulsets,
+            scaling.replicas,
+            epoch,
+            pods=pods,
+            command_value=((body.get("metadata") or {}).get("annotations") or {}).get(
+                meta.ANNOTATION_ROLLOUT_COMMAND
+            ),
+            verdict_for=revisions.verdict_reader(self.autoscaler, pdd, epoch),
+        )
         replicas: dict[str, int | None] = {**scaling.replicas, "router": pdd.spec.router.replicas}
-        desired = render(pdd, replicas, revs.status.current)
+        desired = [
+            obj
+            for obj in render(pdd, replicas, revs.status.current)
+            if (obj["kind"], obj["metadata"]["name"]) not in revs.frozen  # a pair kept as it is
+        ]
 
         live: dict[tuple[str, str], Obj] = {}
         apply_errors: list[str] = []

@@ -15,19 +15,35 @@ StatefulSets around it. State lives only in `status.revisions` (docs/rollout.md,
 - the spec going back to the previous revision swaps the two (the old pair still serves, so the
   weight returns to it first and the new pair drains); a third revision during a change replaces
   a new pair that never got traffic, or else supersedes the previous pair, which is dropped.
+
+With `spec.rollout`, `advance_rollout` runs the gray rollout's state machine (`tandem.rollout`)
+between the two revisions instead of the cut-over: Preparing until the new pair is Ready, then the
+steps' weights on the new revision, each judged from the routers' per-revision counters
+(`tandem.metrics.revisions`) against the SLO and against the old revision; the command annotation
+acts as for a mode rollout. Promoted: the old pair is deleted `scaleDownDelaySeconds` later. A
+failed verdict or `abort`: the weight goes back to the old pair first, `scaleDownDelaySeconds`
+later the new pair is deleted and the old one is `current` again (RolledBack); while the spec still
+names the rejected revision, the old pair is kept exactly as it is (not rendered from the spec) until
+`retry` starts the rollout again or the spec changes. The machine's record is
+`status.revisions.rollout` (its `target` is the new revision's id).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from tandem.api import meta
 from tandem.api.models import PDDeployment
 from tandem.api.status import RevisionRecord, RevisionsStatus
 from tandem.kube.rest import Obj
 from tandem.render.revision import name_prefix, revision_id
+from tandem.rollout.config import RolloutConfig
+from tandem.rollout.judge import Verdict
+from tandem.rollout.machine import Command, Observed, parse_command, promoted
+from tandem.rollout.machine import step as machine_step
+from tandem.rollout.state import Phase, RollbackStage, RolloutState, start
 
 DEFAULT_DRAIN_SECONDS: Final = 30.0
 REQUEUE_SECONDS: Final = 5.0
@@ -117,10 +133,147 @@ def pair_ready(statefulsets: Mapping[str, Obj | None], wanted: Mapping[str, int 
     return True
 
 
+def _new_record(pdd_name: str, rev: str) -> RevisionRecord:
+    return RevisionRecord(id=rev, prefix=name_prefix(pdd_name, rev, legacy=False))
+
+
+def _state_of(stored: RevisionsStatus) -> RolloutState | None:
+    if stored.rollout is None:
+        return None
+    try:
+        return RolloutState.from_dict(
+            stored.rollout.model_dump(by_alias=True, mode="json", exclude_none=True)
+        )
+    except ValueError:
+        return None
+
+
+def _record_of(state: RolloutState, target: str, problems: tuple[str, ...] = ()) -> Any:
+    from tandem.controller.rollout import to_status  # the mode rollout's record, reused
+
+    return to_status(state, target, problems)
+
+
+VerdictFor = Callable[[RolloutState, RevisionRecord, RevisionRecord], "Verdict | None"]
+
+
+def advance_rollout(
+    stored: RevisionsStatus,
+    pdd_name: str,
+    spec_revision: str,
+    *,
+    config: RolloutConfig,
+    current_ready: bool,
+    current_pods: int | None,
+    command: Command | None,
+    verdict_for: VerdictFor,
+    now: float,
+) -> tuple[RevisionsStatus, list[Event]]:
+    """status.revisions after one pass of a revision change under `spec.rollout` (module docstring).
+
+    `verdict_for(state, new, old)` reads and judges a window when one is due (else None); it is only
+    called while the machine is Shifting or Paused."""
+    current, previous, weight = stored.current, stored.previous, stored.weight
+    state = _state_of(stored)
+    if current.id != spec_revision:
+        held = state is not None and state.phase is Phase.RolledBack
+        if state is not None and held and stored.rollout and stored.rollout.target == spec_revision:
+            # Held after a rollback of this revision: only `retry` starts it again.
+            t = machine_step(state, None, command, now, config)
+            if t.state.phase is not Phase.Preparing:
+                kept = _record_of(t.state, spec_revision, t.problems)
+                return stored.model_copy(update={"rollout": kept}), []
+            new = _new_record(pdd_name, spec_revision)
+            message = f"revision {current.id} -> {new.id}: {t.state.reason}"
+            retried = _record_of(t.state, new.id, t.problems)
+            return (
+                RevisionsStatus(current=new, previous=current, weight=0, since=now, rollout=retried),
+                [("Normal", "RevisionRolloutRetried", message)],
+            )
+        if previous is not None and previous.id == spec_revision:
+            message = f"spec back at revision {previous.id}: traffic returns to it, {current.id} drains"
+            return (
+                RevisionsStatus(current=previous, previous=current, weight=100 - weight, since=now),
+                [("Warning", "RevisionReverted", message)],
+            )
+        new = _new_record(pdd_name, spec_revision)
+        old = previous if previous is not None and weight == 0 else current
+        last = command.id if command is not None else (state.last_command if state is not None else None)
+        fresh = start(config, now, last_command=last)
+        steps = ", ".join(f"{s.weight}%" for s in config.steps)
+        message = f"revision {old.id} -> {new.id} in steps of {steps}: the new P/D pair starts beside the old"
+        return (
+            RevisionsStatus(
+                current=new, previous=old, weight=0, since=now, rollout=_record_of(fresh, new.id)
+            ),
+            [("Normal", "RevisionRolloutStarted", message)],
+        )
+    if previous is None:
+        return (stored if stored.rollout is None else stored.model_copy(update={"rollout": None})), []
+    if state is None:  # a change the cut-over began (spec.rollout added since): continue it here
+        state = (
+            promoted(config, stored.since or now, "the new revision serves every request")
+            if weight == 100
+            else start(config, now)
+        )
+    verdict = None
+    if state.phase in (Phase.Shifting, Phase.Paused):
+        verdict = verdict_for(state, current, previous)
+    t = machine_step(state, verdict, command, now, config, Observed(current_ready, current_pods))
+    s = t.state
+    head = f"revision {previous.id} -> {current.id}, weight {s.weight}%"
+    events: list[Event] = []
+    if t.changed:
+        kind = "Warning" if s.phase in (Phase.RollingBack, Phase.RolledBack) else "Normal"
+        events.append((kind, f"RevisionRollout{s.phase.value}", f"{head}: {s.reason}"))
+    if s.phase is Phase.Promoted:
+        if now - s.phase_since >= config.scale_down_delay_seconds:
+            message = f"revision {previous.id} drained: its pair is deleted"
+            return RevisionsStatus(current=current, weight=100), [
+                *events,
+                ("Normal", "RevisionRemoved", message),
+            ]
+        return (
+            RevisionsStatus(
+                current=current,
+                previous=previous,
+                weight=100,
+                since=s.phase_since,
+                rollout=_record_of(s, current.id, t.problems),
+            ),
+            events,
+        )
+    if s.phase is Phase.RolledBack or (
+        s.phase is Phase.RollingBack and s.rollback_stage is RollbackStage.ScalingDown
+    ):
+        # The weight has been back on the old pair for the scale-down delay: the new pair goes.
+        if s.phase is Phase.RollingBack:
+            s = machine_step(s, None, None, now, config, Observed(target_pods=0)).state
+        message = f"{head}: the new pair is deleted, revision {previous.id} serves"
+        return (
+            RevisionsStatus(current=previous, weight=100, rollout=_record_of(s, current.id, t.problems)),
+            [*events, ("Warning", "RevisionRolledBack", message)],
+        )
+    since = stored.since if s.weight == weight else now
+    return (
+        RevisionsStatus(
+            current=current,
+            previous=previous,
+            weight=s.weight,
+            since=since,
+            rollout=_record_of(s, current.id, t.problems),
+        ),
+        events,
+    )
+
+
 @dataclass
 class RevisionOutcome:
     status: RevisionsStatus
-    keep: set[tuple[str, str]] = field(default_factory=set)  # the previous pair's objects, not pruned
+    keep: set[tuple[str, str]] = field(default_factory=set)  # objects not pruned (a pair kept as it is)
+    # P/D objects not rendered: the serving pair while the spec names a revision that was rolled back
+    # (rendering it from the spec would roll it to the rejected revision).
+    frozen: set[tuple[str, str]] = field(default_factory=set)
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
 
@@ -136,23 +289,95 @@ def step(
     current_statefulsets: Mapping[str, Obj | None],
     wanted: Mapping[str, int | None],
     now: float,
+    *,
+    pods: list[Obj] | None = None,
+    command_value: str | None = None,
+    verdict_for: VerdictFor | None = None,
 ) -> RevisionOutcome:
-    """One pass: `current_statefulsets` are the stored current revision's (by role)."""
+    """One pass: `current_statefulsets` are the stored current revision's (by role); `pods` the
+    deployment's pods; `command_value` the rollout command annotation; `verdict_for` reads a window."""
     drain = drain_seconds_for(pdd)
-    status, events = advance(
-        stored,
-        pdd.metadata.name,
-        revision_id(pdd.spec),
-        current_ready=pair_ready(current_statefulsets, wanted),
-        now=now,
-        drain_seconds=drain,
-    )
+    spec_revision = revision_id(pdd.spec)
+    ready = pair_ready(current_statefulsets, wanted)
+    if pdd.spec.rollout is None or stored is None:
+        base = stored.model_copy(update={"rollout": None}) if stored is not None else None
+        status, events = advance(
+            base, pdd.metadata.name, spec_revision, current_ready=ready, now=now, drain_seconds=drain
+        )
+    else:
+        from tandem.controller.rollout import rollout_config
+
+        config = rollout_config(pdd.spec, pdd.spec.rollout)
+        current = stored.current
+        current_pods = sum(
+            1
+            for pod in pods or []
+            if ((pod.get("metadata") or {}).get("labels") or {}).get(meta.LABEL_REVISION) == current.id
+        )
+        status, events = advance_rollout(
+            stored,
+            pdd.metadata.name,
+            spec_revision,
+            config=config,
+            current_ready=ready,
+            current_pods=None if current.legacy else current_pods,
+            command=parse_command(command_value),
+            verdict_for=verdict_for or (lambda *_: None),
+            now=now,
+        )
     outcome = RevisionOutcome(status=status, events=events)
+    if status.current.id != spec_revision:  # held after a rollback: the serving pair stays as it is
+        outcome.frozen = pair_names(status.current)
+        outcome.keep |= outcome.frozen
     if status.previous is not None:
-        outcome.keep = pair_names(status.previous)
-        if status.weight < 100:
+        outcome.keep |= pair_names(status.previous)
+        if status.weight < 100 or status.rollout is not None:
             outcome.requeue_after = REQUEUE_SECONDS
         else:
             left = (status.since if status.since is not None else now) + drain - now
             outcome.requeue_after = max(1.0, min(REQUEUE_SECONDS, left))
     return outcome
+
+
+def verdict_reader(autoscaler: Any, pdd: PDDeployment, now: float) -> VerdictFor:
+    """`verdict_for` reading the routers' per-revision counters through the autoscaler's Prometheus
+    reader, at most once per analysis period (as the mode rollout does); never raises."""
+
+    def read(state: RolloutState, new: RevisionRecord, old: RevisionRecord) -> Verdict | None:
+        from tandem.controller import metrics as operator_metrics
+        from tandem.controller.rollout import analysis_period, rollout_config
+        from tandem.metrics.revisions import read_revision_window, revision_label
+        from tandem.rollout.judge import ArmWindow, Window, judge
+
+        spec = pdd.spec
+        if spec.rollout is None:
+            return None
+        config = rollout_config(spec, spec.rollout)
+        if state.verdicts and now - state.verdicts[-1].verdict.window_end < analysis_period(config):
+            return None
+        window_s = config.analysis.window_seconds
+        url = autoscaler.url(spec)
+        if not url:
+            missing = ("no Prometheus to read: set spec.autoscaling.prometheus.url or --prometheus-url",)
+            return judge(
+                Window(now - window_s, now, target=ArmWindow(), metrics_missing=missing), config.analysis
+            )
+        try:
+            reader = autoscaler.reader(url, spec.autoscaling.prometheus.timeout_seconds)
+            window = read_revision_window(
+                reader,
+                pdd.metadata.namespace,
+                pdd.metadata.name,
+                target=revision_label(new.id, new.legacy),
+                baseline=revision_label(old.id, old.legacy),
+                window_seconds=window_s,
+                now=now,
+                slo_set=spec.slo is not None,
+            )
+        except Exception as exc:  # no data: Inconclusive, never a Pass
+            operator_metrics.PROMETHEUS_ERRORS.labels(query="revisions").inc()
+            missing = (f"Prometheus at {url}: {exc}",)
+            window = Window(now - window_s, now, target=ArmWindow(), metrics_missing=missing)
+        return judge(window, config.analysis)
+
+    return read

@@ -245,7 +245,11 @@ class RolloutController:
         statefulsets: Mapping[str, Obj | None],
         pods: Sequence[Obj],
         now: float,
+        *,
+        revision_change: bool = False,
     ) -> RolloutOutcome:
+        """`revision_change`: a serving-revision change of the P/D pair is in progress (controller/
+        revisions.py judges it); P/D's steady fall-back to colocated waits until it is over."""
         spec = pdd.spec
         wanted = spec.serving.mode.value
         in_effect = _valid_mode(previous.mode if previous is not None else None) or wanted
@@ -260,6 +264,8 @@ class RolloutController:
             return self._cutover(in_effect, wanted, stored, had, statefulsets, live, full, ready)
 
         config = rollout_config(spec, spec.rollout)
+        if revision_change:  # one judge at a time: the revision rollout's verdicts decide
+            config = dataclasses.replace(config, auto_rollback=False)
         events: list[tuple[str, str, str]] = []
         state: RolloutState | None = None
         target: str | None = None

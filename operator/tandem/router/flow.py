@@ -202,8 +202,8 @@ class Flow:
     def _record(self, request: ClientRequest, path: Path, tally: _Tally, metrics: PathMetrics) -> None:
         now = self.clock()
         self.metrics.child(self.metrics.requests, path, f"{tally.status // 100}xx").inc()
-        if tally.revision is not None:
-            revision = tally.revision or "legacy"
+        revision = None if tally.revision is None else (tally.revision or "legacy")
+        if revision is not None:
             self.metrics.child(self.metrics.revision_requests, revision, f"{tally.status // 100}xx").inc()
         if tally.status != 200:
             return
@@ -229,6 +229,8 @@ class Flow:
             )
         ):
             within.inc()
+            if revision is not None:
+                self.metrics.child(self.metrics.revision_within_slo, revision).inc()
 
     def _may_retry(self, attempt: int) -> bool:
         return attempt < self.max_retries and self.budget.try_spend(self.clock())

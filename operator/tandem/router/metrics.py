@@ -70,6 +70,11 @@ class RouterMetrics:
             " first revision, whose pods carry no revision label) and HTTP status class.",
             ["revision", "code"], registry=r,
         )  # fmt: skip
+        self.revision_within_slo = Counter(
+            "tandem_router_revision_requests_within_slo_total",
+            "P/D requests that succeeded within both SLO targets, by serving revision of the pair.",
+            ["revision"], registry=r,
+        )  # fmt: skip
         self.within_slo = Counter(
             "tandem_router_requests_within_slo_total",
             "Client requests that succeeded within both SLO targets (TTFT, and TPOT when more than one"
@@ -141,6 +146,12 @@ class RouterMetrics:
         if found is None:
             found = self._children[key] = metric.labels(*labels)
         return found
+
+    def know_revision(self, revision: str) -> None:
+        """A revision's series exist from 0 (a series born at 1 hides its first request from rate())."""
+        for code in STATUS_CLASSES:
+            self.child(self.revision_requests, revision, code)
+        self.child(self.revision_within_slo, revision)
 
     def set_slo(self, targets: SloTargets | None) -> None:
         """Starts (or stops) counting within-SLO requests; the series exist only with an SLO."""

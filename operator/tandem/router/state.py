@@ -116,6 +116,8 @@ class RouterState:
         if info.revisions != self.revision_shares:
             log.info("serving revisions: %s", info.revisions)
         self.revision_shares = info.revisions
+        for rev, _ in info.revisions or ():
+            self.metrics.know_revision(rev or "legacy")
         if info.model_name:
             self.catalog.configured[info.model_name] = info.max_model_len
         if info.slo_ttft_ms is not None and info.slo_tpot_ms is not None:
@@ -146,6 +148,8 @@ class RouterState:
             for role in ("prefill", "decode"):
                 self.balancer.set_pool(pool_key(role, rev), ())
         self.revision_endpoints = by_revision
+        for rev in by_revision:
+            self.metrics.know_revision(rev or "legacy")
         for rev, roles in by_revision.items():
             for role, urls in roles.items():
                 self.balancer.set_pool(pool_key(role, rev), urls)
