@@ -203,17 +203,22 @@ class RolloutDemo(Demo):
         self.replay_started = time.time()
         sender = asyncio.create_task(self.send(requests))
         try:
-            return await self.story(handle, reader, sender)
-        finally:
-            self.stop_sending.set()
-            self.snap.stage = "waiting for the requests in flight"
-            while not sender.done():
-                await self.refresh(reader, self.router)
-                self.show()
-                await asyncio.wait({sender}, timeout=1)
-            await sender
+            completed = await self.story(handle, reader, sender)
+        except BaseException:  # Ctrl-C or a failed stage: drop the load at once, then clean up
+            sender.cancel()
+            with contextlib.suppress(BaseException):
+                await sender
+            raise
+        self.stop_sending.set()
+        self.snap.stage = "waiting for the requests in flight"
+        while not sender.done():
             await self.refresh(reader, self.router)
-            self.show(force=True)
+            self.show()
+            await asyncio.wait({sender}, timeout=1)
+        await sender
+        await self.refresh(reader, self.router)
+        self.show(force=True)
+        return completed
 
     async def story(self, handle: ClusterHandle, reader: Reader, sender: asyncio.Task[None]) -> bool:
         began = time.monotonic()
