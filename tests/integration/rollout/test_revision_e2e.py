@@ -10,6 +10,12 @@ weight moves to it only once both its StatefulSets are Ready; the old pair is de
 revision (`tandem:kv_revision_mismatch_refusals_total`), so a mixed pair would show as a refusal
 and a failed leg: none may happen, and no client request may fail.
 
+Then with `spec.rollout` (second test, settings at ROLLOUT_SPEC): a second image change moves by
+the steps (Preparing, 50%, 100%, Promoted) judged from the routers' per-revision counters and the
+old pair goes; a third, whose decode engines are slowed 20x at 50%, rolls back by itself: weight
+to the old revision first, then the new pair deleted, the old one current again and not
+re-rendered from the spec that names the rejected revision.
+
 Compressed settings: `TANDEM_SIM_TIME_SCALE=1`, `TANDEM_SIM_LOAD_SECONDS=3` (a new pod is not Ready
 for 3 s), prefill 1, decode 1, load 4 requests/s of 200-token prompts and 16 output tokens.
 """
@@ -20,6 +26,7 @@ import importlib.util
 import json
 import sys
 import time
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -263,3 +270,160 @@ def test_image_change_rolls_prefill_and_decode_as_one_revision(
     assert served["legacy"] > 0
     assert served[new_id] > 0
     assert total(router, "tandem_router_failures_total", role="decode") == 0
+
+
+# With spec.rollout (compressed: steps 50% and 100% without pause, 10 s windows, 10 samples, a 20%
+# attainment drop allowed against the old revision, 5 s scale-down delay; SLO TTFT 1500 ms, TPOT
+# 100 ms, 90%): the same machine and analysis as a mode rollout, arms = the two revisions.
+ROLLOUT_SPEC = {
+    "slo": {"ttftMs": 1500, "tpotMs": 100, "attainmentPercent": 90},
+    "colocated": harness.pool(1),  # a rollout needs both arms' replicas; idle (0 pods) in P/D mode
+    "rollout": {
+        "steps": [{"weight": 50, "pauseSeconds": 0}, {"weight": 100, "pauseSeconds": 0}],
+        "analysis": {
+            "windowSeconds": 10,
+            "minSamples": 10,
+            "maxAttainmentDrop": 0.2,
+            "inconclusivePauseSeconds": 120,
+        },
+        "scaleDownDelaySeconds": 5,
+    },
+}
+STEP_TIMEOUT = 45
+ROLLBACK_BOUND = 2 * 10 + 5 + 15  # as the mode rollout's e2e: two windows, a period, slack
+
+
+def follow(
+    rev: Cluster, seen: list[tuple[str, int]], what: str, until: Any, timeout: float
+) -> dict[str, Any]:
+    """Polls status.revisions once a second, appending each new (phase, weight), until `until(r)`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = rev.revisions()
+        ro = r.get("rollout") or {}
+        got = (str(ro.get("phase")), int(r.get("weight", 100)))
+        if ro and (not seen or seen[-1] != got):
+            seen.append(got)
+        if until(r):
+            return r
+        time.sleep(1)
+    raise AssertionError(
+        f"timed out after {timeout:.0f}s waiting for {what}; seen {seen}; last {r}; "
+        f"status.mode {rev.pdd()['status'].get('mode')}, "
+        f"status.rollout {rev.pdd()['status'].get('rollout')}; "
+        f"Prometheus: {prometheus(rev, 'tandem_router_revision_requests_total')}"
+    )
+
+
+def prometheus(rev: Cluster, query: str) -> Any:
+    url = f"{rev.cluster.prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        return json.loads(answer.read())["data"]["result"]
+
+
+def pd_statefulsets(rev: Cluster) -> set[str]:
+    return {n for n in rev.statefulsets() if n != f"{NAME}-colocated"}
+
+
+def set_image(rev: Cluster, image: str) -> float:
+    patch = json.dumps({"spec": {"engine": {"image": image}}})
+    rev.cluster.kubectl("patch", "pdd", NAME, "-n", rev.namespace, "--type", "merge", "-p", patch)
+    return time.time()
+
+
+def phase_is(phase: str, weight: int | None = None) -> Any:
+    def check(r: dict[str, Any]) -> bool:
+        ro = r.get("rollout") or {}
+        return ro.get("phase") == phase and (weight is None or r.get("weight") == weight)
+
+    return check
+
+
+def test_with_rollout_revisions_move_by_steps_and_a_failed_step_rolls_back(rev: Cluster) -> None:
+    def serving() -> Any:  # alone, or after the test above
+        r = rev.revisions()
+        roles = {p["metadata"]["labels"][meta.LABEL_ROLE] for p in ready_pods(rev.engine_pods()).values()}
+        return r if r.get("current") and not r.get("previous") and roles == {"prefill", "decode"} else None
+
+    before = wait("one revision serving", serving, START_TIMEOUT)
+    router_ip = rev.router_ip()
+    load = BackgroundLoad(f"http://{router_ip}:{meta.ROUTER_PORT}", harness.MODEL, max_requests=3000)
+    load.start(LOAD)
+    # The SLO first, a window before spec.rollout: the P/D arm's steady fall-back (on with
+    # spec.rollout) must not judge a window in which the routers counted requests within an SLO for
+    # part of it only (its attainment would read low).
+    slo = json.dumps({"spec": {"slo": ROLLOUT_SPEC["slo"]}})
+    rev.cluster.kubectl("patch", "pdd", NAME, "-n", rev.namespace, "--type", "merge", "-p", slo)
+    time.sleep(15)
+    patch = json.dumps({"spec": ROLLOUT_SPEC})
+    rev.cluster.kubectl("patch", "pdd", NAME, "-n", rev.namespace, "--type", "merge", "-p", patch)
+    time.sleep(5)
+    assert rev.revisions()["current"] == before["current"], "rollout settings are not a revision"
+    assert rev.pdd()["status"].get("mode") == "Disaggregated"
+    assert not rev.pdd()["status"].get("rollout"), "no fall-back to colocated"
+    seen: list[tuple[str, int]] = []
+    try:
+        time.sleep(5)
+        changed = set_image(rev, "ghcr.io/tandem-dev/tandem:0.1.2")
+        r = follow(rev, seen, "Shifting 50", phase_is("Shifting", 50), SWITCH_TIMEOUT)
+        second = r["current"]
+        assert r["previous"]["id"] == before["current"]["id"]
+        follow(rev, seen, "Shifting 100", phase_is("Shifting", 100), STEP_TIMEOUT)
+        promoted = follow(rev, seen, "Promoted", phase_is("Promoted", 100), STEP_TIMEOUT)
+        assert len([v for v in promoted["rollout"]["verdicts"] if v["result"] == "Pass"]) >= 2
+        follow(rev, seen, "the old pair removed", lambda r: not r.get("previous"), 30)
+        promote_s = time.time() - changed
+        assert seen[:4] == [("Preparing", 0), ("Shifting", 50), ("Shifting", 100), ("Promoted", 100)], seen
+        assert pd_statefulsets(rev) == {f"{second['prefix']}-prefill", f"{second['prefix']}-decode"}
+        print(f"\nrevision rollout promoted and the old pair removed in {promote_s:.0f}s: {seen}")
+
+        seen.clear()
+        bad_at = set_image(rev, "ghcr.io/tandem-dev/tandem:0.1.3")
+        r = follow(rev, seen, "Shifting 50", phase_is("Shifting", 50), SWITCH_TIMEOUT)
+        third = r["current"]
+        injected = time.time()
+        for pod in rev.engine_pods():
+            labels = pod["metadata"]["labels"]
+            if labels.get(meta.LABEL_REVISION) == third["id"] and labels[meta.LABEL_ROLE] == "decode":
+                ip = pod["status"]["podIP"]
+                assert ip.startswith("127."), ip
+                request = urllib.request.Request(
+                    f"http://{ip}:{meta.ENGINE_PORT}/admin/faults",
+                    data=json.dumps({"slowdown": 20.0}).encode(),
+                    method="POST",
+                    headers={"content-type": "application/json"},
+                )
+                with urllib.request.urlopen(request, timeout=10) as answer:
+                    assert answer.status == 200
+        back = follow(rev, seen, "RollingBack 0", phase_is("RollingBack", 0), ROLLBACK_BOUND + 10)
+        to_zero = time.time() - injected
+        assert "below" in back["rollout"]["reason"], back["rollout"]["reason"]
+        assert back["previous"]["id"] == second["id"], "both pairs kept while the weight returns"
+        rolled = follow(rev, seen, "RolledBack", phase_is("RolledBack"), 30)
+        assert rolled["current"] == second, "the old revision serves again"
+        assert rolled["weight"] == 100
+        assert rolled["rollout"]["target"] == third["id"]
+
+        def new_pair_gone() -> Any:
+            found = rev.statefulsets()
+            return found if f"{third['prefix']}-decode" not in found else None
+
+        gone = wait("the new pair deleted", new_pair_gone, 30)
+        assert pd_statefulsets(rev) == {f"{second['prefix']}-prefill", f"{second['prefix']}-decode"}
+        # Held: the spec still names the rejected revision, the serving pair is not re-rendered from it.
+        generations = {n: s["metadata"]["generation"] for n, s in gone.items()}
+        time.sleep(10)
+        assert {n: s["metadata"]["generation"] for n, s in rev.statefulsets().items()} == generations
+        assert rev.revisions()["current"] == second
+        print(
+            f"decode of the new revision slowed x20 at 50% -> weight 0 in {to_zero:.1f}s, "
+            f"new pair deleted {time.time() - bad_at:.0f}s after the change: {seen}"
+        )
+        router = scrape(router_ip, meta.ROUTER_PORT)
+    finally:
+        load.stop(timeout=60)
+    failures = [s.error for s in load.samples(since=changed) if not s.ok]
+    print(f"{len(load.samples(since=changed))} requests since the first change, {len(failures)} failed")
+    assert failures == []
+    assert total(router, "tandem_router_failures_total", role="decode") == 0, "no refused (mixed) pair"
+    assert total(router, "tandem_router_revision_requests_total", revision=third["id"], code="2xx") > 0
