@@ -474,8 +474,15 @@ class RolloutController:
             events.append(
                 ("Normal", "ModeSwitched", f"{in_effect} -> {wanted}: the {wanted} pools are ready")
             )
+            # The old arm is still held in this pass: its pods go in the next one, once status.mode
+            # (what the routers follow) says the new mode, so no reader sees the serving arm gone.
             return RolloutOutcome(
-                status=None, mode=wanted, conditions=conditions_for(None, None, had), events=events
+                status=None,
+                mode=wanted,
+                bounds=cutover_bounds(in_effect, False, live, full),
+                conditions=conditions_for(None, None, had),
+                events=events,
+                requeue_after=REQUEUE_ACTIVE_SECONDS,
             )
         return RolloutOutcome(
             status=None,

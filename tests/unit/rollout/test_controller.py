@@ -308,8 +308,12 @@ def test_without_a_rollout_the_old_arm_stays_until_the_new_one_is_ready() -> Non
     world.run(1.0)
     assert world.pdd["status"]["mode"] == "Disaggregated"
     assert world.router_share() == 100
-    assert ("delete", "StatefulSet", f"{NAME}-colocated") in world.kube.writes
     assert "ModeSwitched" in world.events()
+    # The pass that switches keeps the old arm: it goes once status.mode says P/D.
+    assert ("delete", "StatefulSet", f"{NAME}-colocated") not in world.kube.writes
+    assert world.size("colocated") == 2
+    world.run(1.0)
+    assert ("delete", "StatefulSet", f"{NAME}-colocated") in world.kube.writes
 
 
 def test_a_steady_pd_deployment_falls_back_when_its_slo_fails_at_full_size() -> None:
