@@ -30,9 +30,12 @@ smoothed geometrically by `correction_smoothing`), learnt only when every ready 
 is starting:
 - prefill, when it was saturated over the whole window: at least one request waiting per ready
   replica, and a queue of at least a step's budget (or a mean prompt, whichever is larger) per
-  replica now and, when the producer read it, one window earlier. The sample is prompt tokens/s
-  per ready replica over the profile's busy throughput (a small token budget alone would call one
-  queued prompt saturation and learn a low capacity);
+  replica now and one window earlier. The sample is prompt tokens/s per ready replica over the
+  profile's busy throughput (a small token budget alone would call one queued prompt saturation and
+  learn a low capacity). Without the queue one window earlier (not read: the live reader has no
+  series then while the pool is younger than the window) nothing is learnt: the window's rate then
+  averages idle or lightly loaded time with the saturated end (a load step on a young pool read
+  0.16 of the profile and learnt the floor 0.25, while the pod computed the profile's rate);
 - decode, with a measured TPOT and a batch per replica of at least `decode_learn_min_share` of the
   seeded capacity (a light batch's step time says little about a full one's): the profile's step
   time is scaled by measured TPOT / profile step time at the observed batch, and the sample is the
@@ -350,10 +353,12 @@ def _square_ratio(obs: _Observed) -> float:
 
 
 def _prefill_saturated(obs: _Observed, queue: float, budget: int) -> bool:
+    """Saturated over the whole window: a deep queue now and one window earlier (unknown: not saturated,
+    since the window's rate may then hold idle time; see the module docstring)."""
     ready = obs.size.ready
     floor = max(budget, obs.prompt_tokens) * ready
     before = obs.signals.queued_prompt_tokens_before
-    return obs.signals.waiting_requests >= ready and queue >= floor and (before is None or before >= floor)
+    return obs.signals.waiting_requests >= ready and queue >= floor and before is not None and before >= floor
 
 
 def _prefill(
@@ -406,6 +411,8 @@ def _prefill(
         "capacityTokensPerSecond": per_replica,
         "ttftTargetSeconds": slo.ttft_ms / 1000.0,
     }
+    if obs.signals.queued_prompt_tokens_before is not None:
+        figures["queuedPromptTokensBefore"] = obs.signals.queued_prompt_tokens_before
     if obs.path.ttft_seconds is not None:
         figures["ttftSeconds"] = obs.path.ttft_seconds
     if model.fallback:
