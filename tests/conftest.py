@@ -1,5 +1,5 @@
 """Shared pytest fixtures: the local control plane (`cluster`), the CRD on it (`crd`), and a fresh
-namespace per test.
+namespace per test, and how `make test` splits the suite between its two workers.
 
 `cluster` (session-scoped) starts a dev cluster with the same code as `tandem dev cluster up`, in a
 temporary directory, and stops it at the end of the session; with `TANDEM_KUBECONFIG` set it uses
@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 from hypothesis import settings
+from xdist.remote import Producer
+from xdist.scheduler import LoadScopeScheduling
 
 from tandem.devcluster import cluster as devcluster
 from tandem.devcluster import layout
@@ -29,10 +31,41 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
+# `make test` runs two pytest-xdist workers (`-n 2`), each with its own dev cluster (clusters pick
+# distinct loopback pod octets). A module is one unit of work, so its module-scoped fixtures are
+# built once and its tests run in order; the modules that drive load through a whole deployed stack
+# form a single unit, so at most one of them loads the machine at a time. (The scheduler does this
+# itself: pytest 9.2 ignores the nodeid suffix xdist's `--dist loadgroup` relies on, pytest-xdist
+# issue 1386, so xdist_group marks would be silently dropped.)
+LOAD_E2E_DIRS: tuple[str, ...] = (
+    "tests/integration/autoscale/",
+    "tests/integration/rollout/",
+    "tests/integration/kvlink/",
+)
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit a test is scheduled in: its module, or the one unit of the load e2e modules."""
+    module = nodeid.split("::", 1)[0]
+    return "load-e2e" if module.startswith(LOAD_E2E_DIRS) else module
+
+
+class ModuleScheduling(LoadScopeScheduling):
+    def _split_scope(self, nodeid: str) -> str:
+        return work_unit(nodeid)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> LoadScopeScheduling:
+    return ModuleScheduling(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cluster)
+    # The longest unit first (with --no-loadscope-reorder xdist hands units out in collection order),
+    # so it does not start last and run alone; a stable sort keeps each module's tests in order.
+    items.sort(key=lambda item: work_unit(item.nodeid) != "load-e2e")
 
 
 @pytest.fixture(scope="session")
