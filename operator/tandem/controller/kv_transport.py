@@ -51,7 +51,7 @@ def window_seconds(spec: PDDeploymentSpec) -> float:
 
 def applicable(spec: PDDeploymentSpec) -> bool:
     """KV moves from prefill to decode: P/D serving, or a rollout that runs both arms."""
-    return spec.serving.mode is ServingMode.Disaggregated or getattr(spec, "rollout", None) is not None
+    return spec.serving.mode is ServingMode.Disaggregated or spec.rollout is not None
 
 
 def due(
