@@ -56,12 +56,7 @@ class Reader:
         return lines
 
     def router_ips(self) -> list[str]:
-        core = client.CoreV1Api(self.api)
-        selector = f"{meta.LABEL_PDD}={self.name},{meta.LABEL_ROLE}=router"
-        pods = kube.raw(
-            core.list_namespaced_pod(self.namespace, label_selector=selector, _preload_content=False)
-        )["items"]
-        return sorted(p["status"]["podIP"] for p in pods if kube.is_ready(p) and p["status"].get("podIP"))
+        return kube.ready_pod_ips(self.api, self.namespace, self.name, "router")
 
 
 def parse_router_metrics(text: str) -> tuple[dict[str, int], float]:

@@ -29,7 +29,6 @@ from typing import Any
 
 import aiohttp
 import yaml
-from kubernetes import client
 
 from tandem.api import meta
 from tandem.demo import gray, load, trace
@@ -108,15 +107,7 @@ class RolloutDemo(Demo):
         return False
 
     def pod_ips(self, role: str) -> list[str]:
-        api = self.api
-        items = kube.raw(
-            client.CoreV1Api(api).list_namespaced_pod(
-                self.namespace,
-                label_selector=f"{meta.LABEL_PDD}={self.name},{meta.LABEL_ROLE}={role}",
-                _preload_content=False,
-            )
-        )["items"]
-        return sorted(p["status"]["podIP"] for p in items if kube.is_ready(p) and p["status"].get("podIP"))
+        return kube.ready_pod_ips(self.api, self.namespace, self.name, role)
 
     # --- the stages -----------------------------------------------------------------------------
     async def apply_colocated(self, handle: ClusterHandle, reader: Reader) -> None:

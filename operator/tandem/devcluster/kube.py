@@ -13,6 +13,8 @@ from typing import Any, cast
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from tandem.api import meta
+
 
 def client_from(kubeconfig: Path) -> client.ApiClient:
     """A new ApiClient for `kubeconfig` (the caller closes it with `close(api)`)."""
@@ -65,6 +67,14 @@ def list_nodes(api: client.ApiClient) -> list[dict[str, Any]]:
 def is_ready(obj: dict[str, Any]) -> bool:
     conditions = (obj.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def ready_pod_ips(api: client.ApiClient, namespace: str, pdd_name: str, role: str) -> list[str]:
+    """Sorted IPs of the Ready pods of one role (a pool or the router) of a PDDeployment."""
+    selector = f"{meta.LABEL_PDD}={pdd_name},{meta.LABEL_ROLE}={role}"
+    core = client.CoreV1Api(api)
+    pods = raw(core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False))["items"]
+    return sorted(p["status"]["podIP"] for p in pods if is_ready(p) and p["status"].get("podIP"))
 
 
 def nodes_ready(api: client.ApiClient, names: list[str]) -> bool:

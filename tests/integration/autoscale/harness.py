@@ -226,17 +226,9 @@ def events(cluster: ClusterHandle, namespace: str, name: str) -> list[dict[str, 
 def router_url(cluster: ClusterHandle, namespace: str, name: str) -> str:
     api = cluster.api_client()
     try:
-        core = client.CoreV1Api(api)
-        pods = kube.raw(
-            core.list_namespaced_pod(
-                namespace,
-                label_selector=f"{meta.LABEL_PDD}={name},{meta.LABEL_ROLE}=router",
-                _preload_content=False,
-            )
-        )["items"]
+        ips = kube.ready_pod_ips(api, namespace, name, "router")
     finally:
         kube.close(api)
-    ips = sorted(p["status"]["podIP"] for p in pods if kube.is_ready(p) and p["status"].get("podIP"))
     assert ips, "no Ready router pod"
     assert ips[0].startswith("127."), ips
     return f"http://{ips[0]}:{meta.ROUTER_PORT}"

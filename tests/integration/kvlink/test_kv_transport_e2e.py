@@ -30,7 +30,6 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client
 
 from tandem.api import meta
 from tandem.demo.load import BackgroundLoad, Phase
@@ -94,16 +93,9 @@ class Link:
     def decode_ips(self) -> list[str]:
         api = self.cluster.api_client()
         try:
-            items = kube.raw(
-                client.CoreV1Api(api).list_namespaced_pod(
-                    self.namespace,
-                    label_selector=f"{meta.LABEL_PDD}={NAME},{meta.LABEL_ROLE}=decode",
-                    _preload_content=False,
-                )
-            )["items"]
+            ips = kube.ready_pod_ips(api, self.namespace, NAME, "decode")
         finally:
             kube.close(api)
-        ips = [p["status"]["podIP"] for p in items if kube.is_ready(p) and p["status"].get("podIP")]
         assert ips
         assert all(ip.startswith("127.") for ip in ips), ips
         return ips

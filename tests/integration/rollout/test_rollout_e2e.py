@@ -43,7 +43,6 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client
 
 from tandem.api import meta
 from tandem.demo.load import BackgroundLoad, Phase
@@ -167,16 +166,9 @@ class Gray:
     def pods(self, role: str) -> list[str]:
         api = self.cluster.api_client()
         try:
-            items = kube.raw(
-                client.CoreV1Api(api).list_namespaced_pod(
-                    self.namespace,
-                    label_selector=f"{meta.LABEL_PDD}={NAME},{meta.LABEL_ROLE}={role}",
-                    _preload_content=False,
-                )
-            )["items"]
+            ips = kube.ready_pod_ips(api, self.namespace, NAME, role)
         finally:
             kube.close(api)
-        ips = [p["status"]["podIP"] for p in items if kube.is_ready(p) and p["status"].get("podIP")]
         assert all(ip.startswith("127.") for ip in ips), ips
         return ips
 
