@@ -96,10 +96,7 @@ class Autoscaler:
         return spec.autoscaling.prometheus.url or self.prometheus_url
 
     def reader(self, url: str, timeout: float) -> Any:
-        """The shared PrometheusReader for `url` (the rollout step reads through it too)."""
-        return self._reader(url, timeout)
-
-    def _reader(self, url: str, timeout: float) -> Any:
+        """The shared PrometheusReader for `url` (the rollout and KV-transport steps read through it)."""
         reader = self._readers.get((url, timeout))
         if reader is None:
             from tandem.metrics import PrometheusReader  # the only importer of prometheus_api_client
@@ -111,7 +108,7 @@ class Autoscaler:
         spec = pdd.spec
         window = window_seconds(spec)
         try:
-            reader = self._reader(url, spec.autoscaling.prometheus.timeout_seconds)
+            reader = self.reader(url, spec.autoscaling.prometheus.timeout_seconds)
             snapshot: Snapshot = reader.snapshot(
                 pdd.metadata.namespace, pdd.metadata.name, spec.slo, window, now, sizes=sizes
             )
@@ -128,7 +125,7 @@ class Autoscaler:
 
     def _loads(self, pdd: PDDeployment, url: str, pods: Sequence[str]) -> Mapping[str, drain.Load] | None:
         try:
-            reader = self._reader(url, pdd.spec.autoscaling.prometheus.timeout_seconds)
+            reader = self.reader(url, pdd.spec.autoscaling.prometheus.timeout_seconds)
             loads: Mapping[str, drain.Load] = reader.pod_load(pdd.metadata.namespace, list(pods))
             return loads
         except Exception as exc:

@@ -165,25 +165,12 @@ def _events(prior: Condition | None, condition: ConditionValue) -> list[tuple[st
 class KvTransportCheck:
     """The I/O around `evaluate()`; one per operator, shared by the workers."""
 
-    def __init__(
-        self, prometheus_url: str | None = None, reader_for: Callable[[str, float], Any] | None = None
-    ) -> None:
-        """`reader_for(url, timeout)` gives a `PrometheusReader` (the autoscaler's, so both share one
-        per Prometheus); without it, the check keeps its own."""
+    def __init__(self, prometheus_url: str | None, reader_for: Callable[[str, float], Any]) -> None:
+        """`reader_for(url, timeout)` gives the `PrometheusReader` for a Prometheus: the autoscaler's
+        (`Autoscaler.reader`), so both share one per Prometheus."""
         self.prometheus_url = prometheus_url or None
-        self._reader_for = reader_for
-        self._readers: dict[tuple[str, float], Any] = {}
+        self._reader = reader_for
         self._last_read: dict[tuple[str, str], float] = {}
-
-    def _reader(self, url: str, timeout: float) -> Any:
-        if self._reader_for is not None:
-            return self._reader_for(url, timeout)
-        reader = self._readers.get((url, timeout))
-        if reader is None:
-            from tandem.metrics import PrometheusReader
-
-            reader = self._readers[(url, timeout)] = PrometheusReader(url, timeout)
-        return reader
 
     def step(self, pdd: PDDeployment, previous: PDDeploymentStatus | None, now: float) -> KvOutcome:
         spec = pdd.spec

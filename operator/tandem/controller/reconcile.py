@@ -164,7 +164,7 @@ class Reconciler:
         self.autoscaler = autoscaler or Autoscaler(kube)
         self.rollouts = rollouts or RolloutController(self.autoscaler)
         self.kv_transport = kv_transport or KvTransportCheck(
-            self.autoscaler.prometheus_url, reader_for=self.autoscaler._reader
+            self.autoscaler.prometheus_url, reader_for=self.autoscaler.reader
         )
 
     def reconcile(self, body: Obj, now: str, epoch: float | None = None) -> PassResult:

@@ -4,7 +4,7 @@ figures and Events; reads once per interval; never flips on a single slow window
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -14,6 +14,8 @@ from tandem.api.status import Condition, KVTransportMeasurement, PDDeploymentSta
 from tandem.controller.kv_transport import DEGRADED_READINGS, KvTransportCheck, due, evaluate
 from tandem.engine.metrics import NIXL_BYTES_BUCKETS, NIXL_XFER_BUCKETS
 from tandem.metrics.kv_transport import KvTransportReading
+
+PROMETHEUS = "http://127.0.0.1:9090"  # never dialled: the reader is scripted
 
 T0 = 1_800_000_000.0
 MiB = 1 << 20
@@ -32,7 +34,7 @@ def pdd(**kv: Any) -> PDDeployment:
                 "decode": {"replicas": 1},
                 "router": {"replicas": 1},
                 "kvTransfer": {"bandwidthGbps": 100, **kv},
-                "autoscaling": {"intervalSeconds": 5, "prometheus": {"url": "http://127.0.0.1:9090"}},
+                "autoscaling": {"intervalSeconds": 5, "prometheus": {"url": PROMETHEUS}},
             },
         }
     )
@@ -253,10 +255,19 @@ def status_with(previous: PDDeploymentStatus | None, outcome: Any) -> PDDeployme
     return base.model_copy(update={"conditions": conditions, "kv_transfer": kv})
 
 
+def serving(reader: ScriptedReader) -> Callable[[str, float], ScriptedReader]:
+    """A `reader_for` that gives `reader` for the spec's Prometheus and its timeout only."""
+
+    def reader_for(url: str, timeout: float) -> ScriptedReader:
+        assert (url, timeout) == (PROMETHEUS, 5.0)
+        return reader
+
+    return reader_for
+
+
 def test_step_reads_once_per_interval_and_posts_events_on_change() -> None:
-    check = KvTransportCheck()
     reader = ScriptedReader()
-    check._readers[("http://127.0.0.1:9090", 5.0)] = reader
+    check = KvTransportCheck(None, serving(reader))
     obj = pdd()
     link = 100e9 / 8  # bytes/s
     healthy: list[tuple[float, float]] = [(256 * MiB, 256 * MiB / link)] * 10
@@ -284,21 +295,19 @@ def test_step_reads_once_per_interval_and_posts_events_on_change() -> None:
 def test_without_prometheus_or_p_d_nothing_is_read_or_set() -> None:
     obj = pdd()
     obj.spec.autoscaling.prometheus.url = None
-    got = KvTransportCheck().step(obj, None, T0)
+    reader = ScriptedReader()
+    got = KvTransportCheck(None, serving(reader)).step(obj, None, T0)
     assert (got.measured, got.condition, got.events) == (None, None, [])
     colocated = pdd()
     colocated.spec.serving.mode = ServingMode.Colocated
-    reader = ScriptedReader()
-    check = KvTransportCheck("http://127.0.0.1:9090")
-    check._readers[("http://127.0.0.1:9090", 5.0)] = reader
+    check = KvTransportCheck(PROMETHEUS, serving(reader))
     assert check.step(colocated, None, T0).condition is None
     assert reader.runs == []
 
 
 def test_an_idle_deployment_keeps_its_status_as_it_is() -> None:
-    check = KvTransportCheck()
     reader = ScriptedReader()  # no transfer at all
-    check._readers[("http://127.0.0.1:9090", 5.0)] = reader
+    check = KvTransportCheck(None, serving(reader))
     obj = pdd()
     first = check.step(obj, None, T0)
     status = status_with(None, first)
