@@ -79,6 +79,9 @@ class ClientRequest:
     request_id: str
     arrived: float
     forward_headers: Mapping[str, str] = field(default_factory=dict)
+    # Who sent it, as a metrics label of bounded cardinality: a configured tenant's name,
+    # `default` (no key and no tenant header), or `other` (a tenant the router was not told of).
+    tenant: str = "default"
 
 
 @dataclass
