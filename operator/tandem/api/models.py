@@ -483,6 +483,17 @@ class RolloutSpec(ApiModel):
             description="How long the arm traffic left keeps its pods after the weight moved (seconds).",
         ),
     ] = 30
+    prepare_timeout_seconds: Annotated[
+        int,
+        Field(
+            ge=10,
+            le=86400,
+            description=(
+                "Most time a rollout may wait in Preparing for the target's pods to be ready "
+                "(seconds); past it, it rolls back with reason PrepareTimeout."
+            ),
+        ),
+    ] = 900
 
 
 class PDDeploymentSpec(ApiModel):

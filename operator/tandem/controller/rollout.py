@@ -90,6 +90,7 @@ def rollout_config(spec: PDDeploymentSpec, rollout: RolloutSpec) -> RolloutConfi
         inconclusive_pause_seconds=a.inconclusive_pause_seconds,
         auto_rollback=rollout.auto_rollback,
         scale_down_delay_seconds=rollout.scale_down_delay_seconds,
+        prepare_timeout_seconds=rollout.prepare_timeout_seconds,
     )
 
 

@@ -150,6 +150,7 @@ def config_from(
     inconclusive_pause_seconds: float,
     auto_rollback: bool,
     scale_down_delay_seconds: float,
+    prepare_timeout_seconds: float | None = 900.0,
 ) -> RolloutConfig:
     """A `RolloutConfig` from plain values (the API layer passes `spec.rollout`'s)."""
     return RolloutConfig(
@@ -168,6 +169,7 @@ def config_from(
         ),
         auto_rollback=auto_rollback,
         scale_down_delay_seconds=float(scale_down_delay_seconds),
+        prepare_timeout_seconds=None if prepare_timeout_seconds is None else float(prepare_timeout_seconds),
     )
 
 

@@ -76,6 +76,9 @@ class RolloutConfig:
     # RollingBack keeps the target arm's pods this long after the weight went back to the source,
     # so routers have read the weight and in-flight requests have finished.
     scale_down_delay_seconds: float = 30.0
+    # Preparing lasts at most this long: a target arm not ready by then (pods that never schedule,
+    # never pull, never load) rolls back (reason `PrepareTimeout`). None: no deadline.
+    prepare_timeout_seconds: float | None = 900.0
 
     def __post_init__(self) -> None:
         _check(len(self.steps) >= 1, "rollout.steps", "needs at least one step")
@@ -93,6 +96,8 @@ class RolloutConfig:
             if s.pause_seconds is not None:
                 _finite_at_least(s.pause_seconds, 0.0, f"rollout.steps[{i}].pauseSeconds")
         _finite_at_least(self.scale_down_delay_seconds, 0.0, "rollout.scaleDownDelaySeconds")
+        if self.prepare_timeout_seconds is not None:
+            _finite_at_least(self.prepare_timeout_seconds, 1.0, "rollout.prepareTimeoutSeconds")
 
     @property
     def last_step(self) -> int:

@@ -6,7 +6,8 @@ A pass makes at most one transition, in this order:
    Unknown actions are reported every pass and never recorded. A command that changes the phase or
    step ends the pass: the verdict was measured under the previous step.
 2. the phase's own rule:
-   - Preparing -> Shifting(0) once the target arm is ready (`observed.target_ready`);
+   - Preparing -> Shifting(0) once the target arm is ready (`observed.target_ready`), or
+     RollingBack (`PrepareTimeout`) when it is not ready `prepareTimeoutSeconds` after it began;
    - Shifting and Paused record the verdict (when it is new and measured in this step) and judge:
      metrics missing for `metricsUnavailableSeconds` -> `onMetricsUnavailable`; Fail -> rollback
      (or Paused/Failed without autoRollback); in Shifting a Pass after the bake -> the next step,
@@ -42,6 +43,7 @@ from tandem.rollout.state import (
 )
 
 ACTIONS: Final = ("promote", "abort", "retry")
+PREPARE_TIMEOUT: Final = "PrepareTimeout"  # the reason's head when Preparing ran out of time
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,8 +257,16 @@ def _judged(s: RolloutState, v: Verdict, now: float, config: RolloutConfig) -> R
 def _preparing(s: RolloutState, now: float, config: RolloutConfig, observed: Observed) -> RolloutState:
     if not observed.target_ready:
         waited = now - s.phase_since
+        deadline = config.prepare_timeout_seconds
+        if deadline is not None and waited >= deadline:
+            why = (
+                f"{PREPARE_TIMEOUT}: the target arm was not ready within prepareTimeoutSeconds "
+                f"({_fmt(deadline)} s)"
+            )
+            return _rollback(s, now, config, why)
+        left = "" if deadline is None else f", rolled back after {_fmt(deadline)} s"
         return dataclasses.replace(
-            s, reason=f"waiting for the target arm's pods to be ready ({_fmt(waited)} s)"
+            s, reason=f"waiting for the target arm's pods to be ready ({_fmt(waited)} s{left})"
         )
     weight = config.steps[0].weight
     return _move(

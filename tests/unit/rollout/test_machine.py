@@ -295,10 +295,11 @@ def run(
 
 
 def test_preparing_waits_for_the_target_arm_without_sending_it_traffic() -> None:
-    s = start(CONFIG, T)
-    passes = run(s, T + 36_000, "Pass", observed=Observed(target_ready=False))
+    config = dataclasses.replace(CONFIG, prepare_timeout_seconds=None)  # the deadline: tested below
+    s = start(config, T)
+    passes = run(s, T + 36_000, "Pass", config=config, observed=Observed(target_ready=False))
     assert {(t.state.phase, t.weight) for t in passes} == {(Phase.Preparing, 0)}
-    ready = step(passes[-1].state, None, None, T + 36_030, CONFIG, Observed(target_ready=True))
+    ready = step(passes[-1].state, None, None, T + 36_030, config, Observed(target_ready=True))
     assert (ready.state.phase, ready.state.step, ready.weight, ready.changed) == (Phase.Shifting, 0, 10, True)
     assert ready.state.step_started_at == T + 36_030
 
@@ -666,3 +667,59 @@ def test_metrics_unavailable_while_paused(config: RolloutConfig, phase: Phase) -
             s.reason,
             T,
         )
+
+
+# --- Preparing deadline (prepareTimeoutSeconds) ----------------------------------------------------------
+
+# (waited in Preparing, target ready, deadline) -> the phase after the pass and the weight published.
+PREPARE_DEADLINE = [
+    (899.0, False, 900.0, Phase.Preparing),
+    (900.0, False, 900.0, Phase.RollingBack),
+    (5000.0, False, 900.0, Phase.RollingBack),
+    (900.0, True, 900.0, Phase.Shifting),  # ready in the pass the deadline falls: it goes on
+    (9.0, False, 10.0, Phase.Preparing),
+    (10.0, False, 10.0, Phase.RollingBack),
+    (86400.0, False, None, Phase.Preparing),  # no deadline: waits for abort
+]
+
+
+@pytest.mark.parametrize(("waited", "ready", "deadline", "phase"), PREPARE_DEADLINE)
+def test_preparing_rolls_back_past_its_deadline(
+    waited: float, ready: bool, deadline: float | None, phase: Phase
+) -> None:
+    config = dataclasses.replace(CONFIG, prepare_timeout_seconds=deadline)
+    s = start(config, T - waited)
+    t = step(s, None, None, T, config, Observed(target_ready=ready))
+    assert t.state.phase is phase
+    if phase is Phase.RollingBack:
+        # No traffic ever went to the target: the scale-down may start at once; the reason names the timeout.
+        assert (t.weight, t.state.rollback_stage, t.scale_down_allowed, t.changed) == (
+            0,
+            RollbackStage.ScalingDown,
+            True,
+            True,
+        )
+        assert t.state.reason.startswith("PrepareTimeout: the target arm was not ready within")
+        assert f"prepareTimeoutSeconds ({deadline:.0f} s)" in t.state.reason
+        done = step(t.state, None, None, T + 5, config, Observed(target_pods=0))
+        assert done.state.phase is Phase.RolledBack
+        assert done.state.reason.startswith("PrepareTimeout: ")
+        assert done.state.reason.endswith("rolled back: the source arm serves all requests")
+    elif phase is Phase.Preparing:
+        assert (t.weight, t.scale_down_allowed) == (0, False)
+
+
+def test_a_retry_after_a_prepare_timeout_gets_a_new_deadline() -> None:
+    config = dataclasses.replace(CONFIG, prepare_timeout_seconds=100.0)
+    s = step(start(config, T - 100), None, None, T, config).state
+    s = step(s, None, None, T + 1, config, Observed(target_pods=0)).state
+    assert s.phase is Phase.RolledBack
+    retried = step(s, None, Command("retry", "retry/1"), T + 2, config).state
+    assert retried.phase is Phase.Preparing
+    assert step(retried, None, None, T + 101, config).state.phase is Phase.Preparing
+    assert step(retried, None, None, T + 102, config).state.phase is Phase.RollingBack
+
+
+def test_prepare_timeout_must_be_positive() -> None:
+    with pytest.raises(ValueError, match=r"rollout\.prepareTimeoutSeconds"):
+        RolloutConfig(steps=(Step(50),), prepare_timeout_seconds=0)
