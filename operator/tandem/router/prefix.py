@@ -1,0 +1,217 @@
+"""Prefix-aware choice of the prefill pod: expected prefix-cache hit against load. Pure.
+
+No I/O, no clock, no randomness. The router and the cluster simulator both call `choose_prefill`.
+
+Keys. A request's prompt is cut into blocks and each block gets a key chained over the blocks
+before it (`chain_keys`), as vLLM's automatic prefix caching hashes token blocks: key i stands
+for the whole prefix made of blocks 0..i, so two prompts share key i exactly when they share
+their first i+1 blocks. Only full blocks get keys (vLLM caches full blocks only). The simulator
+passes token blocks (or trace block hashes); the router, which has no tokenizer, passes text
+chunks of `block_chars` characters (`text_keys`). A text chunk is not an engine block: with about
+4 characters per token and 16-token engine blocks, 64 characters is about one engine block, but
+the boundaries do not line up and the ratio depends on the text. What carries over is the order:
+a request whose first k chunks match another's shares at least about k * block_chars characters of
+prompt with it, so the pod that prefilled the other holds about that many tokens' worth of blocks
+(unless it evicted them since). The index is an estimate of the engines' caches, not a copy.
+
+Index. `PrefixIndex` remembers which pod was sent which keys: the balancer's own choices, not the
+engines' state. Each pod has an LRU of at most `capacity_blocks_per_pod` keys, approximating the
+engine's cache size; a recorded prompt touches its tail keys first and its head last, so under
+pressure a prefix loses its tail first, as vLLM's free-block queue evicts a request's tail blocks
+first.
+
+Choice (bounded load). A pod's load is `outstanding_requests + outstanding_tokens /
+tokens_per_request`. A pod is eligible when its load is at most `load_bound * mean load + 1`
+(the "+1" lets an idle pool take a request anywhere); among eligible pods the one with the most
+leading blocks cached wins, ties to the lighter pod, then to a rendezvous hash of the first key
+(so different new prefixes spread over an idle pool, and the same prefix goes to the same pod).
+A request with no cached prefix anywhere eligible goes to the least-loaded pod the same way. So a
+hot prefix fills the pod that holds it up to the bound, then spills to the next-best pod, which
+records it too: the hot prefix is replicated instead of overloading one pod.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+__all__ = [
+    "PodLoad",
+    "PrefixIndex",
+    "PrefixKnobs",
+    "chain_keys",
+    "choose_prefill",
+    "prompt_text",
+    "text_keys",
+]
+
+_ROOT: Final = b"tandem-prefix-v1"
+
+
+@dataclass(frozen=True)
+class PodLoad:
+    """One candidate prefill (or colocated) pod and its outstanding work."""
+
+    name: str
+    outstanding_requests: int
+    outstanding_tokens: int  # prompt tokens (or an estimate) queued or in prefill on it
+
+
+@dataclass(frozen=True)
+class PrefixKnobs:
+    block_chars: int = 64  # router: characters per text chunk (~16 tokens at ~4 characters a token)
+    max_blocks: int = 256  # leading blocks considered (keys beyond are not computed)
+    load_bound: float = 1.25  # c >= 1: eligible only if load <= c * mean load + 1
+    tokens_per_request: float = 512.0  # outstanding tokens that weigh as much as one request
+
+    def __post_init__(self) -> None:
+        if self.block_chars < 1:
+            raise ValueError("block_chars must be at least 1")
+        if self.max_blocks < 1:
+            raise ValueError("max_blocks must be at least 1")
+        if self.load_bound < 1.0:
+            raise ValueError("load_bound must be at least 1")
+        if self.tokens_per_request <= 0:
+            raise ValueError("tokens_per_request must be positive")
+
+
+def _item_bytes(item: Hashable) -> bytes:
+    """A stable byte form of one block (no Python `hash()`: it is randomised per process)."""
+    if isinstance(item, str):
+        return b"s" + item.encode()
+    if isinstance(item, bytes):
+        return b"b" + item
+    if isinstance(item, bool):
+        return b"o" + (b"1" if item else b"0")
+    if isinstance(item, int):
+        return b"i" + str(item).encode()
+    if isinstance(item, tuple):
+        return b"t(" + b",".join(_item_bytes(part) for part in item) + b")"
+    return b"r" + repr(item).encode()
+
+
+def chain_keys(block_tokens_or_chunks: Sequence[Hashable]) -> list[int]:
+    """Key i = hash(key i-1, block i): 64-bit, the same in every process (blake2b)."""
+    keys: list[int] = []
+    parent = _ROOT
+    for item in block_tokens_or_chunks:
+        digest = hashlib.blake2b(parent + _item_bytes(item), digest_size=8).digest()
+        keys.append(int.from_bytes(digest, "little"))
+        parent = digest
+    return keys
+
+
+def text_keys(text: str, knobs: PrefixKnobs) -> list[int]:
+    """Chained keys of the text's full `block_chars` chunks, at most `max_blocks` of them."""
+    size = knobs.block_chars
+    full = min(len(text) // size, knobs.max_blocks)
+    return chain_keys([text[i * size : (i + 1) * size] for i in range(full)])
+
+
+def prompt_text(body: Mapping[str, Any]) -> str:
+    """The text a request's prompt is made of, in order: chat messages (role and text) or the prompt.
+
+    Token-id prompts become their ids as text. Only the prefix matters, so anything the engine's
+    chat template adds around the messages is left out (it is the same for every request)."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        parts: list[str] = []
+        for message in messages:
+            if not isinstance(message, dict):
+                continue
+            content = message.get("content")
+            if isinstance(content, list):
+                content = " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+            parts.append(f"<|{message.get('role', 'user')}|>\n{content or ''}\n")
+        return "".join(parts)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        return ",".join(str(t) for t in prompt) + ","
+    return ""
+
+
+class PrefixIndex:
+    """Which pod is believed to hold which block key, learned from the balancer's own choices,
+    with per-pod LRU capacity in blocks (approximating the engine's cache)."""
+
+    def __init__(self, capacity_blocks_per_pod: int) -> None:
+        if capacity_blocks_per_pod < 1:
+            raise ValueError("capacity_blocks_per_pod must be at least 1")
+        self.capacity_blocks_per_pod = capacity_blocks_per_pod
+        self._pods: dict[str, OrderedDict[int, None]] = {}
+
+    def matched_blocks(self, pod: str, keys: Sequence[int]) -> int:
+        """How many leading blocks of `keys` this pod holds (stops at the first one it lacks)."""
+        held = self._pods.get(pod)
+        if not held:
+            return 0
+        count = 0
+        for key in keys:
+            if key not in held:
+                break
+            count += 1
+        return count
+
+    def record(self, pod: str, keys: Sequence[int]) -> None:
+        """The pod now holds these blocks: most recent use, the head most recent of all."""
+        if not keys:
+            return
+        held = self._pods.setdefault(pod, OrderedDict())
+        for key in reversed(keys):
+            if key in held:
+                held.move_to_end(key)
+            else:
+                held[key] = None
+        while len(held) > self.capacity_blocks_per_pod:
+            held.popitem(last=False)
+
+    def forget_pod(self, pod: str) -> None:
+        self._pods.pop(pod, None)
+
+    def pods(self) -> list[str]:
+        return sorted(self._pods)
+
+    def size(self, pod: str) -> int:
+        return len(self._pods.get(pod, ()))
+
+
+def _load(pod: PodLoad, knobs: PrefixKnobs) -> float:
+    return pod.outstanding_requests + pod.outstanding_tokens / knobs.tokens_per_request
+
+
+def _rendezvous(pod: str, key: int) -> int:
+    digest = hashlib.blake2b(pod.encode() + key.to_bytes(8, "little"), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def choose_prefill(
+    pods: Sequence[PodLoad], keys: Sequence[int], index: PrefixIndex, knobs: PrefixKnobs
+) -> str | None:
+    """The pod to prefill on: most cached leading blocks among pods within the load bound.
+
+    Pure (the index is not changed: the caller records its choice). None when `pods` is empty.
+    """
+    if not pods:
+        return None
+    loads = [_load(pod, knobs) for pod in pods]
+    bound = knobs.load_bound * (sum(loads) / len(loads)) + 1.0
+    first = keys[0] if keys else 0
+    best: tuple[int, float, int, str] | None = None  # (-matched, load, -rendezvous, name)
+    chosen: str | None = None
+    for pod, load in zip(pods, loads, strict=True):
+        if load > bound:
+            continue
+        matched = index.matched_blocks(pod.name, keys) if keys else 0
+        rank = (-matched, load, -_rendezvous(pod.name, first), pod.name)
+        if best is None or rank < best:
+            best, chosen = rank, pod.name
+    if chosen is None:  # cannot happen (the least-loaded pod is always within the bound); be safe
+        chosen = min(zip(pods, loads, strict=True), key=lambda pl: (pl[1], pl[0].name))[0].name
+    return chosen
