@@ -395,7 +395,7 @@ class RolloutController:
         why = breach(verdict, config, at_maximum(pdd.spec, had))
         if why is None:
             return None
-        return fall_back(state, now, config, f"steady P/D breach: {why}")
+        return fall_back(state, now, config, f"steady P/D breach: {why}", verdict)
 
     # -- no rollout running ----------------------------------------------------------------------
 

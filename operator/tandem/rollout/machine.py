@@ -382,16 +382,22 @@ def step(
     return Transition(state=s, scale_down_allowed=scale_down, changed=changed, problems=tuple(problems))
 
 
-def fall_back(state: RolloutState, now: float, config: RolloutConfig, why: str) -> Transition:
+def fall_back(
+    state: RolloutState, now: float, config: RolloutConfig, why: str, verdict: Verdict | None = None
+) -> Transition:
     """A steady-state target arm (Promoted) going back to the source arm, as a rollback does:
     weight 0 first, the target arm's scale-down after `scaleDownDelaySeconds` (issue 12, item 4).
 
     The controller decides when (an SLO breach that persists at the arm's maximum size, or KV
     transfers failing); anything but Promoted is left as it is and reported in `problems`.
+    `verdict`, the failed window that decided it, is recorded in `verdicts` with its figures.
     """
     if state.phase is not Phase.Promoted:
         return Transition(state, False, False, (f"fall-back ignored: the rollout is {state.phase}",))
-    s = _rollback(_fit(state, config, []), now, config, why)
+    s = _fit(state, config, [])
+    if verdict is not None:
+        s = _record(s, verdict)
+    s = _rollback(s, now, config, why)
     return Transition(state=s, scale_down_allowed=False, changed=True, problems=())
 
 

@@ -18,6 +18,7 @@ from tandem.rollout.arms import (
     share_of,
 )
 from tandem.rollout.config import Analysis, RolloutConfig, Step
+from tandem.rollout.judge import Result, Verdict
 from tandem.rollout.machine import fall_back, promoted
 from tandem.rollout.state import Phase, RollbackStage, RolloutState, start
 
@@ -187,6 +188,17 @@ def test_fall_back_takes_weight_first_and_keeps_the_figures() -> None:
     assert not again.changed
     assert again.state == t.state
     assert again.problems
+
+
+def test_fall_back_records_the_verdict_that_decided_it() -> None:
+    steady = promoted(CONFIG, T - 100, "P/D serves every request")
+    failed = Verdict(
+        Result.Fail, "SLO attainment 80.0% below the floor 95.0%", {"targetAttainment": 0.8}, T - 60, T
+    )
+    t = fall_back(steady, T, CONFIG, "steady P/D breach: " + failed.reason, failed)
+    assert [(r.step, r.verdict) for r in t.state.verdicts] == [(CONFIG.last_step, failed)]
+    assert t.state.to_dict()["verdicts"][0]["figures"] == {"targetAttainment": 0.8}
+    assert fall_back(steady, T, CONFIG, "no verdict given").state.verdicts == ()
 
 
 @pytest.mark.parametrize(

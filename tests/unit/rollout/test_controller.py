@@ -329,6 +329,12 @@ def test_a_steady_pd_deployment_falls_back_when_its_slo_fails_at_full_size() -> 
     assert (world.rollout["phase"], world.rollout["weight"]) == ("RollingBack", 0)
     assert "steady P/D breach" in world.rollout["reason"]
     assert "60.0%" in world.rollout["reason"]
+    # The verdict that decided it is recorded with its figures, like a step's.
+    (verdict,) = world.rollout["verdicts"]
+    assert (verdict["result"], verdict["figures"]["targetAttainment"]) == ("Fail", 0.6)
+    assert verdict["figures"]["targetRequests"] == 100
+    assert "60.0%" in verdict["reason"]
+    assert verdict["windowEnd"] - verdict["windowStart"] == 20
     assert world.size("colocated") == 2
     assert (world.size("prefill"), world.size("decode")) == (1, 2), "P/D serves until colocated is ready"
 
