@@ -47,6 +47,9 @@ _WAITING_PROBLEMS = {
 
 REQUEUE_PROGRESSING_SECONDS = 15.0
 REQUEUE_STALLED_SECONDS = 60.0
+# Stalled reasons whose moment the rollout steps already post as an Event (RolloutRolledBack,
+# RevisionRolledBack): a second, generic Warning would say the same thing again.
+ROLLOUT_POSTED = frozenset({"RolledBack"})
 REQUEUE_CONFLICT_SECONDS = 1.0  # someone else wrote the object during the pass: read it again
 
 
@@ -326,6 +329,7 @@ class Reconciler:
         if (
             stalled
             and stalled.status == "True"
+            and stalled.reason not in ROLLOUT_POSTED  # the rollout step posted its own Event
             and (
                 was is None
                 or (was.reason, was.message)

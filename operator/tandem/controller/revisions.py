@@ -223,9 +223,11 @@ def advance_rollout(
     s = t.state
     head = f"revision {previous.id} -> {current.id}, weight {s.weight}%"
     events: list[Event] = []
-    if t.changed:
+    event = t.event_reason(state, "RevisionRollout")
+    # The scale-down stage deletes the new pair in this same pass: RevisionRolledBack says so (one Event).
+    if event is not None and event != "RevisionRolloutScalingDown":
         kind = "Warning" if s.phase in (Phase.RollingBack, Phase.RolledBack) else "Normal"
-        events.append((kind, f"RevisionRollout{s.phase.value}", f"{head}: {s.reason}"))
+        events.append((kind, event, f"{head}: {s.reason}"))
     if s.phase is Phase.Promoted:
         if now - s.phase_since >= config.scale_down_delay_seconds:
             message = f"revision {previous.id} drained: its pair is deleted"

@@ -352,10 +352,9 @@ class RolloutController:
         status = to_status(new, target, problems)
         if stored is not None and stored.target == target and _material(status) == _material(stored):
             status = stored  # only the reason's countdown moved: no write
-        if transition.changed:
-            events.append(
-                (_event_type(new), f"Rollout{new.phase.value}", f"weight {new.weight}%: {new.reason}")
-            )
+        event = transition.event_reason(state, "Rollout")
+        if event is not None:
+            events.append((_event_type(new), event, f"weight {new.weight}%: {new.reason}"))
         if new.last_command != state.last_command and new.last_command is not None:
             events.append(("Normal", "RolloutCommand", f"{new.last_command}: {new.last_command_outcome}"))
         if stored is None or list(stored.problems) != problems:

@@ -81,6 +81,17 @@ class Transition:
         """Percent of requests the routers send to the target arm."""
         return self.state.weight
 
+    def event_reason(self, previous: RolloutState, prefix: str) -> str | None:
+        """The Event reason for this pass, one per moment (None: no Event): `<prefix><phase>` when the
+        phase, step or pause cause changed; `<prefix>ScalingDown` when only the rollback stage did
+        (the weight has been back long enough: the target arm goes), so RollingBack is posted once."""
+        if not self.changed:
+            return None
+        s = self.state
+        if (s.phase, s.step, s.pause_cause) == (previous.phase, previous.step, previous.pause_cause):
+            return f"{prefix}ScalingDown"
+        return f"{prefix}{s.phase.value}"
+
 
 def _fmt(seconds: float) -> str:
     return f"{seconds:.0f}"

@@ -121,6 +121,10 @@ def test_a_failed_step_rolls_back_weight_first_then_deletes_the_new_pair_and_hol
     assert rolled.rollout is not None
     assert rolled.rollout.target == NEW
     assert run.events[-1] == "RevisionRolledBack"
+    assert [e for e in run.events if "Back" in e or "ScalingDown" in e] == [
+        "RevisionRolloutRollingBack",
+        "RevisionRolledBack",
+    ], "one Event per moment: the stage that deletes the new pair is RevisionRolledBack alone"
     # The spec still names the rejected revision: held, until retry.
     assert phase(run.step(30)) == ("RolledBack", 100, A.id, None)
     retried = run.step(1, command="retry")

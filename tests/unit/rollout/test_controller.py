@@ -210,8 +210,14 @@ def test_a_failing_step_rolls_back_weight_first() -> None:
     assert world.pdd["status"]["phase"] == "Degraded"
     assert world.condition("Stalled")["reason"] == "RolledBack"
     assert pdd_info_from(world.pdd).rollout_weight == 0
-    assert "RolloutRollingBack" in world.events()
-    assert "RolloutRolledBack" in world.events()
+    # One Event per moment: rolling back (weight first), scaling down, rolled back; no generic
+    # "RolledBack" Warning from the Stalled condition beside RolloutRolledBack.
+    events = world.events()
+    assert [e for e in events if "RolledBack" in e or "RollingBack" in e or "ScalingDown" in e] == [
+        "RolloutRollingBack",
+        "RolloutScalingDown",
+        "RolloutRolledBack",
+    ]
 
 
 def test_commands_act_once_and_unknown_ones_are_reported() -> None:

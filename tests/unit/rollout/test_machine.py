@@ -723,3 +723,16 @@ def test_a_retry_after_a_prepare_timeout_gets_a_new_deadline() -> None:
 def test_prepare_timeout_must_be_positive() -> None:
     with pytest.raises(ValueError, match=r"rollout\.prepareTimeoutSeconds"):
         RolloutConfig(steps=(Step(50),), prepare_timeout_seconds=0)
+
+
+def test_each_moment_of_a_rollback_is_one_event_reason() -> None:
+    s = state("Shifting")
+    back = step(s, verdict("Fail"), None, T, CONFIG)
+    assert back.event_reason(s, "Rollout") == "RolloutRollingBack"
+    held = step(back.state, None, None, T + 1, CONFIG)
+    assert held.event_reason(back.state, "Rollout") is None
+    down = step(held.state, None, None, T + 30, CONFIG)
+    assert down.state.rollback_stage is RollbackStage.ScalingDown
+    assert down.event_reason(held.state, "Rollout") == "RolloutScalingDown", "not RollingBack again"
+    done = step(down.state, None, None, T + 31, CONFIG, Observed(target_pods=0))
+    assert done.event_reason(down.state, "X") == "XRolledBack"
