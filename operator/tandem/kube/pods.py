@@ -64,6 +64,9 @@ class PddInfo:
     slo_tpot_ms: int | None = None  # spec.slo.tpotMs
     # (revision key, percent of P/D requests) from status.revisions, current first; key "" = legacy.
     revisions: tuple[tuple[str, int], ...] | None = None
+    # spec.router.metrics.{input,output}LengthBuckets: length bucket bounds (tokens); None: defaults.
+    input_length_buckets: tuple[int, ...] | None = None
+    output_length_buckets: tuple[int, ...] | None = None
 
 
 def _get(obj: Mapping[str, Any], *path: str) -> Any:
@@ -153,7 +156,17 @@ def pdd_info_from(obj: Mapping[str, Any]) -> PddInfo:
         slo_ttft_ms=ttft_ms if has_slo else None,
         slo_tpot_ms=tpot_ms if has_slo else None,
         revisions=_revisions(obj),
+        input_length_buckets=_int_list(_get(obj, "spec", "router", "metrics", "inputLengthBuckets")),
+        output_length_buckets=_int_list(_get(obj, "spec", "router", "metrics", "outputLengthBuckets")),
     )
+
+
+def _int_list(value: Any) -> tuple[int, ...] | None:
+    if not isinstance(value, list) or not value:
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return None
+    return tuple(value)
 
 
 def pod_label_selector(pdd_name: str) -> str:

@@ -28,4 +28,28 @@ E2E_BUCKETS: Final = (
 )  # fmt: skip
 LEG_BUCKETS: Final = TTFT_BUCKETS
 
-__all__ = ["E2E_BUCKETS", "ITL_BUCKETS", "LEG_BUCKETS", "TPOT_BUCKETS", "TTFT_BUCKETS"]
+# The histograms split by length bucket, tenant and model carry fewer bounds (their series multiply):
+# the SLO-relevant part of the series above, without the sub-25 ms router-overhead bounds.
+BUCKETED_TTFT_BUCKETS: Final = (
+    0.025, 0.05, 0.1, 0.2, 0.3, 0.4, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+BUCKETED_TPOT_BUCKETS: Final = (
+    0.005, 0.01, 0.02, 0.03, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0,
+)  # fmt: skip
+
+# Length buckets (tokens): the P/D checklist's input split 0-1K, 1K-4K, 4K-16K, 16K+ (K = 1024), and
+# an output split of the same shape. Configurable per PDDeployment (spec.router.metrics).
+DEFAULT_INPUT_LENGTH_BOUNDS: Final = (1024, 4096, 16384)
+DEFAULT_OUTPUT_LENGTH_BOUNDS: Final = (128, 512, 2048)
+
+__all__ = [
+    "BUCKETED_TPOT_BUCKETS",
+    "BUCKETED_TTFT_BUCKETS",
+    "DEFAULT_INPUT_LENGTH_BOUNDS",
+    "DEFAULT_OUTPUT_LENGTH_BOUNDS",
+    "E2E_BUCKETS",
+    "ITL_BUCKETS",
+    "LEG_BUCKETS",
+    "TPOT_BUCKETS",
+    "TTFT_BUCKETS",
+]

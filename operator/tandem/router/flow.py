@@ -103,16 +103,18 @@ class _Tally:
     first_token_at: float | None = None
     last_token_at: float | None = None
     revision: str | None = None  # the serving revision of the P/D pair that served it
+    leg_started: float | None = None  # when the streamed decode (or colocated) leg was sent
 
 
 class _TokenTimes:
     """Counts a stream's tokens into its tally and the TTFT / inter-token histograms (per read)."""
 
-    __slots__ = ("metrics", "tally")
+    __slots__ = ("leg_first_token", "metrics", "tally")
 
-    def __init__(self, tally: _Tally, metrics: PathMetrics) -> None:
+    def __init__(self, tally: _Tally, metrics: PathMetrics, leg_first_token: Any) -> None:
         self.tally = tally
         self.metrics = metrics
+        self.leg_first_token = leg_first_token  # tandem_router_decode_leg_first_token_seconds{path}
 
     def on_tokens(self, count: int, now: float) -> None:
         # Inter-token latency is the gap between reads that carried tokens: a paced engine sends
@@ -121,13 +123,31 @@ class _TokenTimes:
         if tally.first_token_at is None:
             tally.first_token_at = now
             self.metrics.ttft.observe(now - tally.arrived)
+            if tally.leg_started is not None:
+                self.leg_first_token.observe(now - tally.leg_started)
         elif tally.last_token_at is not None:
             self.metrics.itl.observe(now - tally.last_token_at)
         tally.last_token_at = now
         tally.output_tokens += count
 
-    def on_completion_tokens(self, count: int) -> None:
-        self.tally.usage_tokens = count
+    def on_usage(self, prompt_tokens: int | None, completion_tokens: int | None) -> None:
+        if prompt_tokens is not None:
+            self.tally.prompt_tokens = prompt_tokens
+        if completion_tokens is not None:
+            self.tally.usage_tokens = completion_tokens
+
+
+def _asks_usage(body: Mapping[str, Any]) -> bool:
+    """Whether a streamed request asks for the final usage chunk (`stream_options.include_usage`)."""
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def _with_usage(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The body asking the engine for the usage chunk: the engine's token counts label the metrics."""
+    options = body.get("stream_options")
+    asked = options if isinstance(options, dict) else {}
+    return {**body, "stream_options": {**asked, "include_usage": True}}
 
 
 def _usage_of(body: bytes) -> tuple[int | None, int | None]:
@@ -204,19 +224,35 @@ class Flow:
 
     def _record(self, request: ClientRequest, path: Path, tally: _Tally, metrics: PathMetrics) -> None:
         now = self.clock()
-        self.metrics.child(self.metrics.requests, path, f"{tally.status // 100}xx").inc()
+        code = f"{tally.status // 100}xx"
+        self.metrics.child(self.metrics.requests, path, code).inc()
         revision = None if tally.revision is None else (tally.revision or "legacy")
         if revision is not None:
-            self.metrics.child(self.metrics.revision_requests, revision, f"{tally.status // 100}xx").inc()
+            self.metrics.child(self.metrics.revision_requests, revision, code).inc()
         if tally.status != 200:
+            self.metrics.observe_request(path, tenant=request.tenant, model=request.facts.model, code=code)
             return
         metrics.e2e.observe(now - request.arrived)
-        metrics.prompt_tokens.inc(tally.prompt_tokens or request.facts.prompt_tokens)
+        prompt = tally.prompt_tokens or request.facts.prompt_tokens
+        metrics.prompt_tokens.inc(prompt)
         output = tally.usage_tokens if tally.usage_tokens is not None else tally.output_tokens
         metrics.generation_tokens.inc(output)
         first, last = tally.first_token_at, tally.last_token_at
+        tpot = None
         if first is not None and last is not None and output > 1 and last > first:
-            metrics.tpot.observe((last - first) / (output - 1))
+            tpot = (last - first) / (output - 1)
+            metrics.tpot.observe(tpot)
+        self.metrics.observe_request(
+            path,
+            tenant=request.tenant,
+            model=request.facts.model,
+            code=code,
+            # A non-streamed answer reaches the client whole: its TTFT is its end-to-end latency.
+            ttft_s=(first if first is not None else now) - request.arrived,
+            tpot_s=tpot,
+            prompt_tokens=prompt,
+            output_tokens=output,
+        )
         slo, within = self.state.slo, metrics.within_slo
         if (
             slo is not None
@@ -306,7 +342,8 @@ class Flow:
                 await responder.answer(503, error_body(503, "no ready decode pod"), "application/json")
                 return
             tried_decode.add(decode_pod)
-            body = json.dumps(decode_body(request.body, outcome)).encode()
+            leg_body = decode_body(request.body, outcome)
+            body = json.dumps(_with_usage(leg_body) if request.facts.stream else leg_body).encode()
             failed = await self._relay(
                 request, "decode", decode_pod, body, request_id, responder, tally, metrics
             )
@@ -327,6 +364,11 @@ class Flow:
     ) -> None:
         tried: set[str] = set()
         attempt = 0
+        # A stream asks the engine for its usage chunk (its token counts label the metrics); the
+        # chunk is passed on only when the client asked for it too.
+        raw = request.raw
+        if request.facts.stream and not _asks_usage(request.body):
+            raw = json.dumps(_with_usage(request.body)).encode()
         while True:
             pod = self._pick("colocated", tried)
             if pod is None:
@@ -336,9 +378,7 @@ class Flow:
                 return
             tried.add(pod)
             request_id = request.request_id if attempt == 0 else f"{request.request_id}-{attempt}"
-            failed = await self._relay(
-                request, "colocated", pod, request.raw, request_id, responder, tally, metrics
-            )
+            failed = await self._relay(request, "colocated", pod, raw, request_id, responder, tally, metrics)
             if failed is None:
                 return
             self._leg_failed("colocated", pod, failed)
@@ -401,6 +441,7 @@ class Flow:
     ) -> _Failed | None:
         """Runs a decode (or colocated) leg, passing its answer to the client; None on success."""
         balancer, started = self.state.balancer, self.clock()
+        tally.leg_started = started
         tokens = request.facts.expected_tokens
         balancer.acquire(pod, tokens)
         in_flight = self.metrics.child(self.metrics.upstream_in_flight, role)
@@ -452,19 +493,25 @@ class Flow:
                 tally.usage_tokens = completion
                 await responder.answer(200, data, answer.content_type)
                 return None
-            return await self._relay_stream(answer, responder, tally, metrics)
+            return await self._relay_stream(request, answer, responder, tally, metrics)
 
     async def _relay_stream(
-        self, answer: StreamingAnswer, responder: Responder, tally: _Tally, metrics: PathMetrics
+        self,
+        request: ClientRequest,
+        answer: StreamingAnswer,
+        responder: Responder,
+        tally: _Tally,
+        metrics: PathMetrics,
     ) -> _Failed | None:
         relay = StreamRelay(
             responder,
             answer,
             answer.content_type,
-            _TokenTimes(tally, metrics),
+            _TokenTimes(tally, metrics, metrics.leg_first_token),
             idle_timeout_s=self.timeouts.decode_idle_s,
             deadline=answer.deadline,
             clock=self.clock,
+            strip_usage=not _asks_usage(request.body),
         )
         try:
             answer.attach(relay)

@@ -25,10 +25,11 @@ from tandem.api.meta import ENGINE_PORT, ROUTER_PORT
 from tandem.kube.pods import PddInfo, PddWatcher, PodEventKind, PodInfo
 from tandem.render.lifecycle import STREAM_DRAIN_SECONDS
 from tandem.router.balancer import Balancer
+from tandem.router.buckets import DEFAULT_INPUT_LENGTH_BOUNDS, DEFAULT_OUTPUT_LENGTH_BOUNDS
 from tandem.router.failure import RetryBudget
 from tandem.router.flow import Flow, Timeouts
 from tandem.router.front import Front
-from tandem.router.metrics import RouterMetrics
+from tandem.router.metrics import RouterMetrics, check_length_bounds
 from tandem.router.server import RouterApp, refresh_models
 from tandem.router.slo import SloTargets
 from tandem.router.state import RouterState
@@ -64,6 +65,8 @@ class RouterConfig(BaseModel):
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     drain_timeout_s: float = Field(default=float(STREAM_DRAIN_SECONDS), ge=0)
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
+    input_length_buckets: tuple[int, ...] = DEFAULT_INPUT_LENGTH_BOUNDS
+    output_length_buckets: tuple[int, ...] = DEFAULT_OUTPUT_LENGTH_BOUNDS
 
     @model_validator(mode="after")
     def _one_discovery(self) -> RouterConfig:
@@ -74,12 +77,21 @@ class RouterConfig(BaseModel):
             raise ValueError("give --pddeployment NAME or at least one --prefill/--decode/--colocated URL")
         if (self.slo_ttft_ms is None) != (self.slo_tpot_ms is None):
             raise ValueError("give both --slo-ttft-ms and --slo-tpot-ms, or neither")
+        check_length_bounds(self.input_length_buckets)
+        check_length_bounds(self.output_length_buckets)
         return self
 
     def slo(self) -> SloTargets | None:
         if self.slo_ttft_ms is None or self.slo_tpot_ms is None:
             return None
         return SloTargets.from_ms(self.slo_ttft_ms, self.slo_tpot_ms)
+
+
+def _bounds(text: str) -> tuple[int, ...]:
+    try:
+        return check_length_bounds([int(part) for part in text.split(",") if part.strip()])
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
 
 
 def parse_args(argv: Sequence[str]) -> RouterConfig:
@@ -134,6 +146,12 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
     )
     add("--drain-timeout", dest="drain_timeout_s", type=float, default=float(STREAM_DRAIN_SECONDS),
         help="seconds answers in progress may take to finish after SIGTERM")  # fmt: skip
+    add("--input-length-buckets", dest="input_length_buckets", type=_bounds,
+        default=DEFAULT_INPUT_LENGTH_BOUNDS, metavar="N,N,...",
+        help="prompt-token bounds of the TTFT length buckets (spec.router.metrics wins)")  # fmt: skip
+    add("--output-length-buckets", dest="output_length_buckets", type=_bounds,
+        default=DEFAULT_OUTPUT_LENGTH_BOUNDS, metavar="N,N,...",
+        help="output-token bounds of the TPOT length buckets (spec.router.metrics wins)")  # fmt: skip
     add("--log-level", default="INFO")
     args = vars(parser.parse_args(list(argv)))
     logging.basicConfig(
@@ -157,7 +175,9 @@ def build(config: RouterConfig) -> tuple[RouterApp, RouterState, Flow]:
         serving_mode=config.serving_mode,
         colocated_fallback=config.colocated_fallback,
         slo_default=config.slo(),
+        length_buckets_default=(config.input_length_buckets, config.output_length_buckets),
     )
+    metrics.set_length_buckets(config.input_length_buckets, config.output_length_buckets)
     state.set_slo(config.slo())
     if config.model:
         state.catalog.configured[config.model] = config.max_model_len

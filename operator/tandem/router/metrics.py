@@ -10,19 +10,97 @@ simulator.
 `tandem_router_requests_within_slo_total{path}` exists only while the router knows an SLO
 (`spec.slo` or `--slo-ttft-ms/--slo-tpot-ms`): without one it has no series at all, so a query for
 attainment finds no data instead of a false 0 %.
+
+The checklist's split (docs/observability.md): TTFT by input-length bucket and TPOT by output-length
+bucket, per path, tenant and model, recorded once per successful request from the engines' token
+counts (`usage`). Their label values are bounded: length buckets by the configured bounds, tenants
+by the configured tenants (else the first `MAX_LABEL_VALUES` seen) and then `other`, models by the
+first `MAX_LABEL_VALUES` served names and then `other`.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
+from itertools import pairwise
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from tandem.router.buckets import E2E_BUCKETS, ITL_BUCKETS, LEG_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
+from tandem.router.buckets import (
+    BUCKETED_TPOT_BUCKETS,
+    BUCKETED_TTFT_BUCKETS,
+    DEFAULT_INPUT_LENGTH_BOUNDS,
+    DEFAULT_OUTPUT_LENGTH_BOUNDS,
+    E2E_BUCKETS,
+    ITL_BUCKETS,
+    LEG_BUCKETS,
+    TPOT_BUCKETS,
+    TTFT_BUCKETS,
+)
 from tandem.router.paths import PATHS
 from tandem.router.slo import SloTargets
 
 STATUS_CLASSES: Final = ("2xx", "4xx", "5xx")  # the `code` label of tandem_router_requests_total
+OTHER: Final = "other"  # the label value of every tenant or model beyond the bound
+MAX_LABEL_VALUES: Final = 16  # distinct tenants (when none are configured) or models per router
+
+
+def length_labels(bounds: Sequence[int]) -> tuple[str, ...]:
+    """Label values of the buckets `bounds` cut: (1024, 4096) -> 0-1024, 1024-4096, 4096+."""
+    edges = [0, *bounds]
+    return (*(f"{lo}-{hi}" for lo, hi in pairwise(edges)), f"{edges[-1]}+")
+
+
+def check_length_bounds(bounds: Sequence[int]) -> tuple[int, ...]:
+    """The bounds, if positive and strictly increasing; raises ValueError naming what is wrong."""
+    out = tuple(bounds)
+    if not out:
+        raise ValueError("length bucket bounds must not be empty")
+    if any(b <= 0 for b in out):
+        raise ValueError(f"length bucket bounds must be positive: {list(out)}")
+    if any(b >= c for b, c in pairwise(out)):
+        raise ValueError(f"length bucket bounds must be strictly increasing: {list(out)}")
+    return out
+
+
+class LengthBuckets:
+    """Token count -> bucket label, for bounds `b1 < b2 < ...`: [0, b1), [b1, b2), ..., [bn, inf)."""
+
+    __slots__ = ("bounds", "labels")
+
+    def __init__(self, bounds: Sequence[int]) -> None:
+        self.bounds = check_length_bounds(bounds)
+        self.labels = length_labels(self.bounds)
+
+    def label(self, tokens: int) -> str:
+        return self.labels[bisect_right(self.bounds, tokens)]
+
+
+class LabelBound:
+    """Keeps a label's values bounded: the configured values (or the first `cap` seen), then `other`."""
+
+    __slots__ = ("cap", "configured", "seen")
+
+    def __init__(self, cap: int = MAX_LABEL_VALUES) -> None:
+        self.cap = cap
+        self.configured: frozenset[str] | None = None
+        self.seen: set[str] = set()
+
+    def configure(self, values: Iterable[str] | None) -> None:
+        self.configured = None if values is None else frozenset(values)
+
+    def __call__(self, value: str | None) -> str:
+        if not value:
+            return OTHER
+        if self.configured is not None:
+            return value if value in self.configured else OTHER
+        if value in self.seen:
+            return value
+        if len(self.seen) < self.cap:
+            self.seen.add(value)
+            return value
+        return OTHER
 
 
 class RouterMetrics:
@@ -130,6 +208,46 @@ class RouterMetrics:
             "tandem_router_retry_budget_available", "Retries the router-wide budget still allows.",
             registry=r,
         )  # fmt: skip
+        # The checklist's split: per length bucket, path, tenant and model (bounded label values).
+        self.ttft_by_length = Histogram(
+            "tandem_router_ttft_by_input_length_seconds",
+            "Client-visible TTFT of successful requests by input-length bucket (the engine's prompt"
+            " token count), path, tenant and model.",
+            ["path", "input_length", "tenant", "model"], buckets=BUCKETED_TTFT_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.tpot_by_length = Histogram(
+            "tandem_router_tpot_by_output_length_seconds",
+            "Per successful request with 2+ output tokens: TPOT by output-length bucket (the engine's"
+            " completion token count), path, tenant and model.",
+            ["path", "output_length", "tenant", "model"], buckets=BUCKETED_TPOT_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.decode_first_token = Histogram(
+            "tandem_router_decode_leg_first_token_seconds",
+            "From sending a streamed decode (or colocated) leg to its first token: on P/D the decode"
+            " pod's queue, the KV pull and one step; colocated, queue and prefill.",
+            ["path"], buckets=LEG_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.tenant_requests = Counter(
+            "tandem_router_tenant_requests_total",
+            "Client requests finished, by tenant, model, path and HTTP status class.",
+            ["tenant", "model", "path", "code"], registry=r,
+        )  # fmt: skip
+        self.tenant_tokens = Counter(
+            "tandem_router_tenant_tokens_total",
+            "Tokens of successful requests by tenant, model and kind (prompt, generation), as the"
+            " engines counted them.",
+            ["tenant", "model", "kind"], registry=r,
+        )  # fmt: skip
+        self.length_buckets = Gauge(
+            "tandem_router_length_bucket_bounds_tokens",
+            "The length bucket bounds in use (kind: input, output; bound: the bucket's index).",
+            ["kind", "bound"], registry=r,
+        )  # fmt: skip
+        self.input_buckets = LengthBuckets(DEFAULT_INPUT_LENGTH_BOUNDS)
+        self.output_buckets = LengthBuckets(DEFAULT_OUTPUT_LENGTH_BOUNDS)
+        self.tenants = LabelBound(cap=64)  # admission bounds tenants already; this is a backstop
+        self.models = LabelBound()
+        self._show_bounds()
         # Bound children for the hot path: `labels()` costs more than the observation itself.
         self.by_path = {path: PathMetrics(self, path) for path in PATHS}
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
@@ -146,6 +264,52 @@ class RouterMetrics:
         if found is None:
             found = self._children[key] = metric.labels(*labels)
         return found
+
+    def set_length_buckets(self, input_bounds: Sequence[int], output_bounds: Sequence[int]) -> None:
+        """New bucket bounds; the bucketed histograms start again (their old labels mean nothing now)."""
+        if tuple(input_bounds) == self.input_buckets.bounds and (
+            tuple(output_bounds) == self.output_buckets.bounds
+        ):
+            return
+        self.input_buckets, self.output_buckets = LengthBuckets(input_bounds), LengthBuckets(output_bounds)
+        for metric in (self.ttft_by_length, self.tpot_by_length):
+            metric.clear()
+            self._children = {k: v for k, v in self._children.items() if k[0] != id(metric)}
+        self._show_bounds()
+
+    def _show_bounds(self) -> None:
+        self.length_buckets.clear()
+        for kind, buckets in (("input", self.input_buckets), ("output", self.output_buckets)):
+            for index, bound in enumerate(buckets.bounds):
+                self.length_buckets.labels(kind, str(index)).set(bound)
+
+    def observe_request(
+        self,
+        path: str,
+        *,
+        tenant: str | None,
+        model: str | None,
+        code: str,
+        ttft_s: float | None = None,
+        tpot_s: float | None = None,
+        prompt_tokens: int = 0,
+        output_tokens: int = 0,
+    ) -> None:
+        """One finished request in the per-tenant/model counters and the length-bucketed histograms
+        (`ttft_s`/`tpot_s` given only for a successful request that has them)."""
+        tenant_label, model_label = self.tenants(tenant), self.models(model)
+        child = self.child
+        child(self.tenant_requests, tenant_label, model_label, path, code).inc()
+        if code != "2xx":
+            return
+        child(self.tenant_tokens, tenant_label, model_label, "prompt").inc(prompt_tokens)
+        child(self.tenant_tokens, tenant_label, model_label, "generation").inc(output_tokens)
+        if ttft_s is not None:
+            bucket = self.input_buckets.label(prompt_tokens)
+            child(self.ttft_by_length, path, bucket, tenant_label, model_label).observe(ttft_s)
+        if tpot_s is not None:
+            bucket = self.output_buckets.label(output_tokens)
+            child(self.tpot_by_length, path, bucket, tenant_label, model_label).observe(tpot_s)
 
     def know_revision(self, revision: str) -> None:
         """A revision's series exist from 0 (a series born at 1 hides its first request from rate())."""
@@ -171,10 +335,12 @@ class RouterMetrics:
 
 class PathMetrics:
     __slots__ = (
-        "e2e", "generation_tokens", "in_flight", "itl", "prompt_tokens", "tpot", "ttft", "within_slo",
+        "e2e", "generation_tokens", "in_flight", "itl", "leg_first_token", "prompt_tokens", "tpot", "ttft",
+        "within_slo",
     )  # fmt: skip
 
     def __init__(self, metrics: RouterMetrics, path: str) -> None:
+        self.leg_first_token = metrics.decode_first_token.labels(path)
         self.ttft = metrics.ttft.labels(path)
         self.itl = metrics.itl.labels(path)
         self.tpot = metrics.tpot.labels(path)

@@ -56,7 +56,7 @@ class TokenObserver(Protocol):
 
     def on_tokens(self, count: int, now: float) -> None: ...
 
-    def on_completion_tokens(self, count: int) -> None: ...
+    def on_usage(self, prompt_tokens: int | None, completion_tokens: int | None) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +78,7 @@ class StreamRelay:
         "_paused",
         "_source",
         "_splitter",
+        "_strip_usage",
         "_timer",
         "ended",
         "outcome",
@@ -93,8 +94,10 @@ class StreamRelay:
         idle_timeout_s: float,
         deadline: float,
         clock: Callable[[], float],
+        strip_usage: bool = False,
     ) -> None:
         self._client = client
+        self._strip_usage = strip_usage  # the router asked for the usage chunk, the client did not
         self._source = source
         self._content_type = content_type
         self._observer = observer
@@ -116,12 +119,12 @@ class StreamRelay:
             return  # what follows [DONE] (the body's end) or a failure is dropped
         now = self._last_read = self._clock()
         try:
-            batch = scan(self._splitter.feed(data))
+            batch = scan(self._splitter.feed(data), self._strip_usage)
         except ValueError as error:
             self._end(RelayFailure(LegFailure.BAD_ANSWER, str(error)))
             return
-        if batch.completion_tokens is not None:
-            self._observer.on_completion_tokens(batch.completion_tokens)
+        if batch.completion_tokens is not None or batch.prompt_tokens is not None:
+            self._observer.on_usage(batch.prompt_tokens, batch.completion_tokens)
         if batch.tokens:
             self._observer.on_tokens(batch.tokens, now)
         client = self._client

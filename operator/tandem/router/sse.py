@@ -32,6 +32,7 @@ class StreamEvent:
     kind: EventKind
     completion_tokens: int | None = None  # from a usage block, when the event has one
     error_message: str | None = None
+    prompt_tokens: int | None = None  # from a usage block, when the event has one
 
 
 class SseSplitter:
@@ -99,14 +100,16 @@ def classify(raw: bytes) -> StreamEvent:
         return StreamEvent(raw, EventKind.TOKEN)
     if "error" in payload and payload["error"] is not None:
         return StreamEvent(raw, EventKind.ERROR, error_message=_error_message(payload["error"]))
-    completion_tokens = None
+    completion_tokens = prompt_tokens = None
     usage = payload.get("usage")
-    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-        completion_tokens = usage["completion_tokens"]
+    if isinstance(usage, dict):
+        if isinstance(usage.get("completion_tokens"), int):
+            completion_tokens = usage["completion_tokens"]
+        if isinstance(usage.get("prompt_tokens"), int):
+            prompt_tokens = usage["prompt_tokens"]
     choices = payload.get("choices")
-    if isinstance(choices, list) and not choices:
-        return StreamEvent(raw, EventKind.USAGE, completion_tokens=completion_tokens)
-    return StreamEvent(raw, EventKind.TOKEN, completion_tokens=completion_tokens)
+    kind = EventKind.USAGE if isinstance(choices, list) and not choices else EventKind.TOKEN
+    return StreamEvent(raw, kind, completion_tokens=completion_tokens, prompt_tokens=prompt_tokens)
 
 
 def error_event(message: str, *, code: int = 502, err_type: str = "BadGatewayError") -> bytes:
@@ -124,10 +127,15 @@ class Batch:
     done: bool
     error_message: str | None = None  # set when an error event ended the batch
     completion_tokens: int | None = None
+    prompt_tokens: int | None = None
 
 
-def scan(events: list[bytes]) -> Batch:
-    """Classifies one read's events; the usual batch (tokens, maybe [DONE]) without decoding JSON."""
+def scan(events: list[bytes], strip_usage: bool = False) -> Batch:
+    """Classifies one read's events; the usual batch (tokens, maybe [DONE]) without decoding JSON.
+
+    `strip_usage`: the usage-only chunk is read but not forwarded (the router asked the engine for
+    it, the client did not).
+    """
     if events:
         block = events[0] if len(events) == 1 else b"".join(events)
         if b'"error"' not in block and b'"usage"' not in block:
@@ -135,23 +143,25 @@ def scan(events: list[bytes]) -> Batch:
             body = block[: -len(DONE_EVENT)] if done else block
             if b"[DONE]" not in body and b"\n:" not in block and not block.startswith(b":"):
                 return Batch(events, len(events) - done, done)
-    return _scan_each(events)
+    return _scan_each(events, strip_usage)
 
 
-def _scan_each(events: list[bytes]) -> Batch:
+def _scan_each(events: list[bytes], strip_usage: bool) -> Batch:
     forward: list[bytes] = []
-    tokens, completion_tokens = 0, None
+    tokens, completion_tokens, prompt_tokens = 0, None, None
     for raw in events:
         event = classify(raw)
         if event.kind is EventKind.ERROR:
-            return Batch(
-                forward, tokens, False, event.error_message or "error event in stream", completion_tokens
-            )
+            message = event.error_message or "error event in stream"
+            return Batch(forward, tokens, False, message, completion_tokens, prompt_tokens)
         if event.kind is EventKind.TOKEN:
             tokens += 1
         if event.completion_tokens is not None:
             completion_tokens = event.completion_tokens
-        forward.append(raw)
+        if event.prompt_tokens is not None:
+            prompt_tokens = event.prompt_tokens
+        if not (strip_usage and event.kind is EventKind.USAGE):
+            forward.append(raw)
         if event.kind is EventKind.DONE:
-            return Batch(forward, tokens, True, None, completion_tokens)
-    return Batch(forward, tokens, False, None, completion_tokens)
+            return Batch(forward, tokens, True, None, completion_tokens, prompt_tokens)
+    return Batch(forward, tokens, False, None, completion_tokens, prompt_tokens)

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.api.meta import POOL_ROLES
 from tandem.kube.pods import PddInfo, PodEventKind, PodInfo
 from tandem.router.balancer import Balancer
+from tandem.router.buckets import DEFAULT_INPUT_LENGTH_BOUNDS, DEFAULT_OUTPUT_LENGTH_BOUNDS
 from tandem.router.discovery import (
     apply_pod_event,
     draining_by_role,
@@ -82,6 +83,11 @@ class RouterState:
     # The SLO requests are judged by: the PDDeployment's `spec.slo`, else `slo_default` (flags).
     slo: SloTargets | None = None
     slo_default: SloTargets | None = None
+    # Length bucket bounds (input, output) when the PDDeployment sets none: the flags'.
+    length_buckets_default: tuple[tuple[int, ...], tuple[int, ...]] = (
+        DEFAULT_INPUT_LENGTH_BOUNDS,
+        DEFAULT_OUTPUT_LENGTH_BOUNDS,
+    )
     catalog: ModelCatalog = field(default_factory=ModelCatalog)
     pods: dict[str, PodInfo] = field(default_factory=dict)
     endpoints: dict[str, list[str]] = field(default_factory=lambda: {role: [] for role in POOL_ROLES})
@@ -120,10 +126,19 @@ class RouterState:
             self.metrics.know_revision(rev or "legacy")
         if info.model_name:
             self.catalog.configured[info.model_name] = info.max_model_len
+        self.set_length_buckets(info.input_length_buckets, info.output_length_buckets)
         if info.slo_ttft_ms is not None and info.slo_tpot_ms is not None:
             self.set_slo(SloTargets.from_ms(info.slo_ttft_ms, info.slo_tpot_ms))
         else:
             self.set_slo(self.slo_default)
+
+    def set_length_buckets(self, inputs: Sequence[int] | None, outputs: Sequence[int] | None) -> None:
+        """The spec's length bucket bounds (the flags' when unset); bad bounds keep the ones in use."""
+        default_in, default_out = self.length_buckets_default
+        try:
+            self.metrics.set_length_buckets(inputs or default_in, outputs or default_out)
+        except ValueError as error:
+            log.warning("length buckets not changed: %s", error)
 
     def set_slo(self, targets: SloTargets | None) -> None:
         if targets != self.slo:

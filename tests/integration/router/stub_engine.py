@@ -120,8 +120,11 @@ class StubEngine:
                 if script.token_delay_s:
                     await asyncio.sleep(script.token_delay_s)
                 await response.write(b"data: " + json.dumps(_chunk(chat, token, created)).encode() + b"\n\n")
-            usage = {"prompt_tokens": 3, "completion_tokens": len(tokens), "total_tokens": 3 + len(tokens)}
-            await response.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
+            if (body.get("stream_options") or {}).get("include_usage"):  # as vLLM: only when asked
+                count = len(tokens)
+                usage = {"prompt_tokens": 3, "completion_tokens": count, "total_tokens": 3 + count}
+                chunk = json.dumps({"choices": [], "usage": usage}).encode()
+                await response.write(b"data: " + chunk + b"\n\n")
             await response.write(b"data: [DONE]\n\n")
         except asyncio.CancelledError:
             self.cancelled += 1

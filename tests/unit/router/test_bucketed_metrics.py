@@ -1,0 +1,116 @@
+"""The length buckets, bounded labels and bucketed series of `router.metrics`, and usage stripping."""
+
+from __future__ import annotations
+
+import pytest
+
+from tandem.router.metrics import OTHER, LabelBound, LengthBuckets, RouterMetrics, length_labels
+from tandem.router.sse import DONE_EVENT, scan
+
+USAGE = b'data: {"choices": [], "usage": {"prompt_tokens": 1500, "completion_tokens": 7}}\n\n'
+TOKEN = b'data: {"choices":[{"text":" hi"}]}\n\n'
+
+
+def test_default_checklist_labels() -> None:
+    assert length_labels((1024, 4096, 16384)) == ("0-1024", "1024-4096", "4096-16384", "16384+")
+
+
+@pytest.mark.parametrize(
+    ("tokens", "label"),
+    [(0, "0-1024"), (1023, "0-1024"), (1024, "1024-4096"), (4095, "1024-4096"), (16383, "4096-16384"),
+     (16384, "16384+"), (10**6, "16384+")],
+)  # fmt: skip
+def test_a_bound_opens_the_next_bucket(tokens: int, label: str) -> None:
+    assert LengthBuckets((1024, 4096, 16384)).label(tokens) == label
+
+
+@pytest.mark.parametrize(
+    ("bounds", "message"),
+    [((), "must not be empty"), ((0, 10), "positive"), ((-5,), "positive"), ((10, 10), "strictly"),
+     ((100, 10), "strictly")],
+)  # fmt: skip
+def test_bad_bounds_are_refused(bounds: tuple[int, ...], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        LengthBuckets(bounds)
+
+
+def test_label_bound_keeps_configured_values_then_other() -> None:
+    bound = LabelBound(cap=2)
+    assert [bound(v) for v in ("a", "b", "c", "a", None, "")] == ["a", "b", OTHER, "a", OTHER, OTHER]
+    bound.configure(["x"])
+    assert [bound(v) for v in ("x", "a")] == ["x", OTHER]
+    bound.configure(None)
+    assert bound("a") == "a"
+
+
+def test_series_count_is_bounded_by_tenants_models_and_buckets() -> None:
+    metrics = RouterMetrics()
+    metrics.tenants = LabelBound(cap=3)
+    for i in range(50):  # 50 tenants and 50 models: 3 + other, and 16 + other
+        for path in ("disaggregated", "colocated"):
+            metrics.observe_request(
+                path, tenant=f"t{i}", model=f"m{i}", code="2xx", ttft_s=0.1, tpot_s=0.02,
+                prompt_tokens=400 * i, output_tokens=50 * i,
+            )  # fmt: skip
+    ttft = {
+        (s.labels["path"], s.labels["input_length"], s.labels["tenant"], s.labels["model"])
+        for s in next(iter(metrics.ttft_by_length.collect())).samples
+    }
+    tenants = {labels[2] for labels in ttft}
+    assert tenants == {"t0", "t1", "t2", OTHER}
+    assert len({labels[3] for labels in ttft}) == 16 + 1
+    assert {labels[1] for labels in ttft} == {"0-1024", "1024-4096", "4096-16384", "16384+"}
+
+
+def test_new_bounds_restart_the_bucketed_histograms() -> None:
+    metrics = RouterMetrics()
+    metrics.observe_request("colocated", tenant="a", model="m", code="2xx", ttft_s=0.1, prompt_tokens=5)
+    metrics.set_length_buckets((10, 20), (5,))
+    metrics.observe_request("colocated", tenant="a", model="m", code="2xx", ttft_s=0.1, prompt_tokens=15)
+    reg = metrics.registry
+    count = "tandem_router_ttft_by_input_length_seconds_count"
+    labels = {"path": "colocated", "tenant": "a", "model": "m"}
+    assert reg.get_sample_value(count, {**labels, "input_length": "0-1024"}) is None
+    assert reg.get_sample_value(count, {**labels, "input_length": "10-20"}) == 1.0
+    bound = {"kind": "input", "bound": "1"}
+    assert reg.get_sample_value("tandem_router_length_bucket_bounds_tokens", bound) == 20
+    with pytest.raises(ValueError, match="strictly increasing"):
+        metrics.set_length_buckets((20, 10), (5,))
+
+
+def test_a_failed_request_counts_for_its_tenant_but_has_no_latency() -> None:
+    metrics = RouterMetrics()
+    metrics.observe_request("disaggregated", tenant="a", model="m", code="5xx", ttft_s=0.1)
+    reg = metrics.registry
+    labels = {"tenant": "a", "model": "m", "path": "disaggregated", "code": "5xx"}
+    assert reg.get_sample_value("tandem_router_tenant_requests_total", labels) == 1.0
+    assert not list(next(iter(metrics.ttft_by_length.collect())).samples)
+
+
+def test_usage_chunk_is_read_and_stripped_when_asked() -> None:
+    stripped = scan([TOKEN, USAGE, DONE_EVENT], strip_usage=True)
+    assert stripped.forward == [TOKEN, DONE_EVENT]
+    assert (stripped.prompt_tokens, stripped.completion_tokens, stripped.tokens) == (1500, 7, 1)
+    kept = scan([TOKEN, USAGE, DONE_EVENT])
+    assert kept.forward == [TOKEN, USAGE, DONE_EVENT]
+    assert (kept.prompt_tokens, kept.completion_tokens) == (1500, 7)
+
+
+def test_the_spec_sets_the_router_buckets_and_bad_ones_keep_the_old() -> None:
+    import random
+
+    from tandem.kube.pods import pdd_info_from
+    from tandem.router.balancer import Balancer
+    from tandem.router.state import RouterState
+
+    state = RouterState(balancer=Balancer(rng=random.Random(0)), metrics=RouterMetrics(), pdd_name="llm")
+    metrics = {"inputLengthBuckets": [100, 200], "outputLengthBuckets": [10]}
+    state.on_pdd(pdd_info_from({"metadata": {"name": "llm"}, "spec": {"router": {"metrics": metrics}}}))
+    assert state.metrics.input_buckets.labels == ("0-100", "100-200", "200+")
+    assert state.metrics.output_buckets.labels == ("0-10", "10+")
+    bad = {"inputLengthBuckets": [300, 200]}
+    state.on_pdd(pdd_info_from({"metadata": {"name": "llm"}, "spec": {"router": {"metrics": bad}}}))
+    assert state.metrics.input_buckets.bounds == (100, 200)
+    state.on_pdd(pdd_info_from({"metadata": {"name": "llm"}, "spec": {}}))  # unset: the defaults
+    assert list(state.metrics.input_buckets.bounds) == [1024, 4096, 16384]
+    assert state.metrics.output_buckets.bounds == (128, 512, 2048)
