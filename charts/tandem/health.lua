@@ -11,9 +11,14 @@
 --   2. Stalled=True (nothing changes until the spec or the cluster does) -> Degraded
 --   3. phase Paused -> Suspended
 --   4. Reconciling=True -> Progressing
---   5. phase Degraded -> Degraded
---   6. phase Healthy with Ready=True for this generation -> Healthy
---   7. anything else -> Progressing
+--   5. KVTransportDegraded=True -> Degraded with its figures (requests are served, Ready stays
+--      True, but KV moves slower than the link allows: a silent TCP fallback?)
+--   6. phase Degraded -> Degraded
+--   7. phase Healthy with Ready=True for this generation -> Healthy
+--   8. anything else -> Progressing
+-- A rollout (between serving modes, or between revisions of the P/D pair) shows through the phase
+-- and conditions the operator derives from it: moving -> Reconciling, paused -> phase Paused,
+-- rolled back -> Stalled.
 local hs = {}
 
 local function condition(status, kind)
@@ -79,6 +84,13 @@ end
 if reconciling ~= nil and reconciling.status == "True" then
   hs.status = "Progressing"
   hs.message = describe(reconciling, "Reconciling")
+  return hs
+end
+
+local kv = condition(status, "KVTransportDegraded")
+if kv ~= nil and kv.status == "True" then
+  hs.status = "Degraded"
+  hs.message = describe(kv, "KV transport degraded")
   return hs
 end
 

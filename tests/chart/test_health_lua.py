@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from tandem.api.models import PDDeployment
-from tandem.api.status import RolloutStatus
-from tandem.status.derive import Observed, PodProblem, WorkloadState, derive_status
+from tandem.api.status import RevisionRecord, RevisionsStatus, RolloutStatus
+from tandem.status.derive import ConditionValue, Observed, PodProblem, WorkloadState, derive_status
 
 from .helm import REPO
 from .lua_health import health
@@ -117,6 +117,61 @@ for _name, _rollout_status, _health in (
     ("rollout-promoted", _rollout("Promoted", 100), "Healthy"),
 ):
     OBSERVED[_name] = (dataclasses.replace(_CONVERGED, rollout=_rollout_status), _health)
+
+
+_KV_SLOW: ConditionValue = (
+    "True",
+    "BandwidthBelowThreshold",
+    "effective KV bandwidth 1.0 Gb/s, 10% of the configured 10 Gb/s",
+)
+OBSERVED["kv-transport-degraded"] = (dataclasses.replace(_CONVERGED, kv_condition=_KV_SLOW), "Degraded")
+OBSERVED["kv-transport-healthy"] = (
+    dataclasses.replace(_CONVERGED, kv_condition=("False", "BandwidthHealthy", "98% of the link")),
+    "Healthy",
+)
+# A revision change of the P/D pair under spec.rollout (no mode rollout): its phase is the deployment's.
+_REVISION_A = RevisionRecord(id="aaaaaaaaaa", prefix="sim-pd", legacy=True)
+_REVISION_B = RevisionRecord(id="bbbbbbbbbb", prefix="sim-pd-bbbbbbbbbb")
+for _name, _rollout_status, _health in (
+    ("revision-rollout-preparing", _rollout("Preparing", 0, target="bbbbbbbbbb"), "Progressing"),
+    ("revision-rollout-shifting", _rollout("Shifting", 50, target="bbbbbbbbbb"), "Progressing"),
+    (
+        "revision-rollout-paused",
+        _rollout("Paused", 50, target="bbbbbbbbbb", pause_cause="AwaitingPromote"),
+        "Suspended",
+    ),
+    ("revision-rollout-rolled-back", _rollout("RolledBack", 0, target="bbbbbbbbbb"), "Degraded"),
+    ("revision-rollout-promoted", _rollout("Promoted", 100, target="bbbbbbbbbb"), "Healthy"),
+):
+    _revisions = RevisionsStatus(
+        current=_REVISION_B, previous=_REVISION_A, weight=_rollout_status.weight, rollout=_rollout_status
+    )
+    OBSERVED[_name] = (dataclasses.replace(_CONVERGED, revisions=_revisions), _health)
+
+
+def test_kv_transport_degraded_keeps_ready_and_says_why() -> None:
+    obj = as_object(example(), OBSERVED["kv-transport-degraded"][0])
+    conditions = {c["type"]: c for c in obj["status"]["conditions"]}
+    assert conditions["Ready"]["status"] == "True", "requests are still served"
+    assert "KVTransportDegraded: effective KV bandwidth 1.0 Gb/s" in conditions["Ready"]["message"]
+    assert conditions["Stalled"]["status"] == "False"
+    assert health(obj) == ("Degraded", "BandwidthBelowThreshold: " + _KV_SLOW[2])
+
+
+def test_kv_transport_degraded_kept_between_reads() -> None:
+    """A pass that does not read the transport (kv_condition None) keeps the condition, and the phase."""
+    pdd = example()
+    first = derive_status(pdd, OBSERVED["kv-transport-degraded"][0], [], NOW)
+    second = derive_status(pdd, _CONVERGED, first.conditions, NOW)
+    assert (first.phase.value, second.phase.value) == ("Degraded", "Degraded")
+    assert second.conditions == first.conditions
+
+
+def test_revision_rollout_sets_reconciling_with_its_target() -> None:
+    obj = as_object(example(), OBSERVED["revision-rollout-shifting"][0])
+    reconciling = next(c for c in obj["status"]["conditions"] if c["type"] == "Reconciling")
+    assert (reconciling["status"], reconciling["reason"]) == ("True", "RolloutShifting")
+    assert reconciling["message"].startswith("revision rollout to bbbbbbbbbb Shifting at 50%")
 
 
 @pytest.mark.parametrize("name", sorted(OBSERVED))

@@ -128,6 +128,15 @@ def crd() -> Schema:
         {"name": "Max GPUs", "type": "integer", "jsonPath": ".spec.maxGPUs", "priority": 1},
         {"name": "Rollout", "type": "string", "jsonPath": ".status.rollout.phase"},
         {"name": "Weight", "type": "integer", "jsonPath": ".status.rollout.weight", "priority": 1},
+        # A revision change of the P/D pair (its own rollout under spec.rollout): -o wide.
+        {"name": "Revision", "type": "string", "jsonPath": ".status.revisions.current.id", "priority": 1},
+        {
+            "name": "Rev Rollout",
+            "type": "string",
+            "jsonPath": ".status.revisions.rollout.phase",
+            "priority": 1,
+        },
+        {"name": "Rev Weight", "type": "integer", "jsonPath": ".status.revisions.weight", "priority": 1},
         {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

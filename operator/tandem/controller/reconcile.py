@@ -269,7 +269,13 @@ class Reconciler:
             kv_condition=kv.condition,
             mode=rollout.mode,
             rollout=rollout.status,
-            rollout_conditions=rollout.conditions,
+            rollout_conditions=(
+                # No mode rollout: a revision rollout's phase shows in the same conditions.
+                revisions.rollout_conditions(revs.status, previous.conditions if previous else [])
+                or rollout.conditions
+                if rollout.status is None
+                else rollout.conditions
+            ),
             revisions=revs.status,
         )
         status = derive_status(pdd, observed, previous.conditions if previous else [], now)

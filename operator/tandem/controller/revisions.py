@@ -30,13 +30,13 @@ names the rejected revision, the old pair is kept exactly as it is (not rendered
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from tandem.api import meta
 from tandem.api.models import PDDeployment
-from tandem.api.status import RevisionRecord, RevisionsStatus
+from tandem.api.status import Condition, ConditionStatus, RevisionRecord, RevisionsStatus
 from tandem.kube.rest import Obj
 from tandem.render.revision import name_prefix, revision_id
 from tandem.rollout.config import RolloutConfig
@@ -51,6 +51,7 @@ REQUEUE_SECONDS: Final = 5.0
 PAIR_KINDS: Final = ("StatefulSet", "Service", "PodDisruptionBudget")
 
 Event = tuple[str, str, str]  # (type, reason, message)
+ConditionTuple = tuple[str, ConditionStatus, str, str]
 
 
 def legacy_record(pdd_name: str, rev: str) -> RevisionRecord:
@@ -278,6 +279,24 @@ class RevisionOutcome:
     frozen: set[tuple[str, str]] = field(default_factory=set)
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
+
+
+def rollout_conditions(status: RevisionsStatus, had: Sequence[Condition]) -> list[ConditionTuple]:
+    """RolloutProgressing and RolledBack for a revision rollout (status.revisions.rollout), as a mode
+    rollout sets them; none without a record (or with an unreadable one)."""
+    from tandem.controller.rollout import conditions_for, from_status
+
+    record = status.rollout
+    if record is None or record.target is None:
+        return []
+    try:
+        state = from_status(record)
+    except ValueError:
+        return []
+    old = status.previous if status.previous is not None else status.current
+    if old.id == record.target:  # after a rollback the old revision is current again
+        old = status.current
+    return conditions_for(state, f"revision {record.target}", had, record.reason, source=f"revision {old.id}")
 
 
 def drain_seconds_for(pdd: PDDeployment) -> float:

@@ -159,11 +159,16 @@ def _event_type(state: RolloutState) -> str:
 
 
 def conditions_for(
-    state: RolloutState | None, target: str | None, had: Sequence[Condition], reason: str | None = None
+    state: RolloutState | None,
+    target: str | None,
+    had: Sequence[Condition],
+    reason: str | None = None,
+    source: str | None = None,
 ) -> list[ConditionTuple]:
     """RolloutProgressing and RolledBack for this pass (absent until a rollout has existed).
 
-    `reason` is the one status keeps (it is not rewritten for a countdown alone); default the state's."""
+    `reason` is the one status keeps (it is not rewritten for a countdown alone); default the state's.
+    `source`: what the target replaces (default: the other serving mode)."""
     if state is None or target is None:
         if any(c.type == ConditionType.RolloutProgressing for c in had):
             return [
@@ -171,7 +176,7 @@ def conditions_for(
                 (ConditionType.RolledBack, "False", "NoRollout", "no rollout is running"),
             ]
         return []
-    source = other(target)
+    source = other(target) if source is None else source
     head = f"{source} -> {target}, weight {state.weight}%: {state.reason if reason is None else reason}"
     progressing: ConditionTuple
     if state.phase in ACTIVE_PHASES:

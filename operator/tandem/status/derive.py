@@ -208,10 +208,13 @@ _ROLLOUT_MOVING = ("Preparing", "Shifting", "RollingBack")
 
 
 def _with_rollout(
-    rollout: RolloutStatus, phase: Phase, conditions: list[tuple[str, ConditionStatus, str, str]]
+    rollout: RolloutStatus,
+    phase: Phase,
+    conditions: list[tuple[str, ConditionStatus, str, str]],
+    label: str = "rollout",
 ) -> tuple[Phase, list[tuple[str, ConditionStatus, str, str]]]:
     by_type = {str(kind): (kind, status, reason, message) for kind, status, reason, message in conditions}
-    what = f"rollout {rollout.phase} at {rollout.weight}%: {rollout.reason}"
+    what = f"{label} {rollout.phase} at {rollout.weight}%: {rollout.reason}"
     if rollout.phase in _ROLLOUT_MOVING:
         by_type[ConditionType.Reconciling] = (
             ConditionType.Reconciling,
@@ -308,8 +311,32 @@ def derive_status(
             (ConditionType.Stalled, "False", "Progressing", "no problem blocks progress"),
         ]
         phase = Phase.Progressing
+    revision_rollout = observed.revisions.rollout if observed.revisions is not None else None
     if observed.rollout is not None and stalled is None:
         phase, conditions = _with_rollout(observed.rollout, phase, conditions)
+    elif revision_rollout is not None and stalled is None:
+        # A revision change under spec.rollout, with no mode rollout: its phase is the deployment's.
+        label = f"revision rollout to {revision_rollout.target}"
+        phase, conditions = _with_rollout(revision_rollout, phase, conditions, label)
+    kv = observed.kv_condition
+    if kv is None:  # not read this pass: the condition status keeps
+        kept = next((c for c in previous if c.type == ConditionType.KVTransportDegraded), None)
+        kv = (kept.status, kept.reason, kept.message) if kept is not None else None
+    if kv is not None and kv[0] == "True" and phase is Phase.Healthy:
+        # Requests are still served (Ready stays True, kstatus Current), but slower than the link
+        # should allow: the deployment's health is Degraded, with the condition's figures.
+        kv_message = kv[2]
+        by_type = {str(c[0]): c for c in conditions}
+        ready = by_type.get(str(ConditionType.Ready))
+        if ready is not None:
+            by_type[str(ConditionType.Ready)] = (
+                ready[0],
+                ready[1],
+                ready[2],
+                f"{ready[3]}; but KVTransportDegraded: {kv_message}",
+            )
+        conditions = list(by_type.values())
+        phase = Phase.Degraded
     if available:
         conditions.append((ConditionType.Available, "True", "Serving", f"{mode} path has ready pods"))
     else:

@@ -68,6 +68,9 @@ def test_names_and_printer_columns() -> None:
     # One line on a terminal: at most 8 columns without -o wide (NAME comes on top).
     assert len([c for c in version["additionalPrinterColumns"] if not c.get("priority")]) <= 7
     assert columns[-1] == "Age"
+    wide = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"] if c.get("priority")}
+    assert wide["Rev Rollout"] == ".status.revisions.rollout.phase", "a revision rollout's phase"
+    assert wide["Rev Weight"] == ".status.revisions.weight"
     conditions = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"]
     assert conditions["x-kubernetes-list-map-keys"] == ["type"]
 

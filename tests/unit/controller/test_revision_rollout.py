@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.api.status import RevisionRecord, RevisionsStatus
-from tandem.controller.revisions import advance_rollout
+from tandem.controller.revisions import advance_rollout, rollout_conditions
 from tandem.rollout.arms import config_from
 from tandem.rollout.judge import ArmWindow, Verdict, Window, judge
 from tandem.rollout.machine import Command
@@ -155,3 +155,29 @@ def test_no_data_never_promotes() -> None:
     run.arm = ArmWindow(requests=0)
     for _ in range(10):
         assert phase(run.step(WINDOW))[:2] in (("Shifting", 50), ("Paused", 50))
+
+
+def test_a_revision_rollouts_phase_is_in_the_rollout_conditions() -> None:
+    """RolloutProgressing / RolledBack follow the revision rollout pass by pass (no mode rollout)."""
+    run = started()
+
+    def conditions() -> dict[str, tuple[str, str, str]]:
+        return {kind: (status, reason, message) for kind, status, reason, message in
+                rollout_conditions(run.status, [])}  # fmt: skip
+
+    assert conditions()["RolloutProgressing"][:2] == ("True", "Preparing")
+    assert conditions()["RolloutProgressing"][2].startswith(f"revision {A.id} -> revision {NEW}, weight 0%")
+    run.ready = True
+    run.step(5)
+    assert conditions()["RolloutProgressing"][:2] == ("True", "Shifting")
+    run.arm = BAD
+    run.step(WINDOW + 1)
+    assert conditions()["RolledBack"][:2] == ("True", "RollingBack")
+    assert "below" in conditions()["RolledBack"][2], "the cause with its figures"
+    run.step(DELAY)
+    assert run.status.current == A
+    rolled = conditions()
+    assert rolled["RolledBack"][:2] == ("True", "RolledBack")
+    assert rolled["RolloutProgressing"][:2] == ("False", "RolledBack")
+    assert rolled["RolledBack"][2].startswith(f"revision {A.id} -> revision {NEW}"), "held: A serves"
+    assert rollout_conditions(RevisionsStatus(current=A, weight=100), []) == []
