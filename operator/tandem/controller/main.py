@@ -93,6 +93,7 @@ class Runtime:
                 self.autoscaler.forget(namespace, name)
                 self.reconciler.rollouts.forget(namespace, name)
                 self.reconciler.kv_transport.forget(namespace, name)
+                metrics.forget_status(namespace, name)
                 return
             instant = datetime.now(UTC)
             now = instant.strftime("%Y-%m-%dT%H:%M:%SZ")

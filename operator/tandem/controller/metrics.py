@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import (
@@ -62,6 +65,62 @@ DECISION_SECONDS = Histogram(
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
     registry=REGISTRY,
 )
+
+# What a PDDeployment's status says, for dashboards (docs/observability.md); set on every pass.
+POOL_READY_REPLICAS = Gauge(
+    "tandem_operator_pool_ready_replicas",
+    "Ready pods of each pool (status.pools.<pool>.readyReplicas).",
+    ["namespace", "pddeployment", "pool"],
+    registry=REGISTRY,
+)
+POOL_GPUS = Gauge(
+    "tandem_operator_pool_gpus",
+    "GPUs the desired replicas of each pool request (status.pools.<pool>.gpus).",
+    ["namespace", "pddeployment", "pool"],
+    registry=REGISTRY,
+)
+DISAGGREGATED_WEIGHT = Gauge(
+    "tandem_operator_disaggregated_weight_percent",
+    "Percent of requests the routers send disaggregated (the gray rollout's weight, else 0 or 100 by mode).",
+    ["namespace", "pddeployment"],
+    registry=REGISTRY,
+)
+REVISION_WEIGHT = Gauge(
+    "tandem_operator_revision_weight_percent",
+    "Percent of P/D requests on the current serving revision (status.revisions.weight).",
+    ["namespace", "pddeployment"],
+    registry=REGISTRY,
+)
+_POOLS = ("prefill", "decode", "colocated", "router")
+
+
+def observe_status(namespace: str, name: str, status: Mapping[str, Any]) -> None:
+    """The gauges above from a PDDeployment's status (its camelCase JSON form)."""
+    pools = status.get("pools") or {}
+    for pool in _POOLS:
+        record = pools.get(pool) or {}
+        POOL_READY_REPLICAS.labels(namespace, name, pool).set(record.get("readyReplicas") or 0)
+        POOL_GPUS.labels(namespace, name, pool).set(record.get("gpus") or 0)
+    rollout = status.get("rollout") or {}
+    if isinstance(rollout.get("weight"), int):
+        weight = rollout["weight"]
+        share = 100 - weight if rollout.get("target") == "Colocated" else weight
+    else:
+        share = 0 if status.get("mode") == "Colocated" else 100
+    DISAGGREGATED_WEIGHT.labels(namespace, name).set(share)
+    revisions = status.get("revisions") or {}
+    REVISION_WEIGHT.labels(namespace, name).set(revisions.get("weight", 100) if revisions else 100)
+
+
+def forget_status(namespace: str, name: str) -> None:
+    """Drops a deleted PDDeployment's gauges."""
+    for pool in _POOLS:
+        for gauge in (POOL_READY_REPLICAS, POOL_GPUS):
+            with contextlib.suppress(KeyError):
+                gauge.remove(namespace, name, pool)
+    for gauge in (DISAGGREGATED_WEIGHT, REVISION_WEIGHT):
+        with contextlib.suppress(KeyError):
+            gauge.remove(namespace, name)
 
 
 class Health:
