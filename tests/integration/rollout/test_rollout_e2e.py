@@ -23,7 +23,9 @@ rollback, weight first, with the time from the injection to weight 0 printed and
 rollback on the KV-transfer failure rate (in the step, or, when the step passed before the failures
 showed in a judged window, right after promotion: the steady-state fall-back of a P/D deployment;
 both are rollbacks, weight first); `retry` and `abort`, and an
-unknown command; last, `spec.rollout` and the colocated pool removed in one commit: the mode
+unknown command; `retry` again and a slow P->D link during the 50 % step: automatic rollback on the
+KV bandwidth ratio (the link is 10 Gb/s, pulls of 8 MiB and more judged); last, `spec.rollout` and
+the colocated pool removed in one commit: the mode
 switches to P/D only once its pods are ready, colocated serving until then. No client request may
 fail, except where all three attempts of a request hit a failing KV pull (the router's failure
 rules; at most 2 allowed, about 1 in 1,000 P/D requests expected).
@@ -75,6 +77,14 @@ DELAY = 5
 LOAD = Phase(4.0, 200, 16, "steady")
 SLOWDOWN = 20.0
 KV_FAILURE_RATE = 0.1
+# The P->D link: 10 Gb/s in the spec and in the sims (rendered from it), and KV bandwidth judged over
+# pulls of 8 MiB and more: a 200-token prompt moves 25 MiB of Llama-3.1-8B KV, 21 ms on this link, far
+# above what a loopback read adds (a healthy window reads about 95 %). Slow link: the sim's
+# kv_bandwidth_factor fault at 0.1 (1 Gb/s, 210 ms a pull: TTFT stays within its SLO, so only the
+# KV-transport figure can fail the step).
+LINK_GBPS = 10
+MIN_JUDGED_BYTES = 8 * 1024 * 1024
+SLOW_LINK_FACTOR = 0.1
 # A step lasts at least its window (10 s) plus the analysis period (5 s) and a scrape or two; on a
 # 2-core machine shared with other sessions we allow 45 s per step and 60 s for a new arm's pods.
 STEP_TIMEOUT = 45
@@ -90,6 +100,11 @@ def manifest(mode: str) -> dict[str, Any]:
             "type": "sim",
             "image": harness.IMAGE,
             "env": harness.engine_env(TIME_SCALE, LOAD_SECONDS),
+        },
+        "kvTransfer": {
+            "connector": "NixlConnector",
+            "bandwidthGbps": LINK_GBPS,
+            "minJudgedTransferBytes": MIN_JUDGED_BYTES,
         },
         "prefill": harness.pool(1),
         "decode": harness.pool(1),
@@ -350,6 +365,55 @@ def test_retry_promote_kv_failures_and_abort(gray: Gray) -> None:
     assert before == [], "no failure before the KV fault"
     after = [s.error for s in gray.load.samples(since=back.at + 5) if not s.ok]
     assert after == [], "no failure once the weight is back and the fault cleared"
+
+
+def test_a_slow_link_during_a_step_rolls_back(gray: Gray) -> None:
+    """retry (attempt 4) -> Shifting 50 %, then the decode engines run a slow link (kv_bandwidth_factor
+    0.1): the step fails on the KV bandwidth ratio alone and rolls back by itself, weight first, within
+    the bound; the verdict shows the ratio; no request fails (a slow pull is slow, not an error)."""
+    before = gray.watch.latest()
+    assert phase_of(before) == ("RolledBack", 0)
+    moment = time.time()
+    gray.command("retry/3")
+    gray.wait_phase("Shifting", 50, ARM_TIMEOUT + 20)
+    shifting = gray.wait(
+        "a passing verdict with the healthy link's KV bandwidth judged",
+        lambda s: (
+            s
+            if any(
+                v["result"] == "Pass" and v["figures"].get("targetKvBandwidthRatio", 0) >= 0.5
+                for v in rollout(s)["verdicts"][-2:]
+            )
+            or phase_of(s) != ("Shifting", 50)
+            else None
+        ),
+        STEP_TIMEOUT,
+    )
+    healthy = [v for v in rollout(shifting)["verdicts"] if "targetKvBandwidthRatio" in v["figures"]]
+    assert phase_of(shifting) == ("Shifting", 50), (rollout(shifting)["reason"], healthy)
+    injected = time.time()
+    gray.fault("decode", {"kv_bandwidth_factor": SLOW_LINK_FACTOR})
+    back = gray.wait_phase("RollingBack", 0, ROLLBACK_BOUND + 10)
+    to_zero = back.at - injected
+    gray.figures["slow_link_to_weight_0_s"] = round(to_zero, 1)
+    r = rollout(back)
+    print(f"slow link (x{SLOW_LINK_FACTOR:g}) -> weight 0 in {to_zero:.1f}s: {r['reason']}")
+    ratios = [f"{v['figures']['targetKvBandwidthRatio']:.2f}" for v in healthy]
+    print(f"the healthy link's judged ratios: {ratios}")
+    assert to_zero <= ROLLBACK_BOUND, to_zero
+    assert "KV bandwidth at" in r["reason"], r["reason"]
+    failed = [v for v in r["verdicts"] if v["result"] == "Fail"]
+    assert failed
+    assert failed[-1]["figures"]["targetKvBandwidthRatio"] < 0.5, failed[-1]
+    assert failed[-1]["figures"]["targetAttainment"] >= 0.9, "the SLO held: the link alone failed the step"
+    assert min(back.replicas("prefill"), back.replicas("decode")) >= 1, "P/D keeps its pods at first"
+    gray.wait_phase("RolledBack", 0, DELAY + 30)
+    assert gray.failures_since(moment) == []
+    # One Event per moment on the real apiserver, over the module's four rollbacks so far: no generic
+    # "RolledBack" Warning beside RolloutRolledBack, and RolloutRollingBack once per rollback.
+    reasons = [e.get("reason") for e in harness.events(gray.cluster, gray.namespace, NAME)]
+    assert "RolledBack" not in reasons
+    assert reasons.count("RolloutRollingBack") == reasons.count("RolloutRolledBack") == 4, reasons
 
 
 def test_a_mode_change_without_rollout_waits_for_the_new_arm(gray: Gray) -> None:
