@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from tandem.api import meta
 from tandem.api.models import PDDeployment
 from tandem.api.status import PDDeploymentStatus
-from tandem.controller import handover, revisions
+from tandem.controller import commands, handover, revisions
 from tandem.controller.autoscaler import Autoscaler, Outcome
 from tandem.controller.drift import is_subset
 from tandem.controller.events import EventRecorder
@@ -202,7 +202,26 @@ class Reconciler:
             stored_revisions.previous is not None
             or (stored_revisions.current.id != revision_id(pdd.spec) and stored_revisions.rollout is None)
         )
-        rollout = self.rollouts.step(pdd, body, previous, statefulsets, pods, epoch, revision_change=changing)
+        # One command annotation, two rollouts that may read it: each command goes to one of them.
+        command_value = ((body.get("metadata") or {}).get("annotations") or {}).get(
+            meta.ANNOTATION_ROLLOUT_COMMAND
+        )
+        routed = commands.route(
+            command_value if isinstance(command_value, str) else None,
+            previous.rollout if previous is not None else None,
+            stored_revisions.rollout if stored_revisions is not None else None,
+        )
+        rollout = self.rollouts.step(
+            pdd,
+            body,
+            previous,
+            statefulsets,
+            pods,
+            epoch,
+            revision_change=changing,
+            command_value=routed.mode,
+            command_problem=routed.problem,
+        )
         scaling = self.autoscaler.step(pdd, body, previous, statefulsets, pods, epoch, rollout.bounds)
         kv = self.kv_transport.step(pdd, previous, epoch)
         revs = revisions.step(
@@ -212,9 +231,7 @@ class Reconciler:
             scaling.replicas,
             epoch,
             pods=pods,
-            command_value=((body.get("metadata") or {}).get("annotations") or {}).get(
-                meta.ANNOTATION_ROLLOUT_COMMAND
-            ),
+            command_value=routed.revision,
             verdict_for=revisions.verdict_reader(self.autoscaler, pdd, epoch),
         )
         replicas: dict[str, int | None] = {**scaling.replicas, "router": pdd.spec.router.replicas}

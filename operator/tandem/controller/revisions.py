@@ -41,7 +41,7 @@ from tandem.kube.rest import Obj
 from tandem.render.revision import name_prefix, revision_id
 from tandem.rollout.config import RolloutConfig
 from tandem.rollout.judge import Verdict
-from tandem.rollout.machine import Command, Observed, parse_command, promoted
+from tandem.rollout.machine import Command, Observed, Transition, parse_command, promoted
 from tandem.rollout.machine import step as machine_step
 from tandem.rollout.state import Phase, RollbackStage, RolloutState, start
 
@@ -155,6 +155,12 @@ def _record_of(state: RolloutState, target: str, problems: tuple[str, ...] = ())
     return to_status(state, target, problems)
 
 
+def _echo(transition: Transition, before: RolloutState) -> Transition:
+    from tandem.controller.rollout import echo_kind
+
+    return echo_kind(transition, before, "revision rollout")
+
+
 VerdictFor = Callable[[RolloutState, RevisionRecord, RevisionRecord], "Verdict | None"]
 
 
@@ -180,7 +186,7 @@ def advance_rollout(
         held = state is not None and state.phase is Phase.RolledBack
         if state is not None and held and stored.rollout and stored.rollout.target == spec_revision:
             # Held after a rollback of this revision: only `retry` starts it again.
-            t = machine_step(state, None, command, now, config)
+            t = _echo(machine_step(state, None, command, now, config), state)
             if t.state.phase is not Phase.Preparing:
                 kept = _record_of(t.state, spec_revision, t.problems)
                 return stored.model_copy(update={"rollout": kept}), []
@@ -220,7 +226,9 @@ def advance_rollout(
     verdict = None
     if state.phase in (Phase.Shifting, Phase.Paused):
         verdict = verdict_for(state, current, previous)
-    t = machine_step(state, verdict, command, now, config, Observed(current_ready, current_pods))
+    t = _echo(
+        machine_step(state, verdict, command, now, config, Observed(current_ready, current_pods)), state
+    )
     s = t.state
     head = f"revision {previous.id} -> {current.id}, weight {s.weight}%"
     events: list[Event] = []

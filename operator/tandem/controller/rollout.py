@@ -253,9 +253,13 @@ class RolloutController:
         now: float,
         *,
         revision_change: bool = False,
+        command_value: str | None = None,
+        command_problem: str | None = None,
     ) -> RolloutOutcome:
         """`revision_change`: a serving-revision change of the P/D pair is in progress (controller/
-        revisions.py judges it); P/D's steady fall-back to colocated waits until it is over."""
+        revisions.py judges it); P/D's steady fall-back to colocated waits until it is over.
+        `command_value`: the command annotation when it is for this rollout (controller/commands.py),
+        else None; `command_problem`: why a command went to no rollout (reported)."""
         spec = pdd.spec
         wanted = spec.serving.mode.value
         in_effect = _valid_mode(previous.mode if previous is not None else None) or wanted
@@ -299,7 +303,13 @@ class RolloutController:
                 events.append(("Warning", "RolloutReverted", reverted.reason))
                 state = reverted
         if state is None and in_effect != wanted:
+            # A command annotation already on the object belongs to before this rollout: consumed.
+            annotation = ((body.get("metadata") or {}).get("annotations") or {}).get(
+                meta.ANNOTATION_ROLLOUT_COMMAND
+            )
             last = stored.last_command if stored is not None else None
+            if isinstance(annotation, str) and annotation.strip():
+                last = annotation.strip()
             state, target = start(config, now, last_command=last), wanted
             steps = ", ".join(f"{s.weight}%" for s in config.steps)
             events.append(("Normal", "RolloutStarted", f"{in_effect} -> {wanted} in steps of {steps}"))
@@ -307,7 +317,19 @@ class RolloutController:
         if state is None or target is None:
             return self._steady(pdd, body, config, in_effect, wanted, had, now, ready, full, events)
         return self._advance(
-            pdd, body, config, state, target, stored, had, statefulsets, pods, now, full, ready, events
+            pdd,
+            (command_value, command_problem),
+            config,
+            state,
+            target,
+            stored,
+            had,
+            statefulsets,
+            pods,
+            now,
+            full,
+            ready,
+            events,
         )
 
     # -- a rollout (or a fall-back) in progress --------------------------------------------------
@@ -315,7 +337,7 @@ class RolloutController:
     def _advance(
         self,
         pdd: PDDeployment,
-        body: Mapping[str, Any],
+        command_in: tuple[str | None, str | None],
         config: RolloutConfig,
         state: RolloutState,
         target: str,
@@ -337,19 +359,22 @@ class RolloutController:
             target_ready=all(ready[role] >= max(1, before[role].low) for role in target_roles),
             target_pods=sum(1 for pod in pods if _role(pod) in target_roles) if source_ready else None,
         )
-        value = ((body.get("metadata") or {}).get("annotations") or {}).get(meta.ANNOTATION_ROLLOUT_COMMAND)
+        value, routing_problem = command_in
         too_long = isinstance(value, str) and len(value) > MAX_COMMAND_LENGTH
         command = None if too_long else parse_command(value)
         verdict = None
         if state.phase in (Phase.Shifting, Phase.Paused):
             verdict = self._verdict(pdd, target, state, config, now)
         transition: Transition = step(state, verdict, command, now, config, observed)
+        transition = echo_kind(transition, state, "mode rollout")
         new = transition.state
         if new.phase is Phase.Promoted and target == DISAGGREGATED and not transition.changed:
             transition = self._fall_back_if_breached(pdd, new, target, config, had, now) or transition
             new = transition.state
 
         problems = list(transition.problems)
+        if routing_problem is not None:
+            problems.append(routing_problem)
         if too_long:
             problems.append(
                 f"{meta.ANNOTATION_ROLLOUT_COMMAND} ignored: longer than {MAX_COMMAND_LENGTH} characters"
@@ -497,6 +522,15 @@ class RolloutController:
             events=events,
             requeue_after=REQUEUE_ACTIVE_SECONDS,
         )
+
+
+def echo_kind(transition: Transition, before: RolloutState, kind: str) -> Transition:
+    """The transition with `lastCommandOutcome` saying which rollout took the command (`kind: ...`)."""
+    s = transition.state
+    if s.last_command == before.last_command or s.last_command is None:
+        return transition
+    outcome = clip(f"{kind}: {s.last_command_outcome}")
+    return dataclasses.replace(transition, state=dataclasses.replace(s, last_command_outcome=outcome))
 
 
 def at_maximum(spec: PDDeploymentSpec, had: Sequence[Condition]) -> bool:

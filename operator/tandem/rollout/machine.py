@@ -52,13 +52,20 @@ class Command:
     id: str  # identifies this command: the same id is acted on once
 
 
+# A command may name the rollout it is for: `mode:promote`, `revision:abort/2` (controller/commands.py).
+COMMAND_SCOPES: Final = ("mode", "revision")
+
+
 def parse_command(value: str | None) -> Command | None:
-    """A command annotation's value: `ACTION` or `ACTION/TOKEN` (the token lets the same action be
-    given again: `promote/2` after `promote`). The whole value is the command's id."""
+    """A command annotation's value: `[SCOPE:]ACTION[/TOKEN]` (the token lets the same action be
+    given again: `promote/2` after `promote`; the scope, `mode` or `revision`, says which rollout it
+    is for). The whole value is the command's id."""
     if value is None or not value.strip():
         return None
     value = value.strip()
-    return Command(action=value.split("/", 1)[0].strip(), id=value)
+    head, sep, rest = value.partition(":")
+    body = rest if sep and head.strip() in COMMAND_SCOPES else value
+    return Command(action=body.split("/", 1)[0].strip(), id=value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -138,7 +138,12 @@ def test_abort_and_spec_back_to_the_old_revision() -> None:
     run = started()
     run.ready = True
     run.step(5)
-    assert phase(run.step(1, command="abort")) == ("RollingBack", 0, NEW, A.id)
+    aborted = run.step(1, command="abort")
+    assert phase(aborted) == ("RollingBack", 0, NEW, A.id)
+    assert aborted.rollout is not None
+    assert (aborted.rollout.last_command_outcome or "").startswith(
+        "revision rollout: abort command at step 0"
+    )
     run = started()
     run.ready = True
     run.step(5)

@@ -404,3 +404,26 @@ def test_a_long_prometheus_error_fits_in_status() -> None:
     missing = world.rollout["verdicts"][-1]["missing"]
     assert missing
     assert all(len(m) <= 1024 for m in missing)
+
+
+def test_a_command_names_the_rollout_it_applies_to() -> None:
+    """The outcome echoes the kind of rollout; a command scoped to the revision rollout is not the mode
+    rollout's; a command already on the object when a rollout starts is not acted on by it."""
+    world = World(manifest())
+    world.run()
+    world.command("abort")  # left from before: the rollout that starts now does not take it
+    world.set_mode("Disaggregated")
+    world.run(1.0)
+    assert world.rollout["phase"] == "Preparing"
+    assert world.rollout["lastCommand"] == "abort"
+    world.healthy()
+    world.run(1.0)
+    assert world.rollout["phase"] == "Shifting"
+    world.command("revision:abort")  # for the revision rollout (none runs): not this one's
+    world.run(1.0)
+    assert (world.rollout["phase"], world.rollout["lastCommand"]) == ("Shifting", "abort")
+    world.command("mode:promote/1")
+    world.run(1.0)
+    assert (world.rollout["phase"], world.rollout["weight"]) == ("Shifting", 100)
+    assert world.rollout["lastCommand"] == "mode:promote/1"
+    assert world.rollout["lastCommandOutcome"].startswith("mode rollout: promote command at step 0")
