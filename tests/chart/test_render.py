@@ -239,7 +239,13 @@ def test_pod_monitor_scrapes_the_probe_port() -> None:
     assert pm["apiVersion"] == "monitoring.coreos.com/v1"
     assert pm["metadata"]["labels"]["release"] == "prom"
     assert pm["spec"]["podMetricsEndpoints"] == [
-        {"port": "http-probes", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}
+        {
+            "port": "http-probes",
+            "path": "/metrics",
+            "honorLabels": True,
+            "interval": "30s",
+            "scrapeTimeout": "10s",
+        }
     ]
     assert pm["spec"]["namespaceSelector"] == {"matchNames": [NS]}
     assert not r.of_kind("Service")
@@ -308,4 +314,4 @@ def test_the_workload_pod_monitor_scrapes_engines_and_routers_with_the_labels_th
     (endpoint,) = spec["podMetricsEndpoints"]
     assert endpoint["port"] == "http"
     targets = {r["targetLabel"] for r in endpoint["relabelings"]}
-    assert targets == {"tandem_dev_pddeployment", "tandem_dev_role"}
+    assert targets == {"tandem_dev_pddeployment", "tandem_dev_role", "tandem_dev_revision"}

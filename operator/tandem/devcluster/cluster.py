@@ -424,7 +424,9 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0, owner_pid: int = 0) -> State
         finally:
             kube.close(api)
 
-        cdir.prometheus_config.write_text(layout.PROMETHEUS_CONFIG.read_text().replace("__KUBECONFIG__", kc))
+        cdir.scrape_targets.mkdir(exist_ok=True)
+        config = layout.PROMETHEUS_CONFIG.read_text().replace("__KUBECONFIG__", kc)
+        cdir.prometheus_config.write_text(config.replace("__TARGETS_DIR__", str(cdir.scrape_targets)))
         start("prometheus", _prometheus_argv(cdir, state))
         start(
             "pod-runner",

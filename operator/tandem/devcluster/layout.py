@@ -87,6 +87,11 @@ class ClusterDir:
         return self.path / "prometheus.yml"
 
     @property
+    def scrape_targets(self) -> Path:
+        """Prometheus file_sd files (`*.json`) of processes outside the cluster (a local operator)."""
+        return self.path / "scrape-targets"
+
+    @property
     def prometheus_data(self) -> Path:
         return self.path / "prometheus"
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import signal
 import socket
@@ -19,6 +20,7 @@ from kubernetes import client
 
 from tandem.devcluster import kube, procs
 from tandem.devcluster.handle import ClusterHandle
+from tandem.devcluster.layout import ClusterDir
 
 T = TypeVar("T")
 
@@ -126,6 +128,17 @@ class OperatorProcess:
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
+        # The dev cluster's Prometheus scrapes processes outside the cluster that register here
+        # (e2e/prometheus/prometheus.yml, job `local`): the operator's metrics reach dashboards.
+        targets = ClusterDir(cluster.dir).scrape_targets
+        self.scrape_target: Path | None = targets / f"operator-{self.port}.json" if targets.is_dir() else None
+        if self.scrape_target is not None:
+            entry = [{"targets": [f"127.0.0.1:{self.port}"], "labels": {"component": "tandem-operator"}}]
+            self.scrape_target.write_text(json.dumps(entry))
+
+    def _unregister(self) -> None:
+        if self.scrape_target is not None:
+            self.scrape_target.unlink(missing_ok=True)
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as response:
@@ -153,6 +166,7 @@ class OperatorProcess:
         return self.log.read_text(errors="replace")
 
     def stop(self) -> None:
+        self._unregister()
         if self.proc.poll() is None:
             self.proc.terminate()
         try:
@@ -163,6 +177,7 @@ class OperatorProcess:
 
     def kill(self) -> None:
         """SIGKILL, as a crash or an OOM kill: nothing is released (the lease stays taken)."""
+        self._unregister()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=30)
