@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from tandem.api import meta
 from tandem.api.models import PDDeployment
 from tandem.api.status import PDDeploymentStatus
-from tandem.controller import commands, handover, revisions
+from tandem.controller import commands, handover, metrics, revisions
 from tandem.controller.autoscaler import Autoscaler, Outcome
 from tandem.controller.drift import is_subset
 from tandem.controller.events import EventRecorder
@@ -297,6 +297,7 @@ class Reconciler:
         )
         status = derive_status(pdd, observed, previous.conditions if previous else [], now)
         result.phase = status.phase.value
+        metrics.observe_status(ns, name, _dump(status))
         if previous is None or _dump(previous) != _dump(status):
             patch = status_patch(body.get("status") or {}, _dump(status))
             try:
