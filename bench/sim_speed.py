@@ -7,7 +7,7 @@ policy run). Prints the wall time, requests/s, the time 1M requests take at that
 the 60 s target, and the run's summary (so a speed-up that changed the results shows). `--profile`
 prints the top of a cProfile of the run instead.
 
-    .venv/bin/python bench/sim_speed.py [--requests N] [--rate-scale X] [--profile]
+    .venv/bin/python bench/sim_speed.py [--requests N] [--rate-scale X] [--profile] [--no-prefix-caching]
 """
 
 from __future__ import annotations
@@ -38,11 +38,17 @@ def main() -> None:
     parser.add_argument("--prefill", type=int, default=4)
     parser.add_argument("--decode", type=int, default=4)
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the run")
+    parser.add_argument(
+        "--no-prefix-caching", action="store_true", help="replicas without prefix caching (vLLM's flag)"
+    )
     args = parser.parse_args()
 
     base = scale_rate(read_azure(TRACE), args.rate_scale)
     requests = repeat(base, -(-args.requests // len(base)))[: args.requests]
-    replica = ReplicaSpec.from_profile(load_profile("meta-llama/Llama-3.1-8B-Instruct", "H100", 1))
+    replica = ReplicaSpec.from_profile(
+        load_profile("meta-llama/Llama-3.1-8B-Instruct", "H100", 1),
+        enable_prefix_caching=not args.no_prefix_caching,
+    )
     layout = Layout(
         pools={
             "prefill": PoolSpec(replica=replica, replicas=args.prefill),
@@ -70,7 +76,9 @@ def main() -> None:
     n = len(requests)
     per_million = wall * 1_000_000 / n
     s = result.summary
+    caching = "off" if args.no_prefix_caching else "on (no shared prefixes in this trace)"
     shape = f"Azure conv x{args.rate_scale:g} rate, {args.prefill}P+{args.decode}D TP1 H100"
+    shape += f", prefix caching {caching}"
     ratio = per_million / TARGET_SECONDS_PER_MILLION
     print(f"requests        {n:,} ({shape})")
     print(f"virtual time    {s.duration_seconds:,.0f} s ({n / s.duration_seconds:,.1f} req/s offered)")

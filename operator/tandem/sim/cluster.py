@@ -8,10 +8,13 @@ a replica becoming ready, a scrape, a policy tick); replicas compute runs of dec
 
 The router is modelled as `tandem.router` decides: the path by `choose_path` on a uniform draw against
 the layout's P/D share, and a pod by power-of-two choices on outstanding requests + tokens/512 among
-ready pods (the decode pod is picked when the prefill leg answers). Scaling follows a StatefulSet: new
-replicas are requested now and ready after the model load time; a removal takes the newest replica,
-at once if it is still starting, otherwise it drains (no new legs, gone when its work is done).
-A replica counts its GPUs from request until gone.
+ready pods (the decode pod is picked when the prefill leg answers). `SimConfig.routing` picks the pod
+that computes a prompt (prefill or colocated) otherwise: least loaded, round-robin, prefix-aware
+(`router.prefix.choose_prefill` over `traces.prefix.route_keys`, its index learnt from its own choices
+with the pod's KV cache as capacity) or the affinity oracle (the longest prefix in the simulated caches).
+Scaling follows a StatefulSet: new replicas are requested now and ready after the model load time; a
+removal takes the newest replica, at once if it is still starting, otherwise it drains (no new legs,
+gone when its work is done). A replica counts its GPUs from request until gone.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from heapq import heappop, heappush
 
 from tandem.router.paths import choose_path
+from tandem.router.prefix import PodLoad, PrefixIndex, choose_prefill
 from tandem.sim.layout import ROLES, Layout, Role, SimConfig
 from tandem.sim.observe import snapshot_of
 from tandem.sim.policy import Policy
@@ -36,6 +40,7 @@ from tandem.sim.results import (
     TickSample,
     nearest_rank,
 )
+from tandem.sim.traces.prefix import route_keys
 from tandem.sim.windows import ROLE_INDEX, PoolGauges, Windows
 
 _STEP, _PULL, _READY, _SCRAPE, _POLICY = range(5)
@@ -82,6 +87,22 @@ class Cluster:
         self.longest_pd = min(caps.get("prefill", 0) + 1, caps.get("decode", 0))
         self.longest_colocated = caps.get("colocated", 0)
         for role, pool in layout.pools.items():
+            limit = pool.replica.max_model_len
+            if limit is None:
+                continue
+            if role == "colocated":
+                self.longest_colocated = min(self.longest_colocated, limit)
+            else:
+                self.longest_pd = min(self.longest_pd, limit)
+        self.routing = config.routing
+        self.p2c = config.routing == "power-of-two"
+        self.turn = 0  # round-robin's position
+        self.prefix_index: dict[Role, PrefixIndex] = {}
+        for role in ("prefill", "colocated"):
+            if config.routing == "prefix" and role in layout.pools:
+                blocks = caps[role] // config.route_block_tokens
+                self.prefix_index[role] = PrefixIndex(max(1, blocks))
+        for role, pool in layout.pools.items():
             for _ in range(pool.replicas):
                 self._add_replica(role, 0.0, ready=True)
 
@@ -95,7 +116,7 @@ class Cluster:
         assert prefill is not None
         spec = prefill.spec
         bandwidth = min(spec.kv_bandwidth_gbps, decode.spec.kv_bandwidth_gbps)
-        seconds = seq.prompt * spec.kv_bytes_per_token_per_gpu * 8 / (bandwidth * 1e9)
+        seconds = seq.pull * spec.kv_bytes_per_token_per_gpu * 8 / (bandwidth * 1e9)
         self.order += 1
         heappush(self.heap, (now + seconds, self.order, _PULL, seq, 0))
 
@@ -154,6 +175,9 @@ class Cluster:
             totals.path_within[p] += 1
 
     def replica_gone(self, replica: Replica, now: float) -> None:
+        index = self.prefix_index.get(replica.role)
+        if index is not None:
+            index.forget_pod(replica.name)
         self.pools[replica.role].remove(replica)
         if replica in self.ready[replica.role]:
             self.ready[replica.role].remove(replica)
@@ -174,6 +198,29 @@ class Cluster:
         second_cost = second.load_requests + second.load_tokens / 512.0
         return second if second_cost < first_cost else first
 
+    def _pick_compute(self, role: Role, request: Request) -> Replica | None:
+        """The pod that computes a prompt, by `SimConfig.routing`."""
+        pods = self.ready[role]
+        routing = self.routing
+        if routing == "power-of-two" or len(pods) <= 1:
+            return self._pick(pods)
+        if routing == "least-loaded":
+            return min(pods, key=Replica.cost)
+        if routing == "round-robin":
+            self.turn += 1
+            return pods[self.turn % len(pods)]
+        if routing == "oracle":
+            runs = request.prefix
+            return min(pods, key=lambda r: (-r.cached_blocks(runs), r.cost()))
+        knobs = self.config.prefix_knobs
+        keys = route_keys(request.prefix, self.config.route_block_tokens, knobs.max_blocks)
+        index = self.prefix_index[role]
+        loads = [PodLoad(r.name, r.load_requests, r.load_tokens) for r in pods]
+        name = choose_prefill(loads, keys, index, knobs)
+        chosen = next(r for r in pods if r.name == name)
+        index.record(chosen.name, keys)
+        return chosen
+
     def _arrive(self, index: int, request: Request, now: float) -> None:
         totals = self.windows.totals
         totals.arrivals += 1
@@ -193,8 +240,8 @@ class Cluster:
             if request.prompt_tokens + request.output_tokens > self.longest_pd:
                 self._refuse(index, 0)  # vLLM answers 400: longer than the model length it can hold
                 return
-            seq = Seq(index, request.arrival, request.prompt_tokens, request.output_tokens, 0)
-            prefill = self._pick(ready["prefill"])
+            seq = Seq(index, request.arrival, request.prompt_tokens, request.output_tokens, 0, request.prefix)
+            prefill = self._pick(ready["prefill"]) if self.p2c else self._pick_compute("prefill", request)
             assert prefill is not None
             seq.prefill = prefill
             seq.leg_out = 1
@@ -208,8 +255,10 @@ class Cluster:
             if request.prompt_tokens + request.output_tokens > self.longest_colocated:
                 self._refuse(index, 1)
                 return
-            seq = Seq(index, request.arrival, request.prompt_tokens, request.output_tokens, 1)
-            colocated = self._pick(ready["colocated"])
+            seq = Seq(index, request.arrival, request.prompt_tokens, request.output_tokens, 1, request.prefix)
+            colocated = (
+                self._pick(ready["colocated"]) if self.p2c else self._pick_compute("colocated", request)
+            )
             assert colocated is not None
             seq.decode_load = seq.prompt + min(seq.out, _EXPECTED_OUTPUT_CAP)
             colocated.load_requests += 1
@@ -422,6 +471,10 @@ class Cluster:
         ttfts.sort()
         tpots.sort()
         gpu_hours = gpu_seconds / 3600
+        totals = self.windows.totals
+        busy: dict[str, float] = {}
+        for replica in self.all_replicas:
+            busy[replica.role] = busy.get(replica.role, 0.0) + replica.busy_seconds * replica.tp / 3600
         summary = Summary(
             requests=n,
             finished=finished,
@@ -443,6 +496,9 @@ class Cluster:
             tpot_p50=nearest_rank(tpots, 0.5),
             tpot_p90=nearest_rank(tpots, 0.9),
             tpot_p99=nearest_rank(tpots, 0.99),
+            prefix_queries={role: totals.pool_prefix_queries[ROLE_INDEX[role]] for role in self.layout.pools},
+            prefix_hits={role: totals.pool_prefix_hits[ROLE_INDEX[role]] for role in self.layout.pools},
+            busy_gpu_hours={role: busy.get(role, 0.0) for role in self.layout.pools},
         )
         return SimResult(records=records, series=self.series, summary=summary)
 

@@ -9,8 +9,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tandem.perf import Profile, kv_cache_tokens, model_arch
+from tandem.router.prefix import PrefixKnobs
 
 Role = Literal["prefill", "decode", "colocated"]
+# How the router picks the pod a request's prompt is computed on (prefill, or colocated): the live
+# router's power-of-two choices; the least-loaded pod; round-robin; prefix-aware (`router.prefix`'s
+# choose_prefill, the router's code, with an index learnt from its own choices); the affinity oracle
+# (the pod whose simulated cache holds the longest prefix of the prompt, ties to the least loaded:
+# load otherwise ignored). Decode pods are always picked by power-of-two choices.
+Routing = Literal["power-of-two", "least-loaded", "round-robin", "prefix", "oracle"]
 ROLES: tuple[Role, ...] = ("prefill", "decode", "colocated")
 
 DEFAULT_MAX_NUM_SEQS = 1024  # vLLM's default on H100/H200
@@ -29,6 +36,11 @@ class ReplicaSpec(BaseModel):
     # KV transfer: each TP rank moves its own slice over its own NIC at this line rate (as the sim engine).
     kv_bandwidth_gbps: float = Field(default=400.0, gt=0)
     kv_bytes_per_token_per_gpu: int = Field(gt=0)
+    # vLLM's --enable-prefix-caching (on by default in V1): only requests with `Request.prefix` can hit.
+    enable_prefix_caching: bool = True
+    # vLLM's --max-model-len: a longer request (prompt + output) is refused (vLLM's 400). None: no limit
+    # beyond the KV cache (a real engine defaults to the model's context length).
+    max_model_len: int | None = Field(default=None, gt=0)
 
     @property
     def tp(self) -> int:
@@ -43,6 +55,8 @@ class ReplicaSpec(BaseModel):
         max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
         kv_bandwidth_gbps: float = 400.0,
         gpu_memory_utilization: float = 0.9,
+        enable_prefix_caching: bool = True,
+        max_model_len: int | None = None,
     ) -> ReplicaSpec:
         """A replica with vLLM's KV capacity for this profile (`tandem.perf.kv_cache_tokens`)."""
         arch = model_arch(profile.model)
@@ -58,6 +72,8 @@ class ReplicaSpec(BaseModel):
             max_num_batched_tokens=max_num_batched_tokens,
             kv_bandwidth_gbps=kv_bandwidth_gbps,
             kv_bytes_per_token_per_gpu=arch.kv_bytes_per_token_per_gpu(profile.tensor_parallel_size),
+            enable_prefix_caching=enable_prefix_caching,
+            max_model_len=max_model_len,
         )
 
     @model_validator(mode="after")
@@ -114,3 +130,8 @@ class SimConfig(BaseModel):
     # Decode steps in closed form between composition changes; False steps one at a time (the reference
     # the closed form is tested against; same results, much slower).
     closed_form: bool = True
+    routing: Routing = "power-of-two"
+    prefix_knobs: PrefixKnobs = PrefixKnobs()  # the balancer's knobs when routing is "prefix"
+    # Tokens per router key in the simulator (the router hashes `block_chars` characters, about
+    # block_chars / 4 tokens: 16 for the default 64). A multiple of 16.
+    route_block_tokens: int = Field(default=16, ge=16, multiple_of=16)

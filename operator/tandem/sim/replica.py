@@ -21,16 +21,34 @@ first sequence to finish, or KV exhausted). Something arriving mid-run cuts it a
 flight, where the next schedule can admit it. Sequences do not store their progress: the replica has a
 step counter `S`, and a decoding sequence knows at which `S` it finishes (`fin`), so its output so far is
 `leg_out - (fin - S)` and the context of all decodes is `dec_base + dec_n * S`.
+
+Prefix caching (`ReplicaSpec.enable_prefix_caching`, on by default as in vLLM V1), for requests that carry
+`Request.prefix` (runs of 16-token blocks named by chained keys, `tandem.sim.traces.prefix`): the cache
+holds, per run key, how many of the run's leading blocks it has and how many sequences reference them.
+A prompt admitted for compute (its `computed` is 0) first looks up its leading runs: the cached blocks
+(at most all but its last token, as vLLM recomputes at least one) count as computed, skip the prefill
+compute and the token budget, and are referenced; the prompt's full blocks join the cache when its
+prefill completes, referenced until the sequence leaves the replica (pulled, finished, or preempted).
+Blocks no sequence references stay cached and count as free KV (`vllm:kv_cache_usage_perc` leaves them
+out, as vLLM's free-block queue holds them) until the KV they sit in is needed: the least recently
+released run goes first, its tail blocks first (a sequence's runs are released tail first, as vLLM frees
+a request's blocks in reverse order). A decode replica looks its own cache up when it reserves KV for a
+pull and pulls only the rest (`Seq.pull` tokens), as vLLM's NIXL connector reads only the blocks the
+decode side does not hold; pulled prompts join its cache. The counters are vLLM's
+`vllm:prefix_cache_queries` and `_hits` (tokens looked up and found, per lookup). Departures: a block
+referenced by several running sequences is counted in the KV of each (vLLM stores it once), output
+tokens are not cached, and a prompt's blocks join the cache when it completes, not block by block.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from heapq import heappop, heappush
 from typing import TYPE_CHECKING, Final
 
 from tandem.sim.layout import ReplicaSpec, Role
+from tandem.sim.windows import ROLE_INDEX
 
 if TYPE_CHECKING:
     from tandem.sim.cluster import Cluster
@@ -42,6 +60,7 @@ GONE: Final = 3
 STATE_NAMES: Final = ("starting", "ready", "draining", "gone")
 
 _MS = 1e-3
+BLOCK: Final = 16  # tokens per KV block (vLLM's --block-size); the prefix cache's unit
 
 
 class Seq:
@@ -66,9 +85,19 @@ class Seq:
         "prefill",
         "prefill_load",
         "prompt",
+        "pull",
+        "runs",
     )
 
-    def __init__(self, index: int, arrival: float, prompt: int, out: int, path: int) -> None:
+    def __init__(
+        self,
+        index: int,
+        arrival: float,
+        prompt: int,
+        out: int,
+        path: int,
+        runs: tuple[tuple[int, int], ...] | None = None,
+    ) -> None:
         self.index = index
         self.arrival = arrival
         self.prompt = prompt
@@ -87,6 +116,8 @@ class Seq:
         self.decode: Replica | None = None
         self.prefill_load = 0  # tokens the router's balancer counted for each leg
         self.decode_load = 0
+        self.runs = runs  # the prompt's cacheable blocks (`Request.prefix`)
+        self.pull = prompt  # KV tokens the decode leg pulls (less what the decode replica has cached)
 
 
 class Replica:
@@ -102,23 +133,32 @@ class Replica:
         "_knee_slope",
         "_p_sq",
         "_p_tok",
+        "_pc_index",
         "admit_blocked",
         "busy",
+        "busy_seconds",
+        "cache",
         "cap",
         "closed_form",
         "cluster",
         "dec_base",
         "dec_n",
+        "evictable",
         "fin_heap",
         "gone_at",
         "heap_counter",
+        "held",
         "hold_on_finish",
         "load_requests",
         "load_tokens",
+        "lru",
         "max_batched",
         "max_seqs",
         "name",
         "other",
+        "pc",
+        "pc_hits",
+        "pc_queries",
         "pending_pulls",
         "plan",
         "preemptions",
@@ -202,6 +242,18 @@ class Replica:
         self.load_requests = 0  # the router's view: outstanding legs and their tokens
         self.load_tokens = 0
         self.preemptions = 0
+        self.busy_seconds = 0.0  # time spent in steps (the GPU time the replica computed)
+        # prefix caching: run key -> [leading blocks cached, sequences referencing them]
+        self.pc = spec.enable_prefix_caching
+        self.cache: dict[int, list[int]] = {}
+        self.lru: OrderedDict[int, None] = OrderedDict()  # unreferenced runs, least recently released first
+        self.evictable = 0  # tokens of unreferenced cached blocks (free KV that still holds a prefix)
+        self.held: dict[Seq, int] = {}  # leading runs of the sequence it references
+        totals = cluster.windows.totals
+        index = ROLE_INDEX[role]
+        self.pc_queries = totals.pool_prefix_queries  # the pool's counters, indexed by role
+        self.pc_hits = totals.pool_prefix_hits
+        self._pc_index = index
 
     # --- the router's and the cluster's view --------------------------------------------------------
     def cost(self) -> float:
@@ -259,12 +311,16 @@ class Replica:
         seq.num_output = 0
         seq.leg_out = seq.out
         self.other -= 1  # the pull reserved the whole prompt; the sequence stores `computed` tokens
+        if seq.runs and self.pc:
+            self._cache_insert(seq)
         self._queue(seq)
         self._poke(now, resident=True)
 
     def release_held(self, seq: Seq, now: float) -> None:
         """Prefill role: the decode replica has the KV of `seq`; its tokens are free again."""
         self.other -= seq.prompt
+        if self.held:
+            self._cache_release(seq)
         self._freed(now)
 
     def drain(self, now: float) -> None:
@@ -351,6 +407,10 @@ class Replica:
                 pulls.popleft()
                 free -= seq.prompt
                 self.other += seq.prompt
+                if self.pc:
+                    self.pc_queries[self._pc_index] += seq.prompt
+                    if seq.runs:
+                        seq.pull = seq.prompt - self._lookup(seq)
                 self.cluster.start_pull(seq, self, now)
             waiting = self.waiting
             self.admit_blocked = False
@@ -369,6 +429,16 @@ class Replica:
                     break
                 waiting.popleft()
                 self._unqueued(seq)
+                if self.pc and not seq.computed:
+                    self.pc_queries[self._pc_index] += rem
+                    if seq.runs:
+                        hit = self._lookup(seq)
+                        if hit:
+                            seq.computed = hit
+                            self.other += hit
+                            free -= hit
+                            rem -= hit
+                            n = rem if rem < budget else budget
                 running[seq] = None
                 self.prefilling.append(seq)
                 plan.append((seq, n))
@@ -376,6 +446,8 @@ class Replica:
                 free -= n
                 self.other += n
                 n_running += 1
+        if self.evictable > free:
+            self._evict(free if free > 0 else 0)
         if plan:
             self._start_mixed(now, plan, b)
         elif b:
@@ -424,6 +496,7 @@ class Replica:
             attention += (o + n) * (o + n) - o * o
         seconds = self.mixed_step_seconds(tokens, attention, b, self.dec_base + b * self.step)
         self.plan = plan
+        self.run_t0 = now
         self.run_k = 1
         self.busy = True
         self.version += 1
@@ -461,6 +534,10 @@ class Replica:
         if b > self._knee:
             a += (b - self._knee) * self._knee_slope
         self.run_t0, self.run_a, self.run_s, self.run_c0, self.run_b, self.run_k = now, a, self._ctx, c0, b, k
+        if self.evictable:
+            room = self.cap - self.other - c0 - b * (k - 1)
+            if self.evictable > room:
+                self._evict(room if room > 0 else 0)
         self.plan = []
         self.busy = True
         self.version += 1
@@ -469,6 +546,7 @@ class Replica:
     def step_end(self, now: float) -> None:
         """The step (or run of decode steps) in flight ended at `now`."""
         s = self.step = self.step + self.run_k
+        self.busy_seconds += now - self.run_t0
         cluster = self.cluster
         if self.plan:
             plan, self.plan = self.plan, []
@@ -478,6 +556,8 @@ class Replica:
                     continue
                 seq.num_output += 1  # the prompt (or its recompute) is done: one token sampled
                 self.prefilling.remove(seq)
+                if seq.runs and self.pc and self.held.get(seq, 0) < len(seq.runs):
+                    self._cache_insert(seq)
                 if seq.first < 0 and not self.hold_on_finish:
                     seq.first = now
                     cluster.first_token(seq, self)
@@ -487,6 +567,8 @@ class Replica:
                         cluster.prefill_done(seq, self, now)  # its KV stays in `other` until pulled
                     else:
                         self.other -= seq.computed
+                        if self.held:
+                            self._cache_release(seq)
                         cluster.leg_done(seq, self, now)
                     continue
                 self.other -= seq.computed
@@ -509,6 +591,8 @@ class Replica:
             self.dec_n -= 1
             self.dec_base -= seq.base
             seq.num_output = seq.leg_out
+            if self.held:
+                self._cache_release(seq)
             cluster.leg_done(seq, self, now)
         self.busy = False
         self._schedule(now)
@@ -532,8 +616,112 @@ class Replica:
         seq.computed = 0
         seq.preemptions += 1
         self.preemptions += 1
+        if self.held:
+            self._cache_release(seq)
         self._queue(seq, first=True)
         return freed
+
+    # --- prefix caching -------------------------------------------------------------------------------
+    def cached_blocks(self, runs: tuple[tuple[int, int], ...] | None) -> int:
+        """Leading blocks of `runs` this replica has cached (the affinity oracle's view; no side effect)."""
+        if not runs or not self.pc:
+            return 0
+        cache = self.cache
+        total = 0
+        for key, n in runs:
+            entry = cache.get(key)
+            if entry is None:
+                break
+            c = entry[0]
+            if c < n:
+                return total + c
+            total += n
+        return total
+
+    def _lookup(self, seq: Seq) -> int:
+        """Tokens of `seq`'s prompt found cached (all but its last token at most), referenced by it."""
+        runs = seq.runs
+        assert runs is not None
+        limit = (seq.prompt - 1) // BLOCK
+        cache = self.cache
+        lru = self.lru
+        hit = refs = 0
+        for key, n in runs:
+            if hit >= limit:
+                break
+            entry = cache.get(key)
+            if entry is None:
+                break
+            if not entry[1]:
+                del lru[key]
+                self.evictable -= entry[0] * BLOCK
+            entry[1] += 1
+            refs += 1
+            c = entry[0]
+            m = c if c < n else n
+            hit += m if m < limit - hit else limit - hit
+            if c < n:
+                break
+        if refs:
+            self.held[seq] = refs
+        tokens = hit * BLOCK
+        self.pc_hits[self._pc_index] += tokens
+        return tokens
+
+    def _cache_insert(self, seq: Seq) -> None:
+        """`seq`'s prompt blocks are computed here: cached (or extended), all referenced by it."""
+        runs = seq.runs
+        assert runs is not None
+        cache = self.cache
+        lru = self.lru
+        done = self.held.get(seq, 0)
+        for i, (key, n) in enumerate(runs):
+            entry = cache.get(key)
+            if entry is None:
+                cache[key] = [n, 1]
+                continue
+            if i >= done:
+                if not entry[1]:
+                    del lru[key]
+                    self.evictable -= entry[0] * BLOCK
+                entry[1] += 1
+            if entry[0] < n:
+                entry[0] = n
+        self.held[seq] = len(runs)
+
+    def _cache_release(self, seq: Seq) -> None:
+        """`seq` no longer uses its blocks here: those nobody else references become evictable, its tail
+        first (so they are evicted before its head)."""
+        refs = self.held.pop(seq, 0)
+        if not refs:
+            return
+        runs = seq.runs
+        assert runs is not None
+        cache = self.cache
+        lru = self.lru
+        for i in range(refs - 1, -1, -1):
+            key = runs[i][0]
+            entry = cache[key]
+            entry[1] -= 1
+            if not entry[1]:
+                lru[key] = None
+                self.evictable += entry[0] * BLOCK
+
+    def _evict(self, room: int) -> None:
+        """Evicts unreferenced blocks, least recently released first, until they fit in `room` tokens."""
+        cache = self.cache
+        lru = self.lru
+        while self.evictable > room:
+            key = next(iter(lru))
+            entry = cache[key]
+            excess = -(-(self.evictable - room) // BLOCK)
+            if entry[0] <= excess:
+                del lru[key]
+                del cache[key]
+                self.evictable -= entry[0] * BLOCK
+            else:
+                entry[0] -= excess  # its tail blocks go; the rest stays first in line
+                self.evictable -= excess * BLOCK
 
     def _gone(self, now: float) -> None:
         self.state = GONE

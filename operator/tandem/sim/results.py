@@ -107,6 +107,11 @@ class Summary(BaseModel):
     tpot_p50: float
     tpot_p90: float
     tpot_p99: float
+    # by role: prompt tokens looked up in and found in the replicas' prefix caches (vLLM's
+    # prefix_cache_queries / _hits), and GPU-hours spent computing steps (busy time x TP)
+    prefix_queries: dict[str, int] = {}
+    prefix_hits: dict[str, int] = {}
+    busy_gpu_hours: dict[str, float] = {}
 
 
 def nearest_rank(sorted_values: list[float], q: float) -> float:

@@ -67,6 +67,8 @@ class Totals:
         "pool_finished_output",
         "pool_finished_prompt",
         "pool_generation",
+        "pool_prefix_hits",
+        "pool_prefix_queries",
         "pool_prompt",
         "pool_prompt_hist",
         "pool_routed",
@@ -91,6 +93,10 @@ class Totals:
         self.pool_generation = [0] * n  # tokens sampled, counted when the leg ends
         self.pool_finished_prompt = [0] * n
         self.pool_finished_output = [0] * n
+        # prompt tokens looked up in the replicas' prefix caches and found there, as vLLM's
+        # vllm:prefix_cache_queries and vllm:prefix_cache_hits (summed over the pool)
+        self.pool_prefix_queries = [0] * n
+        self.pool_prefix_hits = [0] * n
         # finished legs by prompt length, vLLM's vllm:request_prompt_tokens (PROMPT_BUCKETS, then +Inf)
         self.pool_prompt_hist = [[0] * (len(PROMPT_BUCKETS) + 1) for _ in range(n)]
 

@@ -57,7 +57,7 @@ def test_azure_first_row_to_the_100_ns() -> None:
     # 18:15:46.6805900 -> 18:15:50.9951690, 374 -> 44 and 396 -> 109 tokens
     assert requests[0] == Request(0.0, 374, 44)
     assert requests[1].arrival == pytest.approx(4.314579, abs=1e-9)
-    assert requests[1][1:] == (396, 109, None, None)
+    assert requests[1][1:] == (396, 109, None, None, None)
 
 
 def test_mooncake_keeps_hash_ids_and_reads_ms() -> None:
