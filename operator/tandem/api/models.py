@@ -279,6 +279,134 @@ class PoolSpec(ApiModel):
     ] = None
 
 
+TENANT_NAME_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"  # also a valid Secret data key
+HEADER_NAME_PATTERN = r"^[A-Za-z0-9][-A-Za-z0-9]*$"
+
+
+class TenantLimits(ApiModel):
+    """Token-bucket limits of one tenant, per router replica; an unset rate is no limit."""
+
+    requests_per_second: Annotated[
+        float | None, Field(gt=0, le=1_000_000, description="Requests admitted per second (refill rate).")
+    ] = None
+    request_burst: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            le=1_000_000,
+            description="Requests admitted at once (bucket size); unset: the rate, at least 1.",
+        ),
+    ] = None
+    prompt_tokens_per_second: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            le=1_000_000_000,
+            description="Prompt tokens admitted per second (the router's estimate of each prompt).",
+        ),
+    ] = None
+    prompt_token_burst: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            le=1_000_000_000,
+            description="Prompt tokens admitted at once (bucket size); unset: the rate, at least 1. A prompt "
+            "larger than the bucket is admitted when the bucket is full, and leaves it in debt.",
+        ),
+    ] = None
+
+
+class TenantSpec(ApiModel):
+    """A tenant the router knows by name: its own limits and its own value of the `tenant` label."""
+
+    name: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=63,
+            pattern=TENANT_NAME_PATTERN,
+            description="The tenant: an entry of the API keys Secret, or the tenant header's value.",
+        ),
+    ]
+    limits: Annotated[
+        TenantLimits | None,
+        Field(description="This tenant's limits; unset: spec.router.admission.defaultLimits."),
+    ] = None
+
+
+class RouterAuthSpec(ApiModel):
+    """Who sent a request: an API key from a Secret, or a trusted tenant header."""
+
+    api_keys_secret: Annotated[
+        str | None,
+        Field(
+            min_length=1,
+            max_length=253,
+            description="Secret in the namespace whose data maps tenant -> API keys (one or more per "
+            "entry, one a line). When set, every request needs `Authorization: Bearer <key>` (401 "
+            "otherwise), and the tenant is the key's entry.",
+        ),
+    ] = None
+    tenant_header: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=128,
+            pattern=HEADER_NAME_PATTERN,
+            description="Without apiKeysSecret: the request header naming the tenant (trusted as sent).",
+        ),
+    ] = "X-Tenant"
+
+
+class LongPromptSpec(ApiModel):
+    """A cap on long prompts in flight, so a burst of long prefills cannot starve short requests."""
+
+    min_tokens: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=10_485_760,
+            description="A prompt of at least this many tokens (the router's estimate) is long.",
+        ),
+    ]
+    max_concurrent: Annotated[
+        int, Field(ge=1, le=100_000, description="Long requests in flight at once, per router replica.")
+    ]
+
+
+class DecodeBackpressureSpec(ApiModel):
+    """Decode pods near KV capacity (their vllm:kv_cache_usage_perc, read by the router) get no transfers."""
+
+    kv_usage_percent: Annotated[
+        float, Field(gt=0, le=100, description="A decode pod at or above this KV-cache usage is full.")
+    ] = 90.0
+    scrape_interval_seconds: Annotated[
+        float, Field(ge=1, le=60, description="How often the router reads each decode pod's /metrics.")
+    ] = 2.0
+    queue_seconds: Annotated[
+        float,
+        Field(
+            ge=0,
+            le=60,
+            description="When every decode pod is full: how long a request waits for room (then 429).",
+        ),
+    ] = 2.0
+
+
+class AdmissionSpec(ApiModel):
+    """What each router replica admits; limits are per replica (N replicas admit up to N times as much)."""
+
+    default_limits: Annotated[
+        TenantLimits | None,
+        Field(
+            description="Limits of the tenants without their own: `default` (no tenant named) and `other` "
+            "(tenants not in spec.router.tenants, which share one bucket)."
+        ),
+    ] = None
+    long_prompts: LongPromptSpec | None = None
+    decode_backpressure: DecodeBackpressureSpec | None = None
+
+
 class RouterSpec(ApiModel):
     replicas: Annotated[int, Field(ge=1, le=64)] = 2
     image: Annotated[str, Field(max_length=512, description="Container image of tandem (router).")] = (
@@ -289,6 +417,15 @@ class RouterSpec(ApiModel):
     resources: Resources = Resources(
         requests={"cpu": "500m", "memory": "256Mi"}, limits={"cpu": "2", "memory": "1Gi"}
     )
+    auth: RouterAuthSpec = RouterAuthSpec()
+    tenants: Annotated[
+        list[TenantSpec],
+        Field(
+            max_length=64,
+            description="Tenants with their own limits and metrics label; any other counts as `other`.",
+        ),
+    ] = []
+    admission: AdmissionSpec = AdmissionSpec()
 
 
 class ServingSpec(ApiModel):
@@ -494,6 +631,14 @@ class RolloutSpec(ApiModel):
             ),
         ),
     ] = 900
+    tenants: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=63)]],
+        Field(
+            max_length=64,
+            description="Tenants (of spec.router.tenants) whose requests go to the target arm first, at "
+            "any weight above 0; everyone else by the weight.",
+        ),
+    ] = []
 
 
 class PDDeploymentSpec(ApiModel):

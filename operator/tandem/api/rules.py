@@ -300,6 +300,103 @@ ROLLOUT_RULES: Final[tuple[Rule, ...]] = (
 )
 
 
+def _router(spec: Spec) -> Spec:
+    block: Spec = spec.get("router") or {}
+    return block
+
+
+def _tenants(spec: Spec) -> list[Spec]:
+    return list(_router(spec).get("tenants") or [])
+
+
+def _admission(spec: Spec) -> Spec:
+    block: Spec = _router(spec).get("admission") or {}
+    return block
+
+
+def _burst_without_rate(limits: Spec | None, burst: str, rate: str) -> bool:
+    return limits is not None and limits.get(burst) is not None and limits.get(rate) is None
+
+
+# (burst field, the rate it needs) of spec.router's TenantLimits.
+_LIMIT_PAIRS: Final = (("requestBurst", "requestsPerSecond"), ("promptTokenBurst", "promptTokensPerSecond"))
+
+
+def _limit_rules(burst: str, rate: str) -> list[Rule]:
+    def default_ok(s: Spec) -> bool:
+        return not _burst_without_rate(_admission(s).get("defaultLimits"), burst, rate)
+
+    def tenants_ok(s: Spec) -> bool:
+        return not any(_burst_without_rate(t.get("limits"), burst, rate) for t in _tenants(s))
+
+    default = "self.router.admission.defaultLimits"
+    return [
+        Rule(
+            cel=f"!has({default}) || !has({default}.{burst}) || has({default}.{rate})",
+            message=f"spec.router.admission.defaultLimits.{burst} needs {rate} (the refill rate)",
+            field_path=f".router.admission.defaultLimits.{burst}",
+            check=default_ok,
+            reason="FieldValueRequired",
+        ),
+        Rule(
+            cel=(
+                f"self.router.tenants.all(t, !has(t.limits) || !has(t.limits.{burst}) || "
+                f"has(t.limits.{rate}))"
+            ),
+            message=f"spec.router.tenants[*].limits.{burst} needs {rate} (the refill rate)",
+            field_path=".router.tenants",
+            check=tenants_ok,
+            reason="FieldValueRequired",
+        ),
+    ]
+
+
+ROUTER_RULES: Final[tuple[Rule, ...]] = (
+    Rule(
+        cel="self.router.tenants.all(a, self.router.tenants.exists_one(b, b.name == a.name))",
+        message="spec.router.tenants[*].name must be unique",
+        field_path=".router.tenants",
+        check=lambda s: len({t.get("name") for t in _tenants(s)}) == len(_tenants(s)),
+        reason="FieldValueDuplicate",
+    ),
+    Rule(
+        cel="self.router.tenants.all(t, t.name != 'other')",
+        message="spec.router.tenants[*].name must not be `other` (the label of tenants not listed)",
+        field_path=".router.tenants",
+        check=lambda s: all(t.get("name") != "other" for t in _tenants(s)),
+        reason="FieldValueForbidden",
+    ),
+    *[rule for burst, rate in _LIMIT_PAIRS for rule in _limit_rules(burst, rate)],
+    Rule(
+        cel=(
+            "!has(self.router.admission.longPrompts) || !has(self.model.maxModelLen) || "
+            "self.router.admission.longPrompts.minTokens < self.model.maxModelLen"
+        ),
+        message=(
+            "spec.router.admission.longPrompts.minTokens must be below spec.model.maxModelLen "
+            "(no prompt could reach it)"
+        ),
+        field_path=".router.admission.longPrompts.minTokens",
+        check=lambda s: (
+            (long := _admission(s).get("longPrompts")) is None
+            or (limit := (s.get("model") or {}).get("maxModelLen")) is None
+            or int(long.get("minTokens", 0)) < int(limit)
+        ),
+    ),
+    Rule(
+        cel="!has(self.rollout) || self.rollout.tenants.all(n, self.router.tenants.exists(t, t.name == n))",
+        message="spec.rollout.tenants must name tenants of spec.router.tenants",
+        field_path=".rollout.tenants",
+        check=lambda s: (
+            _rollout(s) is None
+            or all(
+                n in {t.get("name") for t in _tenants(s)} for n in (_rollout(s) or {}).get("tenants") or []
+            )
+        ),
+    ),
+)
+
+
 SPEC_RULES: Final[tuple[Rule, ...]] = (
     *[rule for role in POOLS for rule in _pool_rules(role)],
     *[rule for role in POOLS for rule in _autoscaling_rules(role)],
@@ -428,6 +525,7 @@ SPEC_RULES: Final[tuple[Rule, ...]] = (
         reason="FieldValueForbidden",
     ),
     *ROLLOUT_RULES,
+    *ROUTER_RULES,
 )
 
 NAME_RULE: Final = Rule(

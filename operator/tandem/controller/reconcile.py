@@ -20,6 +20,7 @@ from tandem.api import meta
 from tandem.api.models import PDDeployment
 from tandem.api.status import PDDeploymentStatus
 from tandem.controller import commands, handover, metrics, revisions
+from tandem.controller.api_keys import api_keys_problems
 from tandem.controller.autoscaler import Autoscaler, Outcome
 from tandem.controller.drift import is_subset
 from tandem.controller.events import EventRecorder
@@ -147,7 +148,7 @@ def missing_secrets(kube: KubeRest, pdd: PDDeployment) -> list[PodProblem]:
     for name, use in wanted:
         if kube.get(SECRET, pdd.metadata.namespace, name) is None:
             problems.append(PodProblem("", "", "ConfigError", f"Secret {name!r} ({use}) not found"))
-    return problems
+    return problems + api_keys_problems(kube, pdd)
 
 
 class Reconciler:

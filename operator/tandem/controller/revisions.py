@@ -375,7 +375,8 @@ def verdict_reader(autoscaler: Any, pdd: PDDeployment, now: float) -> VerdictFor
     def read(state: RolloutState, new: RevisionRecord, old: RevisionRecord) -> Verdict | None:
         from tandem.controller import metrics as operator_metrics
         from tandem.controller.rollout import analysis_period, rollout_config
-        from tandem.metrics.revisions import read_revision_window, revision_label
+        from tandem.metrics.queries import quantile_of
+        from tandem.metrics.revisions import pod_revision_label, read_revision_window, revision_label
         from tandem.rollout.judge import ArmWindow, Window, judge
 
         spec = pdd.spec
@@ -402,6 +403,10 @@ def verdict_reader(autoscaler: Any, pdd: PDDeployment, now: float) -> VerdictFor
                 window_seconds=window_s,
                 now=now,
                 slo_set=spec.slo is not None,
+                quantile=quantile_of(spec.slo.attainment_percent if spec.slo is not None else None),
+                spec=spec,
+                target_pods=pod_revision_label(new.id, new.legacy),
+                baseline_pods=pod_revision_label(old.id, old.legacy),
             )
         except Exception as exc:  # no data: Inconclusive, never a Pass
             operator_metrics.PROMETHEUS_ERRORS.labels(query="revisions").inc()

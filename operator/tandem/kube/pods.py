@@ -64,6 +64,10 @@ class PddInfo:
     slo_tpot_ms: int | None = None  # spec.slo.tpotMs
     # (revision key, percent of P/D requests) from status.revisions, current first; key "" = legacy.
     revisions: tuple[tuple[str, int], ...] | None = None
+    # spec.router's auth, tenants and admission (camelCase, as in the object): the gateway's settings.
+    router_gateway: Mapping[str, Any] | None = None
+    rollout_tenants: tuple[str, ...] = ()  # spec.rollout.tenants: sent to the target arm first
+    rollout_target: str | None = None  # status.rollout.target while status.rollout has a weight
     # spec.router.metrics.{input,output}LengthBuckets: length bucket bounds (tokens); None: defaults.
     input_length_buckets: tuple[int, ...] | None = None
     output_length_buckets: tuple[int, ...] | None = None
@@ -156,6 +160,9 @@ def pdd_info_from(obj: Mapping[str, Any]) -> PddInfo:
         slo_ttft_ms=ttft_ms if has_slo else None,
         slo_tpot_ms=tpot_ms if has_slo else None,
         revisions=_revisions(obj),
+        router_gateway=_gateway_settings(obj),
+        rollout_tenants=tuple(t for t in _get(obj, "spec", "rollout", "tenants") or () if isinstance(t, str)),
+        rollout_target=_rollout_target(obj),
         input_length_buckets=_int_list(_get(obj, "spec", "router", "metrics", "inputLengthBuckets")),
         output_length_buckets=_int_list(_get(obj, "spec", "router", "metrics", "outputLengthBuckets")),
     )
@@ -167,6 +174,20 @@ def _int_list(value: Any) -> tuple[int, ...] | None:
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         return None
     return tuple(value)
+
+
+def _gateway_settings(obj: Mapping[str, Any]) -> dict[str, Any] | None:
+    router = _get(obj, "spec", "router")
+    if not isinstance(router, Mapping):
+        return None
+    return {key: router[key] for key in ("auth", "tenants", "admission") if key in router}
+
+
+def _rollout_target(obj: Mapping[str, Any]) -> str | None:
+    target = _get(obj, "status", "rollout", "target")
+    if _int_or_none(_get(obj, "status", "rollout", "weight")) is None or target not in _MODES:
+        return None
+    return str(target)
 
 
 def pod_label_selector(pdd_name: str) -> str:

@@ -254,15 +254,17 @@ def read_kv_transport(
     now: float,
     *,
     spec: PDDeploymentSpec | None = None,
+    revision: str | None = None,
 ) -> KvTransportReading:
     """One PDDeployment's KV transport over `window_seconds` ending at `now` (unix seconds).
 
     `spec` gives the link (`reference_link_gbps`) and the minimum judged size
-    (`kvTransfer.minJudgedTransferBytes`); without it, the API's defaults. Never raises: failed
-    queries are named in `missing` (then nothing is judged)."""
+    (`kvTransfer.minJudgedTransferBytes`); without it, the API's defaults. `revision`: only that
+    serving revision's pods ("" for the legacy revision). Never raises: failed queries are named in
+    `missing` (then nothing is judged)."""
     kv = spec.kv_transfer if spec is not None else KVTransferSpec()
     link = reference_link_gbps(spec) if spec is not None else float(kv.bandwidth_gbps)
-    results, errors = reader.run(kv_transport_queries(namespace, pdd_name, window_seconds), now)
+    results, errors = reader.run(kv_transport_queries(namespace, pdd_name, window_seconds, revision), now)
     return reading_from(
         results,
         errors,

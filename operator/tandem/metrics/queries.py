@@ -14,6 +14,10 @@ estimated as waiting requests x mean prompt tokens (over the window's finished r
 the pool's lifetime: a pool flooded before its first request finished still has a mean). The same
 estimate one window earlier (`waiting_before`, with today's mean) is `queued_prompt_tokens_before`.
 
+Prefix caching: the rates of `vllm:prefix_cache_queries_total` and `..._hits_total` (prompt tokens
+looked up in the engines' prefix caches and found there), summed over a pool, give the share of prompt
+tokens the pool computes (`PoolSignals.uncached_fraction`); engines without them read 0 (all computed).
+
 The prompts' second moment E[n^2] (prefill's attention is quadratic in n) comes from the window's
 increase of `vllm:request_prompt_tokens_bucket` by `autoscale.snapshot.second_moment`, with the exact
 mean from `_sum / _count`: the simulator estimates it from the same buckets the same way.
@@ -47,6 +51,7 @@ from tandem.autoscale.snapshot import (
 
 LABEL_PDD: Final = "tandem_dev_pddeployment"  # Prometheus' name of the pod label tandem.dev/pddeployment
 LABEL_ROLE: Final = "tandem_dev_role"  # ... of tandem.dev/role
+LABEL_REVISION: Final = "tandem_dev_revision"  # ... of tandem.dev/revision (a serving revision's pods)
 ROUTER_ROLE: Final = "router"
 PATHS: Final = (PATH_DISAGGREGATED, PATH_COLOCATED)
 STALE_INTERVALS: Final = 3.0  # a series older than this many scrape intervals is stale
@@ -146,6 +151,16 @@ ENGINE_QUERIES: Final[tuple[Query, ...]] = (
         "sum by (tandem_dev_role) (vllm:request_prompt_tokens_sum SEL)"
         " / sum by (tandem_dev_role) (vllm:request_prompt_tokens_count SEL)",
         "mean prompt length since the pods started, for queued prompt tokens when the window has none",
+    ),
+    Query(
+        "prefix_cache_queries_rate",
+        "sum by (tandem_dev_role) (rate(vllm:prefix_cache_queries_total SEL [WINDOW]))",
+        "prompt tokens looked up in the prefix caches per second",
+    ),
+    Query(
+        "prefix_cache_hits_rate",
+        "sum by (tandem_dev_role) (rate(vllm:prefix_cache_hits_total SEL [WINDOW]))",
+        "prompt tokens found in the prefix caches per second (not computed)",
     ),
 )
 
@@ -306,9 +321,15 @@ def snapshot_queries(namespace: str, pdd_name: str, window_seconds: float, quant
     return out
 
 
-def kv_transport_queries(namespace: str, pdd_name: str, window_seconds: float) -> dict[str, str]:
-    """Query name -> PromQL, for one PDDeployment's KV transport over the window."""
+def kv_transport_queries(
+    namespace: str, pdd_name: str, window_seconds: float, revision: str | None = None
+) -> dict[str, str]:
+    """Query name -> PromQL, for one PDDeployment's KV transport over the window; with `revision`,
+    only its pods' (`tandem_dev_revision`, from the pod label `tandem.dev/revision`; "" selects the
+    legacy revision's pods, which have no such label)."""
     sel, window = engine_selector(namespace, pdd_name), duration(window_seconds)
+    if revision is not None:
+        sel = sel[:-1] + f",{LABEL_REVISION}={_quote(revision)}}}"
     return {q.name: q.render(sel, window) for q in KV_QUERIES}
 
 
@@ -482,6 +503,8 @@ def build_snapshot(
                 *prompt_buckets.get(role, ([], [])), value["mean_prompt_tokens"]
             ),
             mean_output_tokens=value["mean_output_tokens"],
+            prefix_cache_queries_rate=value["prefix_cache_queries_rate"],
+            prefix_cache_hits_rate=value["prefix_cache_hits_rate"],
         )
 
     requests = by_label(get("path_request_rate"), "path")

@@ -1,7 +1,8 @@
 """The router's objects: Deployment, Service, ServiceAccount, Role, RoleBinding, PodDisruptionBudget.
 
 Pure. The router discovers ready engine pods by watching Pods and reads its own PDDeployment, so
-its Role grants exactly get/list/watch on those two (the PDDeployment by name). It runs as a
+its Role grants exactly get/list/watch on those two (the PDDeployment by name), and `get` on the
+API keys Secret (by name) when spec.router.auth.apiKeysSecret is set. It runs as a
 non-root user with a read-only root filesystem; it writes nothing but temporary files.
 """
 
@@ -132,19 +133,23 @@ def service_account(pdd: PDDeployment) -> Manifest:
 
 def role(pdd: PDDeployment) -> Manifest:
     read = ["get", "list", "watch"]
+    rules: list[dict[str, Any]] = [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": read},
+        {
+            "apiGroups": [meta.GROUP],
+            "resources": [meta.PLURAL],
+            "resourceNames": [pdd.metadata.name],
+            "verbs": read,
+        },
+    ]
+    keys = pdd.spec.router.auth.api_keys_secret
+    if keys is not None:  # the router reads its API keys itself, that one Secret only
+        rules.append({"apiGroups": [""], "resources": ["secrets"], "resourceNames": [keys], "verbs": ["get"]})
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": names.object_meta(pdd, ROLE),
-        "rules": [
-            {"apiGroups": [""], "resources": ["pods"], "verbs": read},
-            {
-                "apiGroups": [meta.GROUP],
-                "resources": [meta.PLURAL],
-                "resourceNames": [pdd.metadata.name],
-                "verbs": read,
-            },
-        ],
+        "rules": rules,
     }
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tandem.router.admission import Refusal, retry_after
 from tandem.router.discovery import pool_key
 from tandem.router.errors import ClientGone, error_body
 from tandem.router.failure import (
@@ -28,6 +29,7 @@ from tandem.router.failure import (
     on_decode_failure,
     on_prefill_failure,
 )
+from tandem.router.gateway import rate_limited_body
 from tandem.router.metrics import PathMetrics
 from tandem.router.paths import Path, Unavailable, choose_path, draw_for
 from tandem.router.protocol import (
@@ -61,6 +63,8 @@ class Responder(StreamClient, Protocol):
     async def answer(self, status: int, body: bytes, content_type: str) -> None: ...
 
     async def finish(self, data: bytes) -> None: ...  # the last bytes and the end; raises ClientGone
+
+    def set_header(self, name: str, value: str) -> None: ...  # sent with the answer (Retry-After)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,11 +189,11 @@ class Flow:
         state = self.state
         has_prefill, has_decode = bool(state.endpoints["prefill"]), bool(state.endpoints["decode"])
         if state.revision_endpoints:  # a pair is a prefill and a decode pod of one revision
-            paired = state.revision_for(request.request_id) is not None
+            paired = state.revision_for(request.request_id, self._first(request)) is not None
             has_prefill, has_decode = has_prefill and paired, has_decode and paired
         path = choose_path(
             state.disaggregated_share(),
-            draw_for(request.request_id),
+            self._path_draw(request),
             has_prefill=has_prefill,
             has_decode=has_decode,
             has_colocated=bool(state.endpoints["colocated"]),
@@ -242,6 +246,11 @@ class Flow:
         if first is not None and last is not None and output > 1 and last > first:
             tpot = (last - first) / (output - 1)
             metrics.tpot.observe(tpot)
+        if revision is not None:  # per revision of the pair, for a revision rollout's analysis
+            ttft = (first if first is not None else now) - request.arrived
+            self.metrics.child(self.metrics.revision_ttft, revision).observe(ttft)
+            if tpot is not None:
+                self.metrics.child(self.metrics.revision_tpot, revision).observe(tpot)
         self.metrics.observe_request(
             path,
             tenant=request.tenant,
@@ -282,6 +291,54 @@ class Flow:
         # Every pod already tried: trying one again beats failing the request.
         return pod if pod is not None else self.state.balancer.pick(pool, now)
 
+    def _first(self, request: ClientRequest) -> bool:
+        """A tenant of spec.rollout.tenants: on the rollout's target at any weight above 0."""
+        return self.state.gateway.goes_first(request.tenant)
+
+    def _path_draw(self, request: ClientRequest) -> float:
+        first = self.state.gateway.first_draw(request.tenant)
+        return draw_for(request.request_id) if first is None else first
+
+    def _pick_decode(self, tried: set[str], revision: str | None) -> str | None:
+        """A decode pod; with backpressure on, one with KV room while any has (an untried one first)."""
+        pool = "decode" if revision is None else pool_key("decode", revision)
+        balancer = self.state.balancer
+        pods = balancer.pool(pool)
+        room = self.state.gateway.decode_with_room(pods)
+        if room is None or not room or len(room) == len(pods):
+            return self._pick("decode", tried, revision)
+        full = set(pods) - set(room)
+        now = self.clock()
+        pod = balancer.pick(pool, now, tried | full)
+        return pod if pod is not None else balancer.pick(pool, now, full)
+
+    async def _decode_room(
+        self, request: ClientRequest, responder: Responder, tally: _Tally, revision: str | None
+    ) -> bool:
+        """Decode backpressure before prefill: waits up to the queue time for a decode pod with KV
+        room; False when it refused the request (429) because every decode pod stayed full."""
+        gateway = self.state.gateway
+        if gateway.kv_full_at is None:
+            return True
+        pool = "decode" if revision is None else pool_key("decode", revision)
+        deadline = self.clock() + gateway.kv_queue_s
+        while True:
+            pods = self.state.balancer.pool(pool)
+            room = gateway.decode_with_room(pods)
+            if not pods or room is None or room:
+                return True  # no decode pod at all is the pick's 503, not backpressure
+            left = deadline - self.clock()
+            if left <= 0:
+                break
+            await asyncio.sleep(min(0.2, left))
+        gateway.refuse("decode_kv_full", request.tenant)
+        tally.status = 429
+        wait = retry_after(gateway.kv_scrape_interval_s)
+        refusal = Refusal("decode_kv_full", wait, "every decode pod is near its KV-cache capacity")
+        responder.set_header("Retry-After", str(wait))
+        await responder.answer(429, rate_limited_body(refusal), "application/json")
+        return False
+
     def _leg_failed(self, role: str, pod: str, failed: _Failed) -> None:
         self.metrics.child(self.metrics.failures, role, failed.failure.value).inc()
         if blames_pod(failed.failure):
@@ -315,8 +372,10 @@ class Flow:
         while True:
             request_id = request.request_id if attempt == 0 else f"{request.request_id}-{attempt}"
             # Both legs from one serving revision (chosen again per attempt: a pair may have gone).
-            revision = self.state.revision_for(request.request_id)
+            revision = self.state.revision_for(request.request_id, self._first(request))
             tally.revision = revision
+            if attempt == 0 and not await self._decode_room(request, responder, tally, revision):
+                return
             prefill_pod = self._pick("prefill", tried_prefill, revision)
             if prefill_pod is None:
                 self.metrics.child(self.metrics.rejected, "no_ready_pods").inc()
@@ -335,7 +394,7 @@ class Flow:
                     continue
                 await self._give_up(responder, tally, outcome, action)
                 return
-            decode_pod = self._pick("decode", tried_decode, revision)
+            decode_pod = self._pick_decode(tried_decode, revision)
             if decode_pod is None:
                 self.metrics.child(self.metrics.rejected, "no_ready_pods").inc()
                 tally.status = 503

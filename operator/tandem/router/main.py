@@ -17,18 +17,22 @@ import random
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tandem.api.meta import ENGINE_PORT, ROUTER_PORT
 from tandem.kube.pods import PddInfo, PddWatcher, PodEventKind, PodInfo
+from tandem.kube.secrets import SecretPoller
 from tandem.render.lifecycle import STREAM_DRAIN_SECONDS
 from tandem.router.balancer import Balancer
 from tandem.router.buckets import DEFAULT_INPUT_LENGTH_BOUNDS, DEFAULT_OUTPUT_LENGTH_BOUNDS
 from tandem.router.failure import RetryBudget
 from tandem.router.flow import Flow, Timeouts
 from tandem.router.front import Front
+from tandem.router.kvwatch import watch_kv_usage
 from tandem.router.metrics import RouterMetrics, check_length_bounds
 from tandem.router.server import RouterApp, refresh_models
 from tandem.router.slo import SloTargets
@@ -67,6 +71,10 @@ class RouterConfig(BaseModel):
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     input_length_buckets: tuple[int, ...] = DEFAULT_INPUT_LENGTH_BOUNDS
     output_length_buckets: tuple[int, ...] = DEFAULT_OUTPUT_LENGTH_BOUNDS
+    # Static mode's gateway: spec.router's auth/tenants/admission, and the API keys (tenant -> keys,
+    # one a line, as in the keys Secret; given: keys are required). A PDDeployment sets its own.
+    gateway: dict[str, Any] | None = None
+    api_keys: dict[str, str] | None = None
 
     @model_validator(mode="after")
     def _one_discovery(self) -> RouterConfig:
@@ -79,6 +87,8 @@ class RouterConfig(BaseModel):
             raise ValueError("give both --slo-ttft-ms and --slo-tpot-ms, or neither")
         check_length_bounds(self.input_length_buckets)
         check_length_bounds(self.output_length_buckets)
+        if self.pddeployment and (self.gateway is not None or self.api_keys is not None):
+            raise ValueError("--gateway and --api-keys-file are static mode's; use spec.router")
         return self
 
     def slo(self) -> SloTargets | None:
@@ -152,6 +162,10 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
     add("--output-length-buckets", dest="output_length_buckets", type=_bounds,
         default=DEFAULT_OUTPUT_LENGTH_BOUNDS, metavar="N,N,...",
         help="output-token bounds of the TPOT length buckets (spec.router.metrics wins)")  # fmt: skip
+    add("--gateway", type=_yaml_file, metavar="FILE",
+        help="static mode: YAML of spec.router's auth, tenants and admission (docs/router.md)")  # fmt: skip
+    add("--api-keys-file", dest="api_keys", type=_yaml_file, metavar="FILE",
+        help="static mode: YAML map tenant -> API keys (one a line); requests then need a key")  # fmt: skip
     add("--log-level", default="INFO")
     args = vars(parser.parse_args(list(argv)))
     logging.basicConfig(
@@ -162,6 +176,18 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
     except ValueError as error:
         parser.error(str(error))
         raise  # unreachable: parser.error exits
+
+
+def _yaml_file(path: str) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise argparse.ArgumentTypeError(f"{path}: {error}") from error
+    if not isinstance(loaded, dict):
+        raise argparse.ArgumentTypeError(f"{path}: not a YAML map")
+    return {
+        str(key): value if isinstance(value, dict | list) else str(value) for key, value in loaded.items()
+    }
 
 
 def build(config: RouterConfig) -> tuple[RouterApp, RouterState, Flow]:
@@ -183,6 +209,10 @@ def build(config: RouterConfig) -> tuple[RouterApp, RouterState, Flow]:
         state.catalog.configured[config.model] = config.max_model_len
     if not config.pddeployment:
         state.set_static({"prefill": config.prefill, "decode": config.decode, "colocated": config.colocated})
+        if config.gateway is not None or config.api_keys is not None:
+            state.gateway.configure(config.gateway, keys_required=config.api_keys is not None)
+            if config.api_keys is not None:
+                state.gateway.on_keys(config.api_keys)
     flow = Flow(
         state,
         LeanUpstream(connect_timeout_s=config.connect_timeout_s),
@@ -208,9 +238,22 @@ async def serve(config: RouterConfig) -> None:
 
         watcher = PddWatcher(config.namespace or "default", config.pddeployment, on_pods, on_pdd)
         watcher.start()
+
+        def on_keys(name: str, data: dict[str, str] | None, gone: bool, error: str | None) -> None:
+            def apply() -> None:
+                if name == state.gateway.keys_secret:  # not a read of a Secret the spec has left
+                    state.gateway.on_keys(data, gone=gone, error=error)
+
+            loop.call_soon_threadsafe(apply)
+
+        secrets = SecretPoller(config.namespace or "default", lambda: state.gateway.keys_secret, on_keys)
+        secrets.start()
     front = Front(app.handle, max_body_bytes=config.max_body_bytes, on_refused=app.count_refusal)
     await front.start(config.host, config.port)
     refresher = asyncio.create_task(refresh_models(state, flow))
+    kv_watch = asyncio.create_task(
+        watch_kv_usage(state.gateway, flow.upstream, lambda: state.endpoints["decode"])
+    )
     # What start-up allocated (the Kubernetes client, pydantic models) lives for good: freeze it so
     # later full collections do not walk it again (one full pass over it took ~19 ms here, a pause
     # every in-flight stream would feel).
@@ -225,8 +268,10 @@ async def serve(config: RouterConfig) -> None:
         await stop.wait()
     finally:
         refresher.cancel()
+        kv_watch.cancel()
         if watcher is not None:
             watcher.stop()
+            secrets.stop()
         await front.stop(config.drain_timeout_s)
         await flow.upstream.close()
 

@@ -153,6 +153,17 @@ class RouterMetrics:
             "P/D requests that succeeded within both SLO targets, by serving revision of the pair.",
             ["revision"], registry=r,
         )  # fmt: skip
+        self.revision_ttft = Histogram(
+            "tandem_router_revision_time_to_first_token_seconds",
+            "TTFT of successful P/D requests, by the serving revision of the pair (a revision rollout's"
+            " analysis compares the new revision's quantile with the old one's).",
+            ["revision"], buckets=TTFT_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.revision_tpot = Histogram(
+            "tandem_router_revision_time_per_output_token_seconds",
+            "TPOT of successful P/D requests, by the serving revision of the pair.",
+            ["revision"], buckets=TPOT_BUCKETS, registry=r,
+        )  # fmt: skip
         self.within_slo = Counter(
             "tandem_router_requests_within_slo_total",
             "Client requests that succeeded within both SLO targets (TTFT, and TPOT when more than one"

@@ -19,11 +19,14 @@ from typing import Any, Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from tandem.router.admission import Refusal
 from tandem.router.errors import error_body
 from tandem.router.flow import ClientRequest, Flow
 from tandem.router.front import ClientStream, FrontRequest
+from tandem.router.gateway import rate_limited_body, unauthorized_body
 from tandem.router.protocol import BadRequest, Endpoint, check_fits, request_facts
 from tandem.router.state import RouterState
+from tandem.router.tenants import Unauthorized
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +73,28 @@ class RouterApp:
             await self._generate(request, client, endpoint)
             return
         get = self._gets.get(request.path)
+        if get == self.models and request.method == "GET" and self._tenant(request, client) is None:
+            return
         if get is None:
             await self._refuse(client, 404, f"no route {request.path}")
         elif request.method != "GET":
             await self._refuse(client, 405, f"{request.method} is not allowed on {request.path}")
         else:
             await get(client)
+
+    def _tenant(self, request: FrontRequest, client: ClientStream) -> str | None:
+        """The request's tenant label; None when it was answered 401 (bad key) or 503 (keys not loaded)."""
+        gateway = self.state.gateway
+        if not gateway.ready:  # keys configured but not (yet) readable: serve nobody
+            self._reject(client, "api_keys_unavailable", 503, "API keys are not loaded; try again later")
+            return None
+        tenant = gateway.identify(request.headers)
+        if isinstance(tenant, Unauthorized):
+            self.state.metrics.child(self.state.metrics.rejected, "invalid_api_key").inc()
+            client.set_header("WWW-Authenticate", "Bearer")
+            client.answer_nowait(401, unauthorized_body(tenant.message), JSON)
+            return None
+        return tenant
 
     def count_refusal(self, reason: str) -> None:
         """The front's hook for requests it answers itself (413 before the body, 400 unparsable)."""
@@ -99,6 +118,9 @@ class RouterApp:
         if len(raw) > self.max_body_bytes:
             self._reject(client, "body_too_large", 413, f"request body over {self.max_body_bytes} bytes")
             return
+        tenant = self._tenant(request, client)
+        if tenant is None:
+            return
         try:
             body = json.loads(raw)
         except ValueError as error:
@@ -117,12 +139,22 @@ class RouterApp:
             reason = {404: "unknown_model"}.get(error.status, "invalid_request")
             self._reject(client, reason, error.status, error.message, error.param)
             return
-        request_id = request.header("x-request-id") or self._ids.next()
-        client.set_header("X-Request-Id", request_id)
-        headers = request.headers
-        forward = {sent: headers[name] for name, sent in _FORWARDED_HEADERS.items() if name in headers}
-        client_request = ClientRequest(endpoint, body, raw, facts, request_id, arrived, forward)
-        await self.flow.serve(client_request, client)
+        ticket = self.state.gateway.admit(tenant, facts.prompt_tokens, arrived)
+        if isinstance(ticket, Refusal):
+            client.set_header("Retry-After", str(ticket.retry_after_s))
+            client.answer_nowait(429, rate_limited_body(ticket), JSON)
+            return
+        try:
+            request_id = request.header("x-request-id") or self._ids.next()
+            client.set_header("X-Request-Id", request_id)
+            headers = request.headers
+            # With API keys the key is the router's to check: it is not passed on to the engines.
+            forwarded = {} if self.state.gateway.tenancy.keys_required else _FORWARDED_HEADERS
+            forward = {sent: headers[name] for name, sent in forwarded.items() if name in headers}
+            client_request = ClientRequest(endpoint, body, raw, facts, request_id, arrived, forward, tenant)
+            await self.flow.serve(client_request, client)
+        finally:
+            ticket.release()
 
     async def _json(self, client: ClientStream, payload: Any, status: int = 200) -> None:
         await client.answer(status, json.dumps(payload).encode(), JSON)
@@ -137,8 +169,10 @@ class RouterApp:
     async def ready(self, client: ClientStream) -> None:
         """200 once the router knows its pods (a readiness probe); /health stays a liveness check."""
         counts = {role: len(urls) for role, urls in self.state.endpoints.items()}
-        status = 200 if self.state.synced else 503
-        await self._json(client, {"synced": self.state.synced, "endpoints": counts}, status)
+        # Not ready while API keys are configured but unreadable: a router that would refuse everyone.
+        keys = self.state.gateway.ready
+        status = 200 if self.state.synced and keys else 503
+        await self._json(client, {"synced": self.state.synced, "keys": keys, "endpoints": counts}, status)
 
     async def metrics(self, client: ClientStream) -> None:
         self.state.metrics.retry_budget.set(self.flow.budget.available)

@@ -23,6 +23,7 @@ from tandem.router.discovery import (
     endpoints_by_role,
     pool_key,
 )
+from tandem.router.gateway import Gateway
 from tandem.router.metrics import RouterMetrics
 from tandem.router.paths import disaggregated_share
 from tandem.router.revisions import choose_revision
@@ -99,6 +100,11 @@ class RouterState:
     generation: int = 0
     # True once the router has a view to route by: static endpoints, or the first pod list.
     synced: bool = False
+    # Tenants, API keys, admission and decode backpressure (spec.router; `--gateway` in static mode).
+    gateway: Gateway = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.gateway = Gateway(self.metrics.registry)
 
     def set_static(self, endpoints: Mapping[str, Iterable[str]]) -> None:
         self._set_endpoints({role: sorted(endpoints.get(role, ())) for role in POOL_ROLES})
@@ -127,6 +133,7 @@ class RouterState:
         if info.model_name:
             self.catalog.configured[info.model_name] = info.max_model_len
         self.set_length_buckets(info.input_length_buckets, info.output_length_buckets)
+        self.gateway.configure(info.router_gateway, info.rollout_tenants, rollout_target=info.rollout_target)
         if info.slo_ttft_ms is not None and info.slo_tpot_ms is not None:
             self.set_slo(SloTargets.from_ms(info.slo_ttft_ms, info.slo_tpot_ms))
         else:
@@ -169,14 +176,17 @@ class RouterState:
             for role, urls in roles.items():
                 self.balancer.set_pool(pool_key(role, rev), urls)
 
-    def revision_for(self, request_id: str) -> str | None:
-        """The serving revision whose pair takes this request (None: no ready pair, or static mode)."""
+    def revision_for(self, request_id: str, first: bool = False) -> str | None:
+        """The serving revision whose pair takes this request (None: no ready pair, or static mode).
+
+        `first`: a tenant of spec.rollout.tenants, sent to the current (target) revision at any
+        weight above 0."""
         if not self.revision_endpoints:
             return None
         complete = {
             rev: bool(r["prefill"]) and bool(r["decode"]) for rev, r in self.revision_endpoints.items()
         }
-        return choose_revision(self.revision_shares, revision_draw(request_id), complete)
+        return choose_revision(self.revision_shares, 0.0 if first else revision_draw(request_id), complete)
 
     def disaggregated_share(self) -> int:
         mode = self.serving_mode

@@ -224,6 +224,11 @@ def test_queries_select_the_deployment_engines_over_the_window() -> None:
     assert "[90s]" in queries["kv_bytes_buckets"]
     assert 'tandem_dev_pddeployment="llama"' in queries["kv_failed"]
     assert "vllm:nixl_num_failed_transfers_total" in queries["kv_failed"]
+    by_revision = kv_transport_queries("team-a", "llama", 90, revision="b2")
+    assert all('tandem_dev_revision="b2"}' in q for q in by_revision.values())
+    legacy = kv_transport_queries("team-a", "llama", 90, revision="")
+    assert all('tandem_dev_revision=""}' in q for q in legacy.values()), "no label: the legacy pods"
+    assert all("tandem_dev_revision" not in q for q in queries.values())
 
 
 BASE = yaml.safe_load((Path(__file__).parents[2] / "data" / "invalid-specs.yaml").read_text())["base"]
