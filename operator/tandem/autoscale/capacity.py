@@ -5,6 +5,12 @@
   `E[n] / (E[n] x linear + per_token_sq x E[n^2])` prompt tokens/s (`busy_prefill_tokens_per_second`;
   with `E[n^2] = E[n]^2` this is `perf.prefill_tokens_per_second` at the mean prompt: heavy-tailed
   prompts, Mooncake's `E[n^2] = 2.72 E[n]^2`, make it far lower than the mean predicts).
+  Prefix caching: a prompt whose first h tokens are cached computes only the rest, `linear x (n - h)
+  + per_token_sq x (n^2 - h^2)` (the new tokens still attend to the cached ones). With the pool's
+  uncached fraction u (1 - prefix-cache hits / queries, `PoolSignals.uncached_fraction`) taken as
+  h = (1 - u) n for every prompt, a busy replica computes `E[n] / (u E[n] x linear + u (2 - u)
+  per_token_sq x E[n^2])` prompt tokens/s (cached ones included, the unit the engines' prompt-token
+  counter and the queue are in), so a cache-friendly workload is not sized for tokens it never computes.
   At the TTFT target it may only be loaded to a utilisation `rho` that leaves room
   for queueing: with a prompt's service time `s` and the TTFT budget `T` (target less the KV
   transfer and the first decode step), `rho = clamp(1 - k * s / T, floor, cap)`, where `k` is the
@@ -197,7 +203,11 @@ def pool_model(spec: PDDeploymentSpec, role: str) -> PoolModel:
 
 
 def busy_prefill_tokens_per_second(
-    profile: Profile, mean_prompt_tokens: float, second_moment: float, max_num_batched_tokens: int
+    profile: Profile,
+    mean_prompt_tokens: float,
+    second_moment: float,
+    max_num_batched_tokens: int,
+    uncached_fraction: float = 1.0,
 ) -> float:
     """Prompt tokens per second of busy time of one replica over prompts of mean `E[n]` and second moment
     `E[n^2]` (`second_moment`; below `E[n]^2`, e.g. 0 for unknown, it is taken as `E[n]^2`).
@@ -205,15 +215,20 @@ def busy_prefill_tokens_per_second(
     A busy vLLM V1 replica fills every step with `max_num_batched_tokens` tokens, so each prompt token
     costs the linear time of a full step / budget, and a prompt of n tokens adds its attention
     `per_token_sq x n^2` however it is chunked (`perf.prefill_tokens_per_second`, at one length). Summed
-    over the prompts: `E[n] / (E[n] x linear_per_token + per_token_sq x E[n^2])`.
+    over the prompts: `E[n] / (E[n] x linear_per_token + per_token_sq x E[n^2])`. With a share
+    `uncached_fraction` u of every prompt to compute (the rest cached), the linear part is u times and
+    the attention part u (2 - u) times that (module docstring); tokens/s still count every prompt token.
     """
     if max_num_batched_tokens < 1:
         raise ValueError("max_num_batched_tokens must be >= 1")
+    if not 0 < uncached_fraction <= 1:
+        raise ValueError("uncached_fraction must be within (0, 1]")
+    u = uncached_fraction
     mean = max(1.0, mean_prompt_tokens)
     moment = max(second_moment, mean * mean)
     linear_per_token = profile.prefill_linear_seconds(max_num_batched_tokens) / max_num_batched_tokens
     attention = profile.prefill_attention_seconds(0, 1) * moment  # per_token_sq x E[n^2], seconds
-    busy = mean * linear_per_token + attention
+    busy = u * mean * linear_per_token + u * (2.0 - u) * attention
     return mean / busy if busy > 0 else math.inf
 
 
@@ -225,17 +240,23 @@ def prefill_capacity(
     *,
     transfer_gbps: float | None,
     prompt_second_moment: float = 0.0,
+    uncached_fraction: float = 1.0,
 ) -> PrefillCapacity:
     """Prompt tokens/s one replica computes busy, and the share of that usable within the TTFT target.
 
     `prompt_second_moment` is `E[n^2]` of the prompt lengths (0: unknown, every prompt taken at the
     mean). `transfer_gbps` is the KV link of a disaggregated prefill (None for colocated): the KV
     transfer of a prompt comes out of the TTFT budget, as does the first decode step.
+    `uncached_fraction` (1: no prefix cache hits) is the share of prompt tokens computed; the rest is
+    cached (`busy_prefill_tokens_per_second`). The transfer is still counted whole (conservative: a
+    decode pod that caches the prefix pulls less).
     """
     prompt = max(1, round(mean_prompt_tokens))
     budget_tokens = model.limits.max_num_batched_tokens
-    if prompt_second_moment > prompt * prompt:
-        raw = busy_prefill_tokens_per_second(model.profile, prompt, prompt_second_moment, budget_tokens)
+    if prompt_second_moment > prompt * prompt or uncached_fraction < 1.0:
+        raw = busy_prefill_tokens_per_second(
+            model.profile, prompt, prompt_second_moment, budget_tokens, uncached_fraction
+        )
     else:
         raw = prefill_tokens_per_second(model.profile, prompt, budget_tokens)
     service = prompt / raw if raw > 0 else math.inf

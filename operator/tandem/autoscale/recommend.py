@@ -2,7 +2,9 @@
 
 Prefill: `(arriving prompt tokens/s + queued prompt tokens / drain) / (capacity at the TTFT target x
 correction)`; arriving = computed, plus the queue's growth over the window when the snapshot has
-the queue one window earlier (`queued_prompt_tokens_before`).
+the queue one window earlier (`queued_prompt_tokens_before`). The capacity counts only the prompt
+tokens the pool computes: with the engines' prefix-cache hits over queries, a replica serves that
+many more prompt tokens (`capacity.busy_prefill_tokens_per_second`); colocated likewise.
 Decode: `max(max(running / sequences per replica, output tokens/s / tokens/s per replica) + waiting /
 sequences per replica, KV used / kv_target_usage)`, capacities x correction. Output tokens/s is the
 larger of those generated and those arriving (requests prefill finished x mean output tokens), so
@@ -371,6 +373,7 @@ def _prefill(
     knobs: Knobs,
     slo: SLOSpec,
 ) -> Sizing:
+    uncached = obs.signals.uncached_fraction
     cap = prefill_capacity(
         model,
         slo,
@@ -378,6 +381,7 @@ def _prefill(
         knobs,
         transfer_gbps=spec.kv_transfer.bandwidth_gbps,
         prompt_second_moment=obs.prompt_second_moment,
+        uncached_fraction=uncached,
     )
     computed = obs.signals.prompt_tokens_rate
     rate = _arrival(obs, snapshot)
@@ -411,6 +415,8 @@ def _prefill(
         "capacityTokensPerSecond": per_replica,
         "ttftTargetSeconds": slo.ttft_ms / 1000.0,
     }
+    if uncached < 1.0:
+        figures["uncachedPromptFraction"] = uncached
     if obs.signals.queued_prompt_tokens_before is not None:
         figures["queuedPromptTokensBefore"] = obs.signals.queued_prompt_tokens_before
     if obs.path.ttft_seconds is not None:
@@ -527,6 +533,7 @@ def _colocated(
     knobs: Knobs,
     slo: SLOSpec,
 ) -> Sizing:
+    uncached = obs.signals.uncached_fraction
     prefill = prefill_capacity(
         model,
         slo,
@@ -534,6 +541,7 @@ def _colocated(
         knobs,
         transfer_gbps=None,
         prompt_second_moment=obs.prompt_second_moment,
+        uncached_fraction=uncached,
     )
     decode = decode_capacity(model, slo, obs.prompt_tokens + obs.output_tokens / 2.0, knobs)
     prompt_cap = max(prefill.at_target * correction, 1e-9)
@@ -561,6 +569,8 @@ def _colocated(
         "ttftTargetSeconds": slo.ttft_ms / 1000.0,
         "tpotTargetSeconds": slo.tpot_ms / 1000.0,
     }
+    if uncached < 1.0:
+        figures["uncachedPromptFraction"] = uncached
     if model.fallback:
         figures["profileFallback"] = 1.0
     what = (

@@ -17,6 +17,10 @@ from typing import Final
 PATH_DISAGGREGATED: Final = "disaggregated"
 PATH_COLOCATED: Final = "colocated"
 
+# A prompt always computes its last token, and a step has fixed costs: the pool is never sized as if
+# more than 95% of the prompt tokens were free.
+MIN_UNCACHED_FRACTION: Final = 0.05
+
 
 @dataclass(frozen=True, slots=True)
 class PoolSize:
@@ -48,6 +52,20 @@ class PoolSignals:
     # replica's tokens/s depends on it, not only on the mean.
     prompt_tokens_second_moment: float = 0.0
     mean_output_tokens: float = 0.0  # over the window's finished requests (0 if none)
+    # Prompt tokens looked up in the engines' prefix caches per second, and found there (rates of
+    # vllm:prefix_cache_queries and vllm:prefix_cache_hits, summed over the pool; 0: not exported).
+    prefix_cache_queries_rate: float = 0.0
+    prefix_cache_hits_rate: float = 0.0
+
+    @property
+    def uncached_fraction(self) -> float:
+        """Share of the prompt tokens the pool computes (1 - prefix-cache hits / queries), at least
+        `MIN_UNCACHED_FRACTION`; 1 when nothing was looked up (no counters, or no traffic)."""
+        queries = self.prefix_cache_queries_rate
+        if not queries > 0 or not math.isfinite(queries):
+            return 1.0
+        hits = min(max(self.prefix_cache_hits_rate, 0.0), queries)
+        return max(MIN_UNCACHED_FRACTION, 1.0 - hits / queries)
 
 
 @dataclass(frozen=True, slots=True)

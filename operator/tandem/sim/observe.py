@@ -4,7 +4,8 @@ Rates are increases over the window divided by its span; gauges are the last scr
 pool's serving replicas (KV usage averaged and maxed), and the queued prompt tokens also one window
 earlier (`queued_prompt_tokens_before`, as the live reader's `offset`). The prompts' second moment comes
 from a histogram with vLLM's `vllm:request_prompt_tokens` buckets through the same
-`autoscale.snapshot.second_moment` the live reader uses. TTFT and TPOT are PromQL-style quantiles of the
+`autoscale.snapshot.second_moment` the live reader uses. Prefix-cache queries and hits are rates of the
+replicas' counters, as the live reader's of vLLM's. TTFT and TPOT are PromQL-style quantiles of the
 router's histograms at the SLO's quantile; `None` where the window saw no request of that kind.
 """
 
@@ -47,6 +48,8 @@ def snapshot_of(view: WindowView, quantile: float) -> Snapshot:
             mean_prompt_tokens=mean_prompt,
             prompt_tokens_second_moment=second_moment(PROMPT_BUCKETS, inc.pool_prompt_hist[r], mean_prompt),
             mean_output_tokens=inc.pool_finished_output[r] / finished if finished else 0.0,
+            prefix_cache_queries_rate=view.rate(inc.pool_prefix_queries[r]),
+            prefix_cache_hits_rate=view.rate(inc.pool_prefix_hits[r]),
         )
     paths: dict[str, PathSignals] = {}
     for p, name in enumerate(PATH_NAMES):

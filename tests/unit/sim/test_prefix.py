@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tandem.router.prefix import PrefixKnobs
-from tandem.sim import Request, SimConfig, simulate
+from tandem.sim import Request, SimConfig, StaticPolicy, simulate
 from tandem.sim.layout import SLO, Layout, PoolSpec
 from tandem.sim.traces.prefix import (
     ENGINE_BLOCK_TOKENS,
@@ -289,3 +289,14 @@ def test_prefix_knobs_are_passed_through(kit: SimKit) -> None:
         slo=SLO(ttft_ms=1000, tpot_ms=50), routing="prefix", prefix_knobs=PrefixKnobs(max_blocks=8)
     )
     assert config.prefix_knobs.max_blocks == 8
+
+
+def test_the_policy_sees_the_prefix_cache_counters(kit: SimKit) -> None:
+    """The simulator's Snapshot carries the replicas' prefix-cache rates, as the live reader's."""
+    policy = StaticPolicy(interval_seconds=15.0, keep_snapshots=True)
+    requests = [_req(float(t), PROMPT) for t in range(60)]
+    simulate(requests, kit.colocated(), kit.config(), policy)
+    pool = policy.seen[-1].pools["colocated"]
+    assert pool.prefix_cache_queries_rate == pytest.approx(1000.0, rel=0.05)  # one 1000-token prompt/s
+    assert pool.prefix_cache_hits_rate == pytest.approx(992.0, rel=0.05)
+    assert pool.uncached_fraction == 0.05  # 0.8% computed: the floor
