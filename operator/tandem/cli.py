@@ -24,6 +24,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "sim": ("tandem.sim.cli:sim_main", "replay a trace through a PDDeployment in the cluster simulator"),
     "advise": ("tandem.sim.cli:advise_main", "P/D or colocated, which P:D ratio, how many GPUs (simulated)"),
+    "dashboard": (
+        "tandem.dashboard.render",
+        "the Grafana dashboard: `dashboard json`, `dashboard render` (PNG)",
+    ),
 }
 
 

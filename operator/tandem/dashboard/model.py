@@ -139,3 +139,12 @@ def substitute(expr: str, values: dict[str, str]) -> str:
     for name in sorted(values, key=len, reverse=True):
         expr = expr.replace("${" + name + "}", values[name]).replace("$" + name, values[name])
     return expr
+
+
+def panel_queries(dashboard: Dashboard, values: dict[str, str]) -> dict[str, str]:
+    """Every panel query with the variables substituted, by `<panel title> [<refId>]`."""
+    return {
+        f"{panel.title} [{target.ref_id}]": substitute(target.expr, values)
+        for panel in dashboard.query_panels()
+        for target in panel.targets
+    }

@@ -22,6 +22,13 @@ QUANTILES: Final = ((0.5, "p50"), (0.95, "p95"), (0.99, "p99"))
 _SEL = 'namespace=~"$namespace", tandem_dev_pddeployment=~"$pddeployment"'
 ROUTER: Final = _SEL + ', tandem_dev_role="router"'
 OPERATOR: Final = 'namespace=~"$namespace", pddeployment=~"$pddeployment"'
+# The operator's gauges as the leading replica sets them (a replica that lost the lease keeps its
+# last values until it restarts).
+LEADING: Final = " * on (instance) group_left () (tandem_operator_leader == 1)"
+
+
+def leading(metric: str) -> str:
+    return f"({metric}{{{OPERATOR}}}{LEADING})"
 
 
 def engines(roles: str) -> str:
@@ -202,10 +209,10 @@ ROWS: Final[tuple[tuple[str, tuple[PanelDef, ...]], ...]] = (
                 "short",
                 (
                     Query(
-                        f"sum by (pool) (tandem_operator_pool_ready_replicas{{{OPERATOR}}})", "ready {{pool}}"
+                        f"sum by (pool) {leading('tandem_operator_pool_ready_replicas')}", "ready {{pool}}"
                     ),
                     Query(
-                        f"sum by (pool) (tandem_operator_autoscaler_desired_replicas{{{OPERATOR}}})",
+                        f"sum by (pool) {leading('tandem_operator_autoscaler_desired_replicas')}",
                         "desired {{pool}}",
                     ),
                 ),
@@ -215,7 +222,7 @@ ROWS: Final[tuple[tuple[str, tuple[PanelDef, ...]], ...]] = (
                 "GPUs by pool",
                 "GPUs the desired replicas of each pool request (tandem_operator_pool_gpus).",
                 "short",
-                (Query(f"sum by (pool) (tandem_operator_pool_gpus{{{OPERATOR}}})", "{{pool}}"),),
+                (Query(f"sum by (pool) {leading('tandem_operator_pool_gpus')}", "{{pool}}"),),
                 width=8,
             ),
             PanelDef(
@@ -239,11 +246,11 @@ ROWS: Final[tuple[tuple[str, tuple[PanelDef, ...]], ...]] = (
                 "percent",
                 (
                     Query(
-                        f"max by (pddeployment) (tandem_operator_disaggregated_weight_percent{{{OPERATOR}}})",
+                        f"max by (pddeployment) {leading('tandem_operator_disaggregated_weight_percent')}",
                         "P/D share {{pddeployment}}",
                     ),
                     Query(
-                        f"max by (pddeployment) (tandem_operator_revision_weight_percent{{{OPERATOR}}})",
+                        f"max by (pddeployment) {leading('tandem_operator_revision_weight_percent')}",
                         "current revision {{pddeployment}}",
                     ),
                 ),

@@ -35,6 +35,8 @@ import itertools
 import json
 import math
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,13 +46,17 @@ import pytest
 import yaml
 
 from tandem.controller.autoscaler import MIN_WINDOW_SECONDS
+from tandem.dashboard.model import Dashboard, panel_queries
+from tandem.dashboard.panels import CHART_FILE
 from tandem.demo.load import BackgroundLoad, Phase
 from tandem.devcluster import cluster as devcluster
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.layout import ClusterDir
+from tandem.metrics.prometheus import PrometheusReader
 
 from .conftest import Operators
 from .harness import (
+    IMAGE,
     MODEL,
     Seen,
     Watcher,
@@ -535,3 +541,128 @@ def test_prometheus_stopped_holds_sizes_and_says_why_then_recovers(story: Story)
     print(
         f"Prometheus back: Active after {back.at - restarted:.0f}s, decode 1 after {done.at - restarted:.0f}s"
     )
+
+
+# -- the Grafana dashboard against this cluster's Prometheus ---------------------------------------
+
+DASH = "dash"  # a colocated PDDeployment beside the P/D story deployment
+ADMISSION_REFUSALS = "tandem_router_refusals_total"
+
+
+def _post(url: str, body: dict[str, Any]) -> int:
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            response.read()
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        error.read()
+        return int(error.code)
+
+
+def _traffic(url: str, requests: int) -> list[int]:
+    """Streamed requests in two input-length buckets (sim tokens are words: 60 and 1500)."""
+    codes = []
+    for i in range(requests):
+        words = 60 if i % 2 else 1500
+        body = {"model": MODEL, "prompt": " ".join(["word"] * words), "max_tokens": 12, "stream": True}
+        codes.append(_post(url + "/v1/completions", body))
+    return codes
+
+
+def _exports(url: str, family: str) -> bool:
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
+        return f"# HELP {family} " in response.read().decode()
+
+
+def test_dashboard_queries_all_answer_from_the_local_prometheus(story: Story) -> None:
+    """Every query of the shipped Grafana dashboard (charts/tandem/dashboards/tandem.json, its
+    variables set to this namespace and the two PDDeployments `e2e` (P/D, autoscaled) and `dash`
+    (colocated)) answers from the cluster's Prometheus with a finite value while the test causes what
+    the panels show: streamed traffic on both paths in two input-length buckets, requests for an
+    unknown model (router rejections), admission refusals (a limit of one request per 20 s set on
+    `dash`, when the routers have admission control), and a scale event (`dash` colocated 1 -> 2).
+    Rates must be above zero, quantiles and gauges finite. The operators of this module are scraped
+    through the dev Prometheus' `local` job. `$__rate_interval` is 2m (every sample of this test inside
+    one window)."""
+    cluster, ns = story.cluster, story.namespace
+    began = time.monotonic()
+    apply(
+        cluster, ns,
+        pddeployment(DASH, {
+            "engine": {"type": "sim", "image": IMAGE, "env": engine_env(TIME_SCALE, 0)},
+            "serving": {"mode": "Colocated"},
+            "colocated": pool(1),
+        }),
+    )  # fmt: skip
+    dash = Watcher(cluster, ns, DASH).start()
+    reader = PrometheusReader(cluster.prometheus_url, timeout=20)
+    try:
+        dash.wait("dash Ready", lambda s: s.is_ready(), timeout=240)
+        pd_url, colo_url = router_url(cluster, ns, "e2e"), router_url(cluster, ns, DASH)
+        print(f"\ndash Ready after {time.monotonic() - began:.0f}s")
+        unknown = {"model": "no-such-model", "prompt": "hi", "max_tokens": 1}
+        rounds = 0
+        while True:  # two rounds at least a scrape apart: every counter moves inside the window
+            rounds += 1
+            assert all(code == 200 for code in _traffic(pd_url, 4) + _traffic(colo_url, 4))
+            assert _post(pd_url + "/v1/completions", unknown) == 404
+            assert _post(colo_url + "/v1/completions", unknown) == 404
+            if rounds == 2:
+                break
+            time.sleep(5)
+        admission = all(_exports(url, ADMISSION_REFUSALS) for url in (pd_url, colo_url))
+        refused = 0
+        if admission:  # a limit of one request per 20 s on `dash`: the next requests get 429
+            limits = {"requestsPerSecond": 0.05, "requestBurst": 1}
+            patch = {"spec": {"router": {"admission": {"defaultLimits": limits}}}}
+            cluster.kubectl("patch", "pdd", DASH, "-n", ns, "--type=merge", "-p", json.dumps(patch))
+            deadline = time.monotonic() + 60
+            while refused < 2 and time.monotonic() < deadline:
+                refused += _post(colo_url + "/v1/completions", {**unknown, "model": MODEL}) == 429
+                time.sleep(1)
+            assert refused >= 2, "no 429 from dash's router under a limit of one request per 20 s"
+        story.cluster.kubectl("patch", "pdd", DASH, "-n", ns, "--type=merge", "-p",
+                              '{"spec": {"colocated": {"replicas": 2}}}')  # fmt: skip
+        dash.wait("dash colocated 2 ready", lambda s: s.ready("colocated") == 2 and s.is_ready(), 180)
+
+        model = Dashboard.model_validate(json.loads(CHART_FILE.read_text()))
+        values = {"namespace": ns, "pddeployment": f"e2e|{DASH}", "__rate_interval": "2m"}
+        queries = panel_queries(model, values)
+        if not admission:
+            queries = {name: q for name, q in queries.items() if ADMISSION_REFUSALS not in q}
+            print(
+                f"routers do not export {ADMISSION_REFUSALS} (admission control not in this build): skipped"
+            )
+
+        def problems() -> dict[str, str]:
+            results, errors = reader.run(queries, time.time())
+            found = dict(errors)
+            for name, result in results.items():
+                finite = [float(r["value"][1]) for r in result if math.isfinite(float(r["value"][1]))]
+                counted = "histogram_quantile" not in queries[name] and "rate(" in queries[name].replace(
+                    "increase(", "rate("
+                )
+                if not finite:
+                    found[name] = f"no finite value ({len(result)} series): {queries[name]}"
+                elif counted and max(finite) <= 0:  # a rate or increase: what the test caused must show
+                    found[name] = f"only zero ({len(result)} series): {queries[name]}"
+            return found
+
+        deadline, left = time.monotonic() + 90, problems()
+        while left and time.monotonic() < deadline:  # the last scrape and the operator's gauges
+            time.sleep(3)
+            left = problems()
+        assert not left, "\n".join(f"{name}: {why}" for name, why in left.items())
+        pools = reader.run({"p": queries["Pool sizes [A]"]}, time.time())[0]["p"]
+        assert any(float(r["value"][1]) >= 2 for r in pools), pools  # the scale event shows
+        print(
+            f"dashboard: {len(queries)} queries answered ({refused} admission refusals caused);"
+            f" test took {time.monotonic() - began:.0f}s"
+        )
+    finally:
+        reader.close()
+        dash.stop()
+        cluster.kubectl("delete", "pdd", DASH, "-n", ns, "--wait=false", check=False)
