@@ -213,9 +213,14 @@ class Cluster:
             runs = request.prefix
             return min(pods, key=lambda r: (-r.cached_blocks(runs), r.cost()))
         knobs = self.config.prefix_knobs
+        loads = [PodLoad(r.name, r.load_requests, r.load_tokens) for r in pods]
+        if routing == "oracle-bounded":
+            view = _CacheView({r.name: r for r in pods}, request.prefix)
+            first = route_keys(request.prefix, self.config.route_block_tokens, 1)  # for its tie-breaks
+            name = choose_prefill(loads, first, view, knobs)
+            return next(r for r in pods if r.name == name)
         keys = route_keys(request.prefix, self.config.route_block_tokens, knobs.max_blocks)
         index = self.prefix_index[role]
-        loads = [PodLoad(r.name, r.load_requests, r.load_tokens) for r in pods]
         name = choose_prefill(loads, keys, index, knobs)
         chosen = next(r for r in pods if r.name == name)
         index.record(chosen.name, keys)
@@ -501,6 +506,20 @@ class Cluster:
             busy_gpu_hours={role: busy.get(role, 0.0) for role in self.layout.pools},
         )
         return SimResult(records=records, series=self.series, summary=summary)
+
+
+class _CacheView(PrefixIndex):
+    """The replicas' simulated caches in the place of the balancer's index (the bounded oracle): a pod
+    "matches" the blocks of the request's prompt it really holds; the keys passed are not used."""
+
+    def __init__(self, replicas: Mapping[str, Replica], runs: tuple[tuple[int, int], ...] | None) -> None:
+        super().__init__(1)
+        self.replicas = replicas
+        self.runs = runs
+
+    def matched_blocks(self, pod: str, keys: Sequence[int]) -> int:
+        replica = self.replicas.get(pod)
+        return replica.cached_blocks(self.runs) if replica is not None else 0
 
 
 def simulate(

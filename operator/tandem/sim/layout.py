@@ -16,8 +16,10 @@ Role = Literal["prefill", "decode", "colocated"]
 # router's power-of-two choices; the least-loaded pod; round-robin; prefix-aware (`router.prefix`'s
 # choose_prefill, the router's code, with an index learnt from its own choices); the affinity oracle
 # (the pod whose simulated cache holds the longest prefix of the prompt, ties to the least loaded:
-# load otherwise ignored). Decode pods are always picked by power-of-two choices.
-Routing = Literal["power-of-two", "least-loaded", "round-robin", "prefix", "oracle"]
+# load otherwise ignored); the bounded oracle (choose_prefill with the simulated caches in place of the
+# learnt index: the prefix-aware balancer with perfect knowledge). Decode pods are always picked by
+# power-of-two choices.
+Routing = Literal["power-of-two", "least-loaded", "round-robin", "prefix", "oracle", "oracle-bounded"]
 ROLES: tuple[Role, ...] = ("prefill", "decode", "colocated")
 
 DEFAULT_MAX_NUM_SEQS = 1024  # vLLM's default on H100/H200

@@ -245,6 +245,7 @@ def _two_pods(kit: SimKit, routing: str) -> tuple[Layout, SimConfig]:
     [
         ("oracle", 992),  # the pod holding the prefix
         ("prefix", 992),  # the index learnt where the first went
+        ("oracle-bounded", 992),  # the balancer, with the true caches for its index
         ("round-robin", 0),  # the other pod
     ],
 )
