@@ -84,6 +84,7 @@ def render(
         factor, unit = _SCALE.get(panel.field_config.defaults.unit, (1.0, panel.field_config.defaults.unit))
         for name, xs, ys in sorted(series, key=lambda s: s[0])[:12]:
             ax.plot([(x - start) / 60 for x in xs], [y * factor for y in ys], label=name, linewidth=1.2)
+        ax.set_xlim(0, (end - start) / 60)
         ax.set_title(panel.title + ("" if series else " (no data)"), fontsize=10)
         ax.set_xlabel("minutes", fontsize=8)
         ax.set_ylabel(unit, fontsize=8)
@@ -94,7 +95,7 @@ def render(
     for index in range(len(panels), rows * columns):
         axes[index // columns][index % columns].axis("off")
     fig.suptitle(title, fontsize=12)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.98))
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=80)
     plt.close(fig)
