@@ -234,8 +234,16 @@ class Reconciler:
             pods=pods,
             command_value=routed.revision,
             verdict_for=revisions.verdict_reader(self.autoscaler, pdd, epoch),
+            loads_for=revisions.loads_reader(self.autoscaler, pdd),
         )
-        replicas: dict[str, int | None] = {**scaling.replicas, "router": pdd.spec.router.replicas}
+        # During a revision rollout each pair is sized for its share of the P/D requests.
+        rollout_steps = [st.weight for st in pdd.spec.rollout.steps] if pdd.spec.rollout is not None else []
+        sizes = revisions.pair_sizes(revs.status, scaling.replicas, rollout_steps)
+        replicas: dict[str, int | None] = {
+            **scaling.replicas,
+            **sizes.current,
+            "router": pdd.spec.router.replicas,
+        }
         desired = [
             obj
             for obj in render(pdd, replicas, revs.status.current)
@@ -259,6 +267,19 @@ class Reconciler:
                 result.applied.append(f"{key[0]}/{key[1]}")
             except KubeError as exc:
                 apply_errors.append(f"{key[0]}/{key[1]}: {exc.message}")
+        kept = revs.status.previous
+        for role, size in sizes.previous.items():
+            if kept is None:
+                break
+            sts = existing.get(("StatefulSet", f"{kept.prefix}-{role}"))
+            if sts is None or int((sts.get("spec") or {}).get("replicas", 1)) == size:
+                continue
+            config = revisions.share_config(kept.prefix, role, ns, size)
+            try:
+                self.kube.apply(KINDS["StatefulSet"], config, revisions.SHARE_MANAGER)
+                result.applied.append(f"StatefulSet/{kept.prefix}-{role} (replicas {size})")
+            except KubeError as exc:
+                apply_errors.append(f"StatefulSet/{kept.prefix}-{role}: {exc.message}")
         wanted = {_key(obj) for obj in desired}
         for key, obj in existing.items():
             if key not in wanted and key not in revs.keep:  # the previous revision's pair drains
@@ -276,7 +297,10 @@ class Reconciler:
         problems = missing_secrets(self.kube, pdd) + pod_problems(pods)
         observed = Observed(
             workloads=workloads,
-            desired_replicas=_status_replicas(pdd, scaling, live),
+            desired_replicas={
+                **_status_replicas(pdd, scaling, live),
+                **{role: n for role, n in sizes.current.items() if n is not None},  # the pair's share
+            },
             pod_problems=problems,
             apply_errors=apply_errors,
             sources=scaling.sources,

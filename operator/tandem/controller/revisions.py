@@ -10,8 +10,10 @@ StatefulSets around it. State lives only in `status.revisions` (docs/rollout.md,
   old pair, which the operator keeps as it is;
 - once every StatefulSet of the new pair has all its replicas Ready (or P/D has no pods to run),
   the weight goes to 100 at once (`since` = now): no request goes to a pair that is not ready;
-- the old pair is deleted `drain_seconds` after it got its last request (weight 0 from `since`),
-  so legs already sent to it (decode streams, KV pulls from its prefill pods) finish first;
+- the old pair is deleted once idle: from `SETTLE_SECONDS` after it got its last request (weight 0
+  from `since`) its engines report no request running or waiting and no KV held for a pull, so legs
+  already sent to it (decode streams, KV pulls from its prefill pods) finish first; at the latest
+  `spec.autoscaling.drainTimeoutSeconds` after (Event `RevisionRemoved` says which);
 - the spec going back to the previous revision swaps the two (the old pair still serves, so the
   weight returns to it first and the new pair drains); a third revision during a change replaces
   a new pair that never got traffic, or else supersedes the previous pair, which is dropped.
@@ -20,7 +22,7 @@ With `spec.rollout`, `advance_rollout` runs the gray rollout's state machine (`t
 between the two revisions instead of the cut-over: Preparing until the new pair is Ready, then the
 steps' weights on the new revision, each judged from the routers' per-revision counters
 (`tandem.metrics.revisions`) against the SLO and against the old revision; the command annotation
-acts as for a mode rollout. Promoted: the old pair is deleted `scaleDownDelaySeconds` later. A
+acts as for a mode rollout. Promoted: the old pair is deleted once idle, as above. A
 failed verdict or `abort`: the weight goes back to the old pair first, `scaleDownDelaySeconds`
 later the new pair is deleted and the old one is `current` again (RolledBack); while the spec still
 names the rejected revision, the old pair is kept exactly as it is (not rendered from the spec) until
@@ -45,7 +47,10 @@ from tandem.rollout.machine import Command, Observed, Transition, parse_command,
 from tandem.rollout.machine import step as machine_step
 from tandem.rollout.state import Phase, RollbackStage, RolloutState, start
 
-DEFAULT_DRAIN_SECONDS: Final = 30.0
+DEFAULT_DRAIN_SECONDS: Final = 30.0  # the old pair's fixed drain before it went by idleness (e2e bound)
+# The old pair is judged idle only this long after its weight went to 0: the routers have the weight
+# and Prometheus has scraped a request sent just before (as a draining pod: controller/drain.py).
+SETTLE_SECONDS: Final = 10.0
 REQUEUE_SECONDS: Final = 5.0
 # Kinds of a revision's per-role objects (all named <prefix>-<role>).
 PAIR_KINDS: Final = ("StatefulSet", "Service", "PodDisruptionBudget")
@@ -58,6 +63,39 @@ def legacy_record(pdd_name: str, rev: str) -> RevisionRecord:
     return RevisionRecord(id=rev, prefix=name_prefix(pdd_name, rev, legacy=True), legacy=True)
 
 
+IdleCheck = Callable[[], "bool | None"]
+
+
+def _not_read() -> bool | None:
+    return None
+
+
+def removal(since: float, now: float, old_idle: IdleCheck, settle: float, timeout: float) -> str | None:
+    """Whether the previous pair, whose weight went to 0 at `since`, goes now, and why: "idle" (checked
+    from `settle` seconds on: its engines report no request running or waiting and, on prefill, no
+    KV held for a pull), "timeout" (`timeout` seconds passed, idle or not), or None (it stays).
+    `old_idle` reads the pods' loads (None: not known, which waits); it is called only when due."""
+    elapsed = now - since
+    if elapsed >= timeout:
+        return "timeout"
+    if elapsed >= settle and old_idle() is True:
+        return "idle"
+    return None
+
+
+def removal_message(previous: RevisionRecord, why: str, since: float, now: float, timeout: float) -> str:
+    waited = f"{now - since:.0f} s after its weight went to 0"
+    if why == "idle":
+        return (
+            f"revision {previous.id} idle (no request running or waiting, no KV held for a pull) "
+            f"{waited}: its pair is deleted"
+        )
+    return (
+        f"revision {previous.id} not seen idle within the drain timeout ({timeout:g} s, "
+        f"spec.autoscaling.drainTimeoutSeconds; {waited}): its pair is deleted anyway"
+    )
+
+
 def advance(
     stored: RevisionsStatus | None,
     pdd_name: str,
@@ -66,8 +104,12 @@ def advance(
     current_ready: bool,
     now: float,
     drain_seconds: float,
+    old_idle: IdleCheck = _not_read,
+    settle_seconds: float = 0.0,
 ) -> tuple[RevisionsStatus, list[Event]]:
-    """status.revisions after this pass, and the Events that say what changed."""
+    """status.revisions after this pass, and the Events that say what changed. The previous pair goes
+    once idle (`old_idle`, from `settle_seconds` after its weight went to 0), at the latest
+    `drain_seconds` after."""
     if stored is None:
         return RevisionsStatus(current=legacy_record(pdd_name, spec_revision), weight=100), []
     current, previous, weight = stored.current, stored.previous, stored.weight
@@ -103,10 +145,9 @@ def advance(
             [("Normal", "RevisionSwitched", message)],
         )
     since = stored.since if stored.since is not None else now
-    if now - since >= drain_seconds:
-        message = (
-            f"revision {previous.id} drained ({drain_seconds:g} s without requests): its pair is deleted"
-        )
+    why = removal(since, now, old_idle, settle_seconds, drain_seconds)
+    if why is not None:
+        message = removal_message(previous, why, since, now, drain_seconds)
         return RevisionsStatus(current=current, weight=100), [("Normal", "RevisionRemoved", message)]
     return stored, []
 
@@ -175,8 +216,13 @@ def advance_rollout(
     command: Command | None,
     verdict_for: VerdictFor,
     now: float,
+    old_idle: IdleCheck = _not_read,
+    settle_seconds: float = 0.0,
+    drain_timeout: float | None = None,
 ) -> tuple[RevisionsStatus, list[Event]]:
     """status.revisions after one pass of a revision change under `spec.rollout` (module docstring).
+    Promoted: the old pair goes once idle (`old_idle`, from `settle_seconds` on), at the latest
+    `drain_timeout` (default: `scaleDownDelaySeconds`) after the promotion.
 
     `verdict_for(state, new, old)` reads and judges a window when one is due (else None); it is only
     called while the machine is Shifting or Paused."""
@@ -238,8 +284,10 @@ def advance_rollout(
         kind = "Warning" if s.phase in (Phase.RollingBack, Phase.RolledBack) else "Normal"
         events.append((kind, event, f"{head}: {s.reason}"))
     if s.phase is Phase.Promoted:
-        if now - s.phase_since >= config.scale_down_delay_seconds:
-            message = f"revision {previous.id} drained: its pair is deleted"
+        timeout = config.scale_down_delay_seconds if drain_timeout is None else drain_timeout
+        why = removal(s.phase_since, now, old_idle, settle_seconds, timeout)
+        if why is not None:
+            message = removal_message(previous, why, s.phase_since, now, timeout)
             return RevisionsStatus(current=current, weight=100), [
                 *events,
                 ("Normal", "RevisionRemoved", message),
@@ -307,9 +355,120 @@ def rollout_conditions(status: RevisionsStatus, had: Sequence[Condition]) -> lis
     return conditions_for(state, f"revision {record.target}", had, record.reason, source=f"revision {old.id}")
 
 
-def drain_seconds_for(pdd: PDDeployment) -> float:
-    rollout = pdd.spec.rollout
-    return float(rollout.scale_down_delay_seconds) if rollout is not None else DEFAULT_DRAIN_SECONDS
+@dataclass(frozen=True)
+class PairSizes:
+    """Replicas of the two pairs during a revision change under spec.rollout (empty: as decided)."""
+
+    current: dict[str, int | None] = field(default_factory=dict)  # rendered with the current pair
+    previous: dict[str, int] = field(default_factory=dict)  # set on the kept previous pair
+
+
+def pair_sizes(
+    status: RevisionsStatus, decided: Mapping[str, int | None], step_weights: Sequence[int]
+) -> PairSizes:
+    """Each pair sized for the share of P/D requests it gets (capacity traded, not doubled), as the
+    arms of a mode rollout are (`rollout.arms.share_of`): the size decided for the pool (the spec's,
+    or the autoscaler's for the whole P/D load) times the pair's share, rounded up, and at least one
+    replica per pool while the pair carries (or is about to carry, or still drains) weight. Only under
+    spec.rollout (a cut-over moves every request at once, so the new pair starts at its full size):
+    - Preparing: the new pair at the first step's share, the old one at its full size;
+    - Shifting, Paused: the new pair at the weight's share, the old one at the rest;
+    - RollingBack: the new pair at the step it left, the old one back to its full size;
+    - Promoted: the new pair at its full size; the old one is left as it is until it goes (idle).
+    A pool decided externally (None) is left to its controller."""
+    from tandem.rollout.arms import share_of
+
+    record = status.rollout
+    if status.previous is None or record is None or record.target != status.current.id:
+        return PairSizes()
+    step = step_weights[min(record.step, len(step_weights) - 1)] if step_weights else 100
+    phase = record.phase
+    if phase in ("Shifting", "Paused"):
+        new_pct, old_pct = status.weight, 100 - status.weight
+    elif phase == "Preparing":
+        new_pct, old_pct = step_weights[0] if step_weights else 100, 100
+    elif phase == "RollingBack":
+        new_pct, old_pct = step, 100
+    else:  # Promoted
+        new_pct, old_pct = 100, -1
+
+    def size(role: str, pct: int) -> int | None:
+        base = decided.get(role)
+        if base is None:
+            return None
+        return max(share_of(base, pct), 1) if base > 0 else 0
+
+    current: dict[str, int | None] = {str(role): size(role, new_pct) for role in meta.REVISIONED_ROLES}
+    previous: dict[str, int] = {}
+    if old_pct >= 0:
+        for role in meta.REVISIONED_ROLES:
+            n = size(role, old_pct)
+            if n is not None:
+                previous[str(role)] = n
+    return PairSizes(current=current, previous=previous)
+
+
+SHARE_MANAGER: Final = "tandem-revision-share"  # the field manager that sizes a kept previous pair
+
+
+def share_config(prefix: str, role: str, namespace: str, replicas: int) -> Obj:
+    """The apply configuration that sets a kept pair's StatefulSet to `replicas` and nothing else
+    (the pair is not rendered: its template must stay the old revision's)."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": f"{prefix}-{role}", "namespace": namespace},
+        "spec": {"replicas": replicas},
+    }
+
+
+def drain_timeout_for(pdd: PDDeployment) -> float:
+    """The longest an old pair waits to be idle before it is deleted anyway."""
+    return float(pdd.spec.autoscaling.drain_timeout_seconds)
+
+
+def pair_pods(pods: list[Obj], record: RevisionRecord) -> list[Obj]:
+    """The P/D pods of one revision: its label's, or, for the legacy revision, those with none."""
+    out = []
+    for pod in pods:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if labels.get(meta.LABEL_ROLE) not in meta.REVISIONED_ROLES:
+            continue
+        revision = labels.get(meta.LABEL_REVISION)
+        if (revision is None) if record.legacy else (revision == record.id):
+            out.append(pod)
+    return out
+
+
+LoadsFor = Callable[[list[str]], "Mapping[str, Any] | None"]
+
+
+def idle_check(pods: list[Obj], record: RevisionRecord | None, loads_for: LoadsFor | None) -> IdleCheck:
+    """Reads whether every pod of `record`'s pair is idle (controller/drain.idle), when asked."""
+
+    def check() -> bool | None:
+        from tandem.controller.drain import idle
+
+        if record is None or loads_for is None:
+            return None
+        mine = pair_pods(pods, record)
+        serving = [
+            p
+            for p in mine
+            if (p.get("status") or {}).get("phase") == "Running" and (p.get("status") or {}).get("podIP")
+        ]
+        if not serving:
+            return True  # no pod left that could hold a request
+        names = [str(p["metadata"]["name"]) for p in serving]
+        loads = loads_for(names)
+        if loads is None:
+            return None
+        return all(
+            idle(loads.get(str(p["metadata"]["name"])), str(p["metadata"]["labels"][meta.LABEL_ROLE]))
+            for p in serving
+        )
+
+    return check
 
 
 def step(
@@ -322,16 +481,26 @@ def step(
     pods: list[Obj] | None = None,
     command_value: str | None = None,
     verdict_for: VerdictFor | None = None,
+    loads_for: LoadsFor | None = None,
 ) -> RevisionOutcome:
     """One pass: `current_statefulsets` are the stored current revision's (by role); `pods` the
-    deployment's pods; `command_value` the rollout command annotation; `verdict_for` reads a window."""
-    drain = drain_seconds_for(pdd)
+    deployment's pods; `command_value` the rollout command annotation; `verdict_for` reads a window;
+    `loads_for` reads pods' loads (the old pair goes once idle)."""
+    timeout = drain_timeout_for(pdd)
     spec_revision = revision_id(pdd.spec)
     ready = pair_ready(current_statefulsets, wanted)
+    old_idle = idle_check(pods or [], stored.previous if stored is not None else None, loads_for)
     if pdd.spec.rollout is None or stored is None:
         base = stored.model_copy(update={"rollout": None}) if stored is not None else None
         status, events = advance(
-            base, pdd.metadata.name, spec_revision, current_ready=ready, now=now, drain_seconds=drain
+            base,
+            pdd.metadata.name,
+            spec_revision,
+            current_ready=ready,
+            now=now,
+            drain_seconds=timeout,
+            old_idle=old_idle,
+            settle_seconds=SETTLE_SECONDS,
         )
     else:
         from tandem.controller.rollout import rollout_config
@@ -353,6 +522,9 @@ def step(
             command=parse_command(command_value),
             verdict_for=verdict_for or (lambda *_: None),
             now=now,
+            old_idle=old_idle,
+            settle_seconds=SETTLE_SECONDS,
+            drain_timeout=timeout,
         )
     outcome = RevisionOutcome(status=status, events=events)
     if status.current.id != spec_revision:  # held after a rollback: the serving pair stays as it is
@@ -360,12 +532,28 @@ def step(
         outcome.keep |= outcome.frozen
     if status.previous is not None:
         outcome.keep |= pair_names(status.previous)
-        if status.weight < 100 or status.rollout is not None:
-            outcome.requeue_after = REQUEUE_SECONDS
-        else:
-            left = (status.since if status.since is not None else now) + drain - now
-            outcome.requeue_after = max(1.0, min(REQUEUE_SECONDS, left))
+        outcome.requeue_after = REQUEUE_SECONDS  # steps, or the old pair's loads, read again
     return outcome
+
+
+def loads_reader(autoscaler: Any, pdd: PDDeployment) -> LoadsFor:
+    """`loads_for` through the autoscaler's Prometheus reader; None when it cannot be read."""
+
+    def read(names: list[str]) -> Mapping[str, Any] | None:
+        from tandem.controller import metrics as operator_metrics
+
+        url = autoscaler.url(pdd.spec)
+        if not url:
+            return None
+        try:
+            reader = autoscaler.reader(url, pdd.spec.autoscaling.prometheus.timeout_seconds)
+            loads: Mapping[str, Any] = reader.pod_load(pdd.metadata.namespace, names)
+            return loads
+        except Exception:
+            operator_metrics.PROMETHEUS_ERRORS.labels(query="pod_load").inc()
+            return None
+
+    return read
 
 
 def verdict_reader(autoscaler: Any, pdd: PDDeployment, now: float) -> VerdictFor:

@@ -5,10 +5,11 @@ PDDeployment `rev` in P/D mode without `spec.rollout`, load through the operator
 IP (127.0.0.0/8). The first revision keeps today's names (`rev-prefill`, `rev-decode`) and pods; an
 operator restart replaces none of them. Changing `spec.engine.image` starts the new revision's pair
 (`rev-<id>-prefill`, `rev-<id>-decode`, labelled `tandem.dev/revision`) beside the old one; the
-weight moves to it only once both its StatefulSets are Ready; the old pair is deleted after the drain
-(30 s without requests). Every decode engine refuses KV held by a prefill engine of another
-revision (`tandem:kv_revision_mismatch_refusals_total`), so a mixed pair would show as a refusal
-and a failed leg: none may happen, and no client request may fail.
+weight moves to it only once both its StatefulSets are Ready; the old pair is deleted once its
+engines report nothing in flight (checked from 10 s after its weight went to 0; the drain timeout,
+300 s, is the bound), which the RevisionRemoved Event says. Every decode engine refuses KV held by
+a prefill engine of another revision (`tandem:kv_revision_mismatch_refusals_total`), so a mixed
+pair would show as a refusal and a failed leg: none may happen, and no client request may fail.
 
 Then with `spec.rollout` (second test, settings at ROLLOUT_SPEC): a second image change moves by
 the steps (Preparing, 50%, 100%, Promoted) judged from the routers' per-revision counters and the
@@ -251,6 +252,14 @@ def test_image_change_rolls_prefill_and_decode_as_one_revision(
         )
         removed_s = time.time() - changed
         assert set(removed) == {f"{prefix}-prefill", f"{prefix}-decode"}
+        removals = [
+            str(e.get("message", ""))
+            for e in harness.events(rev.cluster, rev.namespace, NAME)
+            if e.get("reason") == "RevisionRemoved"
+        ]
+        assert len(removals) == 1, removals
+        assert f"revision {old_id} idle (" in removals[0], "removed because idle, not at the timeout"
+        print(f"old pair removed: {removals[0]}")
         assert "previous" not in rev.revisions() or rev.revisions()["previous"] is None
         router = scrape(router_ip, meta.ROUTER_PORT)
     finally:
@@ -272,6 +281,11 @@ def test_image_change_rolls_prefill_and_decode_as_one_revision(
     assert refusals == 0
     assert served["legacy"] > 0
     assert served[new_id] > 0
+    # TTFT and TPOT per revision (a revision rollout's analysis reads their quantiles)
+    for revision in ("legacy", new_id):
+        for histogram in ("time_to_first_token", "time_per_output_token"):
+            name = f"tandem_router_revision_{histogram}_seconds_count"
+            assert total(router, name, revision=revision) > 0, (name, revision)
     assert total(router, "tandem_router_failures_total", role="decode") == 0
 
 
@@ -280,6 +294,8 @@ def test_image_change_rolls_prefill_and_decode_as_one_revision(
 # 100 ms, 90%): the same machine and analysis as a mode rollout, arms = the two revisions.
 ROLLOUT_SPEC = {
     "slo": {"ttftMs": 1500, "tpotMs": 100, "attainmentPercent": 90},
+    # Two decode replicas: at 50% each pair runs one (capacity traded between the revisions).
+    "decode": harness.pool(2),
     "colocated": harness.pool(1),  # a rollout needs both arms' replicas; idle (0 pods) in P/D mode
     "rollout": {
         "steps": [{"weight": 50, "pauseSeconds": 0}, {"weight": 100, "pauseSeconds": 0}],
@@ -365,11 +381,21 @@ def test_with_rollout_revisions_move_by_steps_and_a_failed_step_rolls_back(rev: 
         r = follow(rev, seen, "Shifting 50", phase_is("Shifting", 50), SWITCH_TIMEOUT)
         second = r["current"]
         assert r["previous"]["id"] == before["current"]["id"]
+        old_decode, new_decode = f"{before['current']['prefix']}-decode", f"{second['prefix']}-decode"
+
+        def traded() -> Any:
+            sts = rev.statefulsets()
+            sizes = {n: sts[n]["spec"]["replicas"] for n in (old_decode, new_decode) if n in sts}
+            return sizes if sizes == {old_decode: 1, new_decode: 1} else None
+
+        shares = wait("each pair at its share of decode (1 + 1, not 2 + 2)", traded, 20)
+        print(f"decode replicas at 50%: {shares}")
         follow(rev, seen, "Shifting 100", phase_is("Shifting", 100), STEP_TIMEOUT)
         promoted = follow(rev, seen, "Promoted", phase_is("Promoted", 100), STEP_TIMEOUT)
         assert len([v for v in promoted["rollout"]["verdicts"] if v["result"] == "Pass"]) >= 2
         follow(rev, seen, "the old pair removed", lambda r: not r.get("previous"), 30)
         promote_s = time.time() - changed
+        assert rev.statefulsets()[new_decode]["spec"]["replicas"] == 2, "promoted: the full size"
         assert seen[:4] == [("Preparing", 0), ("Shifting", 50), ("Shifting", 100), ("Promoted", 100)], seen
         assert pd_statefulsets(rev) == {f"{second['prefix']}-prefill", f"{second['prefix']}-decode"}
         print(f"\nrevision rollout promoted and the old pair removed in {promote_s:.0f}s: {seen}")
