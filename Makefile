@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export TANDEM_CACHE ?= $(HOME)/.cache/tandem
 
-.PHONY: all venv tools lint typecheck unit test integration demo crd clean
+.PHONY: all venv tools vllm-env lint typecheck unit test integration demo crd clean
 
 all: test
 
@@ -22,6 +22,11 @@ venv: $(VENV)/.stamp
 tools:
 	e2e/build-tools.sh
 
+# The pinned vLLM release (operator/tandem/versions.py) in a cached virtualenv, for the test that runs
+# every rendered command line through vLLM's own parser. Several GB once; nothing on a warm run.
+vllm-env:
+	PY=$(PY) e2e/build-vllm-env.sh
+
 lint: venv
 	$(BIN)/ruff check operator tests bench
 	$(BIN)/ruff format --check operator tests bench
@@ -29,7 +34,7 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-unit: venv
+unit: venv vllm-env
 	$(BIN)/pytest -q tests/unit
 
 # The CRD is generated from the pydantic models; the chart's copy follows it.
@@ -42,7 +47,7 @@ demo: venv tools
 	$(BIN)/python -m tandem.demo
 
 # Everything: lint, types, unit, integration and e2e tests against the real local control plane.
-test: venv tools lint typecheck
+test: venv tools vllm-env lint typecheck
 	$(BIN)/pytest -q -p no:cacheprovider -n 2 --dist loadscope --no-loadscope-reorder --durations=30 tests
 
 clean:

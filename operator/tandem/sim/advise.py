@@ -53,10 +53,11 @@ from tandem.sim.requests import Request
 from tandem.sim.results import Summary
 from tandem.sim.traces import TraceError, read_azure, read_mooncake, read_plain, spread_ticks, window
 from tandem.sim.traces.readers import numbered_lines
+from tandem.versions import VLLM_IMAGE
 
 GIB = 1 << 30
 DEFAULT_RATIOS: tuple[tuple[int, int], ...] = ((1, 1), (1, 2), (1, 3), (2, 1), (3, 1))
-DEFAULT_ENGINE_IMAGE = "vllm/vllm-openai:v0.27.1"
+DEFAULT_ENGINE_IMAGE = VLLM_IMAGE
 
 
 class AdviseError(ValueError):

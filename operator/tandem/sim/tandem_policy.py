@@ -16,6 +16,7 @@ from tandem.api.status import AutoscalingStatus, PoolAutoscalingStatus, Recommen
 from tandem.autoscale.decide import Decision, autoscaled_roles, decide
 from tandem.autoscale.knobs import KNOBS, Knobs
 from tandem.autoscale.snapshot import Snapshot
+from tandem.versions import VLLM_IMAGE
 
 SEED_AGE_SECONDS = 0.001  # as controller.replicas: inside a scale-down window, outside a 0-s scale-up one
 
@@ -111,7 +112,7 @@ def autoscaled_spec(
     return PDDeploymentSpec.model_validate(
         {
             "model": {"name": model.rsplit("/", 1)[-1].lower(), "uri": f"hf://{model}"},
-            "engine": {"image": "vllm/vllm-openai:v0.27.1"},
+            "engine": {"image": VLLM_IMAGE},
             "kvTransfer": {"bandwidthGbps": bandwidth_gbps},
             "serving": {"mode": "Colocated" if colocated else "Disaggregated"},
             "slo": {"ttftMs": ttft_ms, "tpotMs": tpot_ms, "attainmentPercent": attainment_percent},

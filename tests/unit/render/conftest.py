@@ -12,7 +12,7 @@ from tandem.api.models import PDDeployment
 
 BASE_SPEC: dict[str, Any] = {
     "model": {"name": "llama-8b", "uri": "hf://meta-llama/Llama-3.1-8B-Instruct"},
-    "engine": {"image": "vllm/vllm-openai:v0.27.1"},
+    "engine": {"image": "vllm/vllm-openai:v0.33.0"},
     "prefill": {"replicas": 1},
     "decode": {"replicas": 1},
 }

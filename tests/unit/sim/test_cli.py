@@ -219,7 +219,7 @@ def test_sim_runs_each_policy_on_an_autoscaled_deployment(
                 "metadata": {"name": "auto"},
                 "spec": {
                     "model": {"name": "llama", "uri": f"hf://{LLAMA_8B}"},
-                    "engine": {"image": "vllm/vllm-openai:v0.27.1"},
+                    "engine": {"image": "vllm/vllm-openai:v0.33.0"},
                     "slo": {"ttftMs": 1000, "tpotMs": 30},
                     "maxGPUs": 8,
                     "autoscaling": {"enabled": True},
