@@ -407,6 +407,25 @@ class AdmissionSpec(ApiModel):
     decode_backpressure: DecodeBackpressureSpec | None = None
 
 
+LengthBounds = Annotated[list[Annotated[int, Field(ge=1, le=10_000_000)]], Field(min_length=1, max_length=16)]
+
+
+class RouterMetricsSpec(ApiModel):
+    """How the routers split their latency histograms (docs/observability.md)."""
+
+    input_length_buckets: Annotated[
+        LengthBounds,
+        Field(
+            description="Prompt-token bounds of the TTFT buckets, strictly increasing: the default "
+            "[1024, 4096, 16384] gives 0-1024, 1024-4096, 4096-16384 and 16384+."
+        ),
+    ] = [1024, 4096, 16384]
+    output_length_buckets: Annotated[
+        LengthBounds,
+        Field(description="Output-token bounds of the TPOT buckets, strictly increasing."),
+    ] = [128, 512, 2048]
+
+
 class RouterSpec(ApiModel):
     replicas: Annotated[int, Field(ge=1, le=64)] = 2
     image: Annotated[str, Field(max_length=512, description="Container image of tandem (router).")] = (
@@ -426,6 +445,7 @@ class RouterSpec(ApiModel):
         ),
     ] = []
     admission: AdmissionSpec = AdmissionSpec()
+    metrics: RouterMetricsSpec = RouterMetricsSpec()
 
 
 class ServingSpec(ApiModel):

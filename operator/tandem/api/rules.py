@@ -239,6 +239,22 @@ def _strictly_increasing(weights: list[int]) -> bool:
     return all(b > a for a, b in itertools.pairwise(weights))
 
 
+def _router_metrics(spec: Spec, field: str) -> list[int]:
+    bounds = ((spec.get("router") or {}).get("metrics") or {}).get(field) or []
+    return [int(b) for b in bounds]
+
+
+def _length_bucket_rule(field: str) -> Rule:
+    """spec.router.metrics.<field>: the routers' length bucket bounds, strictly increasing."""
+    bounds = f"self.router.metrics.{field}"
+    return Rule(
+        cel=f"{bounds}.isSorted() && {bounds}.all(a, {bounds}.exists_one(b, b == a))",
+        message=f"spec.router.metrics.{field} must be strictly increasing",
+        field_path=f".router.metrics.{field}",
+        check=lambda s: _strictly_increasing(_router_metrics(s, field)),
+    )
+
+
 def _rollout_weights(spec: Spec) -> list[int]:
     return [int(step.get("weight", 0)) for step in (_rollout(spec) or {}).get("steps") or []]
 
@@ -525,6 +541,7 @@ SPEC_RULES: Final[tuple[Rule, ...]] = (
         reason="FieldValueForbidden",
     ),
     *ROLLOUT_RULES,
+    *(_length_bucket_rule(field) for field in ("inputLengthBuckets", "outputLengthBuckets")),
     *ROUTER_RULES,
 )
 
