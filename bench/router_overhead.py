@@ -14,7 +14,11 @@ figure, robust to other load on the machine).
 
     .venv/bin/python bench/router_overhead.py [--engine sim|stub] [--concurrency 1 64 256]
         [--seconds 6] [--rounds 3] [--rate REQ_PER_S] [--itl-ms MS] [--tokens 16]
-        [--event-loop auto|asyncio|uvloop] [--slo TTFT_MS TPOT_MS] [--router-core 0] [--engine-core 1]
+        [--event-loop auto|asyncio|uvloop] [--slo TTFT_MS TPOT_MS] [--admission]
+        [--router-core 0] [--engine-core 1]
+
+The router always records the length-bucketed, per-tenant metrics (docs/observability.md);
+`--admission` also runs its admission control with limits no request reaches.
 
 The router runs pinned to `--router-core`; the engines and this load generator to `--engine-core`.
 The load generator is a lean raw-asyncio HTTP/1.1 client so that it, not the router, stays cheap.
@@ -87,8 +91,28 @@ def start_router(prefill: str, decode: str, port: int, args: argparse.Namespace)
     command += ["--event-loop", args.event_loop]
     if args.slo:
         command += ["--slo-ttft-ms", str(args.slo[0]), "--slo-tpot-ms", str(args.slo[1])]
+    if args.admission:
+        command += ["--gateway", str(_gateway_file())]
     core = args.router_core
     return subprocess.Popen(_pinned(command, core), stdout=subprocess.DEVNULL, stderr=_log())
+
+
+# `--admission`: limits no request reaches (so every request pays for the checks and none is refused).
+GATEWAY = {
+    "admission": {
+        "defaultLimits": {
+            "requestsPerSecond": 1_000_000, "requestBurst": 1_000_000,
+            "promptTokensPerSecond": 1_000_000_000, "promptTokenBurst": 1_000_000_000,
+        },
+        "longPrompts": {"minTokens": 4096, "maxConcurrent": 100_000},
+    }
+}  # fmt: skip
+
+
+def _gateway_file() -> Path:
+    path = Path("/tmp/tandem-router-bench-gateway.json")
+    path.write_text(json.dumps(GATEWAY))  # JSON is YAML
+    return path
 
 
 async def wait_ready(port: int, path: str, timeout_s: float = 60.0) -> None:
@@ -379,6 +403,9 @@ def main() -> None:
         nargs=2,
         metavar=("TTFT_MS", "TPOT_MS"),
         help="the router counts within-SLO requests",
+    )
+    parser.add_argument(
+        "--admission", action="store_true", help="router with admission control (--gateway), never refusing"
     )
     parser.add_argument("--router-core", type=int, default=0)
     parser.add_argument("--engine-core", type=int, default=1)
