@@ -50,6 +50,10 @@ class Canned:
         for i in range(tokens):
             chunk = {"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": f" t{i}"}]}
             events.append(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        # The final usage chunk vLLM sends with stream_options.include_usage (the router always asks).
+        final = {"prompt_tokens": 8, "completion_tokens": tokens, "total_tokens": 8 + tokens}
+        usage_chunk = {"id": "cmpl-1", "object": "text_completion", "choices": [], "usage": final}
+        events.append(b"data: " + json.dumps(usage_chunk).encode() + b"\n\n")
         events.append(b"data: [DONE]\n\n")
         self.stream = _chunked_sse(events)
         self.stream_head = _SSE_HEAD
@@ -104,10 +108,10 @@ class EngineProtocol(asyncio.Protocol):
         transport, canned = self.transport, self.canned
         if transport is None or transport.is_closing():
             return
-        chunks = canned.stream_chunks  # token events, then [DONE]
+        chunks = canned.stream_chunks  # token events, then usage and [DONE]
         data = canned.stream_head + chunks[0] if index == 0 else chunks[index]
-        if index >= len(chunks) - 2:  # the last token leaves with [DONE] and the end of the body
-            transport.write(data + chunks[-1] + canned.stream_end)
+        if index >= len(chunks) - 3:  # the last token leaves with usage, [DONE] and the end of the body
+            transport.write(data + chunks[-2] + chunks[-1] + canned.stream_end)
             return
         transport.write(data)
         asyncio.get_running_loop().call_later(self.itl_s, self._paced, index + 1)
