@@ -81,6 +81,7 @@ class ServeArgs(BaseModel):
     max_num_seqs: int | None
     max_num_batched_tokens: int | None
     enable_chunked_prefill: bool | None
+    enable_prefix_caching: bool | None = None
     gpu_memory_utilization: float
     kv_transfer_config: KVTransferConfig | None
     block_size: int
@@ -255,6 +256,7 @@ def parse_serve_args(argv: Sequence[str]) -> ServeArgs:
         max_num_seqs=ns.max_num_seqs,
         max_num_batched_tokens=ns.max_num_batched_tokens,
         enable_chunked_prefill=ns.enable_chunked_prefill,
+        enable_prefix_caching=ns.enable_prefix_caching,
         gpu_memory_utilization=ns.gpu_memory_utilization,
         kv_transfer_config=_kv_transfer_config(kv_raw) if kv_raw else None,
         block_size=ns.block_size,

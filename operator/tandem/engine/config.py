@@ -47,6 +47,7 @@ class EngineConfig(BaseModel):
     max_num_seqs: int
     max_num_batched_tokens: int
     chunked_prefill: bool
+    prefix_caching: bool = True  # vLLM V1's automatic prefix caching (on unless --no-enable-...)
     block_size: int
     num_gpu_blocks: int
     kv_bytes_per_token: int  # whole model, as moved between P and D (kv-cache dtype applied)
@@ -172,6 +173,7 @@ def resolve(args: ServeArgs, sim: SimSettings) -> EngineConfig:
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=batched,
         chunked_prefill=chunked,
+        prefix_caching=True if args.enable_prefix_caching is None else args.enable_prefix_caching,
         block_size=args.block_size,
         num_gpu_blocks=num_blocks,
         kv_bytes_per_token=kv_per_token,

@@ -28,6 +28,7 @@ from tandem.engine.blocks import BlockPool
 from tandem.engine.config import EngineConfig
 from tandem.engine.kvheld import HeldKVError, HeldKVTable
 from tandem.engine.metrics import EngineMetrics
+from tandem.engine.prefixcache import CachingBlockPool
 from tandem.engine.scheduler import Scheduler, Sequence, Status, Step
 from tandem.engine.settings import Faults
 from tandem.engine.sidechannel import SideChannelServer, link_factor, read_remote_kv, send_simple
@@ -84,7 +85,11 @@ class EngineCore:
         self.config = config
         self.faults = faults
         self.engine_id = (config.kv_transfer.engine_id if config.kv_transfer else None) or str(uuid.uuid4())
-        self.pool = BlockPool(config.num_gpu_blocks)
+        self.pool: BlockPool | CachingBlockPool = (
+            CachingBlockPool(config.num_gpu_blocks)
+            if config.prefix_caching
+            else BlockPool(config.num_gpu_blocks)
+        )
         kv = config.kv_transfer
         self.scheduler = Scheduler(
             self.pool,
@@ -102,7 +107,7 @@ class EngineCore:
                 "block_size": str(config.block_size),
                 "cache_dtype": config.args.kv_cache_dtype,
                 "gpu_memory_utilization": str(config.args.gpu_memory_utilization),
-                "enable_prefix_caching": "False",
+                "enable_prefix_caching": str(config.prefix_caching),
                 "num_gpu_blocks": str(config.num_gpu_blocks),
             },
         )
@@ -113,6 +118,7 @@ class EngineCore:
         self.jobs: dict[Sequence, Job] = {}
         self._handshaken: set[str] = set()  # remote engine ids this engine has read from
         self.steps = 0
+        self.kv_tokens_pulled = 0  # prompt tokens' KV read from prefill engines (past local hits)
         self.step_seconds_total = 0.0
         self.lag_seconds_total = 0.0  # how late step completions ran against the modelled clock
         self.lag_seconds_max = 0.0
@@ -228,6 +234,9 @@ class EngineCore:
             if await self.wait_while_hung():
                 step_end = self.now()
             step = self.scheduler.schedule(self.now())
+            if step.cache_queries:
+                self.metrics.prefix_cache_queries.inc(step.cache_queries)
+                self.metrics.prefix_cache_hits.inc(step.cache_hits)
             for seq in step.pulls:
                 self._spawn(self._pull(self.jobs[seq]))
             if step.preempted:
@@ -270,8 +279,11 @@ class EngineCore:
             if last is None:
                 m.ttft.observe(now - seq.arrival)
                 m.prompt_tokens.inc(seq.prompt_tokens)
-                m.prompt_tokens_external.inc(seq.prompt_tokens_from_remote)
-                m.prompt_tokens_local.inc(seq.prompt_tokens - seq.prompt_tokens_from_remote)
+                remote = seq.prompt_tokens_from_remote
+                cached = min(seq.num_cached_tokens, seq.prompt_tokens - remote)
+                m.prompt_tokens_external.inc(remote)
+                m.prompt_tokens_cached.inc(cached)
+                m.prompt_tokens_local.inc(seq.prompt_tokens - remote - cached)
             else:
                 since[last] = since.get(last, 0) + 1
             job.last_emit = now
@@ -308,6 +320,16 @@ class EngineCore:
         error = self._precheck_pull(remote)
         ok = False
         m = self.metrics
+        # Blocks this engine's prefix cache already holds are not read (the NIXL connector reads
+        # only the remote blocks past the local hit); a full hit reads nothing and frees P's blocks.
+        seq = job.seq
+        skip_blocks = seq.num_cached_tokens // self.config.block_size
+        if error is None and seq.num_cached_tokens and seq.num_cached_tokens >= seq.prompt_tokens - 1:
+            self._spawn(self._release_remote(remote))
+            if not self.scheduler.remote_kv_done(seq, True, self.now()):
+                self._finished(job)
+            self._wake.set()
+            return
         if error is None and remote.remote_engine_id not in self._handshaken:
             # First contact with a prefill engine: NIXL fetches and registers its agent metadata.
             delay = self.config.sim.nixl_handshake_seconds * self.config.sim.time_scale
@@ -322,15 +344,18 @@ class EngineCore:
                 "prompt_key": job.prompt_key,
                 "engine_id": self.engine_id,
                 "kv_bandwidth_factor": self.faults.kv_bandwidth_factor,
+                "skip_blocks": skip_blocks,
             }
             outcome = await read_remote_kv(remote.remote_host, remote.remote_port, request, read_timeout=60.0)
             ok, error = outcome.ok, outcome.error
             if ok:
-                modelled_bytes = job.seq.prompt_tokens * self.config.kv_bytes_per_token
+                moved = max(0, seq.prompt_tokens - skip_blocks * self.config.block_size)
                 m.nixl_xfer_time.observe(outcome.seconds)
                 m.nixl_post_time.observe(outcome.post_seconds)
-                m.nixl_bytes.observe(modelled_bytes)
-                m.nixl_descriptors.observe(len(remote.remote_block_ids) * self.config.arch.layers * 2)
+                m.nixl_bytes.observe(moved * self.config.kv_bytes_per_token)
+                read_blocks = max(0, len(remote.remote_block_ids) - skip_blocks)
+                m.nixl_descriptors.observe(read_blocks * self.config.arch.layers * 2)
+                self.kv_tokens_pulled += moved
         if not ok:
             m.nixl_failed_transfers.inc()
         if job.seq.finished:  # aborted while reading
@@ -379,17 +404,19 @@ class EngineCore:
             )
         except (HeldKVError, TypeError, ValueError) as exc:
             return {"ok": False, "error": str(exc)}, 0, 0.0, nothing
+        # The reader's prefix cache holds the first `skip_blocks` blocks: only the rest moves.
+        skip = request.get("skip_blocks")
+        skip_blocks = skip if isinstance(skip, int) and skip > 0 else 0
+        moved = max(0, entry.prompt_tokens - skip_blocks * self.config.block_size)
         per_gpu = self.config.arch.kv_bytes_per_token_per_gpu(self.config.tensor_parallel_size)
         per_gpu = per_gpu * self.config.kv_bytes_per_token // self.config.arch.kv_bytes_per_token
         # Every TP rank reads its own KV slice over its own NIC, in parallel.
         bandwidth = self.config.sim.kv_bandwidth_gbps * link_factor(
             self.faults.kv_bandwidth_factor, request.get("kv_bandwidth_factor")
         )
-        seconds = kv_transfer_seconds(entry.prompt_tokens, per_gpu, bandwidth)
+        seconds = kv_transfer_seconds(moved, per_gpu, bandwidth)
         seconds *= self.config.sim.time_scale * self.faults.slowdown
-        size = max(
-            1, math.ceil(entry.prompt_tokens * self.config.kv_bytes_per_token / self.config.sim.kv_scale)
-        )
+        size = max(1, math.ceil(moved * self.config.kv_bytes_per_token / self.config.sim.kv_scale))
 
         def done(ok: bool) -> None:
             self.pool.free(self.held.end_read(rid, ok))
@@ -450,6 +477,12 @@ class EngineCore:
                 self._refresh_gauges()
                 self._wake.set()
 
+    def prefix_cache_state(self) -> dict[str, Any]:
+        pool = self.pool
+        if not isinstance(pool, CachingBlockPool):
+            return {"enabled": False}
+        return {"enabled": True, "cached_blocks": pool.num_cached, "evictions": pool.evictions}
+
     def debug_kv(self) -> dict[str, Any]:
         now = self.now()
         return {
@@ -475,6 +508,8 @@ class EngineCore:
                 for h in self.held.entries()
             ],
             "held_blocks": self.held.num_blocks,
+            "prefix_cache": self.prefix_cache_state(),
+            "kv_tokens_pulled": self.kv_tokens_pulled,
             "expired_total": self.held.expired_total,
             "recently_expired": list(self.held.expired_ids[-20:]),
         }

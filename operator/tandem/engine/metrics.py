@@ -92,6 +92,7 @@ class EngineMetrics:
         )
         self.prompt_tokens_local = by_source.labels(*values, "local_compute")
         self.prompt_tokens_external = by_source.labels(*values, "external_kv_transfer")
+        self.prompt_tokens_cached = by_source.labels(*values, "local_cache_hit")
         success = Counter(
             "vllm:request_success",
             "Count of successfully processed requests.",

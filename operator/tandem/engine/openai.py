@@ -7,10 +7,11 @@ Streaming chunks are built from prefixes precomputed per request: the body of ea
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Hashable
+from dataclasses import dataclass, field
 from typing import Any
 
-from tandem.engine.tokens import count_prompt_tokens, natural_length, prompt_key, render_chat
+from tandem.engine.tokens import natural_length, prompt_key, prompt_tokens_of, render_chat
 
 DONE = b"data: [DONE]\n\n"
 
@@ -40,6 +41,8 @@ class GenerationRequest:
     include_usage: bool
     continuous_usage: bool
     kv_transfer_params: dict[str, Any] | None
+    # The prompt's tokens (words, or the ids of a token-id prompt), for the prefix cache.
+    prompt_token_list: tuple[Hashable, ...] = field(default=(), repr=False, compare=False)
 
 
 def parse_generation(
@@ -60,14 +63,17 @@ def parse_generation(
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise RequestError("messages must be a non-empty list of objects")
         text = render_chat(messages)
-        n_prompt, key = count_prompt_tokens(text), prompt_key(text)
+        tokens: tuple[Hashable, ...] = tuple(prompt_tokens_of(text))
+        n_prompt, key = len(tokens), prompt_key(text)
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]
         if isinstance(prompt, str):
-            n_prompt, key = count_prompt_tokens(prompt), prompt_key(prompt)
+            tokens = tuple(prompt_tokens_of(prompt))
+            n_prompt, key = len(tokens), prompt_key(prompt)
         elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            tokens = tuple(prompt)
             n_prompt, key = len(prompt), prompt_key(prompt)
         else:
             raise RequestError("prompt must be a string, a list of token ids, or a list with one of those")
@@ -121,6 +127,7 @@ def parse_generation(
         include_usage=bool(options.get("include_usage")) or force_usage,
         continuous_usage=bool(options.get("continuous_usage_stats")),
         kv_transfer_params=kv,
+        prompt_token_list=tokens,
     )
 
 

@@ -18,6 +18,17 @@ samples the first output token itself), or applies the load-failure policy; the 
 place in the queue. A prefill-for-remote-decode sequence finishes holding its blocks, which the
 caller hands to the KV connector instead of freeing.
 
+Prefix caching (when the pool is a `prefixcache.CachingBlockPool`, vLLM V1's automatic prefix
+caching): a sequence admitted with no blocks first looks up the longest run of cached full blocks
+of its tokens, at most (tokens - 1) // block_size blocks (the last token is always computed, to
+sample from); it shares those blocks (reference counted) and its chunk starts after them, so the
+step's time model charges only the uncached tokens. Blocks that a step completes are registered
+under their chained hash (prompt and output tokens). The admission counts its tokens as prefix-cache
+queries and the hit tokens as hits (vLLM counts at each lookup; here once per admission). A
+remote-KV sequence looks up its own cache the same way when its pull starts: only the blocks past
+the local hit are pulled (`num_cached_tokens`), as the NIXL connector reads only the remote blocks
+its local prefix cache lacks.
+
 Two departures from vLLM V1: (1) vLLM checks `max_num_seqs` against running requests only, here
 pulls in flight count too, so a decode engine does not fill its KV with pulls it has no slot to
 run; (2) when the head cannot get blocks and nothing runs, queued sequences already holding their
@@ -31,9 +42,12 @@ import contextlib
 import enum
 import math
 from collections import deque
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from tandem.engine.blocks import BlockPool
+from tandem.engine.prefixcache import NONE_HASH as _NONE_HASH
+from tandem.engine.prefixcache import CachingBlockPool, hash_block_tokens
 from tandem.perf import PrefillChunk
 
 
@@ -67,6 +81,12 @@ class Sequence:
     first_token: float | None = None
     last_token: float | None = None
     finished_at: float | None = None
+    # Prefix caching: the prompt's tokens and output token i's token (None: never cached or hit).
+    tokens: tuple[Hashable, ...] | None = None
+    output_token: Callable[[int], Hashable] | None = None
+    block_hashes: list[int] = field(default_factory=list)  # of the full blocks hashed so far
+    num_registered: int = 0  # leading blocks of `blocks` that are in the cache
+    num_cached_tokens: int = 0  # prefix-cache hit of the last admission, in tokens
 
     @property
     def total_tokens(self) -> int:
@@ -93,6 +113,8 @@ class Step:
     entries: list[StepEntry] = field(default_factory=list)
     pulls: list[Sequence] = field(default_factory=list)  # start these KV pulls now
     preempted: int = 0
+    cache_queries: int = 0  # tokens of the sequences admitted (looked up) in this step
+    cache_hits: int = 0  # ... of which were found in the prefix cache
 
     @property
     def has_compute(self) -> bool:
@@ -124,7 +146,7 @@ class StepResult:
 class Scheduler:
     def __init__(
         self,
-        pool: BlockPool,
+        pool: BlockPool | CachingBlockPool,
         block_size: int,
         max_num_seqs: int,
         max_num_batched_tokens: int,
@@ -140,6 +162,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.cache = pool if isinstance(pool, CachingBlockPool) else None
 
     # --- intake -------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -163,10 +186,11 @@ class Scheduler:
         seq.status = Status.WAITING
         if ok:
             seq.num_computed = max(0, seq.prompt_tokens - 1)
-            seq.prompt_tokens_from_remote = seq.num_computed
+            seq.prompt_tokens_from_remote = max(0, seq.num_computed - seq.num_cached_tokens)
+            self._register(seq)
             return True
         if self.recompute_on_kv_failure:
-            seq.num_computed = 0
+            seq.num_computed = min(seq.num_cached_tokens, seq.num_registered * self.block_size)
             return True
         if seq in self.waiting:
             self.waiting.remove(seq)
@@ -256,18 +280,21 @@ class Scheduler:
             if budget <= 0 or active >= self.max_num_seqs:
                 break
             if seq.status is Status.WAITING_FOR_REMOTE_KVS:
-                if not self._grow(seq, seq.prompt_tokens):
+                hits = self._lookup(seq, seq.prompt_tokens - 1)
+                if not self._take(seq, hits, seq.prompt_tokens, step):
                     blocked = True
                     break
                 seq.pull_started = True
                 step.pulls.append(seq)
                 active += 1
                 continue
-            remaining = seq.total_tokens - seq.num_computed
+            hits = self._lookup(seq, seq.total_tokens - 1)
+            computed = len(hits) * self.block_size if hits else seq.num_computed
+            remaining = seq.total_tokens - computed
             n = min(remaining, budget)
             if n < remaining and not self.chunked_prefill:
                 break
-            if not self._grow(seq, seq.num_computed + n):
+            if not self._take(seq, hits, computed + n, step):
                 blocked = True
                 break
             budget = self._start(seq, n, step, now, budget)
@@ -303,6 +330,71 @@ class Scheduler:
             admitted.append(seq)
             active += 1
 
+    # --- prefix caching -------------------------------------------------------------------------
+    def _lookup(self, seq: Sequence, max_tokens: int) -> list[int]:
+        """Cached blocks of the sequence's longest cached prefix (at most `max_tokens` tokens), for a
+        sequence that holds no blocks; [] without a cache."""
+        if self.cache is None or seq.tokens is None or seq.blocks:
+            return []
+        return self.cache.lookup(self._hashes(seq, max_tokens // self.block_size))
+
+    def _take(self, seq: Sequence, hits: list[int], tokens_after: int, step: Step) -> bool:
+        """Gives the sequence the hit blocks and blocks up to `tokens_after` tokens, all or nothing;
+        records the lookup when the sequence had no blocks (an admission)."""
+        cache = self.cache
+        if cache is None or seq.blocks:
+            return self._grow(seq, tokens_after)
+        fresh = math.ceil(tokens_after / self.block_size) - len(hits)
+        if fresh + cache.num_evictable(hits) > cache.num_free:
+            return False
+        cache.touch(hits)
+        seq.blocks = list(hits)
+        grown = self._grow(seq, tokens_after)
+        assert grown, "blocks were counted"
+        seq.num_registered = len(hits)
+        seq.num_cached_tokens = len(hits) * self.block_size
+        if seq.status is not Status.WAITING_FOR_REMOTE_KVS:
+            seq.num_computed = seq.num_cached_tokens  # a pull marks its tokens computed when it lands
+        if seq.tokens is not None:
+            step.cache_queries += seq.total_tokens
+            step.cache_hits += seq.num_cached_tokens
+        return True
+
+    def _hashes(self, seq: Sequence, blocks: int) -> list[int]:
+        """The chained hashes of the sequence's first `blocks` full blocks (fewer when its tokens
+        are not known that far)."""
+        hashes = seq.block_hashes
+        size = self.block_size
+        tokens = seq.tokens or ()
+        prompt = seq.prompt_tokens
+        while len(hashes) < blocks:
+            start = len(hashes) * size
+            stop = start + size
+            if stop <= prompt:
+                if stop > len(tokens):
+                    break
+                block: tuple[Hashable, ...] | list[Hashable] = tokens[start:stop]
+            else:
+                if seq.output_token is None or stop > prompt + seq.num_output:
+                    break
+                head = list(tokens[start:prompt]) if start < prompt else []
+                block = head + [seq.output_token(i - prompt) for i in range(max(start, prompt), stop)]
+            hashes.append(hash_block_tokens(hashes[-1] if hashes else _NONE_HASH, block))
+        return hashes[:blocks]
+
+    def _register(self, seq: Sequence) -> None:
+        """Caches the sequence's full blocks that are computed and not cached yet."""
+        cache = self.cache
+        if cache is None or seq.tokens is None:
+            return
+        full = min(seq.num_computed // self.block_size, len(seq.blocks))
+        if full <= seq.num_registered:
+            return
+        hashes = self._hashes(seq, full)
+        for j in range(seq.num_registered, len(hashes)):
+            cache.cache(seq.blocks[j], hashes[j])
+        seq.num_registered = max(seq.num_registered, len(hashes))
+
     def _start(self, seq: Sequence, n: int, step: Step, now: float, budget: int) -> int:
         seq.status = Status.RUNNING
         if seq.first_scheduled is None:
@@ -315,6 +407,7 @@ class Scheduler:
         self.running.remove(seq)
         self.pool.free(seq.blocks)
         seq.blocks = []
+        seq.num_registered = 0
         seq.num_computed = 0
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
@@ -328,6 +421,8 @@ class Scheduler:
             if seq.status is finished:  # aborted while the step ran
                 continue
             seq.num_computed = entry.offset + entry.tokens
+            if self.cache is not None and seq.num_computed >= (seq.num_registered + 1) * self.block_size:
+                self._register(seq)
             if seq.num_computed < seq.prompt_tokens + seq.num_output:
                 continue
             seq.num_output += 1

@@ -35,7 +35,7 @@ from tandem.engine.openai import (
 from tandem.engine.scheduler import Sequence
 from tandem.engine.settings import Faults
 from tandem.engine.streaming import SSEStream
-from tandem.engine.tokens import output_text
+from tandem.engine.tokens import output_text, output_token_word
 
 SIM_VERSION = f"0.11.0+tandem.sim.{__version__}"
 _JSON = "application/json"
@@ -275,6 +275,10 @@ class EngineServer:
             hold_blocks_on_finish=hold,
             reason_at_max_tokens="stop" if req.stops_at_eos else "length",
         )
+        if self.config.prefix_caching:
+            key, seed = req.prompt_key, req.seed
+            seq.tokens = req.prompt_token_list
+            seq.output_token = lambda i: output_token_word(key, seed, i)
         return Job(
             seq=seq,
             internal_id=internal_id,

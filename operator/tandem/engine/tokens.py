@@ -28,6 +28,16 @@ def count_prompt_tokens(text: str) -> int:
     return len(_WORD.findall(text))
 
 
+def prompt_tokens_of(text: str) -> list[str]:
+    """The prompt's tokens (what the prefix cache hashes; `count_prompt_tokens` is their number)."""
+    return _WORD.findall(text)
+
+
+def output_token_word(key: int, seed: int, index: int) -> str:
+    """Output token i as the token it is when a later prompt sends its text back (one word)."""
+    return token_text(output_token_id(key, seed, index))[1:]
+
+
 def prompt_key(prompt: str | Sequence[int]) -> int:
     """A 64-bit identity of the prompt (text, or token ids as OpenAI's API also accepts)."""
     data = prompt.encode() if isinstance(prompt, str) else b",".join(str(t).encode() for t in prompt)

@@ -48,8 +48,11 @@ def nixl(decode: Engine) -> tuple[float, float, float, float]:
 
 
 def one_request(prefill: Engine, decode: Engine, request_id: str) -> int:
-    params = prefill_leg(prefill, BODY, request_id)
-    return int(decode.post("/v1/completions", {**BODY, "kv_transfer_params": params})[0])
+    # A prompt of its own (its first token differs): the decode engine's prefix cache, which holds
+    # the prompts it pulled before, has none of its blocks, so the whole KV moves every time.
+    body = {**BODY, "prompt": request_id.replace("-", "_") + PROMPT[PROMPT.index(" ") :]}
+    params = prefill_leg(prefill, body, request_id)
+    return int(decode.post("/v1/completions", {**body, "kv_transfer_params": params})[0])
 
 
 def timed_read(prefill: Engine, decode: Engine, request_id: str) -> tuple[float, float]:
