@@ -71,36 +71,44 @@ cluster-wide install, in one Role per namespace otherwise. Derived from tandem.r
 (children it applies and prunes) and tandem.controller (reads, status, events, secret checks).
 */}}
 {{- define "tandem.namespacedRules" -}}
+{{- /* Exactly the calls the operator's code issues: tests/chart/test_rbac_audit.py derives them from
+the code and fails on a grant without a use, or a use without a grant. */ -}}
 - apiGroups: [tandem.dev]
   resources: [pddeployments]
   verbs: [get, list, watch]
 - apiGroups: [tandem.dev]
   resources: [pddeployments/status]
-  verbs: [get, patch, update]
-# Children of a PDDeployment, applied with server-side apply and pruned.
+  verbs: [patch]
+# Children of a PDDeployment: listed each pass, server-side applied (a patch that may create) and
+# pruned; StatefulSets and Deployments are also watched.
 - apiGroups: [apps]
   resources: [statefulsets, deployments]
-  verbs: [get, list, watch, create, update, patch, delete]
+  verbs: [list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [services, serviceaccounts]
-  verbs: [get, list, watch, create, update, patch, delete]
+  verbs: [list, create, patch, delete]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [get, list, watch, create, update, patch, delete]
+  verbs: [list, create, patch, delete]
+# The engines' NetworkPolicy (spec.network.policy.enabled).
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [list, create, patch, delete]
 # The router's Role and RoleBinding (RBAC lets the operator grant only what it holds itself:
 # get/list/watch on pods and pddeployments).
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
-  verbs: [get, list, watch, create, update, patch, delete]
-# Pod status for readiness and problems (unschedulable, image pulls, crash loops).
+  verbs: [list, create, patch, delete]
+# Pod status for readiness and problems (unschedulable, image pulls, crash loops); patch: the
+# autoscaler's draining annotation on a pod about to be removed.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch]
+  verbs: [get, list, watch, patch]
 # Only to report a missing image pull secret or model token secret; never listed or watched.
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get]
 - apiGroups: [""]
   resources: [events]
-  verbs: [create, patch]
+  verbs: [create]
 {{- end }}

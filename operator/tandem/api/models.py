@@ -135,6 +135,19 @@ ImagePullSecrets = Annotated[
 ]
 
 
+class SimSpec(ApiModel):
+    """Settings of `engine.type: sim` (the simulator needs no accelerator)."""
+
+    request_accelerators: Annotated[
+        bool,
+        Field(
+            description="Request GPUs (nvidia.com/gpu = tensorParallelSize) and RDMA devices, with the RDMA "
+            "node affinity and IPC_LOCK, as vLLM pods do, to try GPU/RDMA scheduling on a cluster with such "
+            "nodes (the dev cluster's fake GPU nodes). False: sim pods request neither, for any CPU node."
+        ),
+    ] = False
+
+
 class EngineSpec(ApiModel):
     """The serving engine every pool runs."""
 
@@ -150,6 +163,10 @@ class EngineSpec(ApiModel):
         list[Annotated[str, Field(max_length=1024)]],
         Field(max_length=64, description="Arguments appended to every pool's engine command line."),
     ] = []
+    sim: Annotated[
+        SimSpec | None,
+        Field(description="Simulator settings; only with type sim."),
+    ] = None
 
 
 class KVTransferSpec(ApiModel):
@@ -204,8 +221,32 @@ class RDMASpec(ApiModel):
     ] = {"network.tandem.dev/rdma": "true"}
 
 
+class NetworkPolicySpec(ApiModel):
+    """An optional NetworkPolicy on the engine pods (docs/security.md)."""
+
+    enabled: Annotated[
+        bool,
+        Field(
+            description="Render a NetworkPolicy that admits traffic to the engine pods only from this "
+            "PDDeployment's routers and engines, and to the engine port from Prometheus."
+        ),
+    ] = False
+    prometheus_namespace_selector: Annotated[
+        dict[str, str],
+        Field(
+            max_length=16,
+            description="matchLabels of the namespaces Prometheus runs in (empty: any namespace).",
+        ),
+    ] = {}
+    prometheus_pod_selector: Annotated[
+        dict[str, str],
+        Field(max_length=16, description="matchLabels of the Prometheus pods that scrape the engines."),
+    ] = {"app.kubernetes.io/name": "prometheus"}
+
+
 class NetworkSpec(ApiModel):
     rdma: RDMASpec = RDMASpec()
+    policy: NetworkPolicySpec = NetworkPolicySpec()
     topology_key: Annotated[
         str,
         Field(
@@ -436,6 +477,11 @@ class RouterSpec(ApiModel):
     resources: Resources = Resources(
         requests={"cpu": "500m", "memory": "256Mi"}, limits={"cpu": "2", "memory": "1Gi"}
     )
+    node_selector: Annotated[
+        dict[str, str],
+        Field(max_length=16, description="Node labels router pods require (they prefer nodes without GPUs)."),
+    ] = {}
+    tolerations: Annotated[list[Toleration], Field(max_length=32)] = []
     auth: RouterAuthSpec = RouterAuthSpec()
     tenants: Annotated[
         list[TenantSpec],

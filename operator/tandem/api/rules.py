@@ -540,6 +540,15 @@ SPEC_RULES: Final[tuple[Rule, ...]] = (
         ),
         reason="FieldValueForbidden",
     ),
+    Rule(
+        cel="!has(self.engine.sim) || self.engine.type == 'sim'",
+        message="spec.engine.sim is only used with spec.engine.type sim",
+        field_path=".engine.sim",
+        check=lambda s: (
+            (s.get("engine") or {}).get("sim") is None or (s.get("engine") or {}).get("type") == "sim"
+        ),
+        reason="FieldValueForbidden",
+    ),
     *ROLLOUT_RULES,
     *(_length_bucket_rule(field) for field in ("inputLengthBuckets", "outputLengthBuckets")),
     *ROUTER_RULES,

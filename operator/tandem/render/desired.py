@@ -7,8 +7,9 @@ A pool's objects exist when its desired replicas or its spec replicas are above 
 autoscaler or a rollout scaled to zero keeps its StatefulSet (at 0), one that neither the spec nor
 a decision wants disappears. A pool whose count is `None` belongs to another controller (an HPA or
 KEDA, `autoscaling.external`): its StatefulSet exists and is rendered without `spec.replicas`.
-Order: ServiceAccount, Role, RoleBinding, Services, StatefulSets, Deployment, PodDisruptionBudgets;
-pools in the order prefill, decode, colocated.
+Order: ServiceAccount, Role, RoleBinding, Services, StatefulSets, Deployment, PodDisruptionBudgets,
+then the engines' NetworkPolicy when `spec.network.policy.enabled`; pools in the order prefill,
+decode, colocated.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from tandem.api import meta
 from tandem.api.meta import Role
 from tandem.api.models import PDDeployment
 from tandem.api.status import RevisionRecord
-from tandem.render import names, pool, router
+from tandem.render import names, network_policy, pool, router
 
 Manifest = names.Manifest
 
@@ -33,6 +34,7 @@ CHILD_KINDS: Final[tuple[tuple[str, str, str], ...]] = (
     ("apps/v1", "StatefulSet", "statefulsets"),
     ("apps/v1", "Deployment", "deployments"),
     ("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
+    ("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
 )
 
 
@@ -86,6 +88,8 @@ def render(
         *(pool.disruption_budget(pdd, role, revision) for role in pools),
         router.disruption_budget(pdd),
     ]
+    if pdd.spec.network.policy.enabled:
+        objects.append(network_policy.network_policy(pdd))
     return [_unshared(obj) for obj in objects]
 
 

@@ -3,7 +3,9 @@
 Pure. GPUs per pod equal the pool's tensor parallel size; P/D pools on RDMA also get the RDMA
 device resource, `IPC_LOCK` (RDMA registers pinned memory), required node affinity to RDMA nodes and
 a preferred affinity to the other P/D pool within `spec.network.topologyKey`, so KV moves inside
-one fabric domain when there is room.
+one fabric domain when there is room. Simulator pods (`engine.type: sim`) request no GPU or RDMA
+device, so they run on any CPU node, unless `engine.sim.requestAccelerators` asks for them (the dev
+cluster's fake GPU/RDMA nodes).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 from tandem.api import meta
 from tandem.api.meta import Role
-from tandem.api.models import KVConnector, PDDeployment, Quantity
+from tandem.api.models import EngineType, KVConnector, PDDeployment, Quantity
 from tandem.api.rules import GPU_RESOURCE
 from tandem.api.status import RevisionRecord
 from tandem.render import command as engine_cmd
@@ -30,13 +32,21 @@ def _quantities(values: dict[str, Quantity]) -> dict[str, str]:
     return {key: str(value) for key, value in values.items()}
 
 
+def requests_accelerators(pdd: PDDeployment) -> bool:
+    """vLLM pods always request GPUs (and RDMA); sim pods only with `engine.sim.requestAccelerators`."""
+    engine = pdd.spec.engine
+    if engine.type is not EngineType.sim:
+        return True
+    return engine.sim is not None and engine.sim.request_accelerators
+
+
 def uses_rdma(pdd: PDDeployment, role: Role) -> bool:
-    return engine_cmd.is_disaggregated(role) and pdd.spec.network.rdma.enabled
+    return engine_cmd.is_disaggregated(role) and pdd.spec.network.rdma.enabled and requests_accelerators(pdd)
 
 
 def resources(pdd: PDDeployment, role: Role) -> dict[str, Any]:
     pool = pdd.spec.pool(role)
-    devices = {GPU_RESOURCE: str(pool.tensor_parallel_size)}
+    devices = {GPU_RESOURCE: str(pool.tensor_parallel_size)} if requests_accelerators(pdd) else {}
     if uses_rdma(pdd, role):
         rdma = pdd.spec.network.rdma
         devices[rdma.resource_name] = str(rdma.per_pod)
@@ -94,6 +104,8 @@ def affinity(pdd: PDDeployment, role: Role, revision: RevisionRecord | None = No
 
 def tolerations(pdd: PDDeployment, role: Role) -> list[dict[str, Any]]:
     given = [t.model_dump(by_alias=True, exclude_none=True) for t in pdd.spec.pool(role).tolerations]
+    if not requests_accelerators(pdd):  # a CPU pod has no business on a GPU node's taint
+        return given
     return given if GPU_TOLERATION in given else [*given, GPU_TOLERATION]
 
 
@@ -155,7 +167,9 @@ def pod_template(pdd: PDDeployment, role: Role, revision: RevisionRecord | None 
     pod_affinity = affinity(pdd, role, revision)
     if pod_affinity:
         pod_spec["affinity"] = pod_affinity
-    pod_spec["tolerations"] = tolerations(pdd, role)
+    pod_tolerations = tolerations(pdd, role)
+    if pod_tolerations:
+        pod_spec["tolerations"] = pod_tolerations
     pod_spec["containers"] = [container(pdd, role, revision)]
     pod_spec["volumes"] = volumes
     return {

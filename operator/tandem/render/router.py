@@ -3,7 +3,9 @@
 Pure. The router discovers ready engine pods by watching Pods and reads its own PDDeployment, so
 its Role grants exactly get/list/watch on those two (the PDDeployment by name), and `get` on the
 API keys Secret (by name) when spec.router.auth.apiKeysSecret is set. It runs as a
-non-root user with a read-only root filesystem; it writes nothing but temporary files.
+non-root user with a read-only root filesystem; it writes nothing but temporary files. Its pod meets
+the restricted Pod Security Standard (docs/security.md). Router pods take the spec's nodeSelector and
+tolerations and prefer nodes without GPUs: a router needs CPU only.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ ROLE: meta.Role = "router"
 CONTAINER_NAME = "router"
 SERVICE_PORT = 80
 NONROOT_UID = 65532  # the conventional "nonroot" user of distroless images
+# Labels NVIDIA's GPU feature discovery puts on GPU nodes (the dev cluster's fake ones carry gpu.count).
+GPU_NODE_LABELS = ("nvidia.com/gpu.present", "nvidia.com/gpu.count")
+NO_GPU_WEIGHT = 100
 # The router streams decode answers back; on SIGTERM it may still be relaying them.
 ROUTER_GRACE_SECONDS = (
     lifecycle.PRESTOP_SECONDS + lifecycle.STREAM_DRAIN_SECONDS + lifecycle.EXIT_MARGIN_SECONDS
@@ -78,7 +83,20 @@ def _container(pdd: PDDeployment) -> dict[str, Any]:
     }
 
 
+def affinity() -> dict[str, Any]:
+    """Prefer nodes that carry none of the GPU node labels: GPUs are for engines."""
+    expressions = [{"key": key, "operator": "DoesNotExist"} for key in GPU_NODE_LABELS]
+    return {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": NO_GPU_WEIGHT, "preference": {"matchExpressions": expressions}}
+            ]
+        }
+    }
+
+
 def deployment(pdd: PDDeployment) -> Manifest:
+    router = pdd.spec.router
     pod_spec: dict[str, Any] = {
         "serviceAccountName": names.child_name(pdd, ROLE),
         "enableServiceLinks": False,
@@ -89,9 +107,14 @@ def deployment(pdd: PDDeployment) -> Manifest:
             "runAsGroup": NONROOT_UID,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
+        "affinity": affinity(),
         "containers": [_container(pdd)],
         "volumes": [{"name": "tmp", "emptyDir": {}}],
     }
+    if router.node_selector:
+        pod_spec["nodeSelector"] = dict(router.node_selector)
+    if router.tolerations:
+        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in router.tolerations]
     if pdd.spec.router.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": name} for name in pdd.spec.router.image_pull_secrets]
     return {

@@ -184,12 +184,19 @@ def test_example_converges_and_children_match_render(
     assert condition(pdd, "Available")["status"] == "True"
     assert pdd["status"]["phase"] == "Healthy"
 
-    # P/D pods land only on RDMA GPU nodes
+    # Pods that request accelerators (vLLM, or sim with engine.sim.requestAccelerators) land on GPU
+    # nodes, P/D ones on RDMA nodes; sim pods without the choice request none (any CPU node will do).
+    engine = live["spec"]["engine"]
+    accelerators = engine.get("type", "vllm") != "sim" or (engine.get("sim") or {}).get("requestAccelerators")
     nodes = {n["metadata"]["name"]: n for n in get(cluster, "", "nodes").get("items", [])}
     pods = get(cluster, namespace, "pods", "-l", f"tandem.dev/pddeployment={name}")["items"]
     for pod in pods:
         role = pod["metadata"]["labels"]["tandem.dev/role"]
         node = nodes[pod["spec"]["nodeName"]]
+        limits = pod["spec"]["containers"][0]["resources"].get("limits", {})
+        if role == "router" or not accelerators:
+            assert not {"nvidia.com/gpu", "rdma/hca"} & set(limits), pod["metadata"]["name"]
+            continue
         if role in ("prefill", "decode") and live["spec"].get("network", {}).get("rdma", {}).get(
             "enabled", True
         ):
@@ -197,8 +204,7 @@ def test_example_converges_and_children_match_render(
                 pod["metadata"]["name"],
                 node["metadata"]["name"],
             )
-        if role != "router":
-            assert int(node["status"]["allocatable"].get("nvidia.com/gpu", "0")) > 0
+        assert int(node["status"]["allocatable"].get("nvidia.com/gpu", "0")) > 0
 
 
 SIM_EXAMPLE = Path(__file__).parents[3] / "examples" / "sim-pd.yaml"
@@ -209,6 +215,7 @@ def test_unschedulable_shows_in_status(
 ) -> None:
     doc = load_example(SIM_EXAMPLE)
     doc["metadata"]["name"] = "too-big"
+    doc["spec"]["engine"]["sim"] = {"requestAccelerators": True}  # the fake GPUs run out
     doc["spec"]["decode"] = {**doc["spec"].get("decode", {}), "replicas": 5, "tensorParallelSize": 8}
     doc["spec"]["prefill"] = {**doc["spec"].get("prefill", {}), "tensorParallelSize": 8}
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(doc))
@@ -225,6 +232,33 @@ def test_unschedulable_shows_in_status(
     assert pdd["status"]["phase"] == "Degraded"
     events = get(cluster, namespace, "events", "--field-selector", "involvedObject.name=too-big")["items"]
     assert any(e["reason"] == "Unschedulable" and e["type"] == "Warning" for e in events)
+
+
+def test_sim_runs_on_a_node_without_gpus(
+    cluster: ClusterHandle, operator: OperatorProcess, namespace: str
+) -> None:
+    """CPU dry run: the sim example, every pod pinned to the dev cluster's CPU-only node (no GPU or
+    RDMA resource at all), becomes Ready; its engines request no accelerator."""
+    cpu_nodes = [
+        n["metadata"]["name"]
+        for n in get(cluster, "", "nodes")["items"]
+        if "nvidia.com/gpu" not in n["status"]["allocatable"] and "rdma/hca" not in n["status"]["allocatable"]
+    ]
+    assert cpu_nodes, "the dev cluster has no CPU-only node"
+    doc = load_example(SIM_EXAMPLE)
+    assert "sim" not in doc["spec"]["engine"]  # the example as users get it
+    pin = {"kubernetes.io/hostname": cpu_nodes[0]}
+    for role in ("prefill", "decode", "router"):
+        doc["spec"][role] = {**doc["spec"].get(role, {}), "nodeSelector": pin}
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(doc))
+    name = doc["metadata"]["name"]
+    wait_for("Ready=True on the CPU node", lambda: is_ready(cluster, namespace, name), timeout=300)
+    pods = get(cluster, namespace, "pods", "-l", f"tandem.dev/pddeployment={name}")["items"]
+    assert {p["metadata"]["labels"]["tandem.dev/role"] for p in pods} == {"prefill", "decode", "router"}
+    for pod in pods:
+        assert pod["spec"]["nodeName"] == cpu_nodes[0], pod["metadata"]["name"]
+        resources = pod["spec"]["containers"][0]["resources"]
+        assert not [k for part in resources.values() for k in part if "/" in k], resources
 
 
 def test_missing_image_pull_secret_shows_in_status(

@@ -56,9 +56,11 @@ def test_sim_example_starts_on_the_sim_engine_with_its_rendered_env() -> None:
         assert not config.notes  # a known model: no fallback to another architecture
 
 
-@pytest.mark.parametrize("name", ["sim-pd", "sim-pd-autoscaling"])
+@pytest.mark.parametrize("name", ["sim-pd-autoscaling"])
 def test_sim_example_fits_the_dev_cluster(name: str) -> None:
-    """At its largest: each autoscaled pool at its maxReplicas (more than maxGPUs allows together)."""
+    """At its largest: each autoscaled pool at its maxReplicas (more than maxGPUs allows together).
+    Only the sim examples that request accelerators (`engine.sim.requestAccelerators`); the others
+    request none and fit any CPU node (tests/unit/render/test_cpu_dry_run.py)."""
     nodes = [n for n in yaml.safe_load_all(DEV_NODES.read_text()) if n]
     pdd = _load(ROOT / "examples" / f"{name}.yaml")
     largest = {

@@ -16,6 +16,7 @@ from tandem.api.rules import OPERATOR_OWNED_FLAGS
 from tandem.engine.args import parse_serve_args
 from tandem.render import engine_command, render
 from tandem.render.command import flag_values, user_args
+from tandem.render.pod import requests_accelerators
 
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -83,7 +84,15 @@ def pddeployments(draw: st.DrawFn) -> PDDeployment:
         "spec": {
             "model": model,
             "engine": {
-                "type": draw(st.sampled_from(["vllm", "sim"])),
+                **draw(
+                    st.sampled_from(
+                        [
+                            {"type": "vllm"},
+                            {"type": "sim"},
+                            {"type": "sim", "sim": {"requestAccelerators": True}},
+                        ]
+                    )
+                ),
                 "image": "img:1",
                 "extraArgs": draw(_args()),
                 "env": draw(
@@ -96,7 +105,7 @@ def pddeployments(draw: st.DrawFn) -> PDDeployment:
                 ),
             },
             "kvTransfer": {"connector": connector},
-            "network": {"rdma": {"enabled": draw(st.booleans())}},
+            "network": {"rdma": {"enabled": draw(st.booleans())}, "policy": {"enabled": draw(st.booleans())}},
             "prefill": prefill,
             "decode": decode,
             "colocated": draw(_pool(1 if mode == "Colocated" else 0)),
@@ -168,6 +177,10 @@ def test_selectors_match_the_pod_template_labels(pdd: PDDeployment, replicas: di
     objects = render(pdd, replicas)
     labels = {role: template["metadata"]["labels"] for role, template in _pod_templates(objects)}
     for obj in objects:
+        if (
+            obj["kind"] == "NetworkPolicy"
+        ):  # selects every engine pool: tests/unit/render/test_network_policy.py
+            continue
         role = obj["metadata"]["labels"]["tandem.dev/role"]
         if obj["kind"] in ("StatefulSet", "Deployment", "PodDisruptionBudget"):
             selector = obj["spec"]["selector"]["matchLabels"]
@@ -189,6 +202,9 @@ def test_gpus_per_pod_equal_tensor_parallel_size(pdd: PDDeployment, replicas: di
             continue
         tp = str(pdd.spec.pool(role).tensor_parallel_size)
         resources = template["spec"]["containers"][0]["resources"]
+        if not requests_accelerators(pdd):  # a sim pod on CPU (engine.sim.requestAccelerators unset)
+            assert not [k for part in resources.values() for k in part if "/" in k]
+            continue
         assert resources["limits"]["nvidia.com/gpu"] == resources["requests"]["nvidia.com/gpu"] == tp
 
 

@@ -27,8 +27,14 @@ CLIENT_TYPES = {
     "StatefulSet": "V1StatefulSet",
     "Deployment": "V1Deployment",
     "PodDisruptionBudget": "V1PodDisruptionBudget",
+    "NetworkPolicy": "V1NetworkPolicy",
 }
 VARIANTS: dict[str, dict[str, Any]] = {
+    "network policy and router placement": {
+        "network": {"policy": {"enabled": True, "prometheusNamespaceSelector": {"team": "obs"}}},
+        "router": {"nodeSelector": {"a": "b"}, "tolerations": [{"key": "k", "operator": "Exists"}]},
+        "engine": {"type": "sim", "sim": {"requestAccelerators": False}},
+    },
     "mooncake": {"kvTransfer": {"connector": "MooncakeConnector"}},
     "lmcache": {"kvTransfer": {"connector": "LMCacheConnectorV1"}},
     "pools with scheduling": {
