@@ -71,6 +71,8 @@ class PddInfo:
     # spec.router.metrics.{input,output}LengthBuckets: length bucket bounds (tokens); None: defaults.
     input_length_buckets: tuple[int, ...] | None = None
     output_length_buckets: tuple[int, ...] | None = None
+    # spec.router.prefixAware (camelCase, as in the object); None: not set.
+    prefix_aware: Mapping[str, Any] | None = None
 
 
 def _get(obj: Mapping[str, Any], *path: str) -> Any:
@@ -165,7 +167,12 @@ def pdd_info_from(obj: Mapping[str, Any]) -> PddInfo:
         rollout_target=_rollout_target(obj),
         input_length_buckets=_int_list(_get(obj, "spec", "router", "metrics", "inputLengthBuckets")),
         output_length_buckets=_int_list(_get(obj, "spec", "router", "metrics", "outputLengthBuckets")),
+        prefix_aware=_mapping(_get(obj, "spec", "router", "prefixAware")),
     )
+
+
+def _mapping(value: Any) -> dict[str, Any] | None:
+    return dict(value) if isinstance(value, Mapping) else None
 
 
 def _int_list(value: Any) -> tuple[int, ...] | None:

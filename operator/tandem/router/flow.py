@@ -32,6 +32,7 @@ from tandem.router.failure import (
 from tandem.router.gateway import rate_limited_body
 from tandem.router.metrics import PathMetrics
 from tandem.router.paths import Path, Unavailable, choose_path, draw_for
+from tandem.router.prefix import PodLoad, choose_prefill, prompt_text, text_keys
 from tandem.router.protocol import (
     ENDPOINT_PATHS,
     Endpoint,
@@ -283,13 +284,42 @@ class Flow:
     def _may_retry(self, attempt: int) -> bool:
         return attempt < self.max_retries and self.budget.try_spend(self.clock())
 
-    def _pick(self, role: str, exclude: set[str], revision: str | None = None) -> str | None:
-        """A pod of `role` (of `revision`'s pair when given)."""
+    def _pick(
+        self, role: str, exclude: set[str], revision: str | None = None, keys: list[int] | None = None
+    ) -> str | None:
+        """A pod of `role` (of `revision`'s pair when given); by prefix then load when `keys` are given
+        (the prompt's chunk keys, `_prefix_keys`), else by load."""
         now = self.clock()
         pool = role if revision is None else pool_key(role, revision)
+        if keys:
+            pod = self._pick_by_prefix(pool, now, exclude, keys)
+            if pod is not None:
+                return pod
         pod = self.state.balancer.pick(pool, now, exclude)
         # Every pod already tried: trying one again beats failing the request.
         return pod if pod is not None else self.state.balancer.pick(pool, now)
+
+    def _prefix_keys(self, request: ClientRequest) -> list[int] | None:
+        """The prompt's chained chunk keys when the prefix-aware choice is on (None when off)."""
+        settings = self.state.prefix
+        if not settings.enabled:
+            return None
+        return text_keys(prompt_text(request.body), settings.knobs)
+
+    def _pick_by_prefix(self, pool: str, now: float, exclude: set[str], keys: list[int]) -> str | None:
+        """`prefix.choose_prefill` over the pool's healthy untried pods; the choice is recorded in
+        the index (the pod will hold these chunks). None: no such pod (the caller falls back)."""
+        state = self.state
+        balancer = state.balancer
+        candidates: list[PodLoad] = []
+        for pod in balancer.pool(pool):
+            load = balancer.load(pod)
+            if pod not in exclude and load.quarantined_until <= now:
+                candidates.append(PodLoad(pod, load.requests, load.tokens))
+        chosen = choose_prefill(candidates, keys, state.prefix_index, state.prefix.knobs)
+        if chosen is not None:
+            state.prefix_index.record(chosen, keys)
+        return chosen
 
     def _first(self, request: ClientRequest) -> bool:
         """A tenant of spec.rollout.tenants: on the rollout's target at any weight above 0."""
@@ -368,6 +398,7 @@ class Flow:
         tried_prefill: set[str] = set()
         tried_decode: set[str] = set()
         prefill_bytes = json.dumps(prefill_body(request.body)).encode()
+        keys = self._prefix_keys(request)
         attempt = 0
         while True:
             request_id = request.request_id if attempt == 0 else f"{request.request_id}-{attempt}"
@@ -376,7 +407,7 @@ class Flow:
             tally.revision = revision
             if attempt == 0 and not await self._decode_room(request, responder, tally, revision):
                 return
-            prefill_pod = self._pick("prefill", tried_prefill, revision)
+            prefill_pod = self._pick("prefill", tried_prefill, revision, keys)
             if prefill_pod is None:
                 self.metrics.child(self.metrics.rejected, "no_ready_pods").inc()
                 tally.status = 503
@@ -428,8 +459,9 @@ class Flow:
         raw = request.raw
         if request.facts.stream and not _asks_usage(request.body):
             raw = json.dumps(_with_usage(request.body)).encode()
+        keys = self._prefix_keys(request)
         while True:
-            pod = self._pick("colocated", tried)
+            pod = self._pick("colocated", tried, None, keys)
             if pod is None:
                 tally.status = 503
                 self.metrics.child(self.metrics.rejected, "no_ready_pods").inc()

@@ -34,6 +34,7 @@ from tandem.router.flow import Flow, Timeouts
 from tandem.router.front import Front
 from tandem.router.kvwatch import watch_kv_usage
 from tandem.router.metrics import RouterMetrics, check_length_bounds
+from tandem.router.prefix import DEFAULT_INDEX_BLOCKS_PER_POD, PrefixKnobs, PrefixSettings
 from tandem.router.server import RouterApp, refresh_models
 from tandem.router.slo import SloTargets
 from tandem.router.state import RouterState
@@ -75,6 +76,12 @@ class RouterConfig(BaseModel):
     # one a line, as in the keys Secret; given: keys are required). A PDDeployment sets its own.
     gateway: dict[str, Any] | None = None
     api_keys: dict[str, str] | None = None
+    # The prefix-aware prefill choice (spec.router.prefixAware wins field by field).
+    prefix_aware: bool = True
+    prefix_block_chars: int = Field(default=PrefixKnobs.block_chars, ge=1)
+    prefix_max_blocks: int = Field(default=PrefixKnobs.max_blocks, ge=1)
+    prefix_load_bound: float = Field(default=PrefixKnobs.load_bound, ge=1.0)
+    prefix_index_blocks: int = Field(default=DEFAULT_INDEX_BLOCKS_PER_POD, ge=1)
 
     @model_validator(mode="after")
     def _one_discovery(self) -> RouterConfig:
@@ -90,6 +97,17 @@ class RouterConfig(BaseModel):
         if self.pddeployment and (self.gateway is not None or self.api_keys is not None):
             raise ValueError("--gateway and --api-keys-file are static mode's; use spec.router")
         return self
+
+    def prefix(self) -> PrefixSettings:
+        return PrefixSettings(
+            enabled=self.prefix_aware,
+            knobs=PrefixKnobs(
+                block_chars=self.prefix_block_chars,
+                max_blocks=self.prefix_max_blocks,
+                load_bound=self.prefix_load_bound,
+            ),
+            index_blocks_per_pod=self.prefix_index_blocks,
+        )
 
     def slo(self) -> SloTargets | None:
         if self.slo_ttft_ms is None or self.slo_tpot_ms is None:
@@ -166,6 +184,16 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
         help="static mode: YAML of spec.router's auth, tenants and admission (docs/router.md)")  # fmt: skip
     add("--api-keys-file", dest="api_keys", type=_yaml_file, metavar="FILE",
         help="static mode: YAML map tenant -> API keys (one a line); requests then need a key")  # fmt: skip
+    add("--no-prefix-aware", dest="prefix_aware", action="store_false",
+        help="choose prefill/colocated pods by load only (spec.router.prefixAware.enabled wins)")  # fmt: skip
+    add("--prefix-block-chars", dest="prefix_block_chars", type=int, default=PrefixKnobs.block_chars,
+        help="characters of prompt text per chunk of the prefix-aware choice")  # fmt: skip
+    add("--prefix-max-blocks", dest="prefix_max_blocks", type=int, default=PrefixKnobs.max_blocks,
+        help="leading chunks of a prompt the prefix-aware choice considers")  # fmt: skip
+    add("--prefix-load-bound", dest="prefix_load_bound", type=float, default=PrefixKnobs.load_bound,
+        help="a pod takes its cached prefixes while its load <= this x the mean + 1")  # fmt: skip
+    add("--prefix-index-blocks", dest="prefix_index_blocks", type=int, default=DEFAULT_INDEX_BLOCKS_PER_POD,
+        help="chunks remembered per pod (least recently used forgotten first)")  # fmt: skip
     add("--log-level", default="INFO")
     args = vars(parser.parse_args(list(argv)))
     logging.basicConfig(
@@ -202,6 +230,7 @@ def build(config: RouterConfig) -> tuple[RouterApp, RouterState, Flow]:
         colocated_fallback=config.colocated_fallback,
         slo_default=config.slo(),
         length_buckets_default=(config.input_length_buckets, config.output_length_buckets),
+        prefix_default=config.prefix(),
     )
     metrics.set_length_buckets(config.input_length_buckets, config.output_length_buckets)
     state.set_slo(config.slo())

@@ -24,10 +24,12 @@ Choice (bounded load). A pod's load is `outstanding_requests + outstanding_token
 tokens_per_request`. A pod is eligible when its load is at most `load_bound * mean load + 1`
 (the "+1" lets an idle pool take a request anywhere); among eligible pods the one with the most
 leading blocks cached wins, ties to the lighter pod, then to a rendezvous hash of the first key
-(so different new prefixes spread over an idle pool, and the same prefix goes to the same pod).
-A request with no cached prefix anywhere eligible goes to the least-loaded pod the same way. So a
-hot prefix fills the pod that holds it up to the bound, then spills to the next-best pod, which
-records it too: the hot prefix is replicated instead of overloading one pod.
+past the matched blocks (so different new prompts spread over an idle pool, even when they share a
+system prompt every pod holds, and the same prompt goes to the same pod). A request with no cached
+prefix anywhere eligible goes to the least-loaded pod the same way. So a hot prefix fills the pod
+that holds it up to the bound, then spills to the next-best pod, which records it too: the hot
+prefix is replicated instead of overloading one pod. While load is low, prompts sharing a prefix
+held by one pod all go there (a hit, and the pod has room): expected hit wins until load says no.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ __all__ = [
     "PodLoad",
     "PrefixIndex",
     "PrefixKnobs",
+    "PrefixSettings",
     "chain_keys",
     "choose_prefill",
     "prompt_text",
@@ -76,6 +79,47 @@ class PrefixKnobs:
             raise ValueError("load_bound must be at least 1")
         if self.tokens_per_request <= 0:
             raise ValueError("tokens_per_request must be positive")
+
+
+DEFAULT_INDEX_BLOCKS_PER_POD: Final = 32768
+
+
+@dataclass(frozen=True)
+class PrefixSettings:
+    """The router's prefix-aware choice as configured: spec.router.prefixAware, or flags."""
+
+    enabled: bool = True
+    knobs: PrefixKnobs = PrefixKnobs()
+    index_blocks_per_pod: int = DEFAULT_INDEX_BLOCKS_PER_POD
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any] | None, base: PrefixSettings | None = None) -> PrefixSettings:
+        """From spec.router.prefixAware (camelCase); fields it lacks keep `base`'s (else defaults).
+        A value of the wrong type or out of range keeps the base's too (the CRD refuses those)."""
+        base = base or cls()
+        if not spec:
+            return base
+        knobs = base.knobs
+
+        def number(key: str, current: float, lowest: float, integer: bool) -> Any:
+            value = spec.get(key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < lowest:
+                return current
+            if integer and not isinstance(value, int):
+                return current
+            return value
+
+        enabled = spec.get("enabled")
+        return cls(
+            enabled=enabled if isinstance(enabled, bool) else base.enabled,
+            knobs=PrefixKnobs(
+                block_chars=number("blockChars", knobs.block_chars, 1, True),
+                max_blocks=number("maxBlocks", knobs.max_blocks, 1, True),
+                load_bound=float(number("loadBound", knobs.load_bound, 1.0, False)),
+                tokens_per_request=knobs.tokens_per_request,
+            ),
+            index_blocks_per_pod=number("indexBlocksPerPod", base.index_blocks_per_pod, 1, True),
+        )
 
 
 def _item_bytes(item: Hashable) -> bytes:
@@ -175,6 +219,15 @@ class PrefixIndex:
     def forget_pod(self, pod: str) -> None:
         self._pods.pop(pod, None)
 
+    def resize(self, capacity_blocks_per_pod: int) -> None:
+        """A new per-pod capacity; pods over it forget their least recently used keys."""
+        if capacity_blocks_per_pod < 1:
+            raise ValueError("capacity_blocks_per_pod must be at least 1")
+        self.capacity_blocks_per_pod = capacity_blocks_per_pod
+        for held in self._pods.values():
+            while len(held) > capacity_blocks_per_pod:
+                held.popitem(last=False)
+
     def pods(self) -> list[str]:
         return sorted(self._pods)
 
@@ -202,14 +255,16 @@ def choose_prefill(
         return None
     loads = [_load(pod, knobs) for pod in pods]
     bound = knobs.load_bound * (sum(loads) / len(loads)) + 1.0
-    first = keys[0] if keys else 0
     best: tuple[int, float, int, str] | None = None  # (-matched, load, -rendezvous, name)
     chosen: str | None = None
     for pod, load in zip(pods, loads, strict=True):
         if load > bound:
             continue
         matched = index.matched_blocks(pod.name, keys) if keys else 0
-        rank = (-matched, load, -_rendezvous(pod.name, first), pod.name)
+        # Ties between pods holding the same prefix go by the first key past it: the part that
+        # tells this request's prompt from others sharing that prefix (a common system prompt).
+        split = keys[min(matched, len(keys) - 1)] if keys else 0
+        rank = (-matched, load, -_rendezvous(pod.name, split), pod.name)
         if best is None or rank < best:
             best, chosen = rank, pod.name
     if chosen is None:  # cannot happen (the least-loaded pod is always within the bound); be safe

@@ -26,6 +26,7 @@ from tandem.router.discovery import (
 from tandem.router.gateway import Gateway
 from tandem.router.metrics import RouterMetrics
 from tandem.router.paths import disaggregated_share
+from tandem.router.prefix import PrefixIndex, PrefixSettings
 from tandem.router.revisions import choose_revision
 from tandem.router.revisions import draw_for as revision_draw
 from tandem.router.slo import SloTargets
@@ -102,9 +103,15 @@ class RouterState:
     synced: bool = False
     # Tenants, API keys, admission and decode backpressure (spec.router; `--gateway` in static mode).
     gateway: Gateway = field(init=False)
+    # The prefix-aware prefill choice: spec.router.prefixAware over the flags' `prefix_default`.
+    prefix_default: PrefixSettings = field(default_factory=PrefixSettings)
+    prefix: PrefixSettings = field(init=False)
+    prefix_index: PrefixIndex = field(init=False)  # which pod was sent which prompt chunks
 
     def __post_init__(self) -> None:
         self.gateway = Gateway(self.metrics.registry)
+        self.prefix = self.prefix_default
+        self.prefix_index = PrefixIndex(self.prefix.index_blocks_per_pod)
 
     def set_static(self, endpoints: Mapping[str, Iterable[str]]) -> None:
         self._set_endpoints({role: sorted(endpoints.get(role, ())) for role in POOL_ROLES})
@@ -133,6 +140,7 @@ class RouterState:
         if info.model_name:
             self.catalog.configured[info.model_name] = info.max_model_len
         self.set_length_buckets(info.input_length_buckets, info.output_length_buckets)
+        self.set_prefix(PrefixSettings.from_spec(info.prefix_aware, self.prefix_default))
         self.gateway.configure(info.router_gateway, info.rollout_tenants, rollout_target=info.rollout_target)
         if info.slo_ttft_ms is not None and info.slo_tpot_ms is not None:
             self.set_slo(SloTargets.from_ms(info.slo_ttft_ms, info.slo_tpot_ms))
@@ -147,6 +155,13 @@ class RouterState:
         except ValueError as error:
             log.warning("length buckets not changed: %s", error)
 
+    def set_prefix(self, settings: PrefixSettings) -> None:
+        if settings == self.prefix:
+            return
+        log.info("prefix-aware choice: %s", settings)
+        self.prefix = settings
+        self.prefix_index.resize(settings.index_blocks_per_pod)
+
     def set_slo(self, targets: SloTargets | None) -> None:
         if targets != self.slo:
             log.info("SLO: %s", targets)
@@ -157,6 +172,9 @@ class RouterState:
         if endpoints == self.endpoints:
             return
         log.info("endpoints: %s", {role: len(urls) for role, urls in endpoints.items()})
+        live = {url for urls in endpoints.values() for url in urls}
+        for gone in {url for urls in self.endpoints.values() for url in urls} - live:
+            self.prefix_index.forget_pod(gone)  # a pod back at the address is a new, empty cache
         self.endpoints = endpoints
         self.generation += 1
         for role, urls in endpoints.items():
