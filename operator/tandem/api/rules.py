@@ -373,7 +373,6 @@ ROUTER_RULES: Final[tuple[Rule, ...]] = (
         message="spec.router.tenants[*].name must be unique",
         field_path=".router.tenants",
         check=lambda s: len({t.get("name") for t in _tenants(s)}) == len(_tenants(s)),
-        reason="FieldValueDuplicate",
     ),
     Rule(
         cel="self.router.tenants.all(t, t.name != 'other')",

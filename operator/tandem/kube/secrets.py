@@ -1,8 +1,9 @@
 """Reading one Secret again and again: the router's API keys (spec.router.auth.apiKeysSecret).
 
 The router's Role grants `get` on that Secret by name only. A thread reads it every `interval_s`
-(and at once when told the name changed) and hands the decoded data, or why there is none, to a
-callback: a rotated key takes effect within one interval, with no restart and no volume.
+(every 2 s until a read succeeds, and at once when poked) and hands the decoded data, or why there
+is none, to a callback: a rotated key takes effect within one interval, with no restart and no
+volume.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class SecretPoller:
         api_client: Any = None
         while not self._stop.is_set():
             name = self._name_of()
+            ok = False  # until a read succeeds, read again every 2 s (the router serves nobody meanwhile)
             if name:
                 try:
                     if api_client is None:
@@ -73,6 +75,7 @@ class SecretPoller:
                     core = _kubernetes("client").CoreV1Api(api_client)
                     obj = core.read_namespaced_secret(name, self.namespace, _request_timeout=10)
                     self._on_data(name, decode_data(obj), False, None)
+                    ok = True
                 except ValueError as error:
                     self._on_data(name, None, False, f"Secret {name!r}: {error}")
                 except Exception as error:
@@ -82,5 +85,5 @@ class SecretPoller:
                     else:
                         reason = f"HTTP {status}" if status else type(error).__name__
                         self._on_data(name, None, False, f"Secret {name!r} unreadable ({reason})")
-            self._wake.wait(self._interval_s)
+            self._wake.wait(self._interval_s if ok else min(2.0, self._interval_s))
             self._wake.clear()

@@ -27,6 +27,7 @@ class Script:
     kv_pull_fails: bool = False  # a decode request with remote params answers 500
     token_delay_s: float = 0.0
     hold_s: float = 0.0  # wait before answering (to test client disconnect)
+    kv_usage: float = 0.0  # what /metrics reports as vllm:kv_cache_usage_perc (decode backpressure)
 
 
 @dataclass
@@ -49,6 +50,7 @@ class StubEngine:
         app.router.add_post("/v1/chat/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
@@ -64,13 +66,23 @@ class StubEngine:
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({})
 
+    async def _metrics(self, request: web.Request) -> web.Response:
+        text = f'vllm:kv_cache_usage_perc{{engine="0",model_name="{self.model}"}} {self.script.kv_usage}\n'
+        return web.Response(text=text, content_type="text/plain")
+
     async def _models(self, request: web.Request) -> web.Response:
         card = {"id": self.model, "object": "model", "max_model_len": self.max_model_len}
         return web.json_response({"object": "list", "data": [card]})
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        self.seen.append({"body": body, "request_id": request.headers.get("X-Request-Id")})
+        self.seen.append(
+            {
+                "body": body,
+                "request_id": request.headers.get("X-Request-Id"),
+                "authorization": request.headers.get("Authorization"),
+            }
+        )
         self.arrived.set()
         script = self.script
         try:
