@@ -95,7 +95,7 @@ the code and fails on a grant without a use, or a use without a grant. */ -}}
   resources: [networkpolicies]
   verbs: [list, create, patch, delete]
 # The router's Role and RoleBinding (RBAC lets the operator grant only what it holds itself:
-# get/list/watch on pods and pddeployments).
+# get/list/watch on pods and pddeployments, and get on the API keys Secret by name).
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
   verbs: [list, create, patch, delete]
@@ -104,7 +104,8 @@ the code and fails on a grant without a use, or a use without a grant. */ -}}
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, patch]
-# Only to report a missing image pull secret or model token secret; never listed or watched.
+# Only to report a missing image pull secret or model token secret, and a missing or malformed API
+# keys Secret (spec.router.auth.apiKeysSecret, read to check that it parses); never listed or watched.
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get]

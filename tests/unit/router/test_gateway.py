@@ -11,6 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tandem.controller.api_keys import keys_problem
+from tandem.kube.pods import pdd_info_from
 from tandem.router.admission import Refusal, Ticket
 from tandem.router.gateway import Gateway, rate_limited_body, unauthorized_body
 from tandem.router.kvwatch import kv_usage_of
@@ -243,3 +244,24 @@ def test_operator_checks_the_keys_secret(obj: dict[str, Any] | None, fragment: s
     else:
         assert problem is not None
         assert fragment in problem
+
+
+def test_the_router_reads_its_gateway_settings_from_the_pddeployment() -> None:
+    obj = {
+        "metadata": {"name": "llm"},
+        "spec": {
+            "router": {"replicas": 2, "image": "x", **ROUTER_SPEC},
+            "rollout": {"steps": [{"weight": 50}], "tenants": ["team-b"]},
+        },
+        "status": {"rollout": {"weight": 10, "target": "Disaggregated"}},
+    }
+    info = pdd_info_from(obj)
+    assert info.router_gateway == ROUTER_SPEC  # auth, tenants, admission; not the router's pod settings
+    assert info.rollout_tenants == ("team-b",)
+    assert info.rollout_target == "Disaggregated"
+    no_rollout = pdd_info_from(
+        {"metadata": {"name": "llm"}, "spec": {}, "status": {"rollout": {"target": "Colocated"}}}
+    )
+    assert no_rollout.rollout_target is None  # a target without a weight: no rollout running
+    assert no_rollout.router_gateway is None
+    assert no_rollout.rollout_tenants == ()
