@@ -108,7 +108,9 @@ def test_prompt_mismatch_is_refused(prefill: Engine, decode: Engine) -> None:
 
 @pytest.fixture(scope="module")
 def short_lease_prefill() -> Iterator[Engine]:
-    extra = {"kv_connector_extra_config": {"kv_lease_duration": 0.5}}
+    # Long enough that the held blocks are still there when the test looks right after the prefill
+    # leg, on a busy machine (0.5 s was a race); the test then waits for the expiry.
+    extra = {"kv_connector_extra_config": {"kv_lease_duration": 3.0}}
     engine = start_engine("--kv-transfer-config", kv_config("kv_producer", **extra), side_channel=True)
     yield engine
     engine.stop()
@@ -122,7 +124,7 @@ def recompute_decode() -> Iterator[Engine]:
     engine.stop()
 
 
-def wait_for(predicate: Any, timeout: float = 20.0) -> None:
+def wait_for(predicate: Any, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -170,7 +172,9 @@ def test_unreachable_prefill_follows_policy(decode: Engine, recompute_decode: En
 
 
 def test_heartbeats_keep_the_lease_while_decode_waits_for_blocks(colocated: Engine) -> None:
-    lease = {"kv_connector_extra_config": {"kv_lease_duration": 1.0}}
+    # The gap between the prefill leg and the decode engine's first heartbeat must fit in a lease on a
+    # busy machine: 3 s (1 s was a race), with the blocker holding the blocks three times as long.
+    lease = {"kv_connector_extra_config": {"kv_lease_duration": 3.0}}
     prefill = start_engine("--kv-transfer-config", kv_config("kv_producer", **lease), side_channel=True)
     small_decode = start_engine(
         "--kv-transfer-config",
@@ -180,23 +184,26 @@ def test_heartbeats_keep_the_lease_while_decode_waits_for_blocks(colocated: Engi
         "--max-model-len",
         "640",
         side_channel=True,
-        env={"TANDEM_SIM_TIME_SCALE": "1", "TANDEM_SIM_FAULTS": json.dumps({"slowdown": 15})},
+        env={"TANDEM_SIM_TIME_SCALE": "1", "TANDEM_SIM_FAULTS": json.dumps({"slowdown": 45})},
     )
     try:
         import threading
 
-        # 600 prompt tokens take 38 of the 40 blocks; 30 slowed-down steps keep them ~3 s.
+        # 600 prompt tokens take 38 of the 40 blocks; 30 steps slowed down 45x keep them ~9 s.
         blocker_body = {"model": NAME, "prompt": " ".join(["x"] * 600), "max_tokens": 30}
         blocker = threading.Thread(target=small_decode.post, args=("/v1/completions", blocker_body))
         blocker.start()
         wait_for(lambda: small_decode.get("/debug/state")[1]["kv_cache_usage"] >= 0.95)
         body = {"model": NAME, "prompt": " ".join(f"h{i}" for i in range(100)), "max_tokens": 3}
         params = prefill_leg(prefill, body, "req-heartbeat")
+        started = time.monotonic()
         status, answer = small_decode.post(
             "/v1/completions", {**body, "kv_transfer_params": params}, timeout=60
         )
+        waited = time.monotonic() - started
+        assert waited > 4.5, f"decode waited {waited:.1f} s: not long enough to need a heartbeat"
         blocker.join(timeout=60)
-        assert status == 200, answer  # without heartbeats the 1 s lease would have lapsed
+        assert status == 200, answer  # without heartbeats the 3 s lease would have lapsed
         assert prefill.get("/debug/kv")[1]["expired_total"] == 0
         _, local = colocated.post("/v1/completions", body)
         assert answer["choices"][0]["text"] == local["choices"][0]["text"]

@@ -248,8 +248,10 @@ async def test_handler_errors_become_500_before_the_answer_started() -> None:
 
 async def test_stop_lets_answers_in_progress_finish_and_refuses_new_connections() -> None:
     release = asyncio.Event()
+    entered = asyncio.Event()
 
     async def slow(request: FrontRequest, client: ClientStream) -> None:
+        entered.set()
         await release.wait()
         await client.answer(200, b"done", "text/plain")
 
@@ -257,15 +259,25 @@ async def test_stop_lets_answers_in_progress_finish_and_refuses_new_connections(
     port = await front.start("127.0.0.1", 0)
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(post("/x", b""))
-    await asyncio.sleep(0.1)
-    stopping = asyncio.create_task(front.stop(grace_s=10))
-    await asyncio.sleep(0.2)
-    with pytest.raises(ConnectionRefusedError):
-        await asyncio.open_connection("127.0.0.1", port)
+    await asyncio.wait_for(entered.wait(), 30)  # the answer is in progress
+    stopping = asyncio.create_task(front.stop(grace_s=60))
+    refused = False
+    for _ in range(300):  # until the listener is closed (a condition, up to 30 s)
+        try:
+            _, probe = await asyncio.open_connection("127.0.0.1", port)
+        except ConnectionRefusedError:
+            refused = True
+            break
+        except ConnectionResetError:  # caught in the backlog while the listener closed: try again
+            await asyncio.sleep(0.1)
+            continue
+        probe.close()
+        await asyncio.sleep(0.1)
+    assert refused, "new connections still accepted while stopping"
     assert not stopping.done()
     release.set()
     status, headers, body = await read_answer(reader)
     assert (status, body) == (200, b"done")
     assert headers.get("connection") == "close"  # the client learns not to send another
-    await asyncio.wait_for(stopping, 5)
+    await asyncio.wait_for(stopping, 30)
     writer.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -35,6 +36,7 @@ class FloodEngine(asyncio.Protocol):
         self.can_write = asyncio.Event()
         self.can_write.set()
         self.finished = False
+        self.decoding = False  # this connection carries the decode leg's stream
         FloodEngine.instances.append(self)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -71,6 +73,7 @@ class FloodEngine(asyncio.Protocol):
             answer = {"choices": [{"text": "a"}], "kv_transfer_params": {"do_remote_prefill": True}}
             self._whole(json.dumps(answer).encode())
         else:
+            self.decoding = True
             asyncio.get_running_loop().create_task(self._flood())
 
     def _whole(self, body: bytes) -> None:
@@ -110,9 +113,18 @@ async def test_a_slow_client_pauses_the_engine_stream_and_still_gets_all_of_it()
             body = json.dumps({"model": "flood", "prompt": "hi", "max_tokens": EVENTS, "stream": True})
             head = f"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: {len(body)}\r\n\r\n"
             writer.write(head.encode() + body.encode())
-            await asyncio.sleep(2.0)  # the client reads nothing meanwhile
-            decode = FloodEngine.instances[-1]
-            assert decode.paused.is_set(), "the router kept reading an engine for a client that did not"
+            # The client reads nothing meanwhile. Wait for the decode engine's writes to stall (a
+            # condition, not a time: a busy machine may take long to fill the buffers) ...
+            deadline = time.monotonic() + 60
+            while not [e for e in FloodEngine.instances if e.decoding and e.paused.is_set()]:
+                assert time.monotonic() < deadline, (
+                    "the router kept reading an engine for a client that did not"
+                )
+                assert not [e for e in FloodEngine.instances if e.finished], "the engine could write it all"
+                await asyncio.sleep(0.1)
+            decode = [e for e in FloodEngine.instances if e.decoding][-1]
+            # ... then keep not reading for four idle timeouts: the leg must not time out meanwhile.
+            await asyncio.sleep(2.0)
             assert not decode.finished
             status, _, data = await asyncio.wait_for(read_answer(reader), 60)
             assert status == 200
