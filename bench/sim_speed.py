@@ -8,6 +8,7 @@ the 60 s target, and the run's summary (so a speed-up that changed the results s
 prints the top of a cProfile of the run instead.
 
     .venv/bin/python bench/sim_speed.py [--requests N] [--rate-scale X] [--profile] [--no-prefix-caching]
+        [--sessions]
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from tandem.perf import load_profile  # noqa: E402
 from tandem.sim import SLO, Layout, PoolSpec, ReplicaSpec, SimConfig, StaticPolicy, simulate  # noqa: E402
 from tandem.sim.results import SimResult  # noqa: E402
 from tandem.sim.traces import read_azure, repeat, scale_rate  # noqa: E402
+from tandem.sim.traces.prefix import SessionParams, sessions  # noqa: E402
 
 TARGET_SECONDS_PER_MILLION = 60.0
 TRACE = ROOT / "traces" / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv"
@@ -41,9 +43,16 @@ def main() -> None:
     parser.add_argument(
         "--no-prefix-caching", action="store_true", help="replicas without prefix caching (vLLM's flag)"
     )
+    parser.add_argument(
+        "--sessions",
+        action="store_true",
+        help="multi-turn sessions from the trace (4 turns, 2,000-token system prompts): prefixes to cache",
+    )
     args = parser.parse_args()
 
     base = scale_rate(read_azure(TRACE), args.rate_scale)
+    if args.sessions:
+        base = sessions(base, SessionParams(turns=4, think_seconds=60.0, system_prompt_tokens=2000))
     requests = repeat(base, -(-args.requests // len(base)))[: args.requests]
     replica = ReplicaSpec.from_profile(
         load_profile("meta-llama/Llama-3.1-8B-Instruct", "H100", 1),
@@ -77,6 +86,8 @@ def main() -> None:
     per_million = wall * 1_000_000 / n
     s = result.summary
     caching = "off" if args.no_prefix_caching else "on (no shared prefixes in this trace)"
+    if args.sessions:
+        caching = caching.split(" ")[0] + ", multi-turn sessions"
     shape = f"Azure conv x{args.rate_scale:g} rate, {args.prefill}P+{args.decode}D TP1 H100"
     shape += f", prefix caching {caching}"
     ratio = per_million / TARGET_SECONDS_PER_MILLION

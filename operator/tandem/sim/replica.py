@@ -711,17 +711,23 @@ class Replica:
         """Evicts unreferenced blocks, least recently released first, until they fit in `room` tokens."""
         cache = self.cache
         lru = self.lru
-        while self.evictable > room:
-            key = next(iter(lru))
+        need = -(-(self.evictable - room) // BLOCK)  # blocks
+        evicted = 0
+        while need > 0:
+            key, _ = lru.popitem(last=False)
             entry = cache[key]
-            excess = -(-(self.evictable - room) // BLOCK)
-            if entry[0] <= excess:
-                del lru[key]
+            c = entry[0]
+            if c <= need:
                 del cache[key]
-                self.evictable -= entry[0] * BLOCK
+                need -= c
+                evicted += c
             else:
-                entry[0] -= excess  # its tail blocks go; the rest stays first in line
-                self.evictable -= excess * BLOCK
+                entry[0] = c - need  # its tail blocks go; the rest stays first in line
+                lru[key] = None
+                lru.move_to_end(key, last=False)
+                evicted += need
+                need = 0
+        self.evictable -= evicted * BLOCK
 
     def _gone(self, now: float) -> None:
         self.state = GONE

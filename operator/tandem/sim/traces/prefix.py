@@ -47,6 +47,7 @@ MOONCAKE_BLOCK_TOKENS = 512
 RUN_BLOCKS = MOONCAKE_BLOCK_TOKENS // ENGINE_BLOCK_TOKENS  # 32 engine blocks per run at most
 
 Runs = tuple[tuple[int, int], ...]
+_MASK64 = 0xFFFF_FFFF_FFFF_FFFF
 
 
 # --- Mooncake -----------------------------------------------------------------------------------------
@@ -111,7 +112,7 @@ def with_mooncake_prefix(requests: Sequence[Request]) -> list[Request]:
 def _block_key(run_key: int, j: int) -> int:
     """Engine block j of a run: a chained key in effect (the run's key covers every block before it
     and which tokens the run holds, so (run key, j) names blocks 0..j of it and all before)."""
-    return ((run_key << 6) | j) & 0xFFFF_FFFF_FFFF_FFFF  # 64 bits, as chain_keys (58 of the run key)
+    return ((run_key << 6) | j) & _MASK64  # 64 bits, as chain_keys' (58 of the run key's)
 
 
 def engine_block_keys(prefix: Runs) -> list[int]:
@@ -128,6 +129,13 @@ def route_keys(prefix: Runs | None, block_tokens: int, max_keys: int) -> list[in
     if step < 1 or block_tokens % ENGINE_BLOCK_TOKENS:
         raise ValueError("block_tokens must be a positive multiple of 16")
     keys: list[int] = []
+    if step == 1:  # one key per engine block (the router's default chunk is about one)
+        for key, n in prefix:
+            base = (key << 6) & _MASK64
+            keys.extend([base | j for j in range(n)])
+            if len(keys) >= max_keys:
+                return keys[:max_keys]
+        return keys
     done = 0  # engine blocks covered so far
     for key, n in prefix:
         end = done + n
