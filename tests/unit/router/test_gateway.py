@@ -5,6 +5,7 @@ the keys Secret."""
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from tandem.kube.pods import pdd_info_from
 from tandem.router.admission import Refusal, Ticket
 from tandem.router.gateway import Gateway, rate_limited_body, unauthorized_body
 from tandem.router.kvwatch import kv_usage_of
+from tandem.router.main import build, parse_args
 from tandem.router.paths import choose_path
 from tandem.router.tenants import KeysError, Tenancy, Unauthorized, parse_keys
 
@@ -265,3 +267,17 @@ def test_the_router_reads_its_gateway_settings_from_the_pddeployment() -> None:
     assert no_rollout.rollout_target is None  # a target without a weight: no rollout running
     assert no_rollout.router_gateway is None
     assert no_rollout.rollout_tenants == ()
+
+
+def test_static_mode_flags(tmp_path: Path) -> None:
+    (tmp_path / "gw.yaml").write_text("tenants:\n- {name: a, limits: {requestsPerSecond: 2}}\n")
+    (tmp_path / "keys.yaml").write_text("a: |\n  sk-aaaaaaaa1\n  sk-aaaaaaaa2\nb: sk-bbbbbbbb\n")
+    flags = ["--gateway", str(tmp_path / "gw.yaml"), "--api-keys-file", str(tmp_path / "keys.yaml")]
+    _, state, _ = build(parse_args(["--colocated", "http://127.0.0.1:9", *flags]))
+    gw = state.gateway
+    assert gw.ready
+    assert gw.identify({"authorization": "Bearer sk-aaaaaaaa2"}) == "a"
+    assert gw.identify({"authorization": "Bearer sk-bbbbbbbb"}) == "other"
+    assert isinstance(gw.identify({}), Unauthorized)
+    with pytest.raises(SystemExit):
+        parse_args(["--pddeployment", "llm", *flags])  # a PDDeployment's router takes spec.router
