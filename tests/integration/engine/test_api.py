@@ -133,7 +133,7 @@ def test_client_disconnect_aborts_the_request() -> None:
             ]
             return float(hits[0]) if hits else 0.0
 
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60  # generous: a busy machine
         while aborted() < 1 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert aborted() == 1

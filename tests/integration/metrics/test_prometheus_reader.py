@@ -244,7 +244,9 @@ def test_an_unreachable_prometheus_is_missing_data_fast() -> None:
     reader = PrometheusReader(f"http://127.0.0.1:{closed_port()}", timeout=3)
     started = time.monotonic()
     snap = reader.snapshot("ns", "llm", SLO, 60, time.time(), sizes={"decode": PoolSize(1, 1)})
-    assert time.monotonic() - started < 3 + 1
+    # Refused connections fail at once; the bound only has to tell "no wait" from a wait per query
+    # (several queries of 3 s each), with room for a busy machine.
+    assert time.monotonic() - started < 3 + 5
     assert not snap.has_data
     (line,) = snap.missing  # every query failed alike: said once, with the address
     assert line.startswith(f"Prometheus at {reader.url} unreachable (ConnectionError)")
@@ -262,7 +264,9 @@ def test_a_prometheus_that_never_answers_times_out() -> None:
         reader = PrometheusReader(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout=2)
         started = time.monotonic()
         snap = asyncio.run(reader.snapshot_async("ns", "llm", None, 60, time.time()))
-        assert time.monotonic() - started < 2 + 1.5
+        # Capped at the timeout + 1 s (snapshot_async), not a timeout per query; 4 s of room for a
+        # busy machine still fails a sequential pass over the queries.
+        assert time.monotonic() - started < 2 + 1 + 4
         assert not snap.has_data
         assert all("within 2s" in m or "Timeout" in m for m in snap.missing), snap.missing
         reader.close()
