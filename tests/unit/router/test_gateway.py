@@ -5,6 +5,7 @@ the keys Secret."""
 from __future__ import annotations
 
 import base64
+import random
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,13 @@ from prometheus_client import CollectorRegistry
 from tandem.controller.api_keys import keys_problem
 from tandem.kube.pods import pdd_info_from
 from tandem.router.admission import Refusal, Ticket
+from tandem.router.balancer import Balancer
 from tandem.router.gateway import Gateway, rate_limited_body, unauthorized_body
 from tandem.router.kvwatch import kv_usage_of
 from tandem.router.main import build, parse_args
+from tandem.router.metrics import RouterMetrics
 from tandem.router.paths import choose_path
+from tandem.router.state import RouterState
 from tandem.router.tenants import KeysError, Tenancy, Unauthorized, parse_keys
 
 KEYS = {"team-a": "sk-team-a-0001\n  sk-team-a-0002  \n\n", "team-b": "sk-team-b-0001"}
@@ -281,3 +285,16 @@ def test_static_mode_flags(tmp_path: Path) -> None:
     assert isinstance(gw.identify({}), Unauthorized)
     with pytest.raises(SystemExit):
         parse_args(["--pddeployment", "llm", *flags])  # a PDDeployment's router takes spec.router
+
+
+@pytest.mark.parametrize(("new_weight", "expected"), [(1, {"new"}), (0, {"old"})])
+def test_rollout_tenants_take_the_new_revision_first(new_weight: int, expected: set[str]) -> None:
+    state = RouterState(balancer=Balancer(rng=random.Random(0)), metrics=RouterMetrics(), pdd_name="llm")
+    state.revision_endpoints = {
+        rev: {"prefill": [f"p-{rev}"], "decode": [f"d-{rev}"]} for rev in ("new", "old")
+    }
+    state.revision_shares = (("new", new_weight), ("old", 100 - new_weight))
+    first = {state.revision_for(f"req-{i}", first=True) for i in range(200)}
+    assert first == expected  # every request of a chosen tenant
+    everyone = [state.revision_for(f"req-{i}") for i in range(200)]
+    assert everyone.count("new") <= 10  # everyone else by the weight (1 % or 0)
