@@ -113,6 +113,53 @@ def _cel_gpus(replicas: Callable[[str], str]) -> str:
     return " + ".join(f"{replicas(role)} * self.{role}.tensorParallelSize" for role in POOLS)
 
 
+ARMS: Final = (("prefill", "decode"), ("colocated",))  # P/D, colocated
+
+
+def _arm_gpus(spec: Spec, arm: tuple[str, ...], replicas: Callable[[Spec, str], int]) -> int:
+    return sum(replicas(spec, role) * _tp(spec, role) for role in arm)
+
+
+def _one_each(spec: Spec, arm: tuple[str, ...]) -> int:
+    return sum(_tp(spec, role) for role in arm if _replicas(spec, role) >= 1)
+
+
+def _gpus_needed(spec: Spec) -> int:
+    """GPUs `spec.maxGPUs` must cover. Without spec.rollout every pool at its size (a cut-over keeps
+    the old arm until the new one is ready). With it the arms trade capacity (the operator keeps the
+    total within maxGPUs, the arm that gives way shrinking first, never below one replica per pool):
+    the peak is one arm at its size beside one replica per pool of the other (a rollout's start, a
+    rollback), or P/D at its size beside the old revision's pair at one replica per pool."""
+    if spec.get("rollout") is None:
+        return max(_gpus(spec, _replicas), _gpus(spec, _min_replicas))
+    pd, colocated = ARMS
+    need = 0
+    for replicas in (_replicas, _min_replicas):
+        need = max(
+            need,
+            _arm_gpus(spec, pd, replicas) + _one_each(spec, colocated),
+            _arm_gpus(spec, colocated, replicas) + _one_each(spec, pd),
+            _arm_gpus(spec, pd, replicas) + _one_each(spec, pd),
+        )
+    return need
+
+
+def _cel_traded(replicas: Callable[[str], str]) -> str:
+    """The rollout half of the maxGPUs rule in CEL (as `_gpus_needed`)."""
+    pd, colocated = ARMS
+
+    def arm(roles: tuple[str, ...]) -> str:
+        return " + ".join(f"{replicas(role)} * self.{role}.tensorParallelSize" for role in roles)
+
+    def ones(roles: tuple[str, ...]) -> str:
+        return " + ".join(
+            f"(self.{role}.replicas >= 1 ? self.{role}.tensorParallelSize : 0)" for role in roles
+        )
+
+    pairs = ((pd, colocated), (colocated, pd), (pd, pd))
+    return " && ".join(f"{arm(a)} + {ones(b)} <= self.maxGPUs" for a, b in pairs)
+
+
 def _cel_min_replicas(role: str) -> str:
     return f"(has(self.{role}.autoscaling) ? self.{role}.autoscaling.minReplicas : self.{role}.replicas)"
 
@@ -463,19 +510,19 @@ SPEC_RULES: Final[tuple[Rule, ...]] = (
     ),
     Rule(
         cel=(
-            "!has(self.maxGPUs) || "
+            "!has(self.maxGPUs) || (has(self.rollout) ? "
+            f"({_cel_traded(lambda role: f'self.{role}.replicas')} && {_cel_traded(_cel_min_replicas)}) : "
             f"({_cel_gpus(lambda role: f'self.{role}.replicas')} <= self.maxGPUs && "
-            f"{_cel_gpus(_cel_min_replicas)} <= self.maxGPUs)"
+            f"{_cel_gpus(_cel_min_replicas)} <= self.maxGPUs))"
         ),
         message=(
             "spec.maxGPUs must be at least the GPUs the pools request at their initial size and at their "
             "autoscaling minimum (the sum over pools of replicas, or autoscaling.minReplicas, times "
-            "tensorParallelSize)"
+            "tensorParallelSize; with spec.rollout, where the arms trade capacity: the largest of either "
+            "arm plus one replica per pool of the other, and P/D plus one replica per P/D pool)"
         ),
         field_path=".maxGPUs",
-        check=lambda s: (
-            s.get("maxGPUs") is None or max(_gpus(s, _replicas), _gpus(s, _min_replicas)) <= int(s["maxGPUs"])
-        ),
+        check=lambda s: s.get("maxGPUs") is None or _gpus_needed(s) <= int(s["maxGPUs"]),
     ),
     Rule(
         cel=(

@@ -26,10 +26,11 @@ from tandem.controller.drift import is_subset
 from tandem.controller.events import EventRecorder
 from tandem.controller.kv_transport import KvTransportCheck
 from tandem.controller.replicas import is_external
-from tandem.controller.rollout import RolloutController
+from tandem.controller.rollout import PREVIOUS, RolloutController, budget_order
 from tandem.kube.rest import PDDEPLOYMENT, POD, Kind, KubeError, KubeRest, Obj
 from tandem.render import CHILD_KINDS, names, render
 from tandem.render.revision import revision_id
+from tandem.rollout.arms import fit_budget
 from tandem.status.derive import Observed, PodProblem, WorkloadState, derive_status
 
 log = logging.getLogger(__name__)
@@ -244,6 +245,31 @@ class Reconciler:
             **sizes.current,
             "router": pdd.spec.router.replicas,
         }
+        kept = revs.status.previous
+        previous_sizes = dict(sizes.previous)
+        order = budget_order(rollout.status, revs.status) if pdd.spec.max_gpus is not None else None
+        if order is not None and pdd.spec.max_gpus is not None:
+            # A change in progress holds both sides: keep the total within spec.maxGPUs, the side
+            # that gives way shrinking first (never below a replica per pool).
+            budget: dict[str, int] = {r: n for r, n in replicas.items() if r != "router" and n is not None}
+            gpus = {r: pdd.spec.pool(r).tensor_parallel_size for r in budget}
+            if kept is not None:
+                for pd_role in meta.REVISIONED_ROLES:
+                    sts = existing.get(("StatefulSet", f"{kept.prefix}-{pd_role}"))
+                    size = previous_sizes.get(pd_role)
+                    if size is None and sts is not None:
+                        size = int((sts.get("spec") or {}).get("replicas", 1))
+                    if size is not None:
+                        budget[PREVIOUS + pd_role] = size
+                        gpus[PREVIOUS + pd_role] = pdd.spec.pool(pd_role).tensor_parallel_size
+            fitted = fit_budget(budget, gpus, order, pdd.spec.max_gpus)
+            for pool_key, n in fitted.items():
+                if pool_key.startswith(PREVIOUS):
+                    if n != budget[pool_key]:
+                        previous_sizes[pool_key.removeprefix(PREVIOUS)] = n
+                elif n != budget[pool_key]:
+                    replicas[pool_key] = n
+                    sizes.current[pool_key] = n
         desired = [
             obj
             for obj in render(pdd, replicas, revs.status.current)
@@ -267,8 +293,7 @@ class Reconciler:
                 result.applied.append(f"{key[0]}/{key[1]}")
             except KubeError as exc:
                 apply_errors.append(f"{key[0]}/{key[1]}: {exc.message}")
-        kept = revs.status.previous
-        for role, size in sizes.previous.items():
+        for role, size in previous_sizes.items():
             if kept is None:
                 break
             sts = existing.get(("StatefulSet", f"{kept.prefix}-{role}"))

@@ -32,7 +32,14 @@ from typing import TYPE_CHECKING, Any, Final
 
 from tandem.api import meta
 from tandem.api.models import PDDeployment, PDDeploymentSpec, RolloutSpec
-from tandem.api.status import Condition, ConditionStatus, ConditionType, PDDeploymentStatus, RolloutStatus
+from tandem.api.status import (
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    PDDeploymentStatus,
+    RevisionsStatus,
+    RolloutStatus,
+)
 from tandem.controller import metrics, replicas
 from tandem.kube.rest import Obj
 from tandem.rollout.arms import (
@@ -44,6 +51,7 @@ from tandem.rollout.arms import (
     effective_mode,
     other,
     pool_bounds,
+    yield_order,
 )
 from tandem.rollout.config import RolloutConfig
 from tandem.rollout.judge import ArmWindow, Result, Verdict, Window, judge
@@ -355,8 +363,15 @@ class RolloutController:
         target_roles, source_roles = ARMS[target], ARMS[other(target)]
         source_ready = all(ready[role] >= 1 for role in source_roles)
         before = pool_bounds(target, state, config, full, autoscaled, now, source_ready)
+        # Ready at the size the first step needs, or at what was applied when spec.maxGPUs held it
+        # lower (a change trades capacity within the budget: rollout.arms.fit_budget).
+        need = {role: max(1, before[role].low) for role in target_roles}
+        for role in target_roles:
+            applied = _live(statefulsets.get(role))
+            if applied is not None:
+                need[role] = max(1, min(need[role], applied))
         observed = Observed(
-            target_ready=all(ready[role] >= max(1, before[role].low) for role in target_roles),
+            target_ready=all(ready[role] >= need[role] for role in target_roles),
             target_pods=sum(1 for pod in pods if _role(pod) in target_roles) if source_ready else None,
         )
         value, routing_problem = command_in
@@ -522,6 +537,29 @@ class RolloutController:
             events=events,
             requeue_after=REQUEUE_ACTIVE_SECONDS,
         )
+
+
+PREVIOUS: Final = "previous/"  # budget keys of the previous revision's pair: previous/prefill, ...
+
+
+def budget_order(
+    mode_rollout: RolloutStatus | None, revisions: RevisionsStatus | None
+) -> list[list[str]] | None:
+    """Who gives way first when a change holds more than `spec.maxGPUs` (`rollout.arms.fit_budget`);
+    None when no change trades capacity (nothing to fit: the autoscaler keeps the budget, and a
+    cut-over keeps the old side whole until the new one is ready). Pool keys are the roles, and
+    `previous/<role>` for the previous revision's pair."""
+    if revisions is not None and revisions.previous is not None:
+        record = revisions.rollout
+        if record is None or record.target != revisions.current.id:
+            return None
+        old = [PREVIOUS + role for role in ARMS[DISAGGREGATED]]
+        order = yield_order(record.phase, revisions.weight, ARMS[DISAGGREGATED], old)
+        return [*order, list(ARMS[other(DISAGGREGATED)])]
+    if mode_rollout is None or mode_rollout.target not in ARMS:
+        return None
+    target = mode_rollout.target
+    return yield_order(mode_rollout.phase, mode_rollout.weight, ARMS[target], ARMS[other(target)])
 
 
 def echo_kind(transition: Transition, before: RolloutState, kind: str) -> Transition:

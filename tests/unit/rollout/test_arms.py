@@ -13,9 +13,11 @@ from tandem.rollout.arms import (
     Bound,
     cutover_bounds,
     effective_mode,
+    fit_budget,
     pd_share,
     pool_bounds,
     share_of,
+    yield_order,
 )
 from tandem.rollout.config import Analysis, RolloutConfig, Step
 from tandem.rollout.judge import Result, Verdict
@@ -253,3 +255,60 @@ def test_bounded_spec_narrows_the_autoscaler_bounds(bound: Bound, want: tuple[in
     assert got.prefill.autoscaling is None, "a fixed pool is the bounds' business, not decide()'s"
     assert spec.decode.autoscaling is not None
     assert (spec.decode.autoscaling.min_replicas, spec.decode.autoscaling.max_replicas) == (1, 4)
+
+
+# (sizes, GPUs per replica, who gives way first, budget) -> sizes
+FIT = [
+    (
+        {"colocated": 4, "prefill": 2, "decode": 4},
+        {},
+        [["prefill", "decode"], ["colocated"]],
+        8,
+        {"colocated": 4, "prefill": 2, "decode": 2},
+    ),
+    (
+        {"colocated": 4, "prefill": 2, "decode": 4},
+        {},
+        [["colocated"], ["prefill", "decode"]],
+        8,
+        {"colocated": 2, "prefill": 2, "decode": 4},
+    ),
+    (
+        {"colocated": 4, "prefill": 2, "decode": 4},
+        {},
+        [["colocated"], ["prefill", "decode"]],
+        4,
+        {"colocated": 1, "prefill": 1, "decode": 2},
+    ),  # the first side at its floor, then the next
+    (
+        {"colocated": 2, "prefill": 1, "decode": 1},
+        {},
+        [["prefill", "decode"], ["colocated"]],
+        2,
+        {"colocated": 1, "prefill": 1, "decode": 1},
+    ),  # cannot fit: floors kept (admission refuses)
+    (
+        {"colocated": 0, "prefill": 2, "decode": 2},
+        {"decode": 4},
+        [["prefill", "decode"]],
+        6,
+        {"colocated": 0, "prefill": 2, "decode": 1},
+    ),  # the pool holding the most GPUs first
+    ({"colocated": 3, "prefill": 1}, {}, [["colocated"]], 10, {"colocated": 3, "prefill": 1}),
+]
+
+
+@pytest.mark.parametrize(("sizes", "gpus", "order", "budget", "expected"), FIT)
+def test_fit_budget(
+    sizes: dict[str, int], gpus: dict[str, int], order: list[list[str]], budget: int, expected: dict[str, int]
+) -> None:
+    assert fit_budget(sizes, gpus, order, budget) == expected
+
+
+def test_yield_order() -> None:
+    new, old = ["prefill", "decode"], ["colocated"]
+    assert yield_order("Preparing", 0, new, old) == [new, old]
+    assert yield_order("RollingBack", 0, new, old) == [new, old]
+    assert yield_order("Shifting", 50, new, old) == [new, old]
+    assert yield_order("Paused", 51, new, old) == [old, new]
+    assert yield_order("Promoted", 100, new, old) == [old, new]

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tandem.api.status import RevisionRecord, RevisionsStatus, RolloutStatus
 from tandem.controller.events import EventRecorder
 from tandem.controller.reconcile import Reconciler
+from tandem.controller.rollout import budget_order
 from tandem.kube.pods import pdd_info_from
 
 _path = Path(__file__).parents[1] / "controller" / "test_reconcile_autoscaling.py"
@@ -427,3 +429,60 @@ def test_a_command_names_the_rollout_it_applies_to() -> None:
     assert (world.rollout["phase"], world.rollout["weight"]) == ("Shifting", 100)
     assert world.rollout["lastCommand"] == "mode:promote/1"
     assert world.rollout["lastCommandOutcome"].startswith("mode rollout: promote command at step 0")
+
+
+def test_a_rollout_trades_capacity_within_max_gpus() -> None:
+    """colocated 4, prefill 2, decode 4 (1 GPU each) under maxGPUs 8 (admission: P/D 6 + one replica
+    per pool of the other side; without spec.rollout it would need 10): the total never exceeds 8, a
+    failing step at 100% rolls back with P/D giving way while colocated comes back."""
+    doc = manifest()
+    spec = doc["spec"]
+    spec["colocated"], spec["prefill"], spec["decode"] = {"replicas": 4}, {"replicas": 2}, {"replicas": 4}
+    spec["maxGPUs"] = 8
+    world = World(doc)
+    world.run()
+    world.set_mode("Disaggregated")
+    world.healthy()
+    totals: list[tuple[str, int, int, int, int]] = []
+    for _ in range(14):  # Preparing, 50%, 100%
+        world.run(5.0)
+        sizes = (world.size("colocated"), world.size("prefill"), world.size("decode"))
+        totals.append((world.rollout["phase"], world.rollout["weight"], *sizes))
+        if world.rollout["weight"] == 100:
+            break
+    assert totals[-1][:2] == ("Shifting", 100), totals
+    world.broken()
+    for _ in range(12):  # the step fails: weight back first, then P/D scaled down
+        world.run(5.0)
+        sizes = (world.size("colocated"), world.size("prefill"), world.size("decode"))
+        totals.append((world.rollout["phase"], world.rollout["weight"], *sizes))
+        if world.rollout["phase"] == "RolledBack":
+            break
+    print(totals)
+    assert all(sum(t[2:]) <= 8 for t in totals), totals
+    assert ("Shifting", 50, 2, 1, 2) in totals, "each arm at its share"
+    back = [t for t in totals if t[0] == "RollingBack"]
+    assert back, totals
+    assert back[0][2:] == (4, 2, 2), "colocated back to 4 at once, P/D giving way (the largest first)"
+    assert totals[-1] == ("RolledBack", 0, 4, 0, 0)
+
+
+def test_budget_order() -> None:
+    def record(phase: str, weight: int, target: str) -> RolloutStatus:
+        return RolloutStatus.model_validate(
+            {"phase": phase, "weight": weight, "startedAt": 0, "stepStartedAt": 0, "phaseSince": 0,
+             "reason": "", "target": target}
+        )  # fmt: skip
+
+    pd, colo = ["prefill", "decode"], ["colocated"]
+    assert budget_order(None, None) is None
+    assert budget_order(record("Preparing", 0, "Disaggregated"), None) == [pd, colo]
+    assert budget_order(record("Shifting", 10, "Disaggregated"), None) == [pd, colo]
+    assert budget_order(record("Shifting", 90, "Disaggregated"), None) == [colo, pd]
+    assert budget_order(record("RollingBack", 0, "Colocated"), None) == [colo, pd]
+    assert budget_order(record("Promoted", 100, "Colocated"), None) == [pd, colo]
+    old, new = RevisionRecord(id="a", prefix="x", legacy=True), RevisionRecord(id="b", prefix="x-b")
+    cut_over = RevisionsStatus(current=new, previous=old, weight=0)
+    assert budget_order(None, cut_over) is None, "a cut-over keeps the old pair whole"
+    promoted = RevisionsStatus(current=new, previous=old, weight=100, rollout=record("Promoted", 100, "b"))
+    assert budget_order(None, promoted) == [["previous/prefill", "previous/decode"], pd, colo]
