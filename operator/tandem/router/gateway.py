@@ -10,7 +10,7 @@ engines' /metrics) lives in `kube.secrets` and `kvwatch`.
 Metrics (on the router's registry): `tandem_router_refusals_total{reason, tenant}` (429s by
 admission: tenant_requests, tenant_prompt_tokens, long_prompts, decode_kv_full),
 `tandem_router_long_prompts_in_flight`, `tandem_router_decode_kv_full_endpoints` and
-`tandem_router_api_keys_loaded` (1 while keys are required and loaded, 0 while required and not).
+`tandem_router_api_keys_loaded` (0 while keys are required and not loaded: every request refused).
 """
 
 from __future__ import annotations
@@ -99,10 +99,11 @@ class Gateway:
         )  # fmt: skip
         self.keys_loaded = Gauge(
             "tandem_router_api_keys_loaded",
-            "1 while API keys are required and loaded; 0 while required and not (every request is"
-            " refused 503); absent without keys.",
+            "0 while API keys are required and not loaded (every request is refused 503); 1 while they"
+            " are loaded or none are required.",
             registry=r,
         )  # fmt: skip
+        self.keys_loaded.set(1)
         self._known_labels: set[str] = set()
         self._know_labels([DEFAULT_TENANT, OTHER_TENANT])
 
@@ -200,8 +201,7 @@ class Gateway:
         self._show_keys()
 
     def _show_keys(self) -> None:
-        if self.tenancy.keys_required:
-            self.keys_loaded.set(1 if self.tenancy.keys is not None else 0)
+        self.keys_loaded.set(1 if self.tenancy.ready else 0)
 
     @property
     def ready(self) -> bool:
