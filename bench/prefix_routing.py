@@ -14,14 +14,15 @@ Decode pods are picked by power-of-two choices in every case.
 
 Scenarios (Llama-3.1-8B on H100, TP1, 450,911 KV tokens per replica, vLLM's 16-token blocks, prefix
 caching on every pod, `max_model_len` 131,072 = the model's context, which holds Mooncake's longest
-request, 126,195 prompt + 2,000 output tokens):
+request, 126,527 tokens of prompt and output):
 1. **Mooncake conversation**, the whole trace (12,031 requests, 59 min, 3 s ticks spread uniformly,
    seed 0), its hash ids expanded into 16-token blocks; 4 prefill + 3 decode; SLO TTFT 5 s, TPOT 50 ms.
-2. **Multi-turn sessions** from the Azure conversation trace at 4x its rate: 4 turns per session,
-   exponential think time of mean 60 s between turns, an 2,000-token system prompt out of 8, each turn
-   resending the conversation so far; the first 30 min; 4 prefill + 6 decode; SLO TTFT 1 s, TPOT 50 ms.
+2. **Multi-turn sessions** from the Azure conversation trace at 4x its rate (all 19,366 requests, the
+   sessions starting over its 15 min): 4 turns per session, exponential think time of mean 60 s between
+   turns, a 2,000-token system prompt out of 8, each turn resending the conversation so far; 4 prefill
+   + 6 decode; SLO TTFT 1 s, TPOT 50 ms.
 3. **Hot prefix**: the same sessions at 6x with one system prompt on 50% of the sessions (so about half
-   the requests share it); 4 prefill + 8 decode, first 30 min: TTFT p90 prefix-aware vs load-only.
+   the requests share it); 4 prefill + 8 decode: TTFT p90 prefix-aware vs load-only.
 4. **Autoscaled** (not in `--quick`): scenario 3's load under tandem's autoscaler with prefix-aware
    routing, the autoscaler sizing prefill from the uncached prompt tokens (the engines' prefix-cache
    hit/query counters) against the same autoscaler with those counters hidden: prefill GPU-hours held.
@@ -104,6 +105,10 @@ def _sessions(rate: float, hot: float | None, seconds: float) -> list[Request]:
     return window(sessions(base, params), 0.0, seconds)
 
 
+def _minutes(requests: Sequence[Request]) -> str:
+    return f"{requests[-1].arrival / 60:.0f} min"
+
+
 def scenarios(quick: bool) -> list[Scenario]:
     seconds = 180.0 if quick else 1800.0
     mooncake = with_mooncake_prefix(spread_ticks(read_mooncake(MOONCAKE), 3.0, 0))
@@ -124,8 +129,8 @@ def scenarios(quick: bool) -> list[Scenario]:
             4,
             6,
             SLO(ttft_ms=1000, tpot_ms=50),
-            f"{len(s):,} requests, first {seconds / 60:.0f} min, 4 turns, think 60 s, system prompt 2,000 "
-            "tokens of 8, 4P+6D",
+            f"{len(s):,} requests over {_minutes(s)}, 4 turns, think 60 s, system prompt 2,000 tokens of 8, "
+            "4P+6D",
         ),
         Scenario(
             "Hot prefix (sessions x6, one system prompt on 50% of sessions)",
@@ -134,7 +139,7 @@ def scenarios(quick: bool) -> list[Scenario]:
             8,
             SLO(ttft_ms=1000, tpot_ms=50),
             f"{len(h):,} requests ({sum(r.tenant == 'system-0' for r in h) / len(h):.0%} on the hot prompt), "
-            f"first {seconds / 60:.0f} min, 4P+8D",
+            f"over {_minutes(h)}, 4P+8D",
         ),
     ]
 
