@@ -194,6 +194,8 @@ def test_example_converges_and_children_match_render(
         role = pod["metadata"]["labels"]["tandem.dev/role"]
         node = nodes[pod["spec"]["nodeName"]]
         limits = pod["spec"]["containers"][0]["resources"].get("limits", {})
+        if role == "router":  # prefers nodes without GPUs: the dev cluster's CPU node
+            assert "nvidia.com/gpu" not in node["status"]["allocatable"], pod["metadata"]["name"]
         if role == "router" or not accelerators:
             assert not {"nvidia.com/gpu", "rdma/hca"} & set(limits), pod["metadata"]["name"]
             continue
