@@ -162,6 +162,7 @@ def code_uses() -> dict[Grant, list[str]]:
                 "engine": {"image": "i"},
                 "colocated": {"replicas": 1},
                 "serving": {"mode": "Colocated"},
+                "router": {"auth": {"apiKeysSecret": "keys"}},  # the Role's widest form
             },
         }
     )
