@@ -14,8 +14,8 @@ attainment finds no data instead of a false 0 %.
 The checklist's split (docs/observability.md): TTFT by input-length bucket and TPOT by output-length
 bucket, per path, tenant and model, recorded once per successful request from the engines' token
 counts (`usage`). Their label values are bounded: length buckets by the configured bounds, tenants
-by the configured tenants (else the first `MAX_LABEL_VALUES` seen) and then `other`, models by the
-first `MAX_LABEL_VALUES` served names and then `other`.
+as admission labels them (a configured tenant, `default` or `other`; at most `MAX_TENANT_LABELS`),
+models by the first `MAX_LABEL_VALUES` served names and then `other`.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ from tandem.router.slo import SloTargets
 
 STATUS_CLASSES: Final = ("2xx", "4xx", "5xx")  # the `code` label of tandem_router_requests_total
 OTHER: Final = "other"  # the label value of every tenant or model beyond the bound
-MAX_LABEL_VALUES: Final = 16  # distinct tenants (when none are configured) or models per router
+MAX_LABEL_VALUES: Final = 16  # distinct models per router
+MAX_TENANT_LABELS: Final = 66  # spec.router.tenants (at most 64), `default` and `other`
 
 
 def length_labels(bounds: Sequence[int]) -> tuple[str, ...]:
@@ -256,7 +257,9 @@ class RouterMetrics:
         )  # fmt: skip
         self.input_buckets = LengthBuckets(DEFAULT_INPUT_LENGTH_BOUNDS)
         self.output_buckets = LengthBuckets(DEFAULT_OUTPUT_LENGTH_BOUNDS)
-        self.tenants = LabelBound(cap=64)  # admission bounds tenants already; this is a backstop
+        # Admission bounds tenant labels already (spec.router.tenants, at most 64, then `default` and
+        # `other`); this is a backstop.
+        self.tenants = LabelBound(cap=MAX_TENANT_LABELS)
         self.models = LabelBound()
         self._show_bounds()
         # Bound children for the hot path: `labels()` costs more than the observation itself.
