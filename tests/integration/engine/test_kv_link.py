@@ -69,10 +69,15 @@ def test_a_slow_link_on_either_end_stretches_the_recorded_transfer(
     pair: tuple[Engine, Engine], slow_side: str
 ) -> None:
     prefill, decode = pair
-    healthy_s, healthy_bytes = timed_read(prefill, decode, f"healthy-{slow_side}")
+    # The fastest of three healthy reads: a busy machine only ever adds time, so the minimum is the
+    # link's pace and one slow read does not make the upper bound (or the slow/healthy ratio) flaky.
+    reads = [timed_read(prefill, decode, f"healthy-{slow_side}-{i}") for i in range(3)]
+    healthy_s = min(seconds for seconds, _ in reads)
+    healthy_bytes = reads[0][1]
     modelled = kv_transfer_seconds(PROMPT_TOKENS, KV_BYTES_PER_TOKEN, LINK_GBPS)
-    assert healthy_bytes == PROMPT_TOKENS * KV_BYTES_PER_TOKEN
-    assert modelled <= healthy_s < 4 * modelled  # paced to the link, never sooner
+    assert all(size == PROMPT_TOKENS * KV_BYTES_PER_TOKEN for _, size in reads)
+    assert all(seconds >= modelled for seconds, _ in reads)  # paced to the link, never sooner
+    assert healthy_s < 4 * modelled
 
     slow = prefill if slow_side == "prefill" else decode
     status, faults = slow.post("/admin/faults", {"kv_bandwidth_factor": 0.25})
