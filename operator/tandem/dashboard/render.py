@@ -63,15 +63,24 @@ def panel_series(
 
 
 def render(
-    reader: RangeReader, values: dict[str, str], start: float, end: float, out: Path, *, title: str
+    reader: RangeReader,
+    values: dict[str, str],
+    start: float,
+    end: float,
+    out: Path,
+    *,
+    title: str,
+    dpi: int = 80,
+    only: Sequence[str] = (),
 ) -> list[str]:
+    """Draws the panels (those titled in `only`, when given) into `out`; returns what went wrong."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     model = Dashboard.model_validate(dashboard())
-    panels = model.query_panels()
+    panels = [p for p in model.query_panels() if not only or p.title in only]
     step = max(2.0, (end - start) / 240)
     columns = 3
     rows = math.ceil(len(panels) / columns)
@@ -97,7 +106,7 @@ def render(
     fig.suptitle(title, fontsize=12)
     fig.tight_layout(rect=(0, 0, 1, 0.98))
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=80)
+    fig.savefig(out, dpi=dpi)
     plt.close(fig)
     return problems
 
@@ -115,6 +124,7 @@ def main(argv: Sequence[str]) -> int:
     r.add_argument("--rate-interval", default="1m", help="$__rate_interval")
     r.add_argument("--out", type=Path, default=Path("docs/img/dashboard.png"))
     r.add_argument("--title", default="tandem dashboard, local cluster")
+    r.add_argument("--panel", action="append", default=[], help="draw only this panel (repeatable)")
     args = parser.parse_args(list(argv))
     if args.action == "json":
         return write_json()
@@ -126,7 +136,8 @@ def main(argv: Sequence[str]) -> int:
     }
     reader = PrometheusReader(args.prometheus, timeout=30)
     try:
-        problems = render(reader, values, end - args.minutes * 60, end, args.out, title=args.title)
+        start = end - args.minutes * 60
+        problems = render(reader, values, start, end, args.out, title=args.title, only=args.panel)
     finally:
         reader.close()
     print(f"wrote {args.out}")
