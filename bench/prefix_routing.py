@@ -34,7 +34,7 @@ prefix, TTFT p90 no worse than load-only.
 
     .venv/bin/python bench/prefix_routing.py [--quick] [--max-blocks N] [--load-bound C]
 
-`--quick` (the unit test's) plays 3-minute windows of scenarios 1-3 and skips 4.
+`--quick` (the unit test's) plays 2-minute windows of scenarios 1-3 and skips 4.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def _minutes(requests: Sequence[Request]) -> str:
 
 
 def scenarios(quick: bool) -> list[Scenario]:
-    seconds = 180.0 if quick else 1800.0
+    seconds = 120.0 if quick else 1800.0
     mooncake = with_mooncake_prefix(spread_ticks(read_mooncake(MOONCAKE), 3.0, 0))
     if quick:
         mooncake = window(mooncake, 0.0, seconds)
@@ -121,7 +121,7 @@ def scenarios(quick: bool) -> list[Scenario]:
             4,
             3,
             SLO(ttft_ms=5000, tpot_ms=50),
-            f"{len(mooncake):,} requests, {'first 3 min' if quick else 'whole trace (59 min)'}, 4P+3D",
+            f"{len(mooncake):,} requests, {'first 2 min' if quick else 'whole trace (59 min)'}, 4P+3D",
         ),
         Scenario(
             "Multi-turn sessions (Azure conversation x4)",
@@ -273,7 +273,7 @@ def _held_gpu_hours(result: object) -> dict[str, float]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3-minute windows, no autoscaled run")
+    parser.add_argument("--quick", action="store_true", help="2-minute windows, no autoscaled run")
     parser.add_argument("--max-blocks", type=int, default=None, help="PrefixKnobs.max_blocks to pass in")
     parser.add_argument("--load-bound", type=float, default=None, help="PrefixKnobs.load_bound to pass in")
     args = parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""The prefix-routing bench's quick run (`bench/prefix_routing.py --quick`): three-minute windows of the
+"""The prefix-routing bench's quick run (`bench/prefix_routing.py --quick`): two-minute windows of the
 Mooncake trace, multi-turn sessions and the hot prefix, every routing policy. The whole bench is not part
 of `make test`; this run is, so the bench cannot rot."""
 
