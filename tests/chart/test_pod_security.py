@@ -1,8 +1,9 @@
 """Pod Security Standards, judged by the real kube-apiserver's PodSecurity admission (built in and on
 by default; the dev cluster does not disable it): in a namespace labelled
 `pod-security.kubernetes.io/enforce: restricted`, the operator's pod (the chart's Deployment
-template) and the router's pod (rendered by the operator) are admitted, and a variant of each
-that breaks one rule is refused, so the check can fail. Engine pods: a CPU sim engine meets
+template), the chart's `helm test` pod and the router's pod (rendered by the operator) are admitted,
+and variants of the operator's and the router's pod that each break one rule are refused, so the
+check can fail. Engine pods: a CPU sim engine meets
 `baseline`; an RDMA engine needs IPC_LOCK, which `baseline` (and so every standard profile) refuses
 (docs/security.md).
 
@@ -73,12 +74,15 @@ def test_operator_and_router_pods_meet_the_restricted_standard(
     cluster: ClusterHandle, namespace: str
 ) -> None:
     _enforce(cluster, namespace, "restricted")
-    operator_deployment = template({}, release="pss", namespace=namespace).get("Deployment", "pss-tandem")
-    operator = _pod("pss-operator", namespace, operator_deployment)
+    chart = template({}, release="pss", namespace=namespace)
+    operator = _pod("pss-operator", namespace, chart.get("Deployment", "pss-tandem"))
+    hook = chart.get("Pod", "pss-tandem-test-health")  # `helm test` runs in the same namespace
+    hook["metadata"]["namespace"] = namespace
+    hook["metadata"].pop("annotations", None)
     router = _pod(
         "pss-router", namespace, _workloads(_pdd(REPO / "examples" / "sim-pd.yaml", namespace))["router"]
     )
-    for pod in (operator, router):
+    for pod in (operator, hook, router):
         _service_account(cluster, namespace, pod)
         admitted, out = _admit(cluster, pod)
         assert admitted, f"{pod['metadata']['name']} refused under restricted:\n{out}"
