@@ -19,6 +19,7 @@ import os
 import socket
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -46,15 +47,20 @@ class Runtime:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.kube = KubeRest(load_api_client())
+        # One connection per thread that may call at once: passes, their parallel calls, leases.
+        self.kube = KubeRest(load_api_client(pool_size=args.workers + args.api_parallelism + 4))
         self.autoscaler = Autoscaler(self.kube, args.prometheus_url)
-        self.reconciler = Reconciler(self.kube, EventRecorder(self.kube), self.autoscaler)
+        self.api_pool = ThreadPoolExecutor(max_workers=args.api_parallelism, thread_name_prefix="tandem-api")
+        self.reconciler = Reconciler(
+            self.kube, EventRecorder(self.kube), self.autoscaler, api_pool=self.api_pool
+        )
         self.queue: WorkQueue[Key] = WorkQueue()
         self.failures: dict[Key, int] = {}
         self.health = metrics.Health(max_silence=max(120.0, args.resync_seconds * 2))
         identity = args.identity or f"{socket.gethostname()}-{os.getpid()}"
         self.elector = LeaderElector(self.kube, args.lease_namespace, args.lease_name, identity)
         self._writes_seen: dict[tuple[str, str], int] = {}
+        self._requests_seen: dict[tuple[str, str], int] = {}
 
     def enqueue(self, namespace: str | None, name: str | None, delay: float = 0.0) -> None:
         if namespace and name:
@@ -70,6 +76,11 @@ class Runtime:
             if count > seen:
                 metrics.API_WRITES.labels(verb=verb, kind=kind).inc(count - seen)
                 self._writes_seen[(verb, kind)] = count
+        for (method, resource), count in list(self.kube.requests.items()):
+            seen = self._requests_seen.get((method, resource), 0)
+            if count > seen:
+                metrics.API_REQUESTS.labels(method=method, resource=resource).inc(count - seen)
+                self._requests_seen[(method, resource)] = count
 
     async def work(self) -> None:
         while True:
@@ -200,7 +211,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "default"))
     parser.add_argument("--lease-name", default="tandem-operator")
     parser.add_argument("--identity", default=os.environ.get("POD_NAME", ""), help="leader election identity")
-    parser.add_argument("--workers", type=int, default=4, help="PDDeployments reconciled in parallel")
+    parser.add_argument("--workers", type=int, default=16, help="PDDeployments reconciled in parallel")
+    parser.add_argument(
+        "--api-parallelism",
+        type=int,
+        default=16,
+        help="API calls of passes in flight at once (a pass's reads and its applies run in parallel)",
+    )
     parser.add_argument(
         "--prometheus-url",
         default=os.environ.get("TANDEM_PROMETHEUS_URL", ""),
@@ -211,12 +228,18 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args = parser.parse_args(list(argv))
     if args.workers < 1:
         parser.error("--workers must be at least 1")
+    if args.api_parallelism < 1:
+        parser.error("--api-parallelism must be at least 1")
     if args.resync_seconds < 5:
         parser.error("--resync-seconds must be at least 5")
     return args
 
 
 async def run(args: argparse.Namespace) -> None:
+    # Passes run in threads (asyncio.to_thread): one per worker, not the default min(32, cpus + 4).
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(max_workers=args.workers + 4, thread_name_prefix="tandem-pass")
+    )
     runtime = Runtime(args)
     registry = build_registry(runtime)
     app = metrics.make_app(runtime.health)

@@ -24,7 +24,7 @@ RECONCILES = Counter(
 RECONCILE_SECONDS = Histogram(
     "tandem_operator_reconcile_duration_seconds",
     "Duration of one reconcile pass.",
-    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2.5, 5, 10, 30),
     registry=REGISTRY,
 )
 RECONCILE_ERRORS = Counter(
@@ -34,6 +34,12 @@ API_WRITES = Counter(
     "tandem_operator_api_writes_total",
     "Write requests sent to the apiserver.",
     ["verb", "kind"],
+    registry=REGISTRY,
+)
+API_REQUESTS = Counter(
+    "tandem_operator_api_requests_total",
+    "Requests sent to the apiserver by the operator's own client (kopf's watches not included).",
+    ["method", "resource"],
     registry=REGISTRY,
 )
 QUEUE_DEPTH = Gauge("tandem_operator_queue_depth", "PDDeployments waiting for a pass.", registry=REGISTRY)

@@ -9,10 +9,11 @@ in status and Events; nothing here raises for a problem the user has to fix.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -34,6 +35,9 @@ from tandem.rollout.arms import fit_budget
 from tandem.status.derive import Observed, PodProblem, WorkloadState, derive_status
 
 log = logging.getLogger(__name__)
+
+_In = TypeVar("_In")
+_Out = TypeVar("_Out")
 
 KINDS: dict[str, Kind] = {kind: Kind(api_version, kind, plural) for api_version, kind, plural in CHILD_KINDS}
 SECRET = Kind("v1", "Secret", "secrets")
@@ -163,9 +167,11 @@ class Reconciler:
         autoscaler: Autoscaler | None = None,
         rollouts: RolloutController | None = None,
         kv_transport: KvTransportCheck | None = None,
+        api_pool: Executor | None = None,
     ) -> None:
         self.kube = kube
         self.events = events
+        self._pool = api_pool  # where a pass's independent API calls run at once; None: in turn
         self.autoscaler = autoscaler or Autoscaler(kube)
         self.rollouts = rollouts or RolloutController(self.autoscaler)
         self.kv_transport = kv_transport or KvTransportCheck(
@@ -187,11 +193,12 @@ class Reconciler:
         previous = _previous_status(body)
 
         existing: dict[tuple[str, str], Obj] = {}
-        for kind in KINDS.values():
-            for obj in self.kube.list(kind, ns, selector):
+        # The reads of a pass are independent: at once, on the API pool (`api_parallelism`).
+        *listed, pods = self._each(lambda kind: self.kube.list(kind, ns, selector), [*KINDS.values(), POD])
+        for objs in listed:
+            for obj in objs:
                 if _owned_by(obj, pdd.metadata.uid):
                     existing[_key(obj)] = obj
-        pods = self.kube.list(POD, ns, selector)
 
         stored_revisions = previous.revisions if previous is not None else None
         serving = stored_revisions.current if stored_revisions is not None else None
@@ -278,6 +285,7 @@ class Reconciler:
 
         live: dict[tuple[str, str], Obj] = {}
         apply_errors: list[str] = []
+        changes: list[tuple[Obj, Obj | None, handover.Step]] = []
         for obj in desired:
             key = _key(obj)
             current = existing.get(key)
@@ -288,11 +296,16 @@ class Reconciler:
             if transfer == "none" and current is not None and is_subset(obj, current):
                 live[key] = current
                 continue
-            try:
-                live[key] = self._apply(obj, current, transfer)
+            changes.append((obj, current, transfer))
+        # Children differ independently: applied at once (each one's hand-over steps stay in order),
+        # reported in the rendered order.
+        for (obj, _, _), outcome in zip(changes, self._each(self._try_apply, changes), strict=True):
+            key = _key(obj)
+            if isinstance(outcome, KubeError):
+                apply_errors.append(f"{key[0]}/{key[1]}: {outcome.message}")
+            else:
+                live[key] = outcome
                 result.applied.append(f"{key[0]}/{key[1]}")
-            except KubeError as exc:
-                apply_errors.append(f"{key[0]}/{key[1]}: {exc.message}")
         for role, size in previous_sizes.items():
             if kept is None:
                 break
@@ -372,6 +385,18 @@ class Reconciler:
         result.requeue(kv.requeue_after)
         result.requeue(revs.requeue_after)
         return result
+
+    def _each(self, call: Callable[[_In], _Out], items: Sequence[_In]) -> list[_Out]:
+        """`call` over `items`, results in order: on the API pool when there is one, else in turn."""
+        if self._pool is None or len(items) < 2:
+            return [call(item) for item in items]
+        return list(self._pool.map(call, items))
+
+    def _try_apply(self, change: tuple[Obj, Obj | None, handover.Step]) -> Obj | KubeError:
+        try:
+            return self._apply(*change)
+        except KubeError as exc:
+            return exc
 
     def _apply(self, obj: Obj, current: Obj | None, transfer: handover.Step) -> Obj:
         """Server-side apply of one child; for a StatefulSet, with the replicas hand-over or hand-back."""

@@ -215,10 +215,22 @@ def reap_orphans() -> list[str]:
     return reaped
 
 
-def up(cdir: ClusterDir, *, timeout: float = 180.0, owner_pid: int = 0) -> State:
+def kwok_only_stages(text: str) -> str:
+    """The KWOK stages without tandem's own (`tandem-*`): every pod, tandem's too, gets KWOK's fast
+    lifecycle (Running and Ready at once, deleted at once) and no process runs for it."""
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    kept = [d for d in docs if not str(d["metadata"]["name"]).startswith("tandem-")]
+    return yaml.safe_dump_all(kept, sort_keys=False)
+
+
+def up(cdir: ClusterDir, *, timeout: float = 180.0, owner_pid: int = 0, pod_runner: bool = True) -> State:
     """Starts the cluster in `cdir`, or returns the state of the one already running there.
 
     With `owner_pid`, the cluster counts as an orphan once that process is gone (`reap_orphans`).
+    With `pod_runner=False` (scale benches: thousands of pods, no processes), the pod runner is not
+    started and KWOK makes every pod Ready at once, tandem's own (routers, sim engines) included
+    (`kwok_only_stages`): nothing answers on their ports. Node leases are then renewed every 10 min
+    and the node lifecycle controller waits an hour for a heartbeat (see `fleet_flags`).
     """
     if is_running(cdir):
         state = load_state(cdir)
@@ -237,6 +249,14 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0, owner_pid: int = 0) -> State
             "(e2e/build-tools.sh), or point TANDEM_BIN_DIR at a directory that has them."
         )
 
+    # Without the pod runner (scale runs, hundreds of fake nodes on a shared machine): KWOK renews
+    # each node's lease every 10 min instead of 40 s, and the node lifecycle controller waits an
+    # hour for a heartbeat, so a busy apiserver never gets nodes marked NotReady and their pods
+    # unready (which would flap every PDDeployment's Ready condition).
+    fleet_flags: dict[str, list[str]] = {
+        "kube-controller-manager": [] if pod_runner else ["--node-monitor-grace-period=1h"],
+        "lease": ["40"] if pod_runner else ["600"],
+    }
     t0 = time.monotonic()
     cdir.path.mkdir(parents=True, exist_ok=True)
     for sub in (cdir.etcd_data, cdir.prometheus_data, cdir.kwok_workdir, cdir.pki, cdir.logs, cdir.pod_logs):
@@ -359,6 +379,7 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0, owner_pid: int = 0) -> State
                 # Loopback pod IPs are refused in Endpoints/EndpointSlices; these controllers
                 # would only retry forever. tandem discovers pods directly.
                 "--controllers=*,-endpoint,-endpointslice,-endpointslicemirroring",
+                *fleet_flags["kube-controller-manager"],
                 "--profiling=false",
                 "--v=0",
             ],
@@ -377,6 +398,10 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0, owner_pid: int = 0) -> State
                 "--v=0",
             ],
         )
+        stages = layout.KWOK_STAGES
+        if not pod_runner:
+            stages = cdir.path / "kwok-stages.yaml"
+            stages.write_text(kwok_only_stages(layout.KWOK_STAGES.read_text()))
         logs_crd = bins / "kwok-logs-crd.yaml"
         kwok_logs: list[str] = []
         if logs_crd.exists():
@@ -392,7 +417,7 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0, owner_pid: int = 0) -> State
                 str(bins / "kwok"),
                 *kwok_logs,
                 f"--kubeconfig={kc}",
-                f"--config={layout.KWOK_STAGES}",
+                f"--config={stages}",
                 "--manage-all-nodes=false",
                 "--manage-nodes-with-label-selector=type=kwok",
                 f"--cidr=127.{state.pod_octet}.{KWOK_FALLBACK_SUBNET}.0/24",
@@ -402,7 +427,7 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0, owner_pid: int = 0) -> State
                 f"--server-address=127.0.0.1:{state.kwok_port}",
                 f"--tls-cert-file={certs.apiserver_crt}",
                 f"--tls-private-key-file={certs.apiserver_key}",
-                "--node-lease-duration-seconds=40",
+                f"--node-lease-duration-seconds={fleet_flags['lease'][0]}",
             ],
             env={**_base_env(), "KWOK_WORKDIR": str(cdir.kwok_workdir)},
         )
@@ -428,13 +453,15 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0, owner_pid: int = 0) -> State
         config = layout.PROMETHEUS_CONFIG.read_text().replace("__KUBECONFIG__", kc)
         cdir.prometheus_config.write_text(config.replace("__TARGETS_DIR__", str(cdir.scrape_targets)))
         start("prometheus", _prometheus_argv(cdir, state))
-        start(
-            "pod-runner",
-            [layout.tandem_executable(), "dev", "runner", "--dir", str(cdir.path)],
-            env={**_base_env(), "PYTHONUNBUFFERED": "1"},
-        )
+        if pod_runner:
+            start(
+                "pod-runner",
+                [layout.tandem_executable(), "dev", "runner", "--dir", str(cdir.path)],
+                env={**_base_env(), "PYTHONUNBUFFERED": "1"},
+            )
         wait("Prometheus /-/ready", lambda: _http_ok(f"{state.prometheus_url}/-/ready"), "prometheus")
-        wait("the pod runner's first pod list", cdir.runner_ready.exists, "pod-runner")
+        if pod_runner:
+            wait("the pod runner's first pod list", cdir.runner_ready.exists, "pod-runner")
     except BaseException:
         down(cdir, quiet=True)
         raise

@@ -3,7 +3,8 @@
 The operator handles every kind generically (plain dicts in, plain dicts out), so it talks to
 paths rather than to the generated per-kind APIs: get, list by label, server-side apply, delete,
 status merge-patch and event creation. Calls are synchronous; the controller runs them in a
-thread. Every write is counted in `writes`, which the operator exports as a metric.
+thread. Every write is counted in `writes`, and every request in `requests` (by method and
+resource), which the operator exports as metrics.
 """
 
 from __future__ import annotations
@@ -56,9 +57,31 @@ POD = Kind("v1", "Pod", "pods")
 EVENT = Kind("v1", "Event", "events")
 
 
-def load_api_client() -> Any:
-    """An ApiClient from the in-cluster service account, else from KUBECONFIG / ~/.kube/config."""
+def resource_of(path: str) -> str:
+    """The resource a request path names: `/apis/apps/v1/namespaces/ns/statefulsets/x/status`
+    -> `statefulsets/status`, `/api/v1/pods` -> `pods`."""
+    parts = [p for p in path.split("?", 1)[0].split("/") if p]
+    if "namespaces" in parts:
+        at = parts.index("namespaces")
+        rest = parts[at + 2 :]
+        if not rest:  # a namespace itself
+            return "namespaces"
+    else:
+        rest = parts[3:] if parts[:1] == ["apis"] else parts[2:]
+    if not rest:
+        return ""
+    return f"{rest[0]}/{rest[2]}" if len(rest) > 2 else rest[0]
+
+
+def load_api_client(pool_size: int = 0) -> Any:
+    """An ApiClient from the in-cluster service account, else from KUBECONFIG / ~/.kube/config.
+
+    `pool_size`: connections kept open for concurrent calls (the client's default, 5 per CPU, when
+    0); a call beyond it opens and then drops a connection of its own, a TLS handshake each time.
+    """
     configuration = kubernetes.client.Configuration()
+    if pool_size:
+        configuration.connection_pool_maxsize = pool_size
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         kubernetes.config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
@@ -78,6 +101,7 @@ class KubeRest:
         self._field_manager = field_manager
         self._lock = threading.Lock()
         self.writes: Counter[tuple[str, str]] = Counter()  # (verb, kind) -> count
+        self.requests: Counter[tuple[str, str]] = Counter()  # (method, resource) -> count
 
     def request(
         self,
@@ -88,6 +112,8 @@ class KubeRest:
         content_type: str = "application/json",
         timeout: float = 30.0,
     ) -> Obj:
+        with self._lock:
+            self.requests[(method, resource_of(path))] += 1
         if query:
             path = f"{path}?{urlencode(query)}"
         headers = {"Accept": "application/json", "Content-Type": content_type}

@@ -1,0 +1,124 @@
+"""The operator at a small fleet scale, so a regression of bench/operator_scale.py fails CI.
+
+Compressed settings (the bench runs 100 PDDeployments on 1,000 nodes): a cluster of this module's
+own without the pod runner (KWOK makes every pod Ready, routers too; no processes), 50 fake GPU
+nodes, 10 vLLM PDDeployments in two namespaces, the operator resyncing every 5 s. Checks that every
+PDDeployment reaches Ready=True at its generation, and that a steady state of 15 s (two resyncs and
+more: every PDDeployment passes at least twice) makes no write at all, by the apiserver's own
+`apiserver_request_total` (every client, PDDeployments, their child kinds and Events) and by the
+operator's own write counter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tandem.devcluster import cluster as devcluster
+from tandem.devcluster import fleet, kube
+from tandem.devcluster.handle import ClusterHandle
+from tandem.devcluster.layout import ClusterDir
+from tandem.devcluster.testing import OperatorProcess, eventually, metric_total
+
+pytestmark = pytest.mark.cluster
+
+NODES = 50
+DEPLOYMENTS = 10
+NAMESPACES = ("scale-a", "scale-b")
+RESYNC_SECONDS = 5
+STEADY_SECONDS = 15.0
+CRD = Path(__file__).parents[3] / "crds" / "pddeployment.yaml"
+
+
+@pytest.fixture(scope="module")
+def fleet_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]:
+    cdir = ClusterDir(tmp_path_factory.mktemp("fleet-cluster"))
+    try:
+        state = devcluster.up(cdir, pod_runner=False, owner_pid=os.getpid())
+    except devcluster.ClusterError as e:
+        pytest.fail(f"dev cluster did not start: {e}", pytrace=False)
+    try:
+        handle = ClusterHandle.from_dir(cdir.path, owned=True)
+        api = handle.api_client()
+        try:
+            fleet.create(api, fleet.fleet_nodes(NODES, state.pod_octet))
+            eventually(
+                lambda: fleet.untaint(api) >= 0 and fleet.ready_count(api) == NODES,
+                timeout=180,
+                what=f"{NODES} nodes schedulable",
+                interval=2,
+            )
+            kube.apply_crd(api, yaml.safe_load(CRD.read_text()), timeout=180)
+            for ns in NAMESPACES:
+                handle.kubectl("create", "namespace", ns)
+        finally:
+            kube.close(api)
+        yield handle
+    finally:
+        devcluster.down(cdir)
+
+
+def _ready_at_generation(cluster: ClusterHandle) -> int:
+    items = json.loads(cluster.kubectl("get", "pdd", "-A", "-o", "json").stdout)["items"]
+    ready = 0
+    for item in items:
+        status = item.get("status") or {}
+        conds = {c["type"]: c["status"] for c in status.get("conditions", [])}
+        if (
+            conds.get("Ready") == "True"
+            and status.get("observedGeneration") == item["metadata"]["generation"]
+        ):
+            ready += 1
+    return ready
+
+
+def test_converges_and_then_writes_nothing(
+    fleet_cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    log = tmp_path_factory.mktemp("scale-operator") / "operator.log"
+    operator = OperatorProcess(
+        fleet_cluster, ["--lease-namespace", "default", "--resync-seconds", str(RESYNC_SECONDS)], log
+    )
+    try:
+        operator.wait_leader(timeout=90)
+        for ns in NAMESPACES:
+            docs = [
+                fleet.pddeployment(f"scale-{i}", ns)
+                for i in range(DEPLOYMENTS)
+                if i % len(NAMESPACES) == NAMESPACES.index(ns)
+            ]
+            fleet_cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump_all(docs))
+        started = time.monotonic()
+        eventually(
+            lambda: _ready_at_generation(fleet_cluster) == DEPLOYMENTS,
+            timeout=180,
+            interval=2,
+            what=f"{DEPLOYMENTS} PDDeployments Ready=True at their generation",
+        )
+        print(f"converged in {time.monotonic() - started:.1f} s")
+        # The last passes' writes land; then a steady window.
+        time.sleep(5)
+        metrics = operator.metrics()
+        passes_before = metric_total(metrics, "tandem_operator_reconciles_total")
+        own_before = metric_total(metrics, "tandem_operator_api_writes_total")
+        writes_before = fleet.apiserver_writes(fleet_cluster.kubectl("get", "--raw", "/metrics").stdout)
+        time.sleep(STEADY_SECONDS)
+        writes_after = fleet.apiserver_writes(fleet_cluster.kubectl("get", "--raw", "/metrics").stdout)
+        metrics = operator.metrics()
+        passes = metric_total(metrics, "tandem_operator_reconciles_total") - passes_before
+        own = metric_total(metrics, "tandem_operator_api_writes_total") - own_before
+        assert passes >= 2 * DEPLOYMENTS, (
+            f"only {passes:.0f} passes in the steady window: the check saw nothing"
+        )
+        assert own == 0, f"the operator wrote {own:.0f} times in a steady state"
+        delta = writes_after - writes_before
+        assert not delta, f"apiserver writes in a steady state: {dict(delta)}"
+        assert "Traceback" not in operator.log_text()
+    finally:
+        operator.stop()
