@@ -467,6 +467,48 @@ class RouterMetricsSpec(ApiModel):
     ] = [128, 512, 2048]
 
 
+class PrefixAwareSpec(ApiModel):
+    """The prefill (and colocated) pod choice by expected prefix-cache hit against load (docs/router.md).
+
+    The router cuts each prompt's text into chunks, hashes them chained (a key names the whole text
+    up to its chunk) and remembers which pod it sent which keys; a request goes to the pod holding
+    its longest prefix among the pods within the load bound. Decode pods stay load-balanced."""
+
+    enabled: Annotated[
+        bool, Field(description="Choose prefill/colocated pods by prefix; false: by load only.")
+    ] = True
+    block_chars: Annotated[
+        int,
+        Field(
+            ge=8,
+            le=8192,
+            description="Characters of prompt text per chunk (64: about one 16-token engine block at "
+            "about 4 characters a token; the chunks approximate blocks, they do not line up with them).",
+        ),
+    ] = 64
+    max_blocks: Annotated[
+        int, Field(ge=1, le=4096, description="Leading chunks of a prompt considered (the rest is ignored).")
+    ] = 256
+    load_bound: Annotated[
+        float,
+        Field(
+            ge=1,
+            le=10,
+            description="A pod takes a request for its cached prefix only while its outstanding load is "
+            "at most loadBound x the pool's mean + 1; past it the request goes to the next-best pod.",
+        ),
+    ] = 1.25
+    index_blocks_per_pod: Annotated[
+        int,
+        Field(
+            ge=16,
+            le=10_000_000,
+            description="Chunks the router remembers per pod (least recently used forgotten first): "
+            "about the engine's prefix-cache capacity in blocks.",
+        ),
+    ] = 32768
+
+
 class RouterSpec(ApiModel):
     replicas: Annotated[int, Field(ge=1, le=64)] = 2
     image: Annotated[str, Field(max_length=512, description="Container image of tandem (router).")] = (
@@ -492,6 +534,7 @@ class RouterSpec(ApiModel):
     ] = []
     admission: AdmissionSpec = AdmissionSpec()
     metrics: RouterMetricsSpec = RouterMetricsSpec()
+    prefix_aware: PrefixAwareSpec = PrefixAwareSpec()
 
 
 class ServingSpec(ApiModel):
