@@ -173,10 +173,25 @@ def test_a_slow_link_sets_kv_transport_degraded_and_healing_it_clears_it(link: L
     assert "below the threshold in 3 readings in a row" in degraded["message"]
     # Never set on a single window: three readings, an interval apart, saw it slow.
     assert took >= 2 * INTERVAL
+    # Serving still works: Ready stays True (kstatus Current) and says why; the phase (Argo CD's
+    # health) is Degraded with the figures.
+    shown = link.watch.wait(
+        "phase Degraded while KVTransportDegraded",
+        lambda seen: seen if seen.status.get("phase") == "Degraded" else None,
+        30,
+    )
+    ready = shown.condition("Ready")
+    assert ready.get("status") == "True", ready
+    assert "KVTransportDegraded: effective KV bandwidth" in ready.get("message", ""), ready
 
     healed = time.monotonic()
     link.fault(None)
     recovered = link.wait("False", "BandwidthHealthy", timeout=BOUND_S)
+    link.watch.wait(
+        "phase Healthy again",
+        lambda seen: seen if seen.status.get("phase") == "Healthy" else None,
+        30,
+    )
     print(f"healthy again {time.monotonic() - healed:.0f}s after healing: {recovered['message']}")
     reasons = [e.get("reason") for e in harness.events(link.cluster, link.namespace, NAME)]
     assert reasons.count("KVTransportDegraded") == 1
