@@ -6,8 +6,9 @@ Keys. A request's prompt is cut into blocks and each block gets a key chained ov
 before it (`chain_keys`), as vLLM's automatic prefix caching hashes token blocks: key i stands
 for the whole prefix made of blocks 0..i, so two prompts share key i exactly when they share
 their first i+1 blocks. Only full blocks get keys (vLLM caches full blocks only). The simulator
-passes token blocks (or trace block hashes); the router, which has no tokenizer, passes text
-chunks of `block_chars` characters (`text_keys`). A text chunk is not an engine block: with about
+passes token blocks (or trace block hashes) to `chain_keys`; the router, which has no tokenizer,
+keys text chunks of `block_chars` characters (`text_keys`, a cheaper prefix hash of the same
+meaning). A text chunk is not an engine block: with about
 4 characters per token and 16-token engine blocks, 64 characters is about one engine block, but
 the boundaries do not line up and the ratio depends on the text. What carries over is the order:
 a request whose first k chunks match another's shares at least about k * block_chars characters of
@@ -35,6 +36,7 @@ held by one pod all go there (a hit, and the pod has room): expected hit wins un
 from __future__ import annotations
 
 import hashlib
+import zlib
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -149,10 +151,25 @@ def chain_keys(block_tokens_or_chunks: Sequence[Hashable]) -> list[int]:
 
 
 def text_keys(text: str, knobs: PrefixKnobs) -> list[int]:
-    """Chained keys of the text's full `block_chars` chunks, at most `max_blocks` of them."""
+    """Keys of the text's full `block_chars` chunks (of its UTF-8 bytes: characters, for ASCII), at
+    most `max_blocks` of them: key i is a 64-bit hash of the text up to the end of chunk i.
+
+    The router's hot path, so cheaper than `chain_keys` (a blake2b per chunk cost ~1 us, this ~0.4):
+    CRC-32 and Adler-32 carried from chunk to chunk, which is the CRC and Adler of the whole prefix,
+    as chaining names the whole prefix. Deterministic across processes. Not collision-resistant:
+    a collision only makes the router believe a pod holds one more chunk than it does."""
+    data = text.encode()
     size = knobs.block_chars
-    full = min(len(text) // size, knobs.max_blocks)
-    return chain_keys([text[i * size : (i + 1) * size] for i in range(full)])
+    end = min(len(data) // size, knobs.max_blocks) * size
+    keys: list[int] = []
+    crc, adler = 0, 1
+    crc32, adler32 = zlib.crc32, zlib.adler32
+    for start in range(0, end, size):
+        chunk = data[start : start + size]
+        crc = crc32(chunk, crc)
+        adler = adler32(chunk, adler)
+        keys.append(crc << 32 | adler)
+    return keys
 
 
 def prompt_text(body: Mapping[str, Any]) -> str:

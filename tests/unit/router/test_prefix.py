@@ -75,6 +75,29 @@ def test_text_keys_extend_when_a_conversation_grows() -> None:
     assert len(second) > len(first)
 
 
+def test_text_keys_are_the_same_in_another_process_and_name_the_prefix() -> None:
+    text = "shared head " * 10 + "and a tail"
+    code = (
+        f"from tandem.router.prefix import PrefixKnobs, text_keys; print(text_keys({text!r}, PrefixKnobs(8)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={"PYTHONHASHSEED": "777", "PATH": ""},
+    ).stdout.strip()
+    assert out == str(text_keys(text, KNOBS))
+    keys = text_keys(text, KNOBS)
+    assert len(set(keys)) == len(keys)  # "shared h", "ead shar", ...: equal chunks, distinct prefixes
+    other = text_keys("X" + text[1:], KNOBS)
+    assert all(a != b for a, b in zip(keys, other, strict=True))  # a different first chunk: all differ
+
+
+def test_text_keys_chunk_utf8_bytes() -> None:
+    assert len(text_keys("é" * 8, KNOBS)) == 2  # 16 bytes: two chunks of 8
+
+
 def test_prompt_text() -> None:
     chat = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]}
     assert prompt_text(chat) == "<|system|>\nbe brief\n<|user|>\nhi\n"
