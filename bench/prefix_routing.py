@@ -23,7 +23,9 @@ request, 126,527 tokens of prompt and output):
    + 6 decode; SLO TTFT 1 s, TPOT 50 ms.
 3. **Hot prefix**: the same sessions at 6x with one system prompt on 50% of the sessions (so about half
    the requests share it); 4 prefill + 8 decode: TTFT p90 prefix-aware vs load-only.
-4. **Autoscaled** (not in `--quick`): scenario 3's load under tandem's autoscaler with prefix-aware
+4. **Load bound** (not in `--quick`): scenario 3 under prefix-aware routing with `load_bound` 1, 1.25
+   (the default), 2 and 1000 (no bound): what keeps a hot prefix off an overloaded pod.
+5. **Autoscaled** (not in `--quick`): scenario 3's load under tandem's autoscaler with prefix-aware
    routing, the autoscaler sizing prefill from the uncached prompt tokens (the engines' prefix-cache
    hit/query counters) against the same autoscaler with those counters hidden: prefill GPU-hours held.
 
@@ -34,7 +36,7 @@ prefix, TTFT p90 no worse than load-only.
 
     .venv/bin/python bench/prefix_routing.py [--quick] [--max-blocks N] [--load-bound C]
 
-`--quick` (the unit test's) plays 2-minute windows of scenarios 1-3 and skips 4.
+`--quick` (the unit test's) plays 2-minute windows of scenarios 1-3 and skips 4 and 5.
 """
 
 from __future__ import annotations
@@ -271,9 +273,26 @@ def _held_gpu_hours(result: object) -> dict[str, float]:
     return held
 
 
+def load_bounds(scenario: Scenario, knobs: PrefixKnobs) -> None:
+    layout = _layout(scenario.prefill, scenario.decode)
+    print(f"\n### Load bound: {scenario.name}, prefix-aware routing\n")
+    print("| load_bound | prefix hit rate | TTFT p50 ms | TTFT p90 ms | prefill GPU-h (busy) | attainment |")
+    print("|---|---|---|---|---|---|")
+    for bound in (1.0, 1.25, 2.0, 1000.0):
+        config = SimConfig(
+            slo=scenario.slo, routing="prefix", prefix_knobs=dataclasses.replace(knobs, load_bound=bound)
+        )
+        row = Row(f"{bound:g}", simulate(scenario.requests, layout, config).summary, 0.0)
+        s = row.summary
+        print(
+            f"| {row.policy} | {row.hit_rate:.1%} | {s.ttft_p50 * 1e3:,.0f} | {s.ttft_p90 * 1e3:,.0f} "
+            f"| {row.prefill_gpu_hours:.3f} | {s.attainment:.1%} |"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2-minute windows, no autoscaled run")
+    parser.add_argument("--quick", action="store_true", help="2-minute windows, scenarios 1-3 only")
     parser.add_argument("--max-blocks", type=int, default=None, help="PrefixKnobs.max_blocks to pass in")
     parser.add_argument("--load-bound", type=float, default=None, help="PrefixKnobs.load_bound to pass in")
     args = parser.parse_args(argv)
@@ -295,6 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_table(scenario, rows)
         verdicts += [f"{scenario.name}: {line}" for line in check_targets(scenario, rows, hot=i == 2)]
     if not args.quick:
+        load_bounds(built[2], knobs)
         autoscaled(built[2], knobs)
     print("\n" + "\n".join(verdicts))
     print(f"\nwhole bench: {time.perf_counter() - start:.0f} s")
