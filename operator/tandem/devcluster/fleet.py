@@ -100,6 +100,20 @@ def untaint(api: client.ApiClient, parallel: int = 8) -> int:
     return len(stale)
 
 
+def registered_count(api: client.ApiClient) -> int:
+    """Fleet nodes the node controller has posted its `RegisteredNode` Event for. It posts them
+    rate-limited, minutes after the nodes for a thousand: a steady-state count of writes waits
+    for them all, or counts them as the operator's."""
+    resp = client.CoreV1Api(api).list_namespaced_event(
+        "default", field_selector="reason=RegisteredNode", _preload_content=False
+    )
+    return sum(
+        1
+        for event in kube.raw(resp)["items"]
+        if str((event.get("involvedObject") or {}).get("name", "")).startswith("fleet-h100-")
+    )
+
+
 def ready_count(api: client.ApiClient) -> int:
     """Fleet nodes that take pods: KWOK made them Ready and their not-ready taints are gone."""
     return sum(
