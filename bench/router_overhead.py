@@ -14,8 +14,15 @@ figure, robust to other load on the machine).
 
     .venv/bin/python bench/router_overhead.py [--engine sim|stub] [--concurrency 1 64 256]
         [--seconds 6] [--rounds 3] [--rate REQ_PER_S] [--itl-ms MS] [--tokens 16]
-        [--event-loop auto|asyncio|uvloop] [--slo TTFT_MS TPOT_MS] [--admission]
+        [--event-loop auto|asyncio|uvloop] [--slo TTFT_MS TPOT_MS] [--admission] [--prefix]
         [--router-core 0] [--engine-core 1]
+
+The `router` arm runs the load-only choice (`--no-prefix-aware`). `--prefix` adds a second router
+with the prefix-aware choice (the default) as arm `prefix`, gives both routers two prefill engines,
+and sends a ~6 KB chat prompt (a shared system prompt and a document: ~90 chunks of 64 characters,
+every one a hit after the first request, the most index work a prompt of that size can cost); it
+prints the prefix router's added latency and its throughput and req/cpu-s against the load-only
+router of the same run.
 
 The router always records the length-bucketed, per-tenant metrics (docs/observability.md);
 `--admission` also runs its admission control with limits no request reaches.
@@ -85,9 +92,13 @@ def start_engine(kind: str, port: int, args: argparse.Namespace, core: int | Non
     return subprocess.Popen(_pinned(command, core), env=env, stdout=subprocess.DEVNULL, stderr=_log())
 
 
-def start_router(prefill: str, decode: str, port: int, args: argparse.Namespace) -> subprocess.Popen[bytes]:
+def start_router(
+    prefill: list[str], decode: str, port: int, args: argparse.Namespace, extra: list[str]
+) -> subprocess.Popen[bytes]:
     command = [PYTHON, "-m", "tandem.cli", "router", "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--prefill", prefill, "--decode", decode, "--log-level", "WARNING"]
+    for url in prefill:
+        command += ["--prefill", url]
+    command += ["--decode", decode, "--log-level", "WARNING", *extra]
     command += ["--event-loop", args.event_loop]
     if args.slo:
         command += ["--slo-ttft-ms", str(args.slo[0]), "--slo-tpot-ms", str(args.slo[1])]
@@ -180,13 +191,16 @@ class ClientTwoPhase:
     """The two-phase protocol run by the client itself, straight to the engines: the same engine
     work as through the router, without the router's hop."""
 
-    def __init__(self, prefill_port: int, decode_port: int, body: dict[str, object]) -> None:
+    def __init__(
+        self, prefill_port: int, decode_port: int, body: dict[str, object], path: str = "/v1/completions"
+    ) -> None:
         self.prefill = Connection(prefill_port, b"")
         self.decode = Connection(decode_port, b"")
         self.body = body
+        self.path = path
         kv = {"do_remote_decode": True, "do_remote_prefill": False}
         prefill = {**body, "stream": False, "max_tokens": 1, "kv_transfer_params": kv}
-        self.prefill_request = post("/v1/completions", prefill)
+        self.prefill_request = post(path, prefill)
 
     async def call(self) -> float | None:
         ok, answer, _ = await self.prefill.exchange(self.prefill_request)
@@ -194,7 +208,7 @@ class ClientTwoPhase:
             return None
         params = json.loads(answer).get("kv_transfer_params")
         ok, body, first_at = await self.decode.exchange(
-            post("/v1/completions", {**self.body, "kv_transfer_params": params})
+            post(self.path, {**self.body, "kv_transfer_params": params})
         )
         return first_at if ok and b"[DONE]" in body and b'"error"' not in body else None
 
@@ -304,34 +318,53 @@ def ms(seconds: float, width: int = 8) -> str:
     return f"{seconds * 1000:{width}.2f}"
 
 
+# `--prefix`: a chat prompt of ~6 KB, a shared system prompt and a document.
+PREFIX_SYSTEM = "You are a careful assistant. Answer from the documents below and cite them. " * 8
+PREFIX_DOCUMENT = " ".join(f"word{i}" for i in range(800))
+
+
 async def run(args: argparse.Namespace) -> None:
     ports = {"prefill": free_port(), "decode": free_port(), "router": free_port()}
-    processes = [
-        start_engine(args.engine, ports["prefill"], args, args.engine_core),
-        start_engine(args.engine, ports["decode"], args, args.engine_core),
-    ]
+    engines = ["prefill", "decode"]
+    if args.prefix:
+        ports |= {"prefill2": free_port(), "prefix": free_port()}
+        engines.append("prefill2")
+    processes = [start_engine(args.engine, ports[name], args, args.engine_core) for name in engines]
     try:
-        await wait_ready(ports["prefill"], "/health")
-        await wait_ready(ports["decode"], "/health")
-        router = start_router(
-            f"http://127.0.0.1:{ports['prefill']}",
-            f"http://127.0.0.1:{ports['decode']}",
-            ports["router"],
-            args,
-        )
+        for name in engines:
+            await wait_ready(ports[name], "/health")
+        prefills = [f"http://127.0.0.1:{ports[name]}" for name in engines if name != "decode"]
+        decode_url = f"http://127.0.0.1:{ports['decode']}"
+        router = start_router(prefills, decode_url, ports["router"], args, ["--no-prefix-aware"])
         processes.append(router)
         await wait_ready(ports["router"], "/health")
+        prefix_router = None
+        if args.prefix:
+            prefix_router = start_router(prefills, decode_url, ports["prefix"], args, [])
+            processes.append(prefix_router)
+            await wait_ready(ports["prefix"], "/health")
         await asyncio.sleep(1.5)  # the router learns the model list
-        body = {"model": MODEL, "prompt": "the quick brown fox jumps over the lazy dog", "stream": True}
+        body: dict[str, object] = {
+            "model": MODEL,
+            "prompt": "the quick brown fox jumps over the lazy dog",
+            "stream": True,
+        }
+        path = "/v1/completions"
+        if args.prefix:
+            path = "/v1/chat/completions"
+            body = {"model": MODEL, "stream": True, "messages": [
+                {"role": "system", "content": PREFIX_SYSTEM},
+                {"role": "user", "content": "Summarise this document: " + PREFIX_DOCUMENT},
+            ]}  # fmt: skip
         body["max_tokens"] = args.tokens
-        request = post("/v1/completions", body)
+        request = post(path, body)
         load = f"open loop {args.rate:g} req/s" if args.rate else "closed loop"
         print(
             f"engine={args.engine} itl_ms={args.itl_ms:g} tokens/answer={args.tokens} "
             f"event_loop={args.event_loop} "
             f"seconds/point={args.seconds} in {args.rounds} rounds "
             f"router core={args.router_core} engines core={args.engine_core} "
-            f"cpus={os.cpu_count()} load={load}"
+            f"cpus={os.cpu_count()} load={load} prompt={len(json.dumps(body))} B"
         )
         print(
             f"{'streams':>7} {'target':>9} | {'ttft p50':>8} {'p99':>7} | {'e2e p50':>8} {'p99':>7} | "
@@ -341,9 +374,11 @@ async def run(args: argparse.Namespace) -> None:
         pd_ports = (ports["prefill"], ports["decode"])
         arms: list[tuple[str, Callable[[], Connection | ClientTwoPhase], int | None]] = [
             ("direct", lambda: Connection(ports["decode"], request), None),
-            ("pd-client", lambda: ClientTwoPhase(*pd_ports, body), None),
+            ("pd-client", lambda: ClientTwoPhase(*pd_ports, body, path), None),
             ("router", lambda: Connection(ports["router"], request), router.pid),
         ]
+        if prefix_router is not None:
+            arms.append(("prefix", lambda: Connection(ports["prefix"], request), prefix_router.pid))
         stagger = args.tokens * args.itl_ms / 1000
         for concurrency in args.concurrency:
             # The arms take turns in short rounds, so a burst of noise on this shared machine lands
@@ -375,6 +410,8 @@ async def run(args: argparse.Namespace) -> None:
                     line += f" | {served / router_result.cpu_s:16.0f} "
                     line += f"{100 * router_result.cpu_s / router_result.seconds:5.0f}"
                 print(line, flush=True)
+            if "prefix" in results:
+                print(prefix_vs_load(concurrency, results["prefix"], router_result), flush=True)
     finally:
         for process in processes:
             process.terminate()
@@ -383,6 +420,23 @@ async def run(args: argparse.Namespace) -> None:
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+def prefix_vs_load(concurrency: int, prefix: Result, load: Result) -> str:
+    """The prefix-aware router's added TTFT/e2e (ms) and its throughput and req/cpu-s as ratios of
+    the load-only router's, in the same run."""
+    line = f"{concurrency:>7} {'prefix vs load-only router':>28}" + " " * 34
+    line += f"{ms(prefix.quantile(0.5, True) - load.quantile(0.5, True))} "
+    line += f"{ms(prefix.quantile(0.99, True) - load.quantile(0.99, True), 6)} "
+    line += f"{ms(prefix.quantile(0.5) - load.quantile(0.5), 7)} "
+    line += f"{ms(prefix.quantile(0.99) - load.quantile(0.99), 6)} "
+    line += f"{prefix.throughput / load.throughput:5.2f}"
+    if prefix.cpu_s and load.cpu_s:
+        per_cpu = (prefix.throughput * prefix.seconds / prefix.cpu_s) / (
+            load.throughput * load.seconds / load.cpu_s
+        )
+        line += f" | req/cpu-s x{per_cpu:.2f}"
+    return line
 
 
 def main() -> None:
@@ -406,6 +460,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--admission", action="store_true", help="router with admission control (--gateway), never refusing"
+    )
+    parser.add_argument(
+        "--prefix",
+        action="store_true",
+        help="add a prefix-aware router (arm `prefix`) beside the load-only one",
     )
     parser.add_argument("--router-core", type=int, default=0)
     parser.add_argument("--engine-core", type=int, default=1)
