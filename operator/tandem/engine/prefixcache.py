@@ -27,15 +27,11 @@ __all__ = ["NONE_HASH", "CachingBlockPool", "block_hashes", "hash_block_tokens"]
 NONE_HASH: Final = int.from_bytes(hashlib.blake2b(b"tandem-sim-none-hash", digest_size=8).digest(), "little")
 
 
-def _token_bytes(token: Hashable) -> bytes:
-    if isinstance(token, int):
-        return b"#" + str(token).encode()
-    return str(token).encode()
-
-
 def hash_block_tokens(parent: int, tokens: Sequence[Hashable]) -> int:
-    """One block's hash: over its parent's hash and its tokens (64 bits)."""
-    data = parent.to_bytes(8, "little") + b"\x00".join(_token_bytes(t) for t in tokens)
+    """One block's hash: over its parent's hash and its tokens (64 bits); a token id `7` and a
+    token `"7"` differ."""
+    text = "\x00".join([t if isinstance(t, str) else f"#{t}" for t in tokens])
+    data = parent.to_bytes(8, "little") + text.encode()
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 

@@ -22,8 +22,10 @@ Prefix caching (when the pool is a `prefixcache.CachingBlockPool`, vLLM V1's aut
 caching): a sequence admitted with no blocks first looks up the longest run of cached full blocks
 of its tokens, at most (tokens - 1) // block_size blocks (the last token is always computed, to
 sample from); it shares those blocks (reference counted) and its chunk starts after them, so the
-step's time model charges only the uncached tokens. Blocks that a step completes are registered
-under their chained hash (prompt and output tokens). The admission counts its tokens as prefix-cache
+step's time model charges only the uncached tokens. Prompt blocks are registered under their
+chained hash as prefill steps complete them; blocks filled by output tokens when the sequence
+finishes or is preempted (no other request can hit those while it runs: they hold its own
+samples), which spares the decode steps any hashing. The admission counts its tokens as prefix-cache
 queries and the hit tokens as hits (vLLM counts at each lookup; here once per admission). A
 remote-KV sequence looks up its own cache the same way when its pull starts: only the blocks past
 the local hit are pulled (`num_cached_tokens`), as the NIXL connector reads only the remote blocks
@@ -405,6 +407,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        self._register(seq)  # its computed blocks stay cached: readmitted, it hits them
         self.pool.free(seq.blocks)
         seq.blocks = []
         seq.num_registered = 0
@@ -421,8 +424,12 @@ class Scheduler:
             if seq.status is finished:  # aborted while the step ran
                 continue
             seq.num_computed = entry.offset + entry.tokens
-            if self.cache is not None and seq.num_computed >= (seq.num_registered + 1) * self.block_size:
-                self._register(seq)
+            if (
+                self.cache is not None
+                and entry.offset < seq.prompt_tokens
+                and seq.num_computed >= (seq.num_registered + 1) * self.block_size
+            ):
+                self._register(seq)  # prompt blocks as prefill completes them
             if seq.num_computed < seq.prompt_tokens + seq.num_output:
                 continue
             seq.num_output += 1
@@ -440,6 +447,7 @@ class Scheduler:
         seq.status = Status.FINISHED
         seq.finish_reason = reason
         seq.finished_at = now
+        self._register(seq)
         if not hold:
             self.pool.free(seq.blocks)
             seq.blocks = []
