@@ -358,6 +358,8 @@ async def run(args: argparse.Namespace) -> None:
             ]}  # fmt: skip
         body["max_tokens"] = args.tokens
         request = post(path, body)
+        if args.prefix:
+            print(prefix_choice_cost(body), flush=True)
         load = f"open loop {args.rate:g} req/s" if args.rate else "closed loop"
         print(
             f"engine={args.engine} itl_ms={args.itl_ms:g} tokens/answer={args.tokens} "
@@ -420,6 +422,31 @@ async def run(args: argparse.Namespace) -> None:
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+def prefix_choice_cost(body: dict[str, object], pods: int = 2, number: int = 2000) -> str:
+    """The prefix-aware choice's CPU per request, in this process: the text, its keys, the choice
+    among `pods` pods (the first holding the whole prompt: the longest match), the record."""
+    import timeit
+
+    from tandem.router.prefix import PodLoad, PrefixIndex, PrefixKnobs, choose_prefill, prompt_text, text_keys
+
+    knobs = PrefixKnobs()
+    text = prompt_text(body)
+    keys = text_keys(text, knobs)
+    index = PrefixIndex(32768)
+    index.record("pod0", keys)
+    loads = [PodLoad(f"pod{i}", i, 0) for i in range(pods)]
+    parts = {
+        "text": lambda: prompt_text(body),
+        "keys": lambda: text_keys(text, knobs),
+        "choice": lambda: choose_prefill(loads, keys, index, knobs),
+        "record": lambda: index.record("pod0", keys),
+    }
+    us = {name: timeit.timeit(fn, number=number) / number * 1e6 for name, fn in parts.items()}
+    detail = ", ".join(f"{name} {value:.1f}" for name, value in us.items())
+    total = sum(us.values())
+    return f"prefix choice in-process: {total:.1f} us/request ({len(keys)} chunks, {pods} pods: {detail})"
 
 
 def prefix_vs_load(concurrency: int, prefix: Result, load: Result) -> str:
