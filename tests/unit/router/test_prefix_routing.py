@@ -200,3 +200,22 @@ def test_keys_count(chars: int) -> None:
     from tandem.router.prefix import prompt_text
 
     assert len(keys) == len(prompt_text(request.body)) // chars
+
+
+def test_colocated_pods_are_chosen_by_prefix_too() -> None:
+    state = RouterState(balancer=Balancer(rng=random.Random(5)), metrics=RouterMetrics())
+    state.set_static({"colocated": [P1, P2, P3]})
+    flow = Flow(
+        state,
+        cast(Upstream, object()),
+        timeouts=Timeouts(),
+        max_retries=2,
+        budget=RetryBudget(ratio=0.2),
+        clock=FakeClock(),
+    )
+    request = chat("a colocated conversation " * 6)
+    keys = flow._prefix_keys(request)
+    holder = flow._pick("colocated", set(), None, keys)
+    assert holder is not None
+    assert all(flow._pick("colocated", set(), None, keys) == holder for _ in range(10))
+    assert state.prefix_index.matched_blocks(holder, keys or []) == len(keys or [])
