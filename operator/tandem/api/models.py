@@ -535,6 +535,16 @@ class RouterSpec(ApiModel):
     admission: AdmissionSpec = AdmissionSpec()
     metrics: RouterMetricsSpec = RouterMetricsSpec()
     prefix_aware: PrefixAwareSpec = PrefixAwareSpec()
+    prefill_policy: Annotated[
+        Literal["PrefixAware", "LeastLoaded", "RoundRobin"] | None,
+        Field(
+            description="How the router picks prefill (and colocated) pods: PrefixAware (by expected "
+            "prefix-cache hit against load, prefixAware's knobs), LeastLoaded (by load only) or "
+            "RoundRobin (in turn, load ignored). Set, it wins over prefixAware.enabled; unset: "
+            "PrefixAware, or LeastLoaded when prefixAware.enabled is false. Decode pods are "
+            "load-balanced whatever it says."
+        ),
+    ] = None
 
 
 class ServingSpec(ApiModel):

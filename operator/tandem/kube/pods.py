@@ -73,6 +73,7 @@ class PddInfo:
     output_length_buckets: tuple[int, ...] | None = None
     # spec.router.prefixAware (camelCase, as in the object); None: not set.
     prefix_aware: Mapping[str, Any] | None = None
+    prefill_policy: str | None = None  # spec.router.prefillPolicy; None: not set
 
 
 def _get(obj: Mapping[str, Any], *path: str) -> Any:
@@ -168,7 +169,12 @@ def pdd_info_from(obj: Mapping[str, Any]) -> PddInfo:
         input_length_buckets=_int_list(_get(obj, "spec", "router", "metrics", "inputLengthBuckets")),
         output_length_buckets=_int_list(_get(obj, "spec", "router", "metrics", "outputLengthBuckets")),
         prefix_aware=_mapping(_get(obj, "spec", "router", "prefixAware")),
+        prefill_policy=_str_or_none(_get(obj, "spec", "router", "prefillPolicy")),
     )
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _mapping(value: Any) -> dict[str, Any] | None:

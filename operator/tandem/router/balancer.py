@@ -37,6 +37,7 @@ class Balancer:
     max_quarantine_s: float = 60.0
     _pools: dict[str, list[str]] = field(default_factory=dict)
     _loads: dict[str, PodLoad] = field(default_factory=dict)
+    _turns: dict[str, int] = field(default_factory=dict)  # round-robin: picks made per pool
 
     def set_pool(self, role: str, pods: Iterable[str]) -> None:
         """Replaces a pool's members; load of pods still present (in any pool) is kept."""
@@ -68,6 +69,21 @@ class Balancer:
         first_cost = self.load(first).cost(self.tokens_per_request)
         second_cost = self.load(second).cost(self.tokens_per_request)
         return second if second_cost < first_cost else first
+
+    def pick_in_turn(self, role: str, now: float, exclude: Iterable[str] = ()) -> str | None:
+        """Round-robin: the pool's next healthy pod not in `exclude`, in the pool's (sorted) order,
+        load ignored; None when there is none (the caller falls back to `pick`)."""
+        excluded = set(exclude)
+        members = self._pools.get(role, [])
+        if not members:
+            return None
+        turn = self._turns.get(role, 0)
+        for step in range(len(members)):
+            pod = members[(turn + step) % len(members)]
+            if pod not in excluded and self.load(pod).quarantined_until <= now:
+                self._turns[role] = turn + step + 1
+                return pod
+        return None
 
     def acquire(self, pod: str, tokens: int) -> None:
         load = self.load(pod)

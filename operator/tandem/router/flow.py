@@ -295,6 +295,10 @@ class Flow:
             pod = self._pick_by_prefix(pool, now, exclude, keys)
             if pod is not None:
                 return pod
+        elif role != "decode" and self.state.prefix.prefill_policy == "RoundRobin":
+            pod = self.state.balancer.pick_in_turn(pool, now, exclude)
+            if pod is not None:
+                return pod
         pod = self.state.balancer.pick(pool, now, exclude)
         # Every pod already tried: trying one again beats failing the request.
         return pod if pod is not None else self.state.balancer.pick(pool, now)
@@ -302,7 +306,7 @@ class Flow:
     def _prefix_keys(self, request: ClientRequest) -> list[int] | None:
         """The prompt's chained chunk keys when the prefix-aware choice is on (None when off)."""
         settings = self.state.prefix
-        if not settings.enabled:
+        if settings.prefill_policy != "PrefixAware":
             return None
         return text_keys(prompt_text(request.body), settings.knobs)
 

@@ -34,7 +34,13 @@ from tandem.router.flow import Flow, Timeouts
 from tandem.router.front import Front
 from tandem.router.kvwatch import watch_kv_usage
 from tandem.router.metrics import RouterMetrics, check_length_bounds
-from tandem.router.prefix import DEFAULT_INDEX_BLOCKS_PER_POD, PrefixKnobs, PrefixSettings
+from tandem.router.prefix import (
+    DEFAULT_INDEX_BLOCKS_PER_POD,
+    PREFILL_POLICIES,
+    PrefillPolicy,
+    PrefixKnobs,
+    PrefixSettings,
+)
 from tandem.router.server import RouterApp, refresh_models
 from tandem.router.slo import SloTargets
 from tandem.router.state import RouterState
@@ -78,6 +84,7 @@ class RouterConfig(BaseModel):
     api_keys: dict[str, str] | None = None
     # The prefix-aware prefill choice (spec.router.prefixAware wins field by field).
     prefix_aware: bool = True
+    prefill_policy: PrefillPolicy | None = None  # spec.router.prefillPolicy wins
     prefix_block_chars: int = Field(default=PrefixKnobs.block_chars, ge=1)
     prefix_max_blocks: int = Field(default=PrefixKnobs.max_blocks, ge=1)
     prefix_load_bound: float = Field(default=PrefixKnobs.load_bound, ge=1.0)
@@ -107,6 +114,7 @@ class RouterConfig(BaseModel):
                 load_bound=self.prefix_load_bound,
             ),
             index_blocks_per_pod=self.prefix_index_blocks,
+            policy=self.prefill_policy,
         )
 
     def slo(self) -> SloTargets | None:
@@ -186,6 +194,9 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
         help="static mode: YAML map tenant -> API keys (one a line); requests then need a key")  # fmt: skip
     add("--no-prefix-aware", dest="prefix_aware", action="store_false",
         help="choose prefill/colocated pods by load only (spec.router.prefixAware.enabled wins)")  # fmt: skip
+    add("--prefill-policy", dest="prefill_policy", choices=PREFILL_POLICIES,
+        help="PrefixAware, LeastLoaded or RoundRobin (default: PrefixAware, or LeastLoaded with "
+        "--no-prefix-aware; spec.router.prefillPolicy wins)")  # fmt: skip
     add("--prefix-block-chars", dest="prefix_block_chars", type=int, default=PrefixKnobs.block_chars,
         help="characters of prompt text per chunk of the prefix-aware choice")  # fmt: skip
     add("--prefix-max-blocks", dest="prefix_max_blocks", type=int, default=PrefixKnobs.max_blocks,

@@ -35,15 +35,18 @@ held by one pod all go there (a hit, and the pod has room): expected hit wins un
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import zlib
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 __all__ = [
+    "PREFILL_POLICIES",
     "PodLoad",
+    "PrefillPolicy",
     "PrefixIndex",
     "PrefixKnobs",
     "PrefixSettings",
@@ -54,6 +57,11 @@ __all__ = [
 ]
 
 _ROOT: Final = b"tandem-prefix-v1"
+
+# How the router picks prefill (and colocated) pods: by expected prefix hit against load, by load
+# only (power of two choices), or in turn (round-robin over the healthy untried pods).
+PrefillPolicy = Literal["PrefixAware", "LeastLoaded", "RoundRobin"]
+PREFILL_POLICIES: Final[tuple[PrefillPolicy, ...]] = ("PrefixAware", "LeastLoaded", "RoundRobin")
 
 
 @dataclass(frozen=True)
@@ -93,12 +101,26 @@ class PrefixSettings:
     enabled: bool = True
     knobs: PrefixKnobs = PrefixKnobs()
     index_blocks_per_pod: int = DEFAULT_INDEX_BLOCKS_PER_POD
+    # spec.router.prefillPolicy: None = by `enabled` (PrefixAware when on, LeastLoaded when off).
+    policy: PrefillPolicy | None = None
+
+    @property
+    def prefill_policy(self) -> PrefillPolicy:
+        """The policy in force: `policy` when set, else PrefixAware or LeastLoaded by `enabled`."""
+        if self.policy is not None:
+            return self.policy
+        return "PrefixAware" if self.enabled else "LeastLoaded"
 
     @classmethod
-    def from_spec(cls, spec: Mapping[str, Any] | None, base: PrefixSettings | None = None) -> PrefixSettings:
-        """From spec.router.prefixAware (camelCase); fields it lacks keep `base`'s (else defaults).
-        A value of the wrong type or out of range keeps the base's too (the CRD refuses those)."""
+    def from_spec(
+        cls, spec: Mapping[str, Any] | None, base: PrefixSettings | None = None, policy: object = None
+    ) -> PrefixSettings:
+        """From spec.router.prefixAware (camelCase) and spec.router.prefillPolicy (`policy`); fields
+        they lack keep `base`'s (else defaults). A value of the wrong type or out of range keeps the
+        base's too (the CRD refuses those)."""
         base = base or cls()
+        if policy in PREFILL_POLICIES:
+            base = dataclasses.replace(base, policy=policy)
         if not spec:
             return base
         knobs = base.knobs
@@ -121,6 +143,7 @@ class PrefixSettings:
                 tokens_per_request=knobs.tokens_per_request,
             ),
             index_blocks_per_pod=number("indexBlocksPerPod", base.index_blocks_per_pod, 1, True),
+            policy=base.policy,
         )
 
 

@@ -140,7 +140,7 @@ class RouterState:
         if info.model_name:
             self.catalog.configured[info.model_name] = info.max_model_len
         self.set_length_buckets(info.input_length_buckets, info.output_length_buckets)
-        self.set_prefix(PrefixSettings.from_spec(info.prefix_aware, self.prefix_default))
+        self.set_prefix(PrefixSettings.from_spec(info.prefix_aware, self.prefix_default, info.prefill_policy))
         self.gateway.configure(info.router_gateway, info.rollout_tenants, rollout_target=info.rollout_target)
         if info.slo_ttft_ms is not None and info.slo_tpot_ms is not None:
             self.set_slo(SloTargets.from_ms(info.slo_ttft_ms, info.slo_tpot_ms))

@@ -219,3 +219,84 @@ def test_colocated_pods_are_chosen_by_prefix_too() -> None:
     assert holder is not None
     assert all(flow._pick("colocated", set(), None, keys) == holder for _ in range(10))
     assert state.prefix_index.matched_blocks(holder, keys or []) == len(keys or [])
+
+
+@pytest.mark.parametrize(
+    ("enabled", "policy", "effective"),
+    [
+        (True, None, "PrefixAware"),
+        (False, None, "LeastLoaded"),
+        (True, "RoundRobin", "RoundRobin"),
+        (False, "RoundRobin", "RoundRobin"),
+        (True, "LeastLoaded", "LeastLoaded"),
+        (False, "PrefixAware", "PrefixAware"),  # set, the policy wins over `enabled`
+    ],
+)
+def test_the_policy_in_force(enabled: bool, policy: Any, effective: str) -> None:
+    assert PrefixSettings(enabled=enabled, policy=policy).prefill_policy == effective
+    got = PrefixSettings.from_spec({"enabled": enabled}, PrefixSettings(), policy)
+    assert got.prefill_policy == effective
+
+
+def test_an_unknown_policy_keeps_the_base() -> None:
+    base = PrefixSettings(policy="RoundRobin")
+    assert PrefixSettings.from_spec(None, base, "Random") == base
+    assert PrefixSettings.from_spec(None, base, 3) == base
+
+
+def test_round_robin_takes_pods_in_turn_skipping_excluded_and_quarantined() -> None:
+    flow, state, clock = make(PrefixSettings(policy="RoundRobin"))
+    request = chat("the same conversation every time " * 5)
+    assert flow._prefix_keys(request) is None  # no keys: the prefix index is not used
+    state.balancer.acquire(P1, 100_000)  # load is ignored
+    assert [pick_prefill(flow, request) for _ in range(6)] == [P1, P2, P3, P1, P2, P3]
+    assert pick_prefill(flow, request, {P1}) == P2
+    state.balancer.mark_failed(P3, clock.now)
+    assert [pick_prefill(flow, request) for _ in range(3)] == [P1, P2, P1]
+    # Every pod excluded: the balancer's fallback still answers (as for the other policies).
+    assert pick_prefill(flow, request, {P1, P2, P3}) in {P1, P2, P3}
+    assert state.prefix_index.pods() == []
+
+
+def test_round_robin_leaves_decode_load_balanced() -> None:
+    flow, state, _ = make(PrefixSettings(policy="RoundRobin"))
+    state.balancer.acquire(D1, 1000)
+    assert {flow._pick("decode", set(), None) for _ in range(20)} == {D2}
+
+
+def policy_of(state: RouterState) -> str:
+    return state.prefix.prefill_policy
+
+
+def test_the_policy_follows_the_pddeployment() -> None:
+    flow, state, _ = make()
+    obj = {
+        "metadata": {"name": "llm"},
+        "spec": {"model": {"name": "m"}, "router": {"prefillPolicy": "RoundRobin"}},
+    }
+    info = pdd_info_from(obj)
+    assert info.prefill_policy == "RoundRobin"
+    state.on_pdd(info)
+    assert policy_of(state) == "RoundRobin"
+    request = chat("same text " * 30)
+    assert [pick_prefill(flow, request) for _ in range(3)] == [P1, P2, P3]
+    state.on_pdd(
+        pdd_info_from({**obj, "spec": {"model": {"name": "m"}, "router": {"prefillPolicy": "LeastLoaded"}}})
+    )
+    assert policy_of(state) == "LeastLoaded"
+    state.balancer.acquire(P1, 0)
+    state.balancer.acquire(P2, 0)
+    assert pick_prefill(flow, request) == P3  # the least loaded
+    state.on_pdd(pdd_info_from({**obj, "spec": {"model": {"name": "m"}}}))
+    assert policy_of(state) == "PrefixAware"
+
+
+def test_the_static_flag() -> None:
+    from tandem.router.main import parse_args
+
+    static = ["--prefill", P1, "--decode", D1]
+    assert parse_args(static).prefix().prefill_policy == "PrefixAware"
+    assert parse_args([*static, "--no-prefix-aware"]).prefix().prefill_policy == "LeastLoaded"
+    assert parse_args([*static, "--prefill-policy", "RoundRobin"]).prefix().prefill_policy == "RoundRobin"
+    with pytest.raises(SystemExit):
+        parse_args([*static, "--prefill-policy", "Random"])
