@@ -40,6 +40,7 @@ log = logging.getLogger("tandem.operator")
 Key = tuple[str, str]  # (namespace, name)
 
 MAX_ERROR_BACKOFF_SECONDS = 300.0
+CHILD_EVENT_DELAY_SECONDS = 1.0
 
 
 class Runtime:
@@ -175,7 +176,9 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
         runtime.enqueue(namespace, name)
 
     async def child_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
-        runtime.enqueue(namespace, labels.get(meta.LABEL_PDD))
+        # A PDDeployment's pods and workloads change in bursts (created, scheduled, running, ready;
+        # their controllers' status): one pass a little later sees the whole burst.
+        runtime.enqueue(namespace, labels.get(meta.LABEL_PDD), CHILD_EVENT_DELAY_SECONDS)
 
     for group, version, plural in (
         ("apps", "v1", "statefulsets"),
