@@ -34,9 +34,12 @@ layout is static; the autoscaled rows give GPU-hours held. Hit rate = prefix-cac
 the prefill pods (tokens). Targets (issue 15): hit rate >= the oracle's - 10 points; under the hot
 prefix, TTFT p90 no worse than load-only.
 
-    .venv/bin/python bench/prefix_routing.py [--quick] [--max-blocks N] [--load-bound C]
+    .venv/bin/python bench/prefix_routing.py [--quick] [--max-blocks N] [--load-bound C] [--live]
 
-`--quick` (the unit test's) plays 2-minute windows of scenarios 1-3 and skips 4 and 5.
+`--quick` (the unit test's) plays 2-minute windows of scenarios 1-3 and skips 4 and 5. `--live` then
+runs the live half in the same invocation (`bench/prefix_routing_live.py`: the three policies through
+the local cluster, each request sent to all three at once, beside the simulator's figures for the
+same requests).
 """
 
 from __future__ import annotations
@@ -295,6 +298,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="2-minute windows, scenarios 1-3 only")
     parser.add_argument("--max-blocks", type=int, default=None, help="PrefixKnobs.max_blocks to pass in")
     parser.add_argument("--load-bound", type=float, default=None, help="PrefixKnobs.load_bound to pass in")
+    parser.add_argument(
+        "--live", action="store_true", help="then the live half (bench/prefix_routing_live.py)"
+    )
     args = parser.parse_args(argv)
     knobs = PrefixKnobs()
     if args.max_blocks is not None:
@@ -317,6 +323,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         load_bounds(built[2], knobs)
         autoscaled(built[2], knobs)
     print("\n" + "\n".join(verdicts))
+    if args.live:
+        sys.path.insert(0, str(ROOT / "bench"))
+        import prefix_routing_live
+
+        print("\n## Live\n", flush=True)
+        prefix_routing_live.main([])
     print(f"\nwhole bench: {time.perf_counter() - start:.0f} s")
     return 0
 
