@@ -238,7 +238,9 @@ def traces(session_requests: int, mooncake_requests: int) -> list[Trace]:
 
 
 def simulated(requests: Sequence[Request]) -> dict[str, tuple[float, float, float, float]]:
-    """The simulator's figures for `requests` on 3 prefill + 1 decode, per policy."""
+    """The simulator's figures for `requests` on 3 prefill + 1 decode, per policy, with `MAX_TOKENS`
+    output tokens each as the live run asks for (the trace's reply lengths would load the decode pod
+    the live run does not)."""
     from prefix_routing import _layout  # the simulator half's layout (Llama-3.1-8B, H100, 131k)
     from tandem.router.prefix import PrefixKnobs
     from tandem.sim import SLO, SimConfig, simulate
@@ -246,7 +248,8 @@ def simulated(requests: Sequence[Request]) -> dict[str, tuple[float, float, floa
     out = {}
     for policy, routing in SIM_ROUTING.items():
         config = SimConfig(slo=SLO(ttft_ms=5000, tpot_ms=50), routing=routing, prefix_knobs=PrefixKnobs())
-        s = simulate(list(requests), _layout(PREFILL, DECODE), config).summary
+        short = [r._replace(output_tokens=MAX_TOKENS) for r in requests]
+        s = simulate(short, _layout(PREFILL, DECODE), config).summary
         queries = s.prefix_queries.get("prefill", 0)
         hit = s.prefix_hits.get("prefill", 0) / queries if queries else 0.0
         out[policy] = (hit, s.ttft_p50, s.ttft_p90, s.busy_gpu_hours.get("prefill", 0.0))
