@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client
 
 from tandem.devcluster import cluster as devcluster
@@ -171,10 +172,7 @@ def run(cluster: ClusterHandle, args: argparse.Namespace) -> int:
         fleet.untaint(api)
         time.sleep(2)
     print(f"{args.nodes} fake GPU nodes created, Ready and untainted in {time.monotonic() - started:.1f} s")
-    cluster.kubectl(
-        "apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds" / "pddeployment.yaml")
-    )
-    cluster.kubectl("wait", "--for=condition=Established", "crd/pddeployments.tandem.dev", "--timeout=300s")
+    kube.apply_crd(api, yaml.safe_load((REPO / "crds" / "pddeployment.yaml").read_text()), timeout=300)
     namespaces = [f"scale-{i}" for i in range(args.namespaces)]
     for ns in namespaces:
         cluster.kubectl("create", "namespace", ns, check=False)
