@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import socket
@@ -307,16 +308,19 @@ def test_kv_transport_of_a_live_deployment(cluster: ClusterHandle, deployed: Dep
         timeout=120,
         what=f"a {WINDOW}s window without KV transfers",
     )
-    prompt = " ".join(f"w{i}" for i in range(1100))
+    # Each request a prompt of its own from its first word: the engines cache prefixes, and a decode
+    # pod that already holds a prompt's blocks pulls nothing (no transfer to judge).
+    words = " ".join(f"w{i}" for i in range(1100))
+    prompts = (f"request-{n} {words}" for n in itertools.count())
     eventually(
-        lambda: complete(deployed.router_url, False, prompt) == 200, timeout=120, what="a first answer"
+        lambda: complete(deployed.router_url, False, next(prompts)) == 200, timeout=120, what="a first answer"
     )
-    statuses = [complete(deployed.router_url, stream=False, prompt=prompt) for _ in range(6)]
+    statuses = [complete(deployed.router_url, stream=False, prompt=next(prompts)) for _ in range(6)]
     assert statuses == [200] * 6
     decode_ip = deployed.pods["decode"]["status"]["podIP"]
     set_faults(decode_ip, {"kv_pull_failure_rate": 1.0})
     try:
-        failed = [complete(deployed.router_url, stream=False, prompt=prompt) for _ in range(2)]
+        failed = [complete(deployed.router_url, stream=False, prompt=next(prompts)) for _ in range(2)]
     finally:
         set_faults(decode_ip, None)
     assert all(status >= 500 for status in failed), failed
