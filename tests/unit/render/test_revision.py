@@ -40,7 +40,6 @@ def test_revision_id_is_a_stable_short_hash() -> None:
     # upgrade would start a revision change on every deployment.
     # The image is spelled out so that moving the vLLM pin (the fixtures' image) does not move it.
     fixed = build_pdd({"engine": {"image": "vllm/vllm-openai:v0.27.1"}}).spec
-    assert revision_id(fixed) == revision_id(fixed.model_copy(deep=True))
     assert re.fullmatch(r"[0-9a-f]{10}", BASE_ID)
     assert len(BASE_ID) == REVISION_ID_LENGTH
     assert revision_id(fixed) == "9ce665ab6c"
