@@ -8,9 +8,13 @@ the engine's socket callback to the client's without waking a task.
 
 What it does: keep-alive and pipelined requests (answered in order, one at a time); bodies framed by
 Content-Length or chunked; `Expect: 100-continue`; a body size limit answered 413 before the body
-is read; 400 on unparsable requests. Each request runs as a task; the client closing its
-connection cancels that task, which is what cancels both legs of an abandoned request. When the
-client's socket buffer fills, `ClientStream` tells whoever feeds it to pause (see `when_writable`).
+is read; 400 on unparsable requests; 431 when a request's head (line and headers) grows past
+`MAX_HEAD_BYTES`; 408 and close when a request is not read whole within the read timeout (a
+slowloris: headers or body trickled). The read deadline rides on the connection's one idle timer,
+so it costs a clock read per request and no timer of its own. Each request runs as a task; the
+client closing its connection cancels that task, which is what cancels both legs of an abandoned
+request. When the client's socket buffer fills, `ClientStream` tells whoever feeds it to pause (see
+`when_writable`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ log = logging.getLogger(__name__)
 _HIGH_WATER: Final = 256 * 1024  # bytes buffered for a client before its feeders are paused
 _MAX_QUEUED: Final = 8  # pipelined requests waiting behind the one being answered
 KEEPALIVE_S: Final = 75.0  # an idle keep-alive connection is closed after this (nginx's default)
+READ_TIMEOUT_S: Final = 30.0  # a request's head and body must arrive within this (from its first byte)
+MAX_HEAD_BYTES: Final = 1024 * 1024  # request line + headers; a head still growing past this gets 431
 _CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 _CHUNK_END: Final = b"0\r\n\r\n"
 
@@ -166,6 +172,7 @@ class _Settings:
     max_body_bytes: int
     keepalive_s: float
     on_refused: RefusalHook
+    read_timeout_s: float = READ_TIMEOUT_S
     connections: set[FrontProtocol] = field(default_factory=set)
 
 
@@ -196,6 +203,11 @@ class FrontProtocol(asyncio.Protocol):
         # One keep-alive timer per connection, moved forward only when it fires (not per request).
         self._idle_timer: asyncio.TimerHandle | None = None
         self._idle_since: float | None = None  # when the connection last became idle; None: busy
+        # When the request being read began (its first byte parsed); None between requests.
+        self._reading_since: float | None = None
+        self._in_head = True  # reading a request line and headers (not a body)
+        self._head_bytes = 0  # bytes received while still in a head (bounded by MAX_HEAD_BYTES)
+        self._loop = asyncio.get_running_loop()
 
     # -- transport callbacks ---------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -227,6 +239,11 @@ class FrontProtocol(asyncio.Protocol):
             return
         try:
             self._parser.feed_data(data)
+            if self._in_head:  # the head is not complete yet: count what it has taken so far
+                self._head_bytes += len(data)
+                if self._head_bytes > MAX_HEAD_BYTES:
+                    self._on_refused("header_too_large")
+                    self._fail(431, f"request line and headers over {MAX_HEAD_BYTES} bytes")
         except httptools.HttpParserUpgrade:
             self._on_refused("malformed_request")
             self._fail(400, "protocol upgrades are not supported")
@@ -237,6 +254,7 @@ class FrontProtocol(asyncio.Protocol):
     # -- parser callbacks ------------------------------------------------------------------
     def on_message_begin(self) -> None:
         self._idle_since = None
+        self._reading_since = self._loop.time()
         self._url = b""
         self._headers = {}
         self._body = []
@@ -250,6 +268,8 @@ class FrontProtocol(asyncio.Protocol):
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._head_bytes = 0
         length = self._headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self._max_body:
             self._refuse_body(f"request body over {self._max_body} bytes")
@@ -267,6 +287,8 @@ class FrontProtocol(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self._reading_since = None
+        self._in_head = True
         if self._refused:
             return
         url = httptools.parse_url(self._url) if self._url.startswith(b"/") else None
@@ -327,11 +349,14 @@ class FrontProtocol(asyncio.Protocol):
             return
         self._next()
 
+    def _period(self) -> float:
+        return min(self._settings.keepalive_s, self._settings.read_timeout_s)
+
     def _arm_idle(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         self._idle_since = loop.time()
         if self._idle_timer is None and not self.closed:
-            self._idle_timer = loop.call_later(self._settings.keepalive_s, self._idle_expired)
+            self._idle_timer = loop.call_later(self._period(), self._idle_expired)
 
     def _disarm_idle(self) -> None:
         if self._idle_timer is not None:
@@ -342,15 +367,24 @@ class FrontProtocol(asyncio.Protocol):
         self._idle_timer = None
         if self.closed:
             return
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        now = loop.time()
+        left = self._period()  # busy: look again a full period later
+        reading = self._reading_since
+        if reading is not None and self._task is None:  # the request it waits on is still arriving
+            read_left = reading + self._settings.read_timeout_s - now
+            if read_left <= 0:
+                self._on_refused("read_timeout")
+                self._fail(408, f"request not received within {self._settings.read_timeout_s:g} s")
+                return
+            left = min(left, read_left)
         since = self._idle_since
         if since is not None and self._task is None and not self._queue:
-            left = since + self._settings.keepalive_s - loop.time()
-            if left <= 0:
+            idle_left = since + self._settings.keepalive_s - now
+            if idle_left <= 0:
                 self.close()
                 return
-        else:
-            left = self._settings.keepalive_s  # busy: look again a full period later
+            left = min(left, idle_left) if reading is not None else idle_left
         self._idle_timer = loop.call_later(left, self._idle_expired)
 
     def _refuse_body(self, message: str) -> None:
@@ -430,8 +464,9 @@ class Front:
         max_body_bytes: int,
         keepalive_s: float = KEEPALIVE_S,
         on_refused: RefusalHook = _ignore,
+        read_timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
-        self._settings = _Settings(handler, max_body_bytes, keepalive_s, on_refused)
+        self._settings = _Settings(handler, max_body_bytes, keepalive_s, on_refused, read_timeout_s)
         self._connections = self._settings.connections
         self._server: asyncio.AbstractServer | None = None
 

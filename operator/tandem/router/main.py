@@ -31,7 +31,7 @@ from tandem.router.balancer import Balancer
 from tandem.router.buckets import DEFAULT_INPUT_LENGTH_BOUNDS, DEFAULT_OUTPUT_LENGTH_BOUNDS
 from tandem.router.failure import RetryBudget
 from tandem.router.flow import Flow, Timeouts
-from tandem.router.front import Front
+from tandem.router.front import READ_TIMEOUT_S, Front
 from tandem.router.kvwatch import watch_kv_usage
 from tandem.router.metrics import RouterMetrics, check_length_bounds
 from tandem.router.prefix import (
@@ -74,6 +74,7 @@ class RouterConfig(BaseModel):
     retry_budget_ratio: float = Field(default=0.2, ge=0)
     quarantine_s: float = Field(default=5.0, ge=0)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    read_timeout_s: float = Field(default=READ_TIMEOUT_S, gt=0)
     drain_timeout_s: float = Field(default=float(STREAM_DRAIN_SECONDS), ge=0)
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     input_length_buckets: tuple[int, ...] = DEFAULT_INPUT_LENGTH_BOUNDS
@@ -173,7 +174,9 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
     )
     add("--retry-budget-ratio", type=float, default=0.2, help="router-wide retries per request")
     add("--quarantine", dest="quarantine_s", type=float, default=5.0, help="seconds a failed pod sits out")
-    add("--max-body-bytes", type=int, default=4 * 1024 * 1024)
+    add("--max-body-bytes", type=int, default=4 * 1024 * 1024, help="larger bodies are answered 413")
+    add("--read-timeout", dest="read_timeout_s", type=float, default=READ_TIMEOUT_S,
+        help="seconds a request's head and body may take to arrive; then 408 and close")  # fmt: skip
     add(
         "--event-loop",
         choices=["auto", "asyncio", "uvloop"],
@@ -288,7 +291,12 @@ async def serve(config: RouterConfig) -> None:
 
         secrets = SecretPoller(config.namespace or "default", lambda: state.gateway.keys_secret, on_keys)
         secrets.start()
-    front = Front(app.handle, max_body_bytes=config.max_body_bytes, on_refused=app.count_refusal)
+    front = Front(
+        app.handle,
+        max_body_bytes=config.max_body_bytes,
+        on_refused=app.count_refusal,
+        read_timeout_s=config.read_timeout_s,
+    )
     await front.start(config.host, config.port)
     refresher = asyncio.create_task(refresh_models(state, flow))
     kv_watch = asyncio.create_task(

@@ -115,15 +115,26 @@ _WORD: Final = re.compile(r"\w+|[^\w\s]")
 _TEMPLATE_TOKENS_PER_MESSAGE: Final = 5
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _completion_prompt(prompt: Any) -> tuple[list[str], int]:
     """(text parts, token-id count) of a completions prompt; a batch counts as its longest member."""
     if isinstance(prompt, str):
         return [prompt], 0
     if isinstance(prompt, list) and prompt:
-        if all(isinstance(item, int) and not isinstance(item, bool) for item in prompt):
+        if all(_is_int(item) for item in prompt):
             return [], len(prompt)
-        if all(isinstance(item, (str, list)) for item in prompt):
-            members = [_completion_prompt(item) for item in prompt]
+        members: list[tuple[list[str], int]] = []
+        for item in prompt:  # a batch: strings or lists of token ids, never nested deeper
+            if isinstance(item, str):
+                members.append(([item], 0))
+            elif isinstance(item, list) and item and all(_is_int(i) for i in item):
+                members.append(([], len(item)))
+            else:
+                break
+        else:
             return max(members, key=lambda m: sum(len(t) for t in m[0]) + m[1])
     raise BadRequest("'prompt' must be a string, a list of strings or a list of token ids", param="prompt")
 

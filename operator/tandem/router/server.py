@@ -126,6 +126,9 @@ class RouterApp:
         except ValueError as error:
             self._reject(client, "invalid_json", 400, f"request body is not valid JSON: {error}")
             return
+        except RecursionError:  # "[[[[...": nesting deeper than the parser's recursion limit
+            self._reject(client, "invalid_json", 400, "request body is nested too deeply")
+            return
         try:
             facts = request_facts(endpoint, body)
             if facts.model is None:

@@ -7,13 +7,15 @@ body it never sends, a connection it drops).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 
-from tandem.router.front import ClientStream, Front, FrontRequest
+from tandem.router.front import MAX_HEAD_BYTES, ClientStream, Front, FrontRequest
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -41,7 +43,7 @@ class Served:
 
 
 @asynccontextmanager
-async def serve(handler: Handler, **options: float) -> AsyncIterator[Served]:
+async def serve(handler: Handler, **options: Any) -> AsyncIterator[Served]:
     """A Front on a free port, stopped on the way out even when the test body fails."""
     front = Front(handler, max_body_bytes=int(options.pop("max_body_bytes", 1024)), **options)
     port = await front.start("127.0.0.1", 0)
@@ -281,3 +283,74 @@ async def test_stop_lets_answers_in_progress_finish_and_refuses_new_connections(
     assert headers.get("connection") == "close"  # the client learns not to send another
     await asyncio.wait_for(stopping, 30)
     writer.close()
+
+
+async def test_a_trickled_head_is_cut_at_the_read_timeout_while_others_are_served() -> None:
+    """Slowloris: a byte of headers every second keeps the connection busy but does not extend
+    the read deadline (2 s here, from the request's first byte): 408 and close."""
+    refused: list[str] = []
+    async with serve(echo, read_timeout_s=2.0, on_refused=refused.append) as served:
+        slow_reader, slow = await served.connect()
+        slow.write(b"POST /slow HTTP/1.1\r\nHost: t\r\n")
+        started = asyncio.get_running_loop().time()
+        closed = asyncio.ensure_future(read_answer(slow_reader))
+        for _ in range(6):
+            if closed.done():
+                break
+            slow.write(b"X")  # one more byte of a header that never ends
+            with contextlib.suppress(ConnectionError):
+                await slow.drain()
+            reader, writer = await served.connect()  # another client is served meanwhile
+            writer.write(post("/fast", b"1", "Connection: close\r\n"))
+            assert (await read_answer(reader))[0] == 200
+            writer.close()
+            await asyncio.sleep(1)
+        status, headers, body = await asyncio.wait_for(closed, 5)
+        waited = asyncio.get_running_loop().time() - started
+        assert status == 408, body
+        assert json.loads(body)["error"]["type"] == "RequestTimeoutError"
+        assert headers.get("connection") == "close"
+        assert 1.5 <= waited < 5.0
+        assert await asyncio.wait_for(slow_reader.read(), 5) == b""
+        assert refused == ["read_timeout"]
+        slow.close()
+
+
+async def test_a_body_that_stops_short_is_cut_at_the_read_timeout() -> None:
+    async with serve(echo, read_timeout_s=1.0) as served:
+        reader, writer = await served.connect()
+        writer.write(post("/a", b"12345")[:-3])  # Content-Length 5, two bytes sent
+        status, _, _ = await asyncio.wait_for(read_answer(reader), 5)
+        assert status == 408
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+
+
+async def test_an_idle_keep_alive_connection_outlives_the_read_timeout() -> None:
+    """The read timeout is for a request arriving; between requests only the keep-alive counts."""
+    async with serve(echo, read_timeout_s=1.0, keepalive_s=10.0) as served:
+        reader, writer = await served.connect()
+        writer.write(post("/a", b"1"))
+        assert (await read_answer(reader))[0] == 200
+        await asyncio.sleep(2.5)
+        writer.write(post("/b", b"2"))
+        status, _, body = await read_answer(reader)
+        assert (status, json.loads(body)["path"]) == (200, "/b")
+        writer.close()
+
+
+async def test_a_head_over_the_limit_gets_431_and_the_connection_closes() -> None:
+    refused: list[str] = []
+    async with serve(echo, on_refused=refused.append) as served:
+        reader, writer = await served.connect()
+        start = b"POST /a HTTP/1.1\r\nHost: t\r\nX-Big: "
+        # One byte over the limit, and a header line that never ends. (Exactly one over: bytes
+        # still unread when the router closes would make the client's kernel see a reset.)
+        writer.write(start + b"a" * (MAX_HEAD_BYTES + 1 - len(start)))
+        await writer.drain()
+        status, headers, body = await read_answer(reader)
+        assert status == 431
+        assert json.loads(body)["error"]["code"] == 431
+        assert headers.get("connection") == "close"
+        assert refused == ["header_too_large"]
+        writer.close()

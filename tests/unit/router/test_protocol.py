@@ -79,6 +79,11 @@ def test_kv_transfer_params_of(answer: Any, params: Any) -> None:
         ("completions", {"model": "m", "prompt": "x", "max_tokens": -1}, "max_tokens"),
         ("chat", {"model": "m", "messages": []}, "messages"),
         ("chat", {"model": "m", "messages": ["hi"]}, "messages"),
+        # A batch is strings or token-id lists, one level deep: deeper nesting is refused, not recursed.
+        ("completions", {"model": "m", "prompt": [["a"]]}, "prompt"),
+        ("completions", {"model": "m", "prompt": [[[1, 2]]]}, "prompt"),
+        ("completions", {"model": "m", "prompt": [[]]}, "prompt"),
+        ("completions", {"model": "m", "prompt": ["a", 1]}, "prompt"),
     ],
 )
 def test_bad_requests_name_the_field(endpoint: Any, body: Any, param: str | None) -> None:
@@ -86,6 +91,11 @@ def test_bad_requests_name_the_field(endpoint: Any, body: Any, param: str | None
         request_facts(endpoint, body)
     assert raised.value.status == 400
     assert raised.value.param == param
+
+
+def test_a_batch_of_prompts_counts_as_its_longest_member() -> None:
+    facts = request_facts("completions", {"model": "m", "prompt": ["a b", [1, 2, 3, 4], "c"]})
+    assert (facts.prompt_token_ids, facts.prompt_texts) == (4, ())
 
 
 def test_facts_of_a_chat_request() -> None:
