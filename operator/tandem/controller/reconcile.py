@@ -446,8 +446,9 @@ class Reconciler:
     def _report_invalid(self, body: Obj, exc: ValidationError, now: str) -> None:
         """A spec the apiserver accepted but the models refuse (e.g. CRD older than the operator)."""
         md = body.get("metadata", {})
+        # Locations start at the object's top level (spec..., metadata...): the message names the field.
         errors = "; ".join(
-            f"spec.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()[:5]
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()[:5]
         )
         previous = _previous_status(body)
         conds = [c for c in (previous.conditions if previous else []) if c.type == "Stalled"]

@@ -1,0 +1,49 @@
+"""A stored spec the models refuse (an apiserver with an older, looser CRD) is reported, not acted on:
+status Stalled `InvalidSpec` naming the field once, no child touched, and no write on the next pass."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from .test_reconcile_autoscaling import NAME, NS, World, manifest
+
+
+def _stalled(world: World) -> dict[str, Any]:
+    return next(c for c in world.pdd["status"]["conditions"] if c["type"] == "Stalled")
+
+
+@pytest.mark.parametrize(
+    ("patch", "named"),
+    [
+        ({"kvTransfer": {"bandwidthGbps": 4000}}, "spec.kvTransfer.bandwidthGbps: "),
+        ({"router": {"replicas": 65}}, "spec.router.replicas: "),
+        ({"prefill": {"replicas": 1, "tensorParallelSize": 3}}, "spec.prefill.tensorParallelSize must be"),
+    ],
+)
+def test_invalid_spec_names_the_field_once_and_touches_no_child(patch: dict[str, Any], named: str) -> None:
+    doc = manifest()
+    doc["spec"].update(patch)
+    world = World(doc)
+    patch_status = world.kube.patch_status
+
+    def unconditional(kind: Any, namespace: str, name: str, status: Any, resource_version: Any = None) -> Any:
+        # the fake checks resourceVersion when it is given; this write sends none (a merge patch)
+        rv = world.kube.objects[("PDDeployment", namespace, name)]["metadata"]["resourceVersion"]
+        return patch_status(kind, namespace, name, status, resource_version or rv)
+
+    world.kube.patch_status = unconditional  # type: ignore[method-assign]
+    result = world.run()
+    assert result.applied == []
+    assert result.deleted == []
+    stalled = _stalled(world)
+    assert (stalled["status"], stalled["reason"]) == ("True", "InvalidSpec")
+    assert named in stalled["message"], stalled["message"]
+    assert "spec.spec." not in stalled["message"]
+    assert world.pdd["status"]["observedGeneration"] == 1
+    assert [k for k in world.kube.objects if k[0] != "PDDeployment"] == []
+    writes = len(world.kube.writes)
+    world.run(60.0)  # the same problem again: nothing written, no second Event
+    assert len(world.kube.writes) == writes
+    assert world.kube.objects[("PDDeployment", NS, NAME)]["status"]["conditions"]
