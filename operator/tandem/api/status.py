@@ -93,6 +93,12 @@ class KVTransportMeasurement(ApiModel):
         int,
         Field(ge=0, description="Judged readings in a row below spec.kvTransfer.degradedBelowPercent."),
     ] = 0
+    judged_at: Annotated[
+        float | None,
+        Field(
+            description="Unix time of the last reading that judged the bandwidth (held over unjudged ones)."
+        ),
+    ] = None
 
 
 class KVTransferStatus(ApiModel):

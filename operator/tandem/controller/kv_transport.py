@@ -11,8 +11,11 @@ the last `window_seconds(spec)` (`tandem.metrics.kv_transport`) and sets `KVTran
   `kvTransfer.degradedBelowPercent` of `kvTransfer.bandwidthGbps`: one slow window (a burst, a
   noisy neighbour, a scrape landing mid-transfer) never sets it;
 - False (BandwidthHealthy) on the first judged reading at or over the threshold;
-- Unknown when nothing can be judged (no Prometheus, failed queries, no NIXL metrics, too few large
-  transfers in the window); the count of readings below restarts.
+- Unknown when nothing can be judged (no Prometheus, failed queries, no NIXL metrics); the count of
+  readings below restarts. Too few large transfers in a window (light load) holds the last verdict,
+  True or False, for HOLD_INTERVALS intervals after the last judged reading (`judgedAt`), then goes
+  Unknown: at light load the condition (and its Events) would otherwise flap between a verdict and
+  Unknown every few windows.
 
 A reading below the threshold short of DEGRADED_READINGS keeps the status and says so
 (reason BandwidthBelowThresholdPending). The figures and the count live in
@@ -42,6 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEGRADED_READINGS = 3  # judged readings in a row below the threshold before the condition is set
+HOLD_INTERVALS = 10  # a verdict outlives readings with too few transfers for this many intervals
 
 
 def window_seconds(spec: PDDeploymentSpec) -> float:
@@ -90,6 +94,7 @@ def evaluate(
     ratio = reading.bandwidth_ratio
     below = ratio is not None and ratio < threshold
     count = (previous.readings_below if previous else 0) + 1 if below else 0
+    judged_at = reading.observed_at if ratio is not None else previous.judged_at if previous else None
     measured = KVTransportMeasurement(
         observed_at=reading.observed_at,
         window_seconds=round(reading.window_seconds),
@@ -100,6 +105,7 @@ def evaluate(
         link_gbps=round(reading.link_gbps, 3),
         bandwidth_percent=None if ratio is None else round(ratio * 100),
         readings_below=count,
+        judged_at=judged_at,
     )
     failures = (
         f"; {reading.failed_transfers:.0f} of {reading.transfers:.0f} transfers failed"
@@ -112,6 +118,14 @@ def evaluate(
             return measured, ("Unknown", "MetricsUnavailable", "; ".join(reading.missing)[:1000])
         if not reading.nixl_metrics:
             return measured, ("Unknown", "NoNIXLMetrics", "no engine pod exports vllm:nixl_* metrics")
+        held = (
+            prior is not None
+            and prior.status in ("True", "False")
+            and judged_at is not None
+            and 0 <= reading.observed_at - judged_at < HOLD_INTERVALS * spec.autoscaling.interval_seconds
+        )
+        if held and prior is not None:  # the verdict as it stands, message and all: no write, no Event
+            return measured, (prior.status, prior.reason, prior.message)
         text = f"not judged over the last {reading.window_seconds:.0f}s: {reading.not_judged}{failures}"
         return measured, ("Unknown", "NotEnoughTransfers", text)
     floor = reading.effective_gbps_floor

@@ -11,7 +11,7 @@ import pytest
 
 from tandem.api.models import PDDeployment, ServingMode
 from tandem.api.status import Condition, KVTransportMeasurement, PDDeploymentStatus
-from tandem.controller.kv_transport import DEGRADED_READINGS, KvTransportCheck, due, evaluate
+from tandem.controller.kv_transport import DEGRADED_READINGS, HOLD_INTERVALS, KvTransportCheck, due, evaluate
 from tandem.engine.metrics import NIXL_BYTES_BUCKETS, NIXL_XFER_BUCKETS
 from tandem.metrics.kv_transport import KvTransportReading
 
@@ -40,9 +40,11 @@ def pdd(**kv: Any) -> PDDeployment:
     )
 
 
-def reading(ratio: float | None, *, missing: tuple[str, ...] = (), nixl: bool = True) -> KvTransportReading:
+def reading(
+    ratio: float | None, *, missing: tuple[str, ...] = (), nixl: bool = True, at: float = T0
+) -> KvTransportReading:
     return KvTransportReading(
-        observed_at=T0,
+        observed_at=at,
         window_seconds=10,
         transfers=20 if ratio is not None else 0,
         failed_transfers=0,
@@ -60,13 +62,15 @@ def reading(ratio: float | None, *, missing: tuple[str, ...] = (), nixl: bool = 
 
 
 def run(ratios: Sequence[float | None], **kv: Any) -> list[tuple[str, str]]:
-    """(status, reason) after each reading, carrying measurement and condition along."""
+    """(status, reason) after each reading, one interval apart, carrying measurement and condition
+    along (None: a window with too few transfers to judge)."""
     spec = pdd(**kv).spec
     measured: KVTransportMeasurement | None = None
     prior: Condition | None = None
     out: list[tuple[str, str]] = []
-    for ratio in ratios:
-        measured, (status, reason, message) = evaluate(reading(ratio), spec, measured, prior)
+    for i, ratio in enumerate(ratios):
+        at = T0 + i * spec.autoscaling.interval_seconds
+        measured, (status, reason, message) = evaluate(reading(ratio, at=at), spec, measured, prior)
         prior = Condition(
             type="KVTransportDegraded",
             status=status,
@@ -136,6 +140,24 @@ UNKNOWN = ("Unknown", "NotEnoughTransfers")
             "stays degraded",
             [0.2] * 5,
             [*[("Unknown", "BandwidthBelowThresholdPending")] * 2, *[DEGRADED] * 3],
+        ),
+        # Light load: windows with too few transfers hold the verdict (no flapping, no Events) for
+        # HOLD_INTERVALS intervals after the last judged reading, then it is unknown.
+        ("healthy holds over light load", [1.0, None, None, 1.0, None], [HEALTHY] * 5),
+        (
+            "degraded holds over light load",
+            [0.1, 0.1, 0.1, None, None],
+            [*[("Unknown", "BandwidthBelowThresholdPending")] * 2, *[DEGRADED] * 3],
+        ),
+        (
+            "held for the hold, then unknown",
+            [1.0, *[None] * HOLD_INTERVALS],
+            [*[HEALTHY] * HOLD_INTERVALS, UNKNOWN],
+        ),
+        (
+            "a pending count is not a verdict to hold",
+            [0.1, None],
+            [("Unknown", "BandwidthBelowThresholdPending"), UNKNOWN],
         ),
     ],
 )
@@ -318,3 +340,20 @@ def test_an_idle_deployment_keeps_its_status_as_it_is() -> None:
     assert second.condition is not None
     assert second.condition[:2] == ("Unknown", "NotEnoughTransfers")
     assert second.events == []
+
+
+def test_failed_metrics_are_unknown_at_once_even_after_a_verdict() -> None:
+    spec = pdd().spec
+    measured, condition = evaluate(reading(1.0), spec, None, None)
+    prior = Condition(
+        type="KVTransportDegraded",
+        status=condition[0],
+        reason=condition[1],
+        message=condition[2],
+        last_transition_time="2027-01-15T08:00:00Z",
+    )
+    unreachable = ("kv_bytes: Prometheus at http://127.0.0.1:9 unreachable",)
+    _, held = evaluate(reading(None, at=T0 + 5), spec, measured, prior)
+    _, failed = evaluate(reading(None, missing=unreachable, at=T0 + 5), spec, measured, prior)
+    assert held == condition  # message and all: nothing to write
+    assert failed[:2] == ("Unknown", "MetricsUnavailable")
