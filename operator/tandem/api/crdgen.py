@@ -148,7 +148,8 @@ def crd() -> Schema:
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            # Declared so that the name rule's fieldPath resolves: its refusals name metadata.name.
+            "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
             "spec": spec_schema(),
             "status": _status_schema(),
         },
@@ -157,6 +158,7 @@ def crd() -> Schema:
                 "rule": rules.NAME_RULE.cel,
                 "message": rules.NAME_RULE.message,
                 "reason": rules.NAME_RULE.reason,
+                "fieldPath": rules.NAME_RULE.field_path,
             }
         ],
     }
