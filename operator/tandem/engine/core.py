@@ -376,6 +376,19 @@ class EngineCore:
             return f"Decode TP ({own_tp}) must be a multiple of prefill TP ({remote.tp_size})"
         return None
 
+    def release_held(self, remote_request_ids: list[str]) -> int:
+        """Frees the KV held for these requests now (a router's release for a request whose client
+        left before its decode leg); returns the blocks freed (0 for unknown ids)."""
+        freed = 0
+        for rid in remote_request_ids:
+            blocks = self.held.release(rid)
+            self.pool.free(blocks)
+            freed += len(blocks)
+        if freed:
+            self._refresh_gauges()
+            self._wake.set()
+        return freed
+
     async def _release_remote(self, remote: RemotePrefill) -> None:
         answer = await send_simple(
             remote.remote_host,

@@ -1,8 +1,9 @@
 """Prefill side of the NIXL protocol: KV blocks held for decode engines, with leases. Pure.
 
 A prefill that finished length-capped for a remote decode keeps its blocks here under its
-`remote_request_id`, until a decode engine reads them (freed on read completion), releases them,
-or the lease lapses (`kv_lease_duration`, else VLLM_NIXL_ABORT_REQUEST_TIMEOUT, else 30 s).
+`remote_request_id`, until a decode engine reads them (freed on read completion), releases them
+(a decode engine that aborted the request, or the router's release of an abandoned one), or the
+lease lapses (`kv_lease_duration`, else VLLM_NIXL_ABORT_REQUEST_TIMEOUT, else 30 s).
 Expired entries are what a real cluster would leak for that long; they are counted.
 """
 
@@ -20,6 +21,7 @@ class HeldKV:
     expires_at: float
     prompt_key: int | None = None  # identity of the prompt the KV was computed for
     reading: bool = False  # a decode engine is reading it right now
+    released: bool = False  # released while being read: freed when the read ends, however it ends
 
 
 class HeldKVError(LookupError):
@@ -85,14 +87,21 @@ class HeldKVTable:
         if entry is None:
             return []
         entry.reading = False
-        if not ok:
+        if not ok and not entry.released:
             return []
         del self._held[remote_request_id]
         return entry.blocks
 
     def release(self, remote_request_id: str) -> list[int]:
-        entry = self._held.pop(remote_request_id, None)
-        return entry.blocks if entry else []
+        """Blocks to free now; none while a read is under way (they go when it ends)."""
+        entry = self._held.get(remote_request_id)
+        if entry is None:
+            return []
+        if entry.reading:
+            entry.released = True
+            return []
+        del self._held[remote_request_id]
+        return entry.blocks
 
     def extend(self, remote_request_id: str, now: float) -> bool:
         """A heartbeat: push the expiry to at least now + 2/3 of the lease (vLLM >= 0.22)."""

@@ -89,6 +89,7 @@ class EngineServer:
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat_completions)
         r.add_get("/metrics", self.metrics)
+        r.add_post("/abort_requests", self.abort_requests)
         r.add_get("/debug/kv", self.debug_kv)
         r.add_get("/debug/state", self.debug_state)
         r.add_get("/admin/faults", self.get_faults)
@@ -183,6 +184,21 @@ class EngineServer:
     async def delete_faults(self, request: web.Request) -> web.Response:
         self.core.set_faults(Faults())
         return _json(self.core.faults.model_dump())
+
+    async def abort_requests(self, request: web.Request) -> web.Response:
+        """`{"request_ids": [...]}`: frees the KV held for those remote_request_ids (the router's
+        release of an abandoned request). The name is vLLM's (`--tokens-only`); freeing the KV of a
+        finished prefill this way is the sim's, real vLLM holds it until its lease lapses."""
+        if (denied := self._check_key(request)) is not None:
+            return denied
+        try:
+            body = await request.json()
+            ids = body.get("request_ids") if isinstance(body, dict) else None
+            if not isinstance(ids, list) or not all(isinstance(rid, str) for rid in ids):
+                raise ValueError("'request_ids' must be a list of strings")
+        except ValueError as exc:
+            return _error(str(exc), 400, "BadRequestError")
+        return _json({"released_blocks": self.core.release_held(ids)})
 
     def _check_key(self, request: web.Request) -> web.Response | None:
         key = self.config.args.api_key or os.environ.get("VLLM_API_KEY")

@@ -185,6 +185,7 @@ class Flow:
         self.budget = budget
         self.clock = clock
         self.metrics = state.metrics
+        self._releases: set[asyncio.Task[None]] = set()  # KV releases in flight (kept from the GC)
 
     async def serve(self, request: ClientRequest, responder: Responder) -> None:
         state = self.state
@@ -399,6 +400,44 @@ class Flow:
     async def _disaggregated(
         self, request: ClientRequest, responder: Responder, tally: _Tally, metrics: PathMetrics
     ) -> None:
+        held: list[tuple[str, str]] = []  # (prefill pod, remote_request_id): KV no decode leg took
+        try:
+            await self._pd_legs(request, responder, tally, metrics, held)
+        except BaseException:  # the client left (cancelled, ClientGone) or the router failed
+            if held and not responder.started:  # no decode leg got as far as reading the KV
+                self._release_kv(request, held)
+            raise
+
+    def _release_kv(self, request: ClientRequest, held: list[tuple[str, str]]) -> None:
+        """Asks prefill pods to free KV that no decode leg will read (an abandoned or failed
+        attempt) instead of holding it for the lease; best effort, in the background. Freeing KV
+        a decode pod already read or released is a no-op."""
+        for pod, remote_request_id in held:
+            task = asyncio.get_running_loop().create_task(
+                self._send_release(pod, remote_request_id, self._headers(request, remote_request_id))
+            )
+            self._releases.add(task)
+            task.add_done_callback(self._releases.discard)
+        held.clear()
+
+    async def _send_release(self, pod: str, remote_request_id: str, headers: dict[str, str]) -> None:
+        body = json.dumps({"request_ids": [remote_request_id]}).encode()
+        try:
+            answer = await self.upstream.post(pod + "/abort_requests", body, headers, timeout_s=2.0)
+        except Exception as error:  # the lease frees it anyway
+            log.debug("KV release on %s failed: %s", pod, error)
+            return
+        if answer.status != 200:
+            log.debug("KV release on %s answered %d", pod, answer.status)
+
+    async def _pd_legs(
+        self,
+        request: ClientRequest,
+        responder: Responder,
+        tally: _Tally,
+        metrics: PathMetrics,
+        held: list[tuple[str, str]],
+    ) -> None:
         tried_prefill: set[str] = set()
         tried_decode: set[str] = set()
         prefill_bytes = json.dumps(prefill_body(request.body)).encode()
@@ -429,8 +468,12 @@ class Flow:
                     continue
                 await self._give_up(responder, tally, outcome, action)
                 return
+            remote_request_id = outcome.get("remote_request_id") if outcome is not None else None
+            if isinstance(remote_request_id, str):
+                held.append((prefill_pod, remote_request_id))
             decode_pod = self._pick_decode(tried_decode, revision)
             if decode_pod is None:
+                self._release_kv(request, held)
                 self.metrics.child(self.metrics.rejected, "no_ready_pods").inc()
                 tally.status = 503
                 await responder.answer(503, error_body(503, "no ready decode pod"), "application/json")
@@ -444,7 +487,9 @@ class Flow:
             if failed is None:
                 return
             self._leg_failed("decode", decode_pod, failed)
-            # The pair's KV is dropped with the failed attempt; P frees it when its lease lapses.
+            # The pair's KV is dropped with the failed attempt: P is asked to free it now.
+            if not responder.started:
+                self._release_kv(request, held)
             action = on_decode_failure(failed.failure, responder.started, self._may_retry(attempt))
             if action is Action.REPREFILL:
                 self.metrics.child(self.metrics.retries, "decode", failed.failure.value).inc()

@@ -206,6 +206,7 @@ class FrontProtocol(asyncio.Protocol):
         # When the request being read began (its first byte parsed); None between requests.
         self._reading_since: float | None = None
         self._in_head = True  # reading a request line and headers (not a body)
+        self._lingering = False  # answered 413: dropping the rest of the body, then closing
         self._head_bytes = 0  # bytes received while still in a head (bounded by MAX_HEAD_BYTES)
         self._loop = asyncio.get_running_loop()
 
@@ -290,6 +291,8 @@ class FrontProtocol(asyncio.Protocol):
         self._reading_since = None
         self._in_head = True
         if self._refused:
+            if self._lingering:  # the refused body is over: the 413 is out, close
+                self._close_after_flush()
             return
         url = httptools.parse_url(self._url) if self._url.startswith(b"/") else None
         if url is None:
@@ -373,6 +376,9 @@ class FrontProtocol(asyncio.Protocol):
         reading = self._reading_since
         if reading is not None and self._task is None:  # the request it waits on is still arriving
             read_left = reading + self._settings.read_timeout_s - now
+            if read_left <= 0 and self._lingering:  # the 413 is out; stop waiting for its body
+                self._close_after_flush()
+                return
             if read_left <= 0:
                 self._on_refused("read_timeout")
                 self._fail(408, f"request not received within {self._settings.read_timeout_s:g} s")
@@ -388,10 +394,19 @@ class FrontProtocol(asyncio.Protocol):
         self._idle_timer = loop.call_later(left, self._idle_expired)
 
     def _refuse_body(self, message: str) -> None:
-        """Answers 413 now and closes: the body is not read (the client may still be sending)."""
+        """Answers 413 now, before the body is read, and closes once the body is over: the body
+        is read and dropped meanwhile (closing with it unread would make the client's kernel reset
+        the connection, and a client that sends its whole body before reading would see the reset,
+        not the 413). The read timeout bounds the wait."""
         self._refused = True
         self._on_refused("body_too_large")
-        self._fail(413, message)
+        expects = self._headers.get("expect", "").lower() == "100-continue"  # the body is not coming
+        if expects or self._task is not None or self.closed:  # (behind an answer: no answer fits)
+            self._fail(413, message)
+            return
+        ClientStream(self, False, {}).answer_nowait(413, error_body(413, message), "application/json")
+        self._queue.clear()
+        self._lingering = True
 
     def _fail(self, status: int, message: str) -> None:
         """Answers an unreadable request and closes (the stream is out of step)."""

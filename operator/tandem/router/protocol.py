@@ -216,5 +216,8 @@ def check_fits(facts: RequestFacts, max_model_len: int | None) -> None:
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "
             f"{prompt + requested} tokens ({prompt} in the prompt, {requested} in the completion). "
             "Please reduce the length of the prompt or completion.",
-            param="messages" if facts.endpoint == "chat" else "prompt",
+            # The field at fault: the prompt when it alone is too long, else the output asked for.
+            param=("messages" if facts.endpoint == "chat" else "prompt")
+            if prompt >= max_model_len
+            else "max_tokens",
         )

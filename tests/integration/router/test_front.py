@@ -354,3 +354,17 @@ async def test_a_head_over_the_limit_gets_431_and_the_connection_closes() -> Non
         assert headers.get("connection") == "close"
         assert refused == ["header_too_large"]
         writer.close()
+
+
+async def test_a_body_over_the_limit_sent_whole_still_gets_its_413() -> None:
+    """No 100-continue: the client sends it all before reading. The router answers 413 at once and
+    drops the body as it comes, closing after it: the client reads a 413, not a reset."""
+    async with serve(echo) as served:
+        reader, writer = await served.connect()
+        big = b"x" * 3_000_000
+        writer.write(post("/big", big))
+        await writer.drain()
+        status, headers, body = await read_answer(reader)
+        assert (status, headers.get("connection")) == (413, "close")
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()

@@ -64,3 +64,19 @@ def test_a_different_prompt_of_the_same_length_is_refused() -> None:
     with pytest.raises(HeldKVError, match="prompts differ"):
         table.begin_read("r1", [1], 5, prompt_key=222)
     table.begin_read("r1", [1], 5, prompt_key=111)
+
+
+@pytest.mark.parametrize("ok", [True, False])
+def test_a_release_during_a_read_frees_when_the_read_ends(ok: bool) -> None:
+    table = HeldKVTable(lease_seconds=30)
+    table.hold("r1", [1, 2], 5, now=0)
+    table.begin_read("r1", [1, 2], 5)
+    assert table.release("r1") == []  # the reader still uses them
+    assert table.num_blocks == 2
+    assert table.end_read("r1", ok=ok) == [1, 2]  # freed even by a failed read: nobody wants them
+    assert len(table) == 0
+
+
+def test_releasing_an_unknown_handle_frees_nothing() -> None:
+    table = HeldKVTable(lease_seconds=30)
+    assert table.release("nobody") == []
