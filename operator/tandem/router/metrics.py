@@ -20,6 +20,7 @@ models by the first `MAX_LABEL_VALUES` served names and then `other`.
 
 from __future__ import annotations
 
+import asyncio
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from itertools import pairwise
@@ -102,6 +103,15 @@ class LabelBound:
             self.seen.add(value)
             return value
         return OTHER
+
+
+def running_tasks() -> float:
+    """Tasks alive in the running event loop; nan when read outside one (the gauge is read by the
+    /metrics handler, on the router's loop)."""
+    try:
+        return float(len(asyncio.all_tasks()))
+    except RuntimeError:
+        return float("nan")
 
 
 class RouterMetrics:
@@ -220,6 +230,12 @@ class RouterMetrics:
             "tandem_router_retry_budget_available", "Retries the router-wide budget still allows.",
             registry=r,
         )  # fmt: skip
+        self.asyncio_tasks = Gauge(
+            "tandem_router_asyncio_tasks",
+            "Tasks alive in the router's event loop when scraped (a leak shows as growth over time).",
+            registry=r,
+        )  # fmt: skip
+        self.asyncio_tasks.set_function(running_tasks)
         # The checklist's split: per length bucket, path, tenant and model (bounded label values).
         self.ttft_by_length = Histogram(
             "tandem_router_ttft_by_input_length_seconds",
