@@ -190,8 +190,8 @@ def failure_reason(sample: Sample) -> str:
         return "timeout"
     if error == "stream ended without a token":
         return "no_token"
-    if not error.startswith(("ClientResponseError", "ValueError")) and error:
-        return "stream_error"  # the text of an {"error": ...} event in a 200 stream
+    if error.startswith("{"):
+        return "stream_error"  # an {"error": {...}} event in a 200 stream (the inner object's text)
     return "other"
 
 
