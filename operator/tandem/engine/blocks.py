@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sized
 
-class BlockPool:
+
+class PoolCounts:
+    """What every block pool reports: its size and its free blocks (`_free`, any sized collection)."""
+
+    num_blocks: int
+    _free: Sized
+
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
             raise ValueError("a block pool needs at least one block")
         self.num_blocks = num_blocks
-        # Popped from the end: low ids first, which keeps block ids in debug output readable.
-        self._free = list(range(num_blocks - 1, -1, -1))
 
     @property
     def num_free(self) -> int:
@@ -22,6 +27,15 @@ class BlockPool:
     @property
     def usage(self) -> float:
         return self.num_used / self.num_blocks
+
+
+class BlockPool(PoolCounts):
+    _free: list[int]
+
+    def __init__(self, num_blocks: int) -> None:
+        super().__init__(num_blocks)
+        # Popped from the end: low ids first, which keeps block ids in debug output readable.
+        self._free = list(range(num_blocks - 1, -1, -1))
 
     def allocate(self, count: int) -> list[int] | None:
         """`count` block ids, or None (and nothing taken) when not enough are free."""

@@ -22,6 +22,8 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from typing import Final
 
+from tandem.engine.blocks import PoolCounts
+
 __all__ = ["NONE_HASH", "CachingBlockPool", "block_hashes", "hash_block_tokens"]
 
 NONE_HASH: Final = int.from_bytes(hashlib.blake2b(b"tandem-sim-none-hash", digest_size=8).digest(), "little")
@@ -44,17 +46,17 @@ def block_hashes(tokens: Sequence[Hashable], block_size: int, parent: int = NONE
     return out
 
 
-class CachingBlockPool:
+class CachingBlockPool(PoolCounts):
     """The KV block pool with a prefix cache; the same interface as `blocks.BlockPool` plus the cache.
 
     `allocate` and `free` are reference-counted: a block shared by two requests (a prefix hit) is
     freed when both have freed it.
     """
 
+    _free: OrderedDict[int, None]
+
     def __init__(self, num_blocks: int) -> None:
-        if num_blocks < 1:
-            raise ValueError("a block pool needs at least one block")
-        self.num_blocks = num_blocks
+        super().__init__(num_blocks)
         self._ref = [0] * num_blocks
         self._hash_of: list[int | None] = [None] * num_blocks
         self._cached: dict[int, int] = {}  # block hash -> block id
@@ -62,19 +64,7 @@ class CachingBlockPool:
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         self.evictions = 0
 
-    # --- the BlockPool interface --------------------------------------------------------------
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
-
-    @property
-    def num_used(self) -> int:
-        return self.num_blocks - len(self._free)
-
-    @property
-    def usage(self) -> float:
-        return self.num_used / self.num_blocks
-
+    # --- the BlockPool interface (the counts are PoolCounts') -------------------------------
     def allocate(self, count: int) -> list[int] | None:
         """`count` fresh blocks from the head of the free queue (evicting their cached content), or
         None (and nothing taken) when not enough are free."""
