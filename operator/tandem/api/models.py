@@ -7,15 +7,56 @@ behaviour behind it in the renderer, the router or the operator. Cross-field rul
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from tandem.api import rules
 
 Quantity = Annotated[int | str, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
+
+
+# A label key (an optional DNS subdomain prefix and '/', then a name of at most 63 characters) and a
+# label value, as Kubernetes validates them on the pods tandem renders.
+LABEL_KEY_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+
+
+LABEL_MAP_MESSAGE = (
+    "keys must be label keys: an optional DNS subdomain prefix and '/', then a name of at most 63 "
+    "letters, digits, '-', '_' or '.', beginning and ending alphanumeric"
+)
+
+
+def _check_label_keys(labels: dict[str, str]) -> dict[str, str]:
+    if bad := [key for key in labels if re.match(LABEL_KEY_PATTERN, key) is None]:
+        raise ValueError(f"{LABEL_MAP_MESSAGE}: {', '.join(repr(k) for k in bad)}")
+    return labels
+
+
+LABEL_MAP_CEL = f"self.all(k, k.matches({rules._cel_string(LABEL_KEY_PATTERN)}))"
+# Node selectors and label selectors: Kubernetes validates them on the objects tandem renders, so
+# they are checked at admission (a stored spec always renders objects the apiserver takes): values by
+# the schema, keys by CEL (a structural schema cannot constrain map keys).
+LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
+Labels = Annotated[
+    dict[str, LabelValue],
+    Field(
+        max_length=16,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": LABEL_MAP_CEL, "message": LABEL_MAP_MESSAGE, "reason": "FieldValueInvalid"}
+            ]
+        },
+    ),
+    AfterValidator(_check_label_keys),
+]
 
 
 class ApiModel(BaseModel):
@@ -216,8 +257,8 @@ class RDMASpec(ApiModel):
     ] = "rdma/hca"
     per_pod: Annotated[int, Field(ge=1, le=16, description="RDMA devices requested per pod.")] = 1
     node_selector: Annotated[
-        dict[str, str],
-        Field(max_length=16, description="Node labels that mark RDMA-capable nodes."),
+        Labels,
+        Field(description="Node labels that mark RDMA-capable nodes."),
     ] = {"network.tandem.dev/rdma": "true"}
 
 
@@ -232,15 +273,14 @@ class NetworkPolicySpec(ApiModel):
         ),
     ] = False
     prometheus_namespace_selector: Annotated[
-        dict[str, str],
+        Labels,
         Field(
-            max_length=16,
             description="matchLabels of the namespaces Prometheus runs in (empty: any namespace).",
         ),
     ] = {}
     prometheus_pod_selector: Annotated[
-        dict[str, str],
-        Field(max_length=16, description="matchLabels of the Prometheus pods that scrape the engines."),
+        Labels,
+        Field(description="matchLabels of the Prometheus pods that scrape the engines."),
     ] = {"app.kubernetes.io/name": "prometheus"}
 
 
@@ -257,12 +297,56 @@ class NetworkSpec(ApiModel):
     ] = "network.tandem.dev/fabric"
 
 
+# Kubernetes' own rules for a toleration (the pods' apiserver validation), checked at admission so
+# that a spec the apiserver stores never renders a StatefulSet it refuses: (CEL on the toleration,
+# message, fieldPath, the same in Python over the toleration's camelCase dict).
+TOLERATION_RULES: tuple[tuple[str, str, str, Any], ...] = (
+    (
+        "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+        "value must be empty when operator is Exists",
+        ".value",
+        lambda t: t.get("operator") != "Exists" or not t.get("value"),
+    ),
+    (
+        "(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
+        "operator must be Exists when key is empty (a toleration of every taint)",
+        ".operator",
+        lambda t: bool(t.get("key")) or t.get("operator") == "Exists",
+    ),
+    (
+        "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+        "tolerationSeconds needs effect NoExecute",
+        ".tolerationSeconds",
+        lambda t: t.get("tolerationSeconds") is None or t.get("effect") == "NoExecute",
+    ),
+)
+
+
 class Toleration(ApiModel):
-    key: str | None = None
+    """A Kubernetes toleration of the pool's pods, with Kubernetes' own rules checked at admission."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": cel, "message": message, "fieldPath": path, "reason": "FieldValueInvalid"}
+                for cel, message, path, _ in TOLERATION_RULES
+            ]
+        }
+    )
+
+    key: Annotated[str | None, Field(max_length=317, pattern=LABEL_KEY_PATTERN)] = None
     operator: Literal["Exists", "Equal"] | None = None
-    value: str | None = None
+    value: Annotated[str | None, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)] = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     toleration_seconds: int | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> Toleration:
+        fields = self.model_dump(by_alias=True, exclude_none=True)
+        violations = [message for _, message, _, check in TOLERATION_RULES if not check(fields)]
+        if violations:
+            raise ValueError("; ".join(violations))
+        return self
 
 
 class Resources(ApiModel):
@@ -312,7 +396,7 @@ class PoolSpec(ApiModel):
         Field(max_length=64, description="Arguments appended to this pool's engine command line."),
     ] = []
     resources: Resources = Resources()
-    node_selector: Annotated[dict[str, str], Field(max_length=16)] = {}
+    node_selector: Labels = {}
     tolerations: Annotated[list[Toleration], Field(max_length=32)] = []
     autoscaling: Annotated[
         PoolAutoscaling | None,
@@ -520,8 +604,8 @@ class RouterSpec(ApiModel):
         requests={"cpu": "500m", "memory": "256Mi"}, limits={"cpu": "2", "memory": "1Gi"}
     )
     node_selector: Annotated[
-        dict[str, str],
-        Field(max_length=16, description="Node labels router pods require (they prefer nodes without GPUs)."),
+        Labels,
+        Field(description="Node labels router pods require (they prefer nodes without GPUs)."),
     ] = {}
     tolerations: Annotated[list[Toleration], Field(max_length=32)] = []
     auth: RouterAuthSpec = RouterAuthSpec()
