@@ -366,5 +366,6 @@ async def test_a_body_over_the_limit_sent_whole_still_gets_its_413() -> None:
         await writer.drain()
         status, headers, body = await read_answer(reader)
         assert (status, headers.get("connection")) == (413, "close")
+        assert json.loads(body)["error"]["type"] == "RequestTooLargeError"
         assert await asyncio.wait_for(reader.read(), 5) == b""
         writer.close()
