@@ -55,6 +55,33 @@ def is_tandem_pod(pod: dict[str, Any]) -> bool:
     return bool(command) and command[0] == "tandem"
 
 
+def register_logs(custom: Any, namespace: str, name: str, body: dict[str, Any], attempts: int = 3) -> None:
+    """Creates or replaces the KWOK `Logs` object `name` (`custom`: a CustomObjectsApi). Best effort:
+    it only serves `kubectl logs`, so a failure is logged, never raised. A StatefulSet's pod comes
+    back under the same name while the old pod's Logs object may still exist (409 on create) and
+    then vanish, garbage-collected with the old pod, before the replace (404): create again. (A soak
+    found it: the exception ended the pod's worker and the new pod stayed ContainerCreating.)"""
+    group, version = "kwok.x-k8s.io", "v1alpha1"
+    for _ in range(attempts):
+        try:
+            custom.create_namespaced_custom_object(group, version, namespace, "logs", body)
+            return
+        except ApiException as e:
+            if e.status == 404:  # the cluster has no Logs CRD; `kubectl logs` won't work
+                return
+            if e.status != 409:
+                log.warning("could not register logs of %s/%s: %s", namespace, name, e.reason)
+                return
+        try:
+            custom.replace_namespaced_custom_object(group, version, namespace, "logs", name, body)
+            return
+        except ApiException as e:
+            if e.status != 404:
+                log.warning("could not register logs of %s/%s: %s", namespace, name, e.reason)
+                return
+    log.warning("could not register logs of %s/%s: the old Logs object kept coming back", namespace, name)
+
+
 def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -389,16 +416,7 @@ class PodWorker(threading.Thread):
                 ]
             },
         }
-        custom = client.CustomObjectsApi(self.runner.api)
-        try:
-            custom.create_namespaced_custom_object("kwok.x-k8s.io", "v1alpha1", self.namespace, "logs", body)
-        except ApiException as e:
-            if e.status == 409:
-                custom.replace_namespaced_custom_object(
-                    "kwok.x-k8s.io", "v1alpha1", self.namespace, "logs", self.pod_name, body
-                )
-            elif e.status != 404:  # 404: the cluster has no Logs CRD; `kubectl logs` won't work
-                log.warning("could not register logs of %s/%s: %s", self.namespace, self.pod_name, e.reason)
+        register_logs(client.CustomObjectsApi(self.runner.api), self.namespace, self.pod_name, body)
 
     def _delete_pod(self) -> None:
         body = client.V1DeleteOptions(
