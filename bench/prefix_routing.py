@@ -4,7 +4,9 @@ One run prints a table per scenario, each routing policy of the prompt's pod aga
 - **prefix-aware**: `tandem.router.prefix.choose_prefill`, the router's own code, with a `PrefixIndex`
   learnt from its own choices (capacity: the pod's KV cache in 16-token keys), keys one per 16 tokens
   (the router's 64-character chunks are about that);
-- **load-only**: the least-loaded pod (outstanding requests + prompt tokens / 512);
+- **load-only**: power of two choices on outstanding requests + prompt tokens / 512, as the router's
+  `LeastLoaded` policy does (a strict least-loaded choice, `routing="least-loaded"`, keeps more of a
+  conversation on one pod: 61.8% hits against 54.8% on the live bench's sessions);
 - **round-robin**;
 - **oracle**: the pod whose simulated cache holds the longest prefix of the prompt, load ignored (ties,
   among them "no prefix anywhere", to the least loaded, then the first pod), the issue's reference;
@@ -72,7 +74,7 @@ MOONCAKE = ROOT / "traces" / "mooncake-fast25" / "conversation_trace.jsonl.gz"
 AZURE_CONV = ROOT / "traces" / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv"
 POLICIES: tuple[tuple[str, Routing], ...] = (
     ("prefix-aware", "prefix"),
-    ("load-only", "least-loaded"),
+    ("load-only", "power-of-two"),
     ("round-robin", "round-robin"),
     ("oracle", "oracle"),
     ("oracle, bounded", "oracle-bounded"),

@@ -89,7 +89,7 @@ ARMS: tuple[tuple[str, str], ...] = (
     ("load-only", "LeastLoaded"),
     ("round-robin", "RoundRobin"),
 )
-SIM_ROUTING = {"prefix-aware": "prefix", "load-only": "least-loaded", "round-robin": "round-robin"}
+SIM_ROUTING = {"prefix-aware": "prefix", "load-only": "power-of-two", "round-robin": "round-robin"}
 SESSION_RATE = 3.0
 SESSIONS = SessionParams(turns=4, think_seconds=5.0, system_prompt_tokens=2000, system_prompts=8, seed=0)
 MOONCAKE = ROOT / "traces" / "mooncake-fast25" / "conversation_trace.jsonl.gz"

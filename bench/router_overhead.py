@@ -19,10 +19,15 @@ figure, robust to other load on the machine).
 
 The `router` arm runs the load-only choice (`--no-prefix-aware`). `--prefix` adds a second router
 with the prefix-aware choice (the default) as arm `prefix`, gives both routers two prefill engines,
-and sends a ~6 KB chat prompt (a shared system prompt and a document: ~90 chunks of 64 characters,
-every one a hit after the first request, the most index work a prompt of that size can cost); it
-prints the prefix router's added latency and its throughput and req/cpu-s against the load-only
-router of the same run.
+and sends ~7 KB chat prompts (a shared system prompt and a document: ~108 chunks of 64 characters,
+every one a hit after a stream's first request, the most index work a prompt of that size can
+cost); stream i sends document i % `--prefix-documents` (default 256: each stream its own
+conversation, resent; 1: every stream the same prompt, one hot prefix). It prints the prefix
+router's added latency and its throughput and req/cpu-s against the load-only router of the same
+run, and beside it the same figures for `control`, a second load-only router: the difference two
+identical arms show on this machine in this run (noise, the arms' order), against which the
+prefix arm's difference is read. The arms take turns in rounds, each round starting one arm
+later: use a multiple of the arm count for `--rounds` (5 with `--prefix`).
 
 The router always records the length-bucketed, per-tenant metrics (docs/observability.md);
 `--admission` also runs its admission control with limits no request reaches.
@@ -253,7 +258,7 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 async def drive(
-    make: Callable[[], Connection | ClientTwoPhase],
+    make: Callable[[int], Connection | ClientTwoPhase],
     concurrency: int,
     seconds: float,
     pid: int | None,
@@ -266,7 +271,7 @@ async def drive(
     `stagger_s` spreads the closed loop's first requests over that time, so that paced streams do
     not run in lockstep (all arriving, and all sending a token, in the same instant).
     """
-    connections = [make() for _ in range(concurrency)]
+    connections = [make(i) for i in range(concurrency)]
     await asyncio.gather(*(connection.call() for connection in connections))  # open and warm each
     latencies: list[float] = []
     ttfts: list[float] = []
@@ -327,7 +332,7 @@ async def run(args: argparse.Namespace) -> None:
     ports = {"prefill": free_port(), "decode": free_port(), "router": free_port()}
     engines = ["prefill", "decode"]
     if args.prefix:
-        ports |= {"prefill2": free_port(), "prefix": free_port()}
+        ports |= {"prefill2": free_port(), "prefix": free_port(), "control": free_port()}
         engines.append("prefill2")
     processes = [start_engine(args.engine, ports[name], args, args.engine_core) for name in engines]
     try:
@@ -338,11 +343,13 @@ async def run(args: argparse.Namespace) -> None:
         router = start_router(prefills, decode_url, ports["router"], args, ["--no-prefix-aware"])
         processes.append(router)
         await wait_ready(ports["router"], "/health")
-        prefix_router = None
+        prefix_router = control_router = None
         if args.prefix:
             prefix_router = start_router(prefills, decode_url, ports["prefix"], args, [])
-            processes.append(prefix_router)
+            control_router = start_router(prefills, decode_url, ports["control"], args, ["--no-prefix-aware"])
+            processes += [prefix_router, control_router]
             await wait_ready(ports["prefix"], "/health")
+            await wait_ready(ports["control"], "/health")
         await asyncio.sleep(1.5)  # the router learns the model list
         body: dict[str, object] = {
             "model": MODEL,
@@ -357,9 +364,17 @@ async def run(args: argparse.Namespace) -> None:
                 {"role": "user", "content": "Summarise this document: " + PREFIX_DOCUMENT},
             ]}  # fmt: skip
         body["max_tokens"] = args.tokens
-        request = post(path, body)
         if args.prefix:
             print(prefix_choice_cost(body), flush=True)
+        # Every arm's streams take the same bodies in the same order: with `--prefix`, stream i
+        # sends document i % --prefix-documents (its own conversation, resent), else one body.
+        bodies = [body] if not args.prefix else [
+            {**body, "messages": [
+                {"role": "system", "content": PREFIX_SYSTEM},
+                {"role": "user", "content": f"Summarise document {doc}: " + PREFIX_DOCUMENT},
+            ]} for doc in range(args.prefix_documents)
+        ]  # fmt: skip
+        requests = [post(path, each) for each in bodies]
         load = f"open loop {args.rate:g} req/s" if args.rate else "closed loop"
         print(
             f"engine={args.engine} itl_ms={args.itl_ms:g} tokens/answer={args.tokens} "
@@ -374,20 +389,31 @@ async def run(args: argparse.Namespace) -> None:
             f"{'e2e p50':>7} {'p99':>6} {'tput':>5} | router {'req/cpu-s':>9} {'cpu%':>5}"
         )
         pd_ports = (ports["prefill"], ports["decode"])
-        arms: list[tuple[str, Callable[[], Connection | ClientTwoPhase], int | None]] = [
-            ("direct", lambda: Connection(ports["decode"], request), None),
-            ("pd-client", lambda: ClientTwoPhase(*pd_ports, body, path), None),
-            ("router", lambda: Connection(ports["router"], request), router.pid),
+
+        def to(port: int) -> Callable[[int], Connection]:
+            return lambda i: Connection(port, requests[i % len(requests)])
+
+        arms: list[tuple[str, Callable[[int], Connection | ClientTwoPhase], int | None]] = [
+            ("direct", to(ports["decode"]), None),
+            ("pd-client", lambda i: ClientTwoPhase(*pd_ports, bodies[i % len(bodies)], path), None),
+            ("router", to(ports["router"]), router.pid),
         ]
-        if prefix_router is not None:
-            arms.append(("prefix", lambda: Connection(ports["prefix"], request), prefix_router.pid))
+        if prefix_router is not None and control_router is not None:
+            # `control`: a second load-only router, the same as `router`: its difference from
+            # `router` is what this machine's noise alone makes of two identical arms.
+            arms.append(("prefix", to(ports["prefix"]), prefix_router.pid))
+            arms.append(("control", to(ports["control"]), control_router.pid))
         stagger = args.tokens * args.itl_ms / 1000
         for concurrency in args.concurrency:
             # The arms take turns in short rounds, so a burst of noise on this shared machine lands
             # on all of them rather than on whichever happened to be running.
+            # Each round starts one arm later, so no arm always runs in the same place: in a fixed
+            # order the prefix arm, run last, trailed the load-only router by 3-12 ms at p50 and led
+            # it by 8 ms when run before it (a loaded machine: the order is part of the figure).
             results: dict[str, Result] = {}
-            for _ in range(args.rounds):
-                for name, make, pid in arms:
+            for turn in range(args.rounds):
+                shift = turn % len(arms)
+                for name, make, pid in arms[shift:] + arms[:shift]:
                     part = await drive(make, concurrency, args.seconds / args.rounds, pid, args.rate, stagger)
                     results[name] = results[name].merged(part) if name in results else part
             for name, _, _ in arms:
@@ -413,7 +439,8 @@ async def run(args: argparse.Namespace) -> None:
                     line += f"{100 * router_result.cpu_s / router_result.seconds:5.0f}"
                 print(line, flush=True)
             if "prefix" in results:
-                print(prefix_vs_load(concurrency, results["prefix"], router_result), flush=True)
+                print(vs_load_only("prefix", concurrency, results["prefix"], router_result), flush=True)
+                print(vs_load_only("control", concurrency, results["control"], router_result), flush=True)
     finally:
         for process in processes:
             process.terminate()
@@ -449,10 +476,10 @@ def prefix_choice_cost(body: dict[str, object], pods: int = 2, number: int = 200
     return f"prefix choice in-process: {total:.1f} us/request ({len(keys)} chunks, {pods} pods: {detail})"
 
 
-def prefix_vs_load(concurrency: int, prefix: Result, load: Result) -> str:
-    """The prefix-aware router's added TTFT/e2e (ms) and its throughput and req/cpu-s as ratios of
-    the load-only router's, in the same run."""
-    line = f"{concurrency:>7} {'prefix vs load-only router':>28}" + " " * 34
+def vs_load_only(name: str, concurrency: int, prefix: Result, load: Result) -> str:
+    """An arm's added TTFT/e2e (ms) and its throughput and req/cpu-s as ratios of the load-only
+    router's, in the same run."""
+    line = f"{concurrency:>7} {name + ' vs load-only router':>28}" + " " * 34
     line += f"{ms(prefix.quantile(0.5, True) - load.quantile(0.5, True))} "
     line += f"{ms(prefix.quantile(0.99, True) - load.quantile(0.99, True), 6)} "
     line += f"{ms(prefix.quantile(0.5) - load.quantile(0.5), 7)} "
@@ -492,6 +519,12 @@ def main() -> None:
         "--prefix",
         action="store_true",
         help="add a prefix-aware router (arm `prefix`) beside the load-only one",
+    )
+    parser.add_argument(
+        "--prefix-documents",
+        type=int,
+        default=256,
+        help="with --prefix: stream i sends document i %% N (1: every stream the same prompt)",
     )
     parser.add_argument("--router-core", type=int, default=0)
     parser.add_argument("--engine-core", type=int, default=1)
