@@ -7,8 +7,9 @@ IP (127.0.0.0/8; the dev cluster has no Service proxy, so "the Service" is the t
 addresses). After every fault, with the load paused, every request sent is accounted for (it came
 back ok or with a failure, none hangs, none vanishes), the failures are only those the router's
 rules give a client (docs/router.md: a stream cut when its decode pod dies after the first byte;
-for a router that dies, the requests it was serving), the worker is back Ready, and every engine
-pod holds no KV (`tandem:kv_held_blocks` 0).
+for a router that dies, the requests it was serving), the worker is back Ready, every engine pod
+holds no KV (`tandem:kv_held_blocks` 0), and each role has exactly its two pods (none left over,
+each owned by its StatefulSet or ReplicaSet).
 
 Compressed settings: sim engines at time scale 1 with a 1 s model load and a 10 s KV lease
 (VLLM_NIXL_ABORT_REQUEST_TIMEOUT; vLLM's is 30 s or 480 s); load 6 requests/s per router pod of
@@ -145,6 +146,22 @@ class Stack:
         for load in self.loads.values():
             load.set(LOAD)
 
+    def pods_as_desired(self, what: str) -> None:
+        """Exactly two pods of each role, all Ready, none left over (terminating or orphaned: each
+        owned by its StatefulSet or the router's ReplicaSet)."""
+
+        def exact() -> bool:
+            for role in ("prefill", "decode", "router"):
+                pods = self.pods(role)
+                if len(pods) != 2 or len(self.ready(role)) != 2:
+                    return False
+                for pod in pods:
+                    owners = [o["kind"] for o in pod["metadata"].get("ownerReferences") or []]
+                    assert owners == ["ReplicaSet" if role == "router" else "StatefulSet"], owners
+            return True
+
+        eventually(exact, timeout=60, what=f"{what}: two Ready pods of each role and no other")
+
     def no_kv_held(self, what: str, timeout: float = 30) -> float:
         started = time.monotonic()
         eventually(
@@ -258,6 +275,7 @@ def test_decode_worker_killed_mid_stream(stack: Stack) -> None:
     assert after, "no request sent after the kill"
     assert all(s.ok for s in after), [s.error for s in after if not s.ok]
     held_s = stack.no_kv_held("after the decode kill")
+    stack.pods_as_desired("after the decode kill")
     stack.figures["decode killed"] = {
         "requests": len(samples),
         "running on it": running,
@@ -281,6 +299,7 @@ def test_prefill_worker_killed_mid_prefill(stack: Stack) -> None:
     assert samples
     assert all(s.ok for s in samples), [s.error for s in samples if not s.ok]
     held_s = stack.no_kv_held("after the prefill kill")
+    stack.pods_as_desired("after the prefill kill")
     stack.figures["prefill killed"] = {
         "requests": len(samples),
         "running on it": running,
@@ -328,6 +347,7 @@ def test_router_pod_deleted_with_no_grace(stack: Stack) -> None:
     assert not late, [s.error for s in late]
     stack.loads.pop(victim).stop(timeout=30)
     held_s = stack.no_kv_held("after the router kill", timeout=LEASE_S + 30)
+    stack.pods_as_desired("after the router kill")
     load = stack.start_load(new_ip)
     eventually(lambda: len(load.tally.samples) >= 10, timeout=60, what="ten requests through the new router")
     fresh = stack.pause()[new_ip]
