@@ -912,6 +912,9 @@ def main() -> None:
     )
     parser.add_argument("--warmup", type=float, default=60.0)
     parser.add_argument(
+        "--recover-timeout", type=float, default=180.0, help="seconds for the stack to be whole"
+    )
+    parser.add_argument(
         "--json-out", type=Path, help="also write the readings, faults and checks here (JSON)"
     )
     a = parser.parse_args()
@@ -926,6 +929,7 @@ def main() -> None:
         max_rss_mb=a.max_rss_mb,
         max_rss_slope=a.max_rss_slope if a.minutes >= 10 else None,
         warmup=a.warmup,
+        recover_timeout=a.recover_timeout,
     )
     if kubeconfig := os.environ.get("TANDEM_KUBECONFIG"):
         sys.exit(run(ClusterHandle.from_kubeconfig(Path(kubeconfig)), s, a.json_out))
