@@ -11,6 +11,7 @@ for a router that dies, the requests it was serving), the worker is back Ready, 
 holds no KV (`tandem:kv_held_blocks` 0), and each role has exactly its two pods (none left over,
 each owned by its StatefulSet or ReplicaSet).
 
+The operator runs as a local process watching the module's namespace (resync 10 s).
 Compressed settings: sim engines at time scale 1 with a 1 s model load and a 10 s KV lease
 (VLLM_NIXL_ABORT_REQUEST_TIMEOUT; vLLM's is 30 s or 480 s); load 6 requests/s per router pod of
 64-token prompts and 48 output tokens (streams of about a second, so a kill finds some mid-way),
@@ -27,6 +28,7 @@ import signal
 import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +40,7 @@ from tandem.api import meta
 from tandem.demo.load import BackgroundLoad, Phase
 from tandem.demo.stats import Sample
 from tandem.devcluster.handle import ClusterHandle
-from tandem.devcluster.testing import RestartableOperator, eventually, metric_total
+from tandem.devcluster.testing import OperatorProcess, eventually, metric_total, scratch_namespace
 
 
 def _load(name: str, path: Path) -> Any:
@@ -201,11 +203,26 @@ def restarts(pod: dict[str, Any]) -> int:
 
 
 @pytest.fixture(scope="module")
-def stack(
-    cluster: ClusterHandle, chaos_operator: RestartableOperator, chaos_namespace: str
-) -> Iterator[Stack]:
-    holder = Stack(cluster, chaos_namespace)
-    cluster.kubectl("apply", "-n", chaos_namespace, "-f", "-", input=json.dumps(manifest()))
+def data_namespace(
+    cluster: ClusterHandle, crd: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """The module's namespace, with `tandem operator` (a local process) watching it alone. (Its
+    own fixtures: nothing here depends on another chaos module's conftest.)"""
+    with scratch_namespace(cluster, f"chaos-data-{uuid.uuid4().hex[:6]}") as name:
+        log = tmp_path_factory.mktemp("data-faults") / "operator.log"
+        args = ["--namespace", name, "--resync-seconds", "10", "--lease-namespace", name]
+        operator = OperatorProcess(cluster, [*args, "--lease-name", "tandem-data-faults"], log)
+        try:
+            operator.wait_leader(timeout=90)
+            yield name
+        finally:
+            operator.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(cluster: ClusterHandle, data_namespace: str) -> Iterator[Stack]:
+    holder = Stack(cluster, data_namespace)
+    cluster.kubectl("apply", "-n", data_namespace, "-f", "-", input=json.dumps(manifest()))
     eventually(
         lambda: all(len(holder.ready(role)) == 2 for role in ("prefill", "decode", "router")),
         timeout=240,
@@ -219,7 +236,7 @@ def stack(
         for load in holder.loads.values():
             load.stop(timeout=90)
         print(f"\ndata-plane chaos figures: {json.dumps(holder.figures, indent=1)}")
-        cluster.kubectl("delete", "pdd", "--all", "-n", chaos_namespace, "--wait=false", check=False)
+        cluster.kubectl("delete", "pdd", "--all", "-n", data_namespace, "--wait=false", check=False)
 
 
 def _since(samples: dict[str, list[Sample]], since: float) -> list[Sample]:
