@@ -4,6 +4,7 @@ processes that restart. The soak itself runs in tests/integration/chaos/test_soa
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import sys
@@ -117,3 +118,73 @@ def test_rss_points_leave_out_each_processes_warmup_and_the_first_half() -> None
         (10, 120.0),
         (11, 160.0),
     ]
+
+
+class NoError:
+    error: BaseException | None = None
+
+
+def result_of(**changes: object) -> object:
+    """A clean 30-minute result (every check passes), with `changes` applied."""
+    start = 1000.0
+    flat = [
+        soak.Reading(start + t, 0, 0, {}, 0, 7, 72.0, 60.0, {"soak-router-a": (8, 79.0, 4.0)}, {})
+        for t in range(0, 1800, 30)
+    ]
+    base = {
+        "settings": soak.Settings(minutes=30),
+        "started_at": start,
+        "readings": flat,
+        "faults": [soak.Fault("decode", "soak-decode-0", start + 60, start + 66)],
+        "finished": [finished("ok", start + 10), finished("stream_error", start + 62)],
+        "sent": 2,
+        "baseline_tasks": {"operator": 60.0, "router/soak-router-a": 4.0},
+        "quiet_tasks": {"operator": 62.0, "router/soak-router-b": 4.0},
+        "quiet_after_s": 1.0,
+        "checks": [],
+    }
+    return soak.Result(**(base | changes))
+
+
+def failing(result: object, quiet: bool = True) -> list[str]:
+    return [c.name for c in soak.checks(result, NoError(), {"quiet": quiet, "detail": ""}) if not c.ok]
+
+
+def test_a_clean_run_passes_every_check() -> None:
+    assert failing(result_of()) == []
+
+
+@pytest.mark.parametrize(
+    ("changes", "quiet", "failed"),
+    [
+        ({"sent": 3}, True, "every request accounted for"),  # one still in flight
+        (
+            {
+                "faults": [soak.Fault("decode", "soak-decode-0", 1060.0, math.nan)],
+                "finished": [finished("ok", 1010.0)],
+                "sent": 1,
+            },
+            True,
+            "whole again",
+        ),
+        ({"finished": [finished("timeout", 1062.0)], "sent": 1}, True, "failures only"),
+        ({}, False, "zero KV held"),
+        ({"quiet_tasks": {"operator": 64.0, "router/soak-router-b": 4.0}}, True, "task counts"),
+    ],
+)
+def test_each_check_fails_on_its_own_fault(changes: dict[str, object], quiet: bool, failed: str) -> None:
+    names = failing(result_of(**changes), quiet)
+    assert len(names) == 1, names
+    assert failed in names[0]
+
+
+def test_rss_growing_within_each_process_fails_the_slope_check() -> None:
+    # The operator restarted every 4 minutes, each process growing 1 MB a minute (60 MB/hour).
+    readings = [
+        soak.Reading(1000.0 + t, 0, 0, {}, 0, 100 + t // 240, 72.0 + (t % 240) / 60, 60.0, {}, {})
+        for t in range(0, 1800, 30)
+    ]
+    routers = result_of().readings  # type: ignore[attr-defined]
+    mixed = [dataclasses.replace(r, routers=flat.routers) for r, flat in zip(readings, routers, strict=True)]
+    names = failing(result_of(readings=mixed))
+    assert names == ["RSS slope over the second half under 30 MB/hour"]
