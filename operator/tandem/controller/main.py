@@ -59,7 +59,9 @@ class Runtime:
         self.failures: dict[Key, int] = {}
         self.health = metrics.Health(max_silence=max(120.0, args.resync_seconds * 2))
         identity = args.identity or f"{socket.gethostname()}-{os.getpid()}"
-        self.elector = LeaderElector(self.kube, args.lease_namespace, args.lease_name, identity)
+        self.elector = LeaderElector(
+            self.kube, args.lease_namespace, args.lease_name, identity, duration=args.lease_duration_seconds
+        )
         self._writes_seen: dict[tuple[str, str], int] = {}
         self._requests_seen: dict[tuple[str, str], int] = {}
 
@@ -213,6 +215,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--resync-seconds", type=float, default=300.0, help="periodic full resync")
     parser.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "default"))
     parser.add_argument("--lease-name", default="tandem-operator")
+    parser.add_argument(
+        "--lease-duration-seconds",
+        type=float,
+        default=30.0,
+        help="how long a lease lasts without renewal (the leader renews every third of it)",
+    )
     parser.add_argument("--identity", default=os.environ.get("POD_NAME", ""), help="leader election identity")
     parser.add_argument("--workers", type=int, default=16, help="PDDeployments reconciled in parallel")
     parser.add_argument(

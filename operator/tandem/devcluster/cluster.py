@@ -64,6 +64,7 @@ class State:
     prometheus_port: int
     kwok_port: int
     started_at: float
+    etcd_peer_port: int = 0
     pids: dict[str, int] = field(default_factory=dict)
     startup_seconds: float = 0.0
     pod_octet: int = POD_OCTETS[0]
@@ -277,7 +278,7 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0, owner_pid: int = 0, pod_runn
         started_at=time.time(),
         owner_pid=owner_pid,
     )
-    etcd_peer = procs.free_port()
+    state.etcd_peer_port = procs.free_port()
     # Held until etcd runs with this cluster's marker and state.json names the octet.
     lock = OCTET_LOCK.open("a")
     fcntl.flock(lock, fcntl.LOCK_EX)
@@ -304,57 +305,11 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0, owner_pid: int = 0, pod_runn
     try:
         state.pod_octet = _pick_pod_octet(cdir)
         etcd_url = f"http://127.0.0.1:{state.etcd_port}"
-        peer_url = f"http://127.0.0.1:{etcd_peer}"
-        start(
-            "etcd",
-            [
-                str(bins / "etcd"),
-                "--name=tandem",
-                f"--data-dir={cdir.etcd_data}",
-                f"--listen-client-urls={etcd_url}",
-                f"--advertise-client-urls={etcd_url}",
-                f"--listen-peer-urls={peer_url}",
-                f"--initial-advertise-peer-urls={peer_url}",
-                f"--initial-cluster=tandem={peer_url}",
-                "--listen-metrics-urls=",
-                "--unsafe-no-fsync=true",
-                "--quota-backend-bytes=1073741824",
-                "--auto-compaction-retention=1",
-                "--log-level=warn",
-            ],
-        )
+        start("etcd", _etcd_argv(cdir, state))
         fcntl.flock(lock, fcntl.LOCK_UN)
         wait("etcd /health", lambda: _http_ok(f"{etcd_url}/health"), "etcd")
 
-        start(
-            "kube-apiserver",
-            [
-                str(bins / "kube-apiserver"),
-                f"--etcd-servers={etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                "--endpoint-reconciler-type=none",
-                f"--secure-port={state.apiserver_port}",
-                f"--cert-dir={cdir.pki}",
-                f"--tls-cert-file={certs.apiserver_crt}",
-                f"--tls-private-key-file={certs.apiserver_key}",
-                f"--client-ca-file={certs.ca_crt}",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                f"--service-account-key-file={certs.sa_pub}",
-                f"--service-account-signing-key-file={certs.sa_key}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--authorization-mode=RBAC",
-                "--allow-privileged=true",
-                "--enable-priority-and-fairness=false",
-                "--profiling=false",
-                "--event-ttl=1h",
-                # logs/exec/port-forward dial a node's InternalIP (127.0.0.1: KWOK's server), never
-                # its hostname; KWOK serves with the apiserver's cert, which this CA signed.
-                "--kubelet-preferred-address-types=InternalIP",
-                f"--kubelet-certificate-authority={certs.ca_crt}",
-                "--v=0",
-            ],
-        )
+        start("kube-apiserver", _apiserver_argv(cdir, state, certs))
         wait(
             "kube-apiserver /readyz",
             lambda: _apiserver_ready(cdir, state),
@@ -472,6 +427,108 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0, owner_pid: int = 0, pod_runn
     state.save(cdir.state)
     _log(f"up in {state.startup_seconds}s; KUBECONFIG={cdir.kubeconfig}")
     return state
+
+
+def _etcd_argv(cdir: ClusterDir, state: State) -> list[str]:
+    etcd_url = f"http://127.0.0.1:{state.etcd_port}"
+    peer_url = f"http://127.0.0.1:{state.etcd_peer_port}"
+    return [
+        str(Path(state.bin_dir) / "etcd"),
+        "--name=tandem",
+        f"--data-dir={cdir.etcd_data}",
+        f"--listen-client-urls={etcd_url}",
+        f"--advertise-client-urls={etcd_url}",
+        f"--listen-peer-urls={peer_url}",
+        f"--initial-advertise-peer-urls={peer_url}",
+        f"--initial-cluster=tandem={peer_url}",
+        "--listen-metrics-urls=",
+        "--unsafe-no-fsync=true",
+        "--quota-backend-bytes=1073741824",
+        "--auto-compaction-retention=1",
+        "--log-level=warn",
+    ]
+
+
+def _apiserver_argv(cdir: ClusterDir, state: State, certs: pki.Pki) -> list[str]:
+    return [
+        str(Path(state.bin_dir) / "kube-apiserver"),
+        f"--etcd-servers=http://127.0.0.1:{state.etcd_port}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        "--endpoint-reconciler-type=none",
+        f"--secure-port={state.apiserver_port}",
+        f"--cert-dir={cdir.pki}",
+        f"--tls-cert-file={certs.apiserver_crt}",
+        f"--tls-private-key-file={certs.apiserver_key}",
+        f"--client-ca-file={certs.ca_crt}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={certs.sa_pub}",
+        f"--service-account-signing-key-file={certs.sa_key}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--authorization-mode=RBAC",
+        "--allow-privileged=true",
+        "--enable-priority-and-fairness=false",
+        "--profiling=false",
+        "--event-ttl=1h",
+        # logs/exec/port-forward dial a node's InternalIP (127.0.0.1: KWOK's server), never
+        # its hostname; KWOK serves with the apiserver's cert, which this CA signed.
+        "--kubelet-preferred-address-types=InternalIP",
+        f"--kubelet-certificate-authority={certs.ca_crt}",
+        "--v=0",
+    ]
+
+
+CONTROL_PLANE = ("etcd", "kube-apiserver")
+
+
+def stop_control_plane(cdir: ClusterDir) -> None:
+    """Stops the running cluster's kube-apiserver, then etcd (an outage of the whole control plane:
+    every client, the operator and the routers too, loses the API); pods' processes, KWOK, the
+    controllers and Prometheus keep running. `start_control_plane` brings both back."""
+    state = load_state(cdir)
+    if state is None:
+        raise ClusterError(f"no cluster state in {cdir.path}")
+    for name in reversed(CONTROL_PLANE):
+        pid = state.pids.get(name)
+        if pid is not None and procs.has_marker(pid, cdir.marker):
+            procs.stop([pid], cdir.marker, grace=10.0)
+    _log("etcd and kube-apiserver stopped")
+
+
+def start_control_plane(cdir: ClusterDir, *, timeout: float = 120.0) -> None:
+    """Starts etcd and kube-apiserver again after `stop_control_plane`, with the same data directory,
+    ports, certificates and flags (a component still running is left alone), and waits until etcd
+    answers /health and the apiserver /readyz."""
+    state = load_state(cdir)
+    if state is None:
+        raise ClusterError(f"no cluster state in {cdir.path}")
+    if not state.etcd_peer_port:
+        raise ClusterError("this cluster was started without a recorded etcd peer port; restart it")
+    checks = {
+        "etcd": lambda: _http_ok(f"http://127.0.0.1:{state.etcd_port}/health"),
+        "kube-apiserver": lambda: _apiserver_ready(cdir, state),
+    }
+    argvs = {
+        "etcd": _etcd_argv(cdir, state),
+        "kube-apiserver": _apiserver_argv(cdir, state, pki.Pki(cdir.pki)),
+    }
+    for name in CONTROL_PLANE:
+        pid = state.pids.get(name)
+        if pid is None or not procs.has_marker(pid, cdir.marker):
+            log = cdir.logs / f"{name}.log"
+            state.pids[name] = procs.spawn(argvs[name], log=log, marker=cdir.marker, cwd=cdir.path).pid
+            state.save(cdir.state)
+        try:
+            procs.wait_until(checks[name], timeout=timeout, interval=0.3, what=f"{name} ready")
+        except TimeoutError as e:
+            raise _fail(cdir, str(e), cdir.logs / f"{name}.log") from e
+    _log("etcd and kube-apiserver started")
+
+
+def restart_control_plane(cdir: ClusterDir, *, timeout: float = 120.0) -> None:
+    """`stop_control_plane`, then `start_control_plane`."""
+    stop_control_plane(cdir)
+    start_control_plane(cdir, timeout=timeout)
 
 
 def _prometheus_argv(cdir: ClusterDir, state: State) -> list[str]:

@@ -6,8 +6,10 @@ with Ready=False; the runner then starts the container's command as a local proc
 `tandem`, `$(VAR)`s expanded, the container's env plus KUBECONFIG for the loopback apiserver and
 TANDEM_POD_IP), probes the pod's readinessProbe on the pod IP and writes Ready and
 containerStatuses like a kubelet. A process that exits is shown on the pod (restartCount,
-lastState, CrashLoopBackOff) and restarted with backoff per restartPolicy. When the pod is deleted
-the process gets SIGTERM, SIGKILL after the grace period, and the runner removes the pod.
+lastState, CrashLoopBackOff) and restarted with backoff per restartPolicy. An image whose
+registry host is under `.invalid` is never pulled: the pod shows ErrImagePull, then
+ImagePullBackOff. When the pod is deleted the process gets SIGTERM, SIGKILL after the grace period,
+and the runner removes the pod.
 
 One watch over scheduled pods drives everything; each running pod has one thread that sleeps
 between probes. Logs: one file per pod under `<cluster dir>/pods/`.
@@ -53,6 +55,15 @@ def is_tandem_pod(pod: dict[str, Any]) -> bool:
     containers = pod.get("spec", {}).get("containers") or []
     command = (containers[0].get("command") or []) if containers else []
     return bool(command) and command[0] == "tandem"
+
+
+def image_unpullable(image: str) -> bool:
+    """Whether the runner treats `image` as one no registry serves: its registry host is under
+    `.invalid` (RFC 6761: never resolves), e.g. `registry.invalid/tandem:0.1.0`. Such a pod shows
+    ErrImagePull, then ImagePullBackOff, as a kubelet's would; its process never starts."""
+    first, sep, _ = image.partition("/")
+    host = first.split(":", 1)[0] if sep else ""
+    return host == "invalid" or host.endswith(".invalid")
 
 
 def register_logs(custom: Any, namespace: str, name: str, body: dict[str, Any], attempts: int = 3) -> None:
@@ -167,7 +178,20 @@ class PodWorker(threading.Thread):
     def _loop(self) -> None:
         backoff = BACKOFF_INITIAL
         policy = self.pod["spec"].get("restartPolicy", "Always")
+        pull_failures = 0
         while not self._stop_event.is_set():
+            image = str(self.container.get("image", ""))
+            if image_unpullable(image):
+                # As a kubelet: ErrImagePull on the first failed pull, ImagePullBackOff while it waits.
+                if pull_failures == 0:
+                    self._patch_waiting("ErrImagePull", f'failed to pull image "{image}": no such host')
+                else:
+                    self._patch_waiting("ImagePullBackOff", f'Back-off pulling image "{image}"')
+                pull_failures += 1
+                if self._stop_event.wait(backoff):
+                    return
+                backoff = min(backoff * 2, BACKOFF_MAX)
+                continue
             try:
                 argv, env = self._prepare()
             except (expand.ConfigError, ApiException) as e:
