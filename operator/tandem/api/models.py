@@ -8,6 +8,7 @@ behaviour behind it in the renderer, the router or the operator. Cross-field rul
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -16,7 +17,22 @@ from pydantic.alias_generators import to_camel
 
 from tandem.api import rules
 
-Quantity = Annotated[int | str, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
+# A non-negative Kubernetes resource quantity ("500m", "1Gi", "2", 4): what a pod's resources take.
+QUANTITY_PATTERN = (
+    r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+Quantity = Annotated[
+    Annotated[int, Field(ge=0)] | Annotated[str, Field(max_length=64, pattern=QUANTITY_PATTERN)],
+    Field(
+        json_schema_extra={
+            "x-kubernetes-int-or-string": True,
+            "pattern": QUANTITY_PATTERN,
+            "maxLength": 64,
+            "minimum": 0,
+        }
+    ),
+]
 
 
 # A label key (an optional DNS subdomain prefix and '/', then a name of at most 63 characters) and a
@@ -349,11 +365,80 @@ class Toleration(ApiModel):
         return self
 
 
+_STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+_RESOURCE_NAME_CEL = (
+    f"k in {list(_STANDARD_RESOURCES)} || k.startsWith('hugepages-') || "
+    f"(k.contains('/') && k.matches({rules._cel_string(LABEL_KEY_PATTERN)}))"
+)
+RESOURCE_NAME_MESSAGE = (
+    "names must be cpu, memory, ephemeral-storage, hugepages-<size> or a domain-prefixed name "
+    "(example.com/device)"
+)
+REQUEST_OVER_LIMIT_MESSAGE = "requests must not be greater than limits of the same resource"
+
+
+def _resource_name(name: str) -> bool:
+    return (
+        name in _STANDARD_RESOURCES
+        or name.startswith("hugepages-")
+        or ("/" in name and re.match(LABEL_KEY_PATTERN, name) is not None)
+    )
+
+
+def _quantity(value: int | str) -> Decimal:
+    """A quantity QUANTITY_PATTERN admits, as a number."""
+    text = str(value).lstrip("+")
+    for suffixes, base in (
+        (("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), 1024),
+        (("k", "M", "G", "T", "P", "E"), 1000),
+    ):
+        for power, suffix in enumerate(suffixes, start=1):
+            if text.endswith(suffix):
+                return Decimal(text.removesuffix(suffix)) * Decimal(base) ** power
+    for suffix, scale in (("n", Decimal("1e-9")), ("u", Decimal("1e-6")), ("m", Decimal("1e-3"))):
+        if text.endswith(suffix):
+            return Decimal(text.removesuffix(suffix)) * scale
+    return Decimal(text)
+
+
 class Resources(ApiModel):
-    """CPU, memory and other non-GPU resources; GPUs and RDMA devices are derived."""
+    """CPU, memory and other non-GPU resources; GPUs and RDMA devices are derived. Checked as
+    Kubernetes checks a container's resources (names, quantities, requests within limits)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": (
+                        f"self.requests.all(k, {_RESOURCE_NAME_CEL}) && "
+                        f"self.limits.all(k, {_RESOURCE_NAME_CEL})"
+                    ),
+                    "message": RESOURCE_NAME_MESSAGE,
+                    "reason": "FieldValueInvalid",
+                },
+                {
+                    "rule": "self.requests.all(k, !(k in self.limits) || "
+                    "quantity(string(self.requests[k])).compareTo(quantity(string(self.limits[k]))) <= 0)",
+                    "message": REQUEST_OVER_LIMIT_MESSAGE,
+                    "fieldPath": ".requests",
+                    "reason": "FieldValueInvalid",
+                },
+            ]
+        }
+    )
 
     requests: Annotated[dict[str, Quantity], Field(max_length=16)] = {}
     limits: Annotated[dict[str, Quantity], Field(max_length=16)] = {}
+
+    @model_validator(mode="after")
+    def _check(self) -> Resources:
+        if not all(_resource_name(k) for k in [*self.requests, *self.limits]):
+            raise ValueError(RESOURCE_NAME_MESSAGE)
+        if any(
+            k in self.limits and _quantity(v) > _quantity(self.limits[k]) for k, v in self.requests.items()
+        ):
+            raise ValueError(REQUEST_OVER_LIMIT_MESSAGE)
+        return self
 
 
 class PoolAutoscaling(ApiModel):
