@@ -375,6 +375,16 @@ RESOURCE_NAME_MESSAGE = (
     "(example.com/device)"
 )
 REQUEST_OVER_LIMIT_MESSAGE = "requests must not be greater than limits of the same resource"
+EXTENDED_LIMIT_MESSAGE = (
+    "requests of an extended resource (a domain-prefixed name) or of hugepages need a limit equal to them "
+    "(they cannot be overcommitted)"
+)
+
+EXTENDED_WHOLE_MESSAGE = "extended resources (domain-prefixed names) must be whole numbers"
+
+
+def _overcommitable(name: str) -> bool:
+    return "/" not in name and not name.startswith("hugepages-")
 
 
 def _resource_name(name: str) -> bool:
@@ -423,6 +433,21 @@ class Resources(ApiModel):
                     "fieldPath": ".requests",
                     "reason": "FieldValueInvalid",
                 },
+                {
+                    "rule": "self.requests.all(k, !(k.contains('/') || k.startsWith('hugepages-')) || "
+                    "(k in self.limits && "
+                    "quantity(string(self.requests[k])).compareTo(quantity(string(self.limits[k]))) == 0))",
+                    "message": EXTENDED_LIMIT_MESSAGE,
+                    "fieldPath": ".limits",
+                    "reason": "FieldValueInvalid",
+                },
+                {
+                    "rule": "self.limits.all(k, !k.contains('/') || "
+                    "quantity(string(self.limits[k])).isInteger())",
+                    "message": EXTENDED_WHOLE_MESSAGE,
+                    "fieldPath": ".limits",
+                    "reason": "FieldValueInvalid",
+                },
             ]
         }
     )
@@ -438,6 +463,13 @@ class Resources(ApiModel):
             k in self.limits and _quantity(v) > _quantity(self.limits[k]) for k, v in self.requests.items()
         ):
             raise ValueError(REQUEST_OVER_LIMIT_MESSAGE)
+        if any(
+            not _overcommitable(k) and (k not in self.limits or _quantity(v) != _quantity(self.limits[k]))
+            for k, v in self.requests.items()
+        ):
+            raise ValueError(EXTENDED_LIMIT_MESSAGE)
+        if any("/" in k and _quantity(v) % 1 != 0 for k, v in self.limits.items()):
+            raise ValueError(EXTENDED_WHOLE_MESSAGE)
         return self
 
 

@@ -26,7 +26,19 @@ def test_quantities_read_as_the_operator_reads_them(value: int | str) -> None:
         ({"requests": {"memory": "1Gi"}, "limits": {"memory": "1024Mi"}}, True),
         ({"requests": {"memory": "1025Mi"}, "limits": {"memory": "1Gi"}}, False),
         ({"requests": {"cpu": 2}, "limits": {"memory": "1Gi"}}, True),  # no limit of that resource
-        ({"requests": {"hugepages-2Mi": "1Gi", "example.com/dev": 1, "ephemeral-storage": "1G"}}, True),
+        (
+            {
+                "requests": {"hugepages-2Mi": "1Gi", "example.com/dev": 1, "ephemeral-storage": "1G"},
+                "limits": {"hugepages-2Mi": "1024Mi", "example.com/dev": "1"},
+            },
+            True,
+        ),
+        ({"requests": {"example.com/dev": 1}}, False),  # an extended resource needs its limit
+        ({"requests": {"example.com/dev": 1}, "limits": {"example.com/dev": 2}}, False),  # equal to it
+        ({"limits": {"example.com/dev": 2}}, True),  # (the request defaults to the limit)
+        ({"requests": {"hugepages-1Gi": "2Gi"}}, False),
+        ({"limits": {"example.com/dev": "500m"}}, False),  # extended resources are whole numbers
+        ({"limits": {"example.com/dev": "2k"}}, True),
         ({"requests": {"gpu": 1}}, False),  # neither standard nor domain-prefixed
         ({"limits": {"example.com/bad name": 1}}, False),
         ({"requests": {"cpu": "1.5.5"}}, False),
