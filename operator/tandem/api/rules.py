@@ -474,7 +474,8 @@ SPEC_RULES: Final[tuple[Rule, ...]] = (
         field_path=".decode.tensorParallelSize",
         check=lambda s: (
             (s.get("kvTransfer") or {}).get("connector", "NixlConnector") != "NixlConnector"
-            or _tp(s, "decode") % _tp(s, "prefill") == 0
+            # a prefill TP of 0 (refused by its own rule) is no divisor: not a multiple, not a crash
+            or (_tp(s, "prefill") != 0 and _tp(s, "decode") % _tp(s, "prefill") == 0)
         ),
     ),
     Rule(
