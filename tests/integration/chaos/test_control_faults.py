@@ -1,12 +1,14 @@
-"""Control-plane faults under load (issue 14, item 1): the operator killed -9 mid-reconcile, mid-drain
-and as the leader of two replicas; kube-apiserver and etcd restarted; children edited, deleted and
-pruned; pods that cannot start (image, config, crash) named in status and recovered by a fix.
+"""Control-plane faults under load (issue 14, item 1): the operator killed -9 mid-change, mid-pass
+(creating a PDDeployment's children), mid-drain and as the leader of two replicas; kube-apiserver
+and etcd restarted; children edited, deleted and pruned; pods that cannot start (image, config,
+crash) named in status and recovered by a fix.
 
 One sim PDDeployment for the module (`chaos`: prefill 1, decode 2 with decode autoscaled in [1, 2],
 router 1), its autoscaler paused until the drain test, and an open-loop streamed load through the
 operator's router at its pod IP (127.0.0.0/8) for the whole module (`tandem.demo.load.BackgroundLoad`).
 After every fault `settle` checks, with the load paused: every request sent came back, none failed
-(nothing these faults do is a failure the router's rules pass on to a client: no engine pod dies),
+(nothing these faults do is a failure the router's rules pass on to a client: no pod with work on
+it dies; the decode pods removed are drained first, the router replica removed is not the load's),
 every engine pod reports `tandem:kv_held_blocks` 0, and the PDDeployment's children are exactly its
 render (no duplicate, no orphan, each owned by it). Faults the other suites already cover without
 load are cited in docs/reliability.md ("Control-plane faults"), not repeated.
@@ -268,7 +270,7 @@ def stack(
         cluster.kubectl("delete", "pdd", "--all", "-n", ns, "--wait=false", check=False)
 
 
-def test_operator_killed_mid_reconcile_converges_without_orphans(stack: Stack) -> None:
+def test_operator_killed_mid_change_converges_without_orphans(stack: Stack) -> None:
     """A spec edit that changes several children (router 1 -> 2 replicas, a new NetworkPolicy);
     kill -9 as soon as the first of them shows the change in the API (polled every few ms), while
     the change is under way (checked: the PDDeployment was not yet Ready at the new generation; a
@@ -310,12 +312,12 @@ def test_operator_killed_mid_reconcile_converges_without_orphans(stack: Stack) -
     restarted = time.monotonic()
     stack.operator.crash_and_restart()
     stack.wait_converged("converged after kill -9", generation=generation, timeout=120)
-    stack.figures["kill mid-reconcile"] = {
+    stack.figures["kill mid-change"] = {
         "children changed at the kill": first,
         "the pass's status write landed before the kill": status.get("observedGeneration") == generation,
         "restart to converged s": round(time.monotonic() - restarted, 1),
     }
-    stack.settle(since, "kill mid-reconcile")
+    stack.settle(since, "kill mid-change")
     assert "NetworkPolicy" in {kind for kind, _ in stack.children()}
     assert len(stack.get("pods", "-l", f"{meta.LABEL_PDD}={NAME},{meta.LABEL_ROLE}=router")["items"]) == 2
 
@@ -554,15 +556,16 @@ def _stalled(stack: Stack, reason: str) -> Callable[[], dict[str, Any] | None]:
     return check
 
 
-def test_pods_that_cannot_start_show_in_status_and_recover(stack: Stack) -> None:
-    """A second PDDeployment (no load on it): its engine env names a Secret that does not exist
-    (CreateContainerConfigError: ConfigError), fixed by creating the Secret; decode's engine args
+def test_pods_that_cannot_start_show_in_status_and_recover(stack: Stack, tmp_path: Path) -> None:
+    """A second PDDeployment (no load on it), created with the operator killed -9 as soon as its
+    first child exists (the restarted one completes it: children = render, no duplicate). Its
+    engine env names a Secret that does not exist (CreateContainerConfigError: ConfigError), fixed
+    by creating the Secret; decode's engine args
     break the engine (CrashLoopBackOff), fixed by removing them; the router's image is one no
     registry serves (ImagePullBackOff: ImagePullFailed; the runner's `.invalid` rule), fixed by the
     right image (the router's, not the engines': an engine image change is a new serving revision,
-    docs/rollout.md). Each time Stalled names
-    the reason and the pod with its pool, and the fix brings Ready back. The main stack's load keeps
-    flowing and its invariants hold."""
+    docs/rollout.md). Each time Stalled names the reason and the pod with its pool, and the fix
+    brings Ready back. The main stack's load keeps flowing and its invariants hold."""
     since = time.time()
     doc = harness.pddeployment(
         FAULTY,
@@ -577,13 +580,44 @@ def test_pods_that_cannot_start_show_in_status_and_recover(stack: Stack) -> None
         {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "chaos-token", "key": "token"}}},
     ]
     doc["spec"]["engine"]["env"] = env
-    stack.kubectl("apply", "-f", "-", input=json.dumps(doc))
-    figures: dict[str, float] = {}
+    figures: dict[str, Any] = {}
+    # Created with the operator killed -9 as soon as the first of its children exists: the restarted
+    # operator creates the rest, no duplicate, nothing orphaned (children_match_render below and at
+    # the end). A pass applies its children in parallel, all within a few ms here, so for this step
+    # the operator runs with `--api-parallelism 1` (one call at a time): the kill then lands with
+    # some children still missing (counted, and asserted).
+    stack.operator.current.kill()
+    serial = OperatorProcess(
+        stack.cluster, [*stack.operator.args, "--api-parallelism", "1"], tmp_path / "serial.log"
+    )
+    api = stack.cluster.api_client()
+    try:
+        serial.wait_leader(timeout=90)
+        core = client.CoreV1Api(api)
+
+        def a_child() -> bool:  # the ServiceAccount: the first child in apply order
+            found = kube.raw(
+                core.list_namespaced_service_account(
+                    stack.namespace, label_selector=f"{meta.LABEL_PDD}={FAULTY}", _preload_content=False
+                )
+            )["items"]
+            return bool(found)
+
+        stack.kubectl("apply", "-f", "-", input=json.dumps(doc))
+        eventually(a_child, timeout=60, interval=0.005, what="the first child of the new PDDeployment")
+    finally:
+        serial.kill()
+        kube.close(api)
+    at_kill, rendered = len(stack.children(FAULTY)), len(stack.rendered(FAULTY))
+    figures["children at the kill mid-creation"] = f"{at_kill} of {rendered}"
+    stack.operator.crash_and_restart()  # the module's operator (dead since the switch) again
+    assert at_kill < rendered, "the pass had created every child before the kill: not mid-pass"
 
     stalled = eventually(_stalled(stack, "ConfigError"), timeout=120, what="Stalled ConfigError")
     assert "CreateContainerConfigError" in stalled["message"], stalled
     assert "chaos-token" in stalled["message"], stalled
     assert f"pod {FAULTY}-" in stalled["message"], stalled
+    stack.children_match_render(FAULTY)
     fixed = time.monotonic()
     stack.kubectl("create", "secret", "generic", "chaos-token", "--from-literal=token=t")
     stack.wait_converged("Ready once the Secret exists", FAULTY, timeout=120)
