@@ -176,7 +176,7 @@ def values(node: Schema, gentle: bool, depth: int = 0, path: tuple[str, ...] = (
         )
         if (most := node.get("maxProperties")) is not None and not gentle:
             own = st.one_of(own, own, st.just({f"k{i}": "v" for i in range(most + 1)}))
-    elif depth < 2 and node.get("properties"):
+    elif depth < 4 and node.get("properties"):
         props: Schema = node["properties"]
         required = node.get("required", [])
         own = st.fixed_dictionaries(
