@@ -107,11 +107,19 @@ class ServingMode(StrEnum):
     Colocated = "Colocated"
 
 
+# An object's name (a DNS subdomain) and a key of a Secret's or ConfigMap's data, as Kubernetes
+# checks them where the pods refer to them.
+OBJECT_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+DATA_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+ObjectName = Annotated[str, Field(min_length=1, max_length=253, pattern=OBJECT_NAME_PATTERN)]
+DataKey = Annotated[str, Field(min_length=1, max_length=253, pattern=DATA_KEY_PATTERN)]
+
+
 class SecretKeyRef(ApiModel):
     """A key of a Secret in the PDDeployment's namespace."""
 
-    name: Annotated[str, Field(min_length=1, max_length=253)]
-    key: Annotated[str, Field(min_length=1, max_length=253)]
+    name: ObjectName
+    key: DataKey
 
 
 class ModelSpec(ApiModel):
@@ -157,13 +165,20 @@ class ModelSpec(ApiModel):
     ] = None
 
 
+# The pod fields an environment variable may take (Kubernetes' downward API for env).
+FIELD_PATH_PATTERN = (
+    r"^(metadata\.(name|namespace|uid)|metadata\.(labels|annotations)\['[^']+'\]"
+    r"|spec\.(nodeName|serviceAccountName)|status\.(hostIP|hostIPs|podIP|podIPs))$"
+)
+
+
 class FieldRef(ApiModel):
-    field_path: Annotated[str, Field(min_length=1)]
+    field_path: Annotated[str, Field(min_length=1, max_length=256, pattern=FIELD_PATH_PATTERN)]
 
 
 class ConfigMapKeyRef(ApiModel):
-    name: Annotated[str, Field(min_length=1, max_length=253)]
-    key: Annotated[str, Field(min_length=1, max_length=253)]
+    name: ObjectName
+    key: DataKey
     optional: bool | None = None
 
 
@@ -171,10 +186,34 @@ class SecretKeySelector(ConfigMapKeyRef):
     pass
 
 
+ONE_SOURCE_MESSAGE = "must set exactly one of fieldRef, secretKeyRef and configMapKeyRef"
+
+
 class EnvVarSource(ApiModel):
+    """Where an environment variable's value comes from: exactly one source."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "(has(self.fieldRef) ? 1 : 0) + (has(self.secretKeyRef) ? 1 : 0) + "
+                    "(has(self.configMapKeyRef) ? 1 : 0) == 1",
+                    "message": ONE_SOURCE_MESSAGE,
+                    "reason": "FieldValueInvalid",
+                }
+            ]
+        }
+    )
+
     field_ref: FieldRef | None = None
     secret_key_ref: SecretKeySelector | None = None
     config_map_key_ref: ConfigMapKeyRef | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> EnvVarSource:
+        if [self.field_ref, self.secret_key_ref, self.config_map_key_ref].count(None) != 2:
+            raise ValueError(ONE_SOURCE_MESSAGE)
+        return self
 
 
 class EnvVar(ApiModel):
@@ -187,7 +226,7 @@ class EnvVar(ApiModel):
 
 ImagePullPolicy = Literal["Always", "IfNotPresent", "Never"]
 ImagePullSecrets = Annotated[
-    list[Annotated[str, Field(min_length=1, max_length=253)]],
+    list[ObjectName],
     Field(max_length=16, description="Names of Secrets used to pull the image."),
 ]
 
@@ -584,6 +623,7 @@ class RouterAuthSpec(ApiModel):
         Field(
             min_length=1,
             max_length=253,
+            pattern=OBJECT_NAME_PATTERN,
             description="Secret in the namespace whose data maps tenant -> API keys (one or more per "
             "entry, one a line). When set, every request needs `Authorization: Bearer <key>` (401 "
             "otherwise), and the tenant is the key's entry.",
