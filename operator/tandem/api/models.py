@@ -42,6 +42,9 @@ LABEL_KEY_PATTERN = (
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 )
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+# An image reference has no whitespace (a pod's image may not begin or end with any); empty is left
+# to the rule that names it ("must not be empty").
+IMAGE_PATTERN = r"^\S*$"
 
 
 LABEL_MAP_MESSAGE = (
@@ -251,7 +254,10 @@ class EngineSpec(ApiModel):
         EngineType,
         Field(description="vllm runs `vllm serve`; sim runs tandem's simulator with the same arguments."),
     ] = EngineType.vllm
-    image: Annotated[str, Field(max_length=512, description="Container image of the engine.")]
+    image: Annotated[
+        str,
+        Field(max_length=512, pattern=IMAGE_PATTERN, description="Container image of the engine."),
+    ]
     image_pull_policy: ImagePullPolicy = "IfNotPresent"
     image_pull_secrets: ImagePullSecrets = []
     env: Annotated[list[EnvVar], Field(max_length=64)] = []
@@ -347,6 +353,7 @@ class NetworkSpec(ApiModel):
         Field(
             min_length=1,
             max_length=316,
+            pattern=LABEL_KEY_PATTERN,
             description="Node label of a fabric domain; prefill and decode pods prefer to share one.",
         ),
     ] = "network.tandem.dev/fabric"
@@ -752,9 +759,9 @@ class PrefixAwareSpec(ApiModel):
 
 class RouterSpec(ApiModel):
     replicas: Annotated[int, Field(ge=1, le=64)] = 2
-    image: Annotated[str, Field(max_length=512, description="Container image of tandem (router).")] = (
-        "ghcr.io/tandem-dev/tandem:0.1.0"
-    )
+    image: Annotated[
+        str, Field(max_length=512, pattern=IMAGE_PATTERN, description="Container image of tandem (router).")
+    ] = "ghcr.io/tandem-dev/tandem:0.1.0"
     image_pull_policy: ImagePullPolicy = "IfNotPresent"
     image_pull_secrets: ImagePullSecrets = []
     resources: Resources = Resources(
