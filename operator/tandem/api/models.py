@@ -228,9 +228,29 @@ class EnvVar(ApiModel):
 
 
 ImagePullPolicy = Literal["Always", "IfNotPresent", "Never"]
+
+
+def _unique(names: list[str]) -> list[str]:
+    if len(set(names)) != len(names):
+        raise ValueError("must not repeat a name")
+    return names
+
+
+def _unique_env(env: list[EnvVar]) -> list[EnvVar]:
+    _unique([var.name for var in env])
+    return env
+
+
+# Lists the pods keep by name (server-side apply merges them by it): a repeated name is refused at
+# admission (x-kubernetes-list-type) instead of by the apply of the rendered pod template.
 ImagePullSecrets = Annotated[
     list[ObjectName],
-    Field(max_length=16, description="Names of Secrets used to pull the image."),
+    Field(
+        max_length=16,
+        description="Names of Secrets used to pull the image.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    ),
+    AfterValidator(_unique),
 ]
 
 
@@ -260,7 +280,14 @@ class EngineSpec(ApiModel):
     ]
     image_pull_policy: ImagePullPolicy = "IfNotPresent"
     image_pull_secrets: ImagePullSecrets = []
-    env: Annotated[list[EnvVar], Field(max_length=64)] = []
+    env: Annotated[
+        list[EnvVar],
+        Field(
+            max_length=64,
+            json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        ),
+        AfterValidator(_unique_env),
+    ] = []
     extra_args: Annotated[
         list[Annotated[str, Field(max_length=1024)]],
         Field(max_length=64, description="Arguments appended to every pool's engine command line."),
