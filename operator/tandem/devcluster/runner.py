@@ -146,6 +146,7 @@ class PodWorker(threading.Thread):
         self.proc: subprocess.Popen[bytes] | None = None
         self.restart_count = 0
         self.ready = False
+        self._patched_rv = 0  # resourceVersion of this worker's last status write
         self._last_state: dict[str, Any] | None = None
 
     # --- called from the watch thread -----------------------------------------------------------
@@ -326,6 +327,25 @@ class PodWorker(threading.Thread):
                     self._begin_probes(probes, started_at)
                 elif not ok and probe.failures >= probe.failure_threshold:
                     return self._kill(f"{kind} probe failed {probe.failures} times")
+            if self.ready and self._marked_not_ready():
+                # As a kubelet's status manager: the pod is ours to report. The node lifecycle
+                # controller marks every pod of a node it saw go NotReady (after an apiserver outage
+                # KWOK's node leases look stale) Ready=False, and nothing else would set it back.
+                self._note("marked not ready by someone else while ready: reporting Ready again")
+                self._patch_running(started_at, ready=True)
+
+    def _marked_not_ready(self) -> bool:
+        """Whether the pod as last watched says Ready=False in a version newer than our last write."""
+        meta = self.pod.get("metadata") or {}
+        try:
+            newer = int(meta.get("resourceVersion") or 0) > self._patched_rv
+        except ValueError:
+            newer = True
+        ready = next(
+            (c for c in (self.pod.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"),
+            None,
+        )
+        return newer and ready is not None and ready.get("status") == "False"
 
     def _begin_probes(self, probes: dict[str, _Probe], started_at: str) -> None:
         now = time.monotonic()
@@ -497,7 +517,11 @@ class PodWorker(threading.Thread):
         if self._stop_event.is_set():
             return
         try:
-            self.runner.core.patch_namespaced_pod_status(self.pod_name, self.namespace, {"status": status})
+            patched = self.runner.core.patch_namespaced_pod_status(
+                self.pod_name, self.namespace, {"status": status}, _preload_content=False
+            )
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                self._patched_rv = int(kube.raw(patched)["metadata"]["resourceVersion"])
         except ApiException as e:
             if e.status != 404:
                 log.warning("status patch of %s/%s failed: %s", self.namespace, self.pod_name, e.reason)

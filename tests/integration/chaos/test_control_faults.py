@@ -260,6 +260,13 @@ def stack(
     holder.kubectl("apply", "-f", "-", input=json.dumps(manifest(NAME)))
     holder.wait_converged("the chaos PDDeployment Ready", timeout=240)
     url = harness.router_url(cluster, ns, NAME)
+    # The load goes to this router pod's IP: when the router scales 2 -> 1 (fail-over test) its
+    # ReplicaSet must remove the other one, so this one carries the higher deletion cost.
+    routers = holder.get("pods", "-l", f"{meta.LABEL_PDD}={NAME},{meta.LABEL_ROLE}=router")["items"]
+    (router,) = routers
+    holder.kubectl(
+        "annotate", "pod", router["metadata"]["name"], "controller.kubernetes.io/pod-deletion-cost=1000"
+    )
     holder.load = BackgroundLoad(url, harness.MODEL, max_requests=5000, max_seconds=900, request_timeout=60)
     holder.load.start(LOAD)
     try:

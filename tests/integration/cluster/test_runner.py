@@ -164,3 +164,25 @@ def test_failing_liveness_probe_restarts_the_process(namespace: str, core: Any) 
 
     status = eventually(restarted, timeout=60, what="a restart after failed liveness probes")
     assert status["lastState"]["terminated"]["exitCode"] == 143  # SIGTERM
+
+
+def test_runner_reports_ready_again_when_someone_else_marks_the_pod_not_ready(
+    namespace: str, core: Any
+) -> None:
+    """As a kubelet's status manager: the node lifecycle controller marks the pods of a node it found
+    NotReady (after an apiserver outage, KWOK's node leases look stale) Ready=False; the runner, whose
+    probes still pass, writes Ready=True back."""
+    core.create_namespaced_pod(namespace, runner_test_pod("web"))
+    pod = eventually(lambda: next((p for p in pods(core, namespace) if kube.is_ready(p)), None), what="Ready")
+    condition = {"type": "Ready", "status": "False", "reason": "NodeNotReady", "lastTransitionTime": None}
+    marked = core.patch_namespaced_pod_status(
+        "web", namespace, {"status": {"conditions": [condition]}}, _preload_content=False
+    )
+    assert not kube.is_ready(kube.raw(marked)), "the patch did not mark the pod not ready"
+
+    def ready_again() -> dict[str, Any] | None:
+        current = pods(core, namespace)[0]
+        return current if kube.is_ready(current) else None
+
+    again = eventually(ready_again, timeout=30, what="Ready again")
+    assert _pid(again) == _pid(pod), "the process was restarted: only its status should change"
