@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from collections import Counter
 from dataclasses import dataclass
@@ -93,6 +94,19 @@ def load_api_client(pool_size: int = 0) -> Any:
     return client
 
 
+# Characters YAML does not allow unescaped (its printable set, YAML 1.2 5.1).
+_NOT_YAML_PRINTABLE = re.compile("[^\t\n\r\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def apply_body(obj: Obj) -> bytes:
+    """An apply patch as the apiserver reads it (YAML, of which JSON is a subset). json.dumps' ASCII
+    output writes a character beyond the BMP (an emoji in an image name, say) as a surrogate pair of
+    \\u escapes, which YAML refuses; its UTF-8 output carries control characters YAML refuses too.
+    So: UTF-8, with only the characters YAML cannot carry escaped (all in the BMP, none a surrogate)."""
+    text = json.dumps(obj, ensure_ascii=False)
+    return _NOT_YAML_PRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode()
+
+
 class KubeRest:
     """Generic, thread-safe calls against one apiserver."""
 
@@ -108,7 +122,7 @@ class KubeRest:
         method: str,
         path: str,
         query: dict[str, str] | None = None,
-        body: Obj | None = None,
+        body: Obj | bytes | None = None,
         content_type: str = "application/json",
         timeout: float = 30.0,
     ) -> Obj:
@@ -166,8 +180,9 @@ class KubeRest:
         self._count("apply", kind.kind)
         md = obj["metadata"]
         query = {"fieldManager": field_manager or self._field_manager, "force": "true"}
+        body = apply_body(obj)
         return self.request(
-            "PATCH", kind.path(md["namespace"], md["name"]), query, obj, "application/apply-patch+yaml"
+            "PATCH", kind.path(md["namespace"], md["name"]), query, body, "application/apply-patch+yaml"
         )
 
     def annotate(self, kind: Kind, namespace: str, name: str, annotations: dict[str, str | None]) -> Obj:
