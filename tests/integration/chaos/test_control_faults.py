@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import signal
 import sys
 import threading
 import time
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from kubernetes import client
+from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from tandem.api import meta
@@ -70,6 +71,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 NAME = "chaos"
 FAULTY = "faulty"
 LOAD = Phase(3.0, 32, 8, "steady")
+NEW_IMAGE = "ghcr.io/tandem-dev/tandem:0.1.1"  # the runner runs the same local build for any image
 KINDS = ",".join(kind.lower() for _, kind, _ in CHILD_KINDS)
 # A pass during the apiserver outage: the operator holds no lease, so none; a few retries at most.
 MAX_PASSES_IN_OUTAGE = 5
@@ -195,10 +197,26 @@ class Stack:
         for (kind, child), item in live.items():
             if kind != "StatefulSet":
                 continue
-            role = item["metadata"]["labels"][meta.LABEL_ROLE]
-            mine = [p for p in pods if p["metadata"]["labels"].get(meta.LABEL_ROLE) == role]
+            uid = item["metadata"]["uid"]
+            mine = [
+                p for p in pods if any(o["uid"] == uid for o in p["metadata"].get("ownerReferences") or [])
+            ]
             assert len(mine) == item["spec"]["replicas"], (child, [p["metadata"]["name"] for p in mine])
         return live
+
+    def stray_pods(self, name: str = NAME) -> list[str]:
+        """Engine pods of the PDDeployment that no live StatefulSet owns (a deleted pair's, say)."""
+        owners = {
+            item["metadata"]["uid"]
+            for (kind, _), item in self.children(name).items()
+            if kind == "StatefulSet"
+        }
+        return [
+            p["metadata"]["name"]
+            for p in self.get("pods", "-l", f"{meta.LABEL_PDD}={name}")["items"]
+            if p["metadata"]["labels"].get(meta.LABEL_ROLE) != "router"
+            and not any(o["uid"] in owners for o in p["metadata"].get("ownerReferences") or [])
+        ]
 
     def engine_ips(self) -> list[str]:
         api = self.cluster.api_client()
@@ -554,6 +572,52 @@ def test_operator_killed_mid_drain_completes_the_drain(stack: Stack) -> None:
     stack.settle(since, "kill mid-drain")
 
 
+def test_operator_killed_mid_revision_change_completes_it(stack: Stack) -> None:
+    """The engine image changed under load: a new serving revision, its P/D pair beside the old one
+    (docs/rollout.md, Revisions). kill -9 as soon as status records the change (two revisions); the
+    new process finishes it from status: the new pair Ready, the weight moved to it, the old pair
+    drained and deleted, no pod left of it, and no request failed."""
+    since = time.time()
+    time.sleep(3)
+    old = stack.pdd()["status"]["revisions"]["current"]
+    generation = stack.patch({"engine": {"image": NEW_IMAGE}})
+
+    def revisions() -> dict[str, Any]:
+        return dict((stack.pdd().get("status") or {}).get("revisions") or {})
+
+    def changing() -> dict[str, Any] | None:
+        r = revisions()
+        return r if (r.get("previous") or {}).get("id") == old["id"] else None
+
+    recorded = eventually(changing, timeout=60, interval=0.2, what="the revision change recorded in status")
+    restarted = time.monotonic()
+    stack.operator.crash_and_restart()
+
+    def done() -> bool:
+        r = revisions()
+        return bool(
+            stack.converged(generation=generation)
+            and r["current"]["id"] == recorded["current"]["id"]
+            and not r.get("previous")
+            and r.get("weight", 100) == 100
+            and not stack.stray_pods()
+        )
+
+    try:
+        eventually(done, timeout=150, what="the change completed and the old pair gone")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nrevisions: {revisions()}\n{stack.describe()}") from None
+    stack.figures["kill mid-revision change"] = {
+        "weight at the kill": recorded.get("weight"),
+        "restart to old pair gone s": round(time.monotonic() - restarted, 1),
+    }
+    names = {n for k, n in stack.children() if k == "StatefulSet"}
+    assert names == {f"{recorded['current']['prefix']}-prefill", f"{recorded['current']['prefix']}-decode"}, (
+        names
+    )
+    stack.settle(since, "kill mid-revision change")
+
+
 def _stalled(stack: Stack, reason: str) -> Callable[[], dict[str, Any] | None]:
     def check() -> dict[str, Any] | None:
         conds = {c["type"]: c for c in (stack.pdd(FAULTY).get("status") or {}).get("conditions") or []}
@@ -598,20 +662,31 @@ def test_pods_that_cannot_start_show_in_status_and_recover(stack: Stack, tmp_pat
         stack.cluster, [*stack.operator.args, "--api-parallelism", "1"], tmp_path / "serial.log"
     )
     api = stack.cluster.api_client()
+    killed = threading.Event()
+
+    def kill_on_first_child() -> None:
+        # A watch, not a poll: the SIGKILL follows the ServiceAccount's ADDED event within ms.
+        core = client.CoreV1Api(api)
+        stream = watch.Watch()  # type: ignore[no-untyped-call]
+        for _ in stream.stream(  # type: ignore[no-untyped-call]
+            core.list_namespaced_service_account,
+            stack.namespace,
+            label_selector=f"{meta.LABEL_PDD}={FAULTY}",
+            timeout_seconds=90,
+        ):
+            serial.proc.send_signal(signal.SIGKILL)
+            killed.set()
+            stream.stop()  # type: ignore[no-untyped-call]
+            return
+
     try:
         serial.wait_leader(timeout=90)
-        core = client.CoreV1Api(api)
-
-        def a_child() -> bool:  # the ServiceAccount: the first child in apply order
-            found = kube.raw(
-                core.list_namespaced_service_account(
-                    stack.namespace, label_selector=f"{meta.LABEL_PDD}={FAULTY}", _preload_content=False
-                )
-            )["items"]
-            return bool(found)
-
+        watcher = threading.Thread(target=kill_on_first_child, daemon=True)
+        watcher.start()
+        time.sleep(1)  # the watch is open (a late one still gets the ServiceAccount as ADDED)
         stack.kubectl("apply", "-f", "-", input=json.dumps(doc))
-        eventually(a_child, timeout=60, interval=0.005, what="the first child of the new PDDeployment")
+        watcher.join(timeout=90)
+        assert killed.is_set(), "no child of the new PDDeployment appeared"
     finally:
         serial.kill()
         kube.close(api)
