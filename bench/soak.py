@@ -111,6 +111,7 @@ class Settings:
     warmup: float = 60.0
     last_fault_margin: float = 20.0  # no fault starts later than this before the load ends
     recover_timeout: float = 180.0  # the stack whole again after a fault within this
+    prefill_policy: str = ""  # spec.router.prefillPolicy ("": the default, PrefixAware)
     prefill: int = 2
     decode: int = 2
     routers: int = 2
@@ -286,7 +287,8 @@ def manifest(s: Settings) -> dict[str, Any]:
             "serving": {"mode": "Disaggregated"},
             "prefill": {"replicas": s.prefill, "resources": resources},
             "decode": {"replicas": s.decode, "resources": resources},
-            "router": {"replicas": s.routers, "image": IMAGE},
+            "router": {"replicas": s.routers, "image": IMAGE}
+            | ({"prefillPolicy": s.prefill_policy} if s.prefill_policy else {}),
         },
     }
 
@@ -912,6 +914,9 @@ def main() -> None:
     )
     parser.add_argument("--warmup", type=float, default=60.0)
     parser.add_argument(
+        "--prefill-policy", default="", help="spec.router.prefillPolicy (default: the CRD's, PrefixAware)"
+    )
+    parser.add_argument(
         "--recover-timeout", type=float, default=180.0, help="seconds for the stack to be whole"
     )
     parser.add_argument(
@@ -930,6 +935,7 @@ def main() -> None:
         max_rss_slope=a.max_rss_slope if a.minutes >= 10 else None,
         warmup=a.warmup,
         recover_timeout=a.recover_timeout,
+        prefill_policy=a.prefill_policy,
     )
     if kubeconfig := os.environ.get("TANDEM_KUBECONFIG"):
         sys.exit(run(ClusterHandle.from_kubeconfig(Path(kubeconfig)), s, a.json_out))
