@@ -184,7 +184,16 @@ class Reconciler:
         try:
             pdd = PDDeployment.from_object(body)
         except ValidationError as exc:
-            self._report_invalid(body, exc, now)
+            # Locations start at the object's top level (spec..., metadata...): the message names the field.
+            self._report_invalid(body, _errors(exc), now)
+            result.phase = "Degraded"
+            return result
+        except Exception as exc:  # a validator that raised something pydantic does not wrap: a bug,
+            # but the object is still reported, not retried pass after pass with no status
+            log.exception("reading the spec of %s", body.get("metadata", {}).get("name"))
+            self._report_invalid(
+                body, f"spec: the operator could not read it: {type(exc).__name__}: {exc}", now
+            )
             result.phase = "Degraded"
             return result
         ns, name = pdd.metadata.namespace, pdd.metadata.name
@@ -443,13 +452,10 @@ class Reconciler:
         if ready and ready.status == "True" and (was_ready is None or was_ready.status != "True"):
             self.events.normal(body, "Ready", ready.message)
 
-    def _report_invalid(self, body: Obj, exc: ValidationError, now: str) -> None:
+    def _report_invalid(self, body: Obj, errors: str, now: str) -> None:
         """A spec the apiserver accepted but the models refuse (e.g. CRD older than the operator)."""
         md = body.get("metadata", {})
-        # Locations start at the object's top level (spec..., metadata...): the message names the field.
-        errors = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()[:5]
-        )
+        errors = errors[:1024]
         previous = _previous_status(body)
         conds = [c for c in (previous.conditions if previous else []) if c.type == "Stalled"]
         if conds and conds[0].message == errors:
@@ -465,6 +471,10 @@ class Reconciler:
         }
         self.kube.patch_status(PDDEPLOYMENT, md.get("namespace", "default"), md["name"], status)
         self.events.warning(body, "InvalidSpec", errors)
+
+
+def _errors(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()[:5])
 
 
 def _cond(kind: str, status: str, reason: str, message: str, md: Mapping[str, Any], now: str) -> Obj:

@@ -47,3 +47,28 @@ def test_invalid_spec_names_the_field_once_and_touches_no_child(patch: dict[str,
     world.run(60.0)  # the same problem again: nothing written, no second Event
     assert len(world.kube.writes) == writes
     assert world.kube.objects[("PDDeployment", NS, NAME)]["status"]["conditions"]
+
+
+def test_a_validator_that_raises_something_else_is_reported_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in a validator (an exception pydantic does not wrap, as tensorParallelSize 0 once raised
+    ZeroDivisionError) still gives the object a Stalled status instead of failing every pass."""
+    from tandem.api.models import PDDeployment
+
+    def broken(body: Any) -> Any:
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(PDDeployment, "from_object", staticmethod(broken))
+    world = World(manifest())
+    patch_status = world.kube.patch_status
+
+    def unconditional(kind: Any, namespace: str, name: str, status: Any, resource_version: Any = None) -> Any:
+        rv = world.kube.objects[("PDDeployment", namespace, name)]["metadata"]["resourceVersion"]
+        return patch_status(kind, namespace, name, status, resource_version or rv)
+
+    world.kube.patch_status = unconditional  # type: ignore[method-assign]
+    result = world.run()
+    assert result.applied == []
+    stalled = _stalled(world)
+    assert (stalled["status"], stalled["reason"]) == ("True", "InvalidSpec")
+    assert "ZeroDivisionError: division by zero" in stalled["message"]
+    assert stalled["message"].startswith("spec: ")
