@@ -1,7 +1,7 @@
 """Control-plane faults under load (issue 14, item 1): the operator killed -9 mid-change, mid-pass
-(creating a PDDeployment's children), mid-drain and as the leader of two replicas; kube-apiserver
-and etcd restarted; children edited, deleted and pruned; pods that cannot start (image, config,
-crash) named in status and recovered by a fix.
+(creating a PDDeployment's children), mid-drain, mid revision change and as the leader of two
+replicas; kube-apiserver and etcd restarted; children edited, deleted and pruned; pods that cannot
+start (image, config, crash) named in status and recovered by a fix.
 
 One sim PDDeployment for the module (`chaos`: prefill 1, decode 2 with decode autoscaled in [1, 2],
 router 1), its autoscaler paused until the drain test, and an open-loop streamed load through the
