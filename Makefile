@@ -48,7 +48,7 @@ demo: venv tools
 
 # Everything: lint, types, unit, integration and e2e tests against the real local control plane.
 test: venv tools vllm-env lint typecheck
-	$(BIN)/pytest -q -p no:cacheprovider -n 2 --dist loadscope --no-loadscope-reorder --durations=30 tests
+	$(BIN)/pytest -q -p no:cacheprovider -n 3 --dist loadscope --no-loadscope-reorder --durations=30 tests
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .tandem

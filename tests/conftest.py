@@ -1,5 +1,5 @@
 """Shared pytest fixtures: the local control plane (`cluster`), the CRD on it (`crd`), and a fresh
-namespace per test, and how `make test` splits the suite between its two workers.
+namespace per test, and how `make test` splits the suite between its three workers.
 
 `cluster` (session-scoped) starts a dev cluster with the same code as `tandem dev cluster up`, in a
 temporary directory, and stops it at the end of the session; with `TANDEM_KUBECONFIG` set it uses
@@ -32,10 +32,12 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
-# `make test` runs two pytest-xdist workers (`-n 2`), each with its own dev cluster (clusters pick
-# distinct loopback pod octets). A module is one unit of work, so its module-scoped fixtures are
-# built once and its tests run in order; the modules that drive load through a whole deployed stack
-# form a single unit, so at most one of them loads the machine at a time. (The scheduler does this
+# `make test` runs three pytest-xdist workers (`-n 3`), each with its own dev cluster (clusters
+# pick distinct loopback pod octets): most e2e time is spent waiting on clusters and engines, so a
+# third worker uses the two cores' idle time; the load e2e unit holds one worker throughout. A
+# module is one unit of work, so its module-scoped fixtures are built once and its tests run in
+# order; the modules that drive load through a whole deployed stack form a single unit, so at most
+# one of them loads the machine at a time. (The scheduler does this
 # itself: pytest 9.2 ignores the nodeid suffix xdist's `--dist loadgroup` relies on, pytest-xdist
 # issue 1386, so xdist_group marks would be silently dropped.)
 LOAD_E2E_DIRS: tuple[str, ...] = (
