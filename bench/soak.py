@@ -6,8 +6,8 @@ local process (`RestartableOperator`, fixed identity), and applies a sim PDDeplo
 decode and 2 router pods, run by the dev cluster's pod runner as local processes on loopback pod IPs.
 The trace (e2e/traces/azure-llm-2023, conversation) is replayed from its start at `--rate-scale`
 times its arrival rate (0.3: 1.3 requests/s over the first 30 minutes, answers of ~280 tokens),
-streamed, each request to a Ready router pod not being deleted (as a Service would pick one; the dev
-cluster has no kube-proxy). The faults rotate through:
+streamed, all to one Ready router pod until it is deleted, then to another Ready one not being
+deleted (the dev cluster has no kube-proxy to spread them). The faults rotate through:
 
 - `operator`: the operator killed -9 and restarted (it renews its own lease and resumes);
 - `decode`: a decode pod deleted (the StatefulSet recreates it);
