@@ -18,15 +18,16 @@ figure, robust to other load on the machine).
         [--router-core 0] [--engine-core 1]
 
 The `router` arm runs the load-only choice (`--no-prefix-aware`). `--prefix` adds a second router
-with the prefix-aware choice (the default) as arm `prefix`, gives both routers two prefill engines,
-and sends ~7 KB chat prompts (a shared system prompt and a document: ~108 chunks of 64 characters,
-every one a hit after a stream's first request, the most index work a prompt of that size can
-cost); stream i sends document i % `--prefix-documents` (default 256: each stream its own
-conversation, resent; 1: every stream the same prompt, one hot prefix). It prints the prefix
-router's added latency and its throughput and req/cpu-s against the load-only router of the same
-run, and beside it the same figures for `control`, a second load-only router: the difference two
-identical arms show on this machine in this run (noise, the arms' order), against which the
-prefix arm's difference is read. The arms take turns in rounds, each round starting one arm
+with the prefix-aware choice (the default) as arm `prefix`, gives the routers two prefill engines
+(`--prefill-pods`; with 1 every router places every request alike, so the prefix arm's difference
+is the choice's own cost) and sends ~7 KB chat prompts (a shared system prompt and a document:
+~108 chunks of 64 characters, every one a hit after a stream's first request, the most index work
+a prompt of that size can cost); stream i sends document i % `--prefix-documents` (default 256:
+each stream its own conversation, resent; 1: every stream the same prompt, one hot prefix). It
+prints the prefix router's added latency and its throughput and req/cpu-s against the load-only
+router of the same run, and beside it the same figures for `control`, a second load-only router:
+the difference two identical arms show on this machine in this run (noise, the arms' order),
+against which the prefix arm's difference is read. The arms take turns in rounds, each round starting one arm
 later: use a multiple of the arm count for `--rounds` (5 with `--prefix`).
 
 The router always records the length-bucketed, per-tenant metrics (docs/observability.md);
@@ -332,8 +333,10 @@ async def run(args: argparse.Namespace) -> None:
     ports = {"prefill": free_port(), "decode": free_port(), "router": free_port()}
     engines = ["prefill", "decode"]
     if args.prefix:
-        ports |= {"prefill2": free_port(), "prefix": free_port(), "control": free_port()}
-        engines.append("prefill2")
+        ports |= {"prefix": free_port(), "control": free_port()}
+        for n in range(2, args.prefill_pods + 1):
+            ports[f"prefill{n}"] = free_port()
+            engines.append(f"prefill{n}")
     processes = [start_engine(args.engine, ports[name], args, args.engine_core) for name in engines]
     try:
         for name in engines:
@@ -525,6 +528,12 @@ def main() -> None:
         type=int,
         default=256,
         help="with --prefix: stream i sends document i %% N (1: every stream the same prompt)",
+    )
+    parser.add_argument(
+        "--prefill-pods",
+        type=int,
+        default=2,
+        help="with --prefix: prefill engines behind the routers (1: the choice's cost alone)",
     )
     parser.add_argument("--router-core", type=int, default=0)
     parser.add_argument("--engine-core", type=int, default=1)
