@@ -232,16 +232,23 @@ class PrefixIndex:
         self._pods: dict[str, OrderedDict[int, None]] = {}
 
     def matched_blocks(self, pod: str, keys: Sequence[int]) -> int:
-        """How many leading blocks of `keys` this pod holds (stops at the first one it lacks)."""
+        """How many leading blocks of `keys` this pod holds (up to the first one it lacks).
+
+        A binary search: what a pod holds is closed under prefixes, since `record` makes a prompt's
+        earlier keys more recent than its later ones and eviction takes the least recent, so a
+        pod never holds a key without the keys before it. About 7 lookups for a 108-chunk prompt
+        instead of 108 (this was a third of the choice's cost in the router, by py-spy)."""
         held = self._pods.get(pod)
-        if not held:
+        if not held or not keys or keys[0] not in held:
             return 0
-        count = 0
-        for key in keys:
-            if key not in held:
-                break
-            count += 1
-        return count
+        low, high = 1, len(keys)  # keys[:low] are held; keys[high:] are not known to be
+        while low < high:
+            middle = (low + high + 1) // 2
+            if keys[middle - 1] in held:
+                low = middle
+            else:
+                high = middle - 1
+        return low
 
     def record(self, pod: str, keys: Sequence[int]) -> None:
         """The pod now holds these blocks: most recent use, the head most recent of all."""

@@ -6,6 +6,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tandem.router.prefix import (
     PodLoad,
@@ -279,3 +281,33 @@ def test_no_keys_is_load_only() -> None:
 def test_knobs_are_checked(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         PrefixKnobs(**kwargs)  # type: ignore[arg-type]
+
+
+def _linear_matched(index: PrefixIndex, pod: str, keys: list[int]) -> int:
+    count = 0
+    for key in keys:
+        if key not in index._pods.get(pod, {}):
+            break
+        count += 1
+    return count
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    capacity=st.integers(1, 40),
+    prompts=st.lists(st.lists(st.integers(0, 3), min_size=0, max_size=12), min_size=1, max_size=30),
+    probe=st.lists(st.integers(0, 3), min_size=0, max_size=14),
+)
+def test_matched_blocks_by_bisection_equals_the_first_miss(
+    capacity: int, prompts: list[list[int]], probe: list[int]
+) -> None:
+    """What `record` and LRU eviction leave is closed under prefixes, so the binary search finds the
+    same count as walking to the first missing key, whatever was recorded and evicted."""
+    index = PrefixIndex(capacity)
+    for i, chunks in enumerate(prompts):
+        index.record(f"pod{i % 2}", chain_keys(chunks))
+        if i % 7 == 6:
+            index.resize(max(1, capacity // 2))
+    keys = chain_keys(probe)
+    for pod in ("pod0", "pod1"):
+        assert index.matched_blocks(pod, keys) == _linear_matched(index, pod, keys)
