@@ -50,12 +50,7 @@ from tandem.dashboard.model import Dashboard, panel_queries
 from tandem.dashboard.panels import CHART_FILE
 from tandem.demo.load import BackgroundLoad, Phase
 from tandem.devcluster import cluster as devcluster
-from tandem.devcluster.handle import ClusterHandle
-from tandem.devcluster.layout import ClusterDir
-from tandem.metrics.prometheus import PrometheusReader
-
-from .conftest import Operators
-from .harness import (
+from tandem.devcluster.e2e import (
     IMAGE,
     MODEL,
     Seen,
@@ -69,6 +64,11 @@ from .harness import (
     router_url,
     ttft_quantile,
 )
+from tandem.devcluster.handle import ClusterHandle
+from tandem.devcluster.layout import ClusterDir
+from tandem.metrics.prometheus import PrometheusReader
+
+from .conftest import Operators
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 

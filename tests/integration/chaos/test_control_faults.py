@@ -43,6 +43,7 @@ from tandem.api.status import RevisionRecord
 from tandem.demo.load import BackgroundLoad, Phase
 from tandem.demo.stats import Sample
 from tandem.devcluster import cluster as devcluster
+from tandem.devcluster import e2e as harness
 from tandem.devcluster import kube
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.layout import ClusterDir
@@ -63,7 +64,6 @@ def _load(name: str, path: Path) -> Any:
 
 
 _HERE = Path(__file__).parent
-harness: Any = _load("chaos_harness", _HERE.parent / "autoscale" / "harness.py")
 chaos_conftest: Any = _load("chaos_conftest", _HERE / "conftest.py")
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]

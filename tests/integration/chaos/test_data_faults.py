@@ -21,17 +21,14 @@ Compressed settings: sim engines at time scale 1 with a 1 s model load and a 10 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import signal
-import sys
 import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,21 +36,9 @@ import pytest
 from tandem.api import meta
 from tandem.demo.load import BackgroundLoad, Phase
 from tandem.demo.stats import Sample
+from tandem.devcluster import e2e as harness
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.testing import OperatorProcess, eventually, metric_total, scratch_namespace
-
-
-def _load(name: str, path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-harness: Any = _load("data_faults_harness", Path(__file__).parent.parent / "autoscale" / "harness.py")
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 

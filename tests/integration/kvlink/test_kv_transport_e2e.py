@@ -17,15 +17,12 @@ tokens. Slow link: factor 0.1 (1 Gb/s, 10 % of the link; 1.15 s a pull).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,22 +30,10 @@ import yaml
 
 from tandem.api import meta
 from tandem.demo.load import BackgroundLoad, Phase
+from tandem.devcluster import e2e as harness
 from tandem.devcluster import kube
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.testing import OperatorProcess, scratch_namespace
-
-
-def _load(name: str, path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-harness: Any = _load("kvlink_e2e_harness", Path(__file__).parent.parent / "autoscale" / "harness.py")
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(400)]
 

@@ -23,14 +23,11 @@ for 3 s), prefill 1, decode 1, load 4 requests/s of 200-token prompts and 16 out
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,22 +38,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from tandem.api import meta
 from tandem.controller.revisions import DEFAULT_DRAIN_SECONDS
 from tandem.demo.load import BackgroundLoad, Phase
+from tandem.devcluster import e2e as harness
 from tandem.devcluster import kube
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.testing import RestartableOperator
-
-
-def _load(name: str, path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-harness: Any = _load("revision_e2e_harness", Path(__file__).parent.parent / "autoscale" / "harness.py")
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(420)]
 

@@ -48,6 +48,7 @@ import yaml
 
 from tandem.api import meta
 from tandem.demo.load import BackgroundLoad, Phase
+from tandem.devcluster import e2e as harness
 from tandem.devcluster import kube
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.testing import RestartableOperator
@@ -64,7 +65,6 @@ def _load(name: str, path: Path) -> Any:
 
 
 _HERE = Path(__file__).parent
-harness: Any = _load("rollout_e2e_harness", _HERE.parent / "autoscale" / "harness.py")
 kstatus: Any = _load("rollout_e2e_kstatus", _HERE.parent / "gitops" / "kstatus.py")
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]

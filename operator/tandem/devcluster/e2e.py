@@ -1,5 +1,6 @@
-"""What the autoscaling e2e tests share: manifests, a watcher that records the PDDeployment and its
-StatefulSets once a second, and small readers of status.
+"""What the e2e tests that drive load through a deployed stack share (autoscaling, rollout, KV
+transport, chaos): manifests, a watcher that records the PDDeployment and its StatefulSets once a
+second, and small readers of status.
 
 The load itself is `tandem.demo.load.BackgroundLoad` (streamed completions through the router's pod
 IP, each measured at the client). Every address is a loopback one (127.0.0.0/8).
