@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tandem.devcluster.testing import metric_total
+from tandem.devcluster.testing import eventually, metric_total
 from tandem.engine.settings import DEFAULT_LEASE_SECONDS
 from tandem.router.front import MAX_HEAD_BYTES
 
@@ -70,17 +70,13 @@ def setup() -> Iterator[Setup]:
     router = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ready = Setup(prefill, decode, router, port)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                models = json.loads(_get(ready.url + "/v1/models"))["data"]
-                if [m["id"] for m in models] == [NAME]:
-                    break
-            except OSError:
-                pass
+
+        def learned() -> bool:
             assert router.poll() is None, "router exited"
-            assert time.monotonic() < deadline, "router did not learn the model"
-            time.sleep(0.5)
+            models = json.loads(_get(ready.url + "/v1/models"))["data"]
+            return [m["id"] for m in models] == [NAME]
+
+        eventually(learned, timeout=60, what="the router to learn the model")
         yield ready
     finally:
         router.terminate()
