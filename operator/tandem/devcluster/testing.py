@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import signal
 import socket
@@ -224,6 +225,27 @@ class RestartableOperator:
 
     def stop(self) -> None:
         self.current.stop()
+
+
+Operator = TypeVar("Operator", OperatorProcess, RestartableOperator)
+
+
+@contextlib.contextmanager
+def leading_operator(handle: Operator, timeout: float = 90) -> Iterator[Operator]:
+    """A test fixture's operator: waits until it leads (stopping it and raising if it does not),
+    yields it, and stops it after, printing its log first when TANDEM_SHOW_OPERATOR_LOG is set."""
+    leader = handle.current if isinstance(handle, RestartableOperator) else handle
+    try:
+        leader.wait_leader(timeout=timeout)
+    except AssertionError:
+        handle.stop()
+        raise
+    try:
+        yield handle
+    finally:
+        if os.environ.get("TANDEM_SHOW_OPERATOR_LOG"):
+            print(handle.log_text())
+        handle.stop()
 
 
 @contextlib.contextmanager

@@ -8,14 +8,13 @@ cluster's Prometheus (which scrapes the pods every 2 s).
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from tandem.devcluster.handle import ClusterHandle
-from tandem.devcluster.testing import RestartableOperator, scratch_namespace
+from tandem.devcluster.testing import RestartableOperator, leading_operator, scratch_namespace
 
 RESYNC_SECONDS = 10
 LEASE_SECONDS = 10
@@ -57,12 +56,5 @@ def chaos_operator(
         operator_args(cluster, chaos_namespace, "tandem-chaos"),
         tmp_path_factory.mktemp("chaos-operator"),
     )
-    try:
-        handle.current.wait_leader(timeout=90)
-    except AssertionError as exc:
-        handle.stop()
-        pytest.fail(str(exc))
-    yield handle
-    handle.stop()
-    if os.environ.get("TANDEM_SHOW_OPERATOR_LOG"):
-        print(handle.log_text())
+    with leading_operator(handle, timeout=90):
+        yield handle

@@ -3,13 +3,12 @@ and restart (the CRD fixture is shared)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 
 from tandem.devcluster.handle import ClusterHandle
-from tandem.devcluster.testing import OperatorProcess, RestartableOperator
+from tandem.devcluster.testing import OperatorProcess, RestartableOperator, leading_operator
 
 
 # Module scope: a cluster-wide operator must be gone before other tests run operators of their own
@@ -21,15 +20,8 @@ def operator(
     """`tandem operator` watching all namespaces, with a short resync so tests see several."""
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     handle = OperatorProcess(cluster, ["--resync-seconds", "20", "--lease-namespace", "default"], log)
-    try:
-        handle.wait_leader(timeout=60)
-    except AssertionError as exc:
-        handle.stop()
-        pytest.fail(str(exc))
-    yield handle
-    handle.stop()
-    if os.environ.get("TANDEM_SHOW_OPERATOR_LOG"):
-        print(handle.log_text())
+    with leading_operator(handle, timeout=60):
+        yield handle
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +42,5 @@ def autoscaling_operator(
         ],
         tmp_path_factory.mktemp("autoscaling-operator"),
     )
-    try:
-        handle.current.wait_leader(timeout=60)
-    except AssertionError as exc:
-        handle.stop()
-        pytest.fail(str(exc))
-    yield handle
-    handle.stop()
-    if os.environ.get("TANDEM_SHOW_OPERATOR_LOG"):
-        print(handle.log_text())
+    with leading_operator(handle, timeout=60):
+        yield handle

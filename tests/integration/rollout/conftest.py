@@ -3,14 +3,13 @@ namespace kept for the whole module."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from tandem.devcluster.handle import ClusterHandle
-from tandem.devcluster.testing import RestartableOperator, scratch_namespace
+from tandem.devcluster.testing import RestartableOperator, leading_operator, scratch_namespace
 
 
 @pytest.fixture(scope="module")
@@ -28,16 +27,9 @@ def operator(
         cluster, args, tmp_path_factory.mktemp("rollout-operator"), identity="rollout-e2e"
     )
     try:
-        op.current.wait_leader(timeout=90)
-    except AssertionError as exc:
-        op.stop()
-        pytest.fail(str(exc))
-    try:
-        yield op
+        with leading_operator(op, timeout=90):
+            yield op
     finally:
-        if os.environ.get("TANDEM_SHOW_OPERATOR_LOG"):
-            print(op.log_text())
-        op.stop()
         cluster.kubectl("delete", "lease", lease, "-n", "default", check=False)
 
 
