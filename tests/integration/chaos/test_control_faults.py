@@ -21,10 +21,8 @@ autoscaling every 5 s (the least the API allows), scale-down window 10 s, drain 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import signal
-import sys
 import threading
 import time
 import urllib.request
@@ -50,21 +48,10 @@ from tandem.devcluster.layout import ClusterDir
 from tandem.devcluster.testing import OperatorProcess, RestartableOperator, eventually, metric_total
 from tandem.render import CHILD_KINDS, render
 
+from .conftest import operator_args
+
 T = TypeVar("T")
 
-
-def _load(name: str, path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-_HERE = Path(__file__).parent
-chaos_conftest: Any = _load("chaos_conftest", _HERE / "conftest.py")
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
@@ -362,7 +349,7 @@ def test_leader_killed_under_load_hands_over(stack: Stack, tmp_path: Path) -> No
     """Two replicas on one lease; kill -9 the leader: the standby takes the lease once it lapses
     (10 s) and reconciles a spec edit made after the fail-over (router back to 1 replica)."""
     since = time.time()
-    args = chaos_conftest.operator_args(stack.cluster, stack.namespace, "tandem-chaos")
+    args = operator_args(stack.cluster, stack.namespace, "tandem-chaos")
     standby = OperatorProcess(stack.cluster, [*args, "--identity", "standby"], tmp_path / "standby.log")
     try:
         eventually(lambda: standby.is_leader() is False, timeout=90, what="the standby following")
