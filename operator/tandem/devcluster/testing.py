@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar
 
 from kubernetes import client
@@ -95,6 +97,18 @@ def runner_test_pod(name: str, *extra: str, port: int = 9400, **meta: Any) -> di
             ],
         },
     }
+
+
+def load_file(name: str, path: Path) -> ModuleType:
+    """The Python file at `path` (a bench, a script) imported as module `name`, registered in
+    `sys.modules` first (dataclasses look their module up there)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def free_port() -> int:

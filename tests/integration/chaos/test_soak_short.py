@@ -16,8 +16,6 @@ Wall time alone: about 3 minutes (2 minutes of load, the stack's start, the quie
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,19 +24,13 @@ from types import ModuleType
 import pytest
 
 from tandem.devcluster.handle import ClusterHandle
-from tandem.devcluster.testing import RestartableOperator, scratch_namespace
+from tandem.devcluster.testing import RestartableOperator, load_file, scratch_namespace
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_soak", ROOT / "bench" / "soak.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_soak"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_file("bench_soak", ROOT / "bench" / "soak.py")
 
 
 soak = _bench()

@@ -33,9 +33,7 @@ rules; at most 2 allowed, about 1 in 1,000 P/D requests expected).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -51,21 +49,9 @@ from tandem.demo.load import BackgroundLoad, Phase
 from tandem.devcluster import e2e as harness
 from tandem.devcluster import kube
 from tandem.devcluster.handle import ClusterHandle
-from tandem.devcluster.testing import RestartableOperator
+from tandem.devcluster.testing import RestartableOperator, load_file
 
-
-def _load(name: str, path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-_HERE = Path(__file__).parent
-kstatus: Any = _load("rollout_e2e_kstatus", _HERE.parent / "gitops" / "kstatus.py")
+kstatus: Any = load_file("rollout_e2e_kstatus", Path(__file__).parent.parent / "gitops" / "kstatus.py")
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 

@@ -5,27 +5,20 @@ processes that restart. The soak itself runs in tests/integration/chaos/test_soa
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from tandem.demo.stats import Sample
+from tandem.devcluster.testing import load_file
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_soak", ROOT / "bench" / "soak.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_soak"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_file("bench_soak", ROOT / "bench" / "soak.py")
 
 
 soak = _bench()

@@ -4,12 +4,12 @@ block hashes), and the report table from made-up figures. The live run itself is
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import sys
 from pathlib import Path
 from types import ModuleType
 
+from tandem.devcluster.testing import load_file
 from tandem.engine.prefixcache import block_hashes
 from tandem.engine.tokens import prompt_tokens_of
 from tandem.router.prefix import PrefixKnobs, text_keys
@@ -21,15 +21,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def _bench() -> ModuleType:
     sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location(
-        "bench_prefix_routing_live", ROOT / "bench" / "prefix_routing_live.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_prefix_routing_live"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_file("bench_prefix_routing_live", ROOT / "bench" / "prefix_routing_live.py")
 
 
 live = _bench()

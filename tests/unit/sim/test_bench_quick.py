@@ -4,25 +4,19 @@ part of `make test`; this run is, so the bench cannot rot."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from tandem.devcluster.testing import load_file
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_autoscale", ROOT / "bench" / "autoscale.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_autoscale"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_file("bench_autoscale", ROOT / "bench" / "autoscale.py")
 
 
 @pytest.mark.timeout(120)

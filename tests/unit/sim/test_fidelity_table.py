@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from tandem.devcluster.testing import load_file
+
 BENCH = Path(__file__).resolve().parents[3] / "bench" / "sim_fidelity.py"
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("sim_fidelity_bench", BENCH)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return load_file("sim_fidelity_bench", BENCH)
 
 
 fid = _load()
