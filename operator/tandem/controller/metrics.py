@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import Mapping
@@ -17,6 +16,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+
+from tandem.router.metrics import running_tasks
 
 REGISTRY = CollectorRegistry()
 RECONCILES = Counter(
@@ -52,15 +53,7 @@ ASYNCIO_TASKS = Gauge(
 )
 
 
-def running_tasks() -> float:
-    """Tasks alive in the running event loop; nan when read outside one (the gauge is read by the
-    /metrics handler, on the operator's loop)."""
-    try:
-        return float(len(asyncio.all_tasks()))
-    except RuntimeError:
-        return float("nan")
-
-
+# Read by the /metrics handler, on the operator's loop (nan off it).
 ASYNCIO_TASKS.set_function(running_tasks)
 
 # The autoscaler (controller/autoscaler.py).

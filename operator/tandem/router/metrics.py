@@ -106,8 +106,8 @@ class LabelBound:
 
 
 def running_tasks() -> float:
-    """Tasks alive in the running event loop; nan when read outside one (the gauge is read by the
-    /metrics handler, on the router's loop)."""
+    """Tasks alive in the running event loop; nan when read outside one (the operator's and the
+    router's gauges are read by their /metrics handlers, on their loops)."""
     try:
         return float(len(asyncio.all_tasks()))
     except RuntimeError:
