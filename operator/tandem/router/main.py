@@ -36,6 +36,8 @@ from tandem.router.kvwatch import watch_kv_usage
 from tandem.router.metrics import RouterMetrics, check_length_bounds
 from tandem.router.prefix import (
     DEFAULT_INDEX_BLOCKS_PER_POD,
+    MAX_BLOCK_CHARS,
+    MAX_BLOCKS,
     PREFILL_POLICIES,
     PrefillPolicy,
     PrefixKnobs,
@@ -86,8 +88,8 @@ class RouterConfig(BaseModel):
     # The prefix-aware prefill choice (spec.router.prefixAware wins field by field).
     prefix_aware: bool = True
     prefill_policy: PrefillPolicy | None = None  # spec.router.prefillPolicy wins
-    prefix_block_chars: int = Field(default=PrefixKnobs.block_chars, ge=1)
-    prefix_max_blocks: int = Field(default=PrefixKnobs.max_blocks, ge=1)
+    prefix_block_chars: int = Field(default=PrefixKnobs.block_chars, ge=1, le=MAX_BLOCK_CHARS)
+    prefix_max_blocks: int = Field(default=PrefixKnobs.max_blocks, ge=1, le=MAX_BLOCKS)
     prefix_load_bound: float = Field(default=PrefixKnobs.load_bound, ge=1.0)
     prefix_index_blocks: int = Field(default=DEFAULT_INDEX_BLOCKS_PER_POD, ge=1)
 

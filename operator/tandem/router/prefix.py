@@ -37,19 +37,25 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import zlib
+import math
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+import numpy as np
+import numpy.typing as npt
+
 __all__ = [
+    "MAX_BLOCKS",
+    "MAX_BLOCK_CHARS",
     "PREFILL_POLICIES",
     "PodLoad",
     "PrefillPolicy",
     "PrefixIndex",
     "PrefixKnobs",
     "PrefixSettings",
+    "bytes_keys",
     "chain_keys",
     "choose_prefill",
     "prompt_text",
@@ -73,6 +79,11 @@ class PodLoad:
     outstanding_tokens: int  # prompt tokens (or an estimate) queued or in prefill on it
 
 
+# The most `block_chars` and `max_blocks` can be (spec.router.prefixAware's bounds, the CRD's too).
+MAX_BLOCK_CHARS: Final = 8192
+MAX_BLOCKS: Final = 4096
+
+
 @dataclass(frozen=True)
 class PrefixKnobs:
     block_chars: int = 64  # router: characters per text chunk (~16 tokens at ~4 characters a token)
@@ -81,10 +92,10 @@ class PrefixKnobs:
     tokens_per_request: float = 512.0  # outstanding tokens that weigh as much as one request
 
     def __post_init__(self) -> None:
-        if self.block_chars < 1:
-            raise ValueError("block_chars must be at least 1")
-        if self.max_blocks < 1:
-            raise ValueError("max_blocks must be at least 1")
+        if not 1 <= self.block_chars <= MAX_BLOCK_CHARS:
+            raise ValueError(f"block_chars must be between 1 and {MAX_BLOCK_CHARS}")
+        if not 1 <= self.max_blocks <= MAX_BLOCKS:
+            raise ValueError(f"max_blocks must be between 1 and {MAX_BLOCKS}")
         if self.load_bound < 1.0:
             raise ValueError("load_bound must be at least 1")
         if self.tokens_per_request <= 0:
@@ -125,9 +136,13 @@ class PrefixSettings:
             return base
         knobs = base.knobs
 
-        def number(key: str, current: float, lowest: float, integer: bool) -> Any:
+        def number(key: str, current: float, lowest: float, integer: bool, highest: float = math.inf) -> Any:
             value = spec.get(key)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < lowest:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not lowest <= value <= highest
+            ):
                 return current
             if integer and not isinstance(value, int):
                 return current
@@ -137,8 +152,8 @@ class PrefixSettings:
         return cls(
             enabled=enabled if isinstance(enabled, bool) else base.enabled,
             knobs=PrefixKnobs(
-                block_chars=number("blockChars", knobs.block_chars, 1, True),
-                max_blocks=number("maxBlocks", knobs.max_blocks, 1, True),
+                block_chars=number("blockChars", knobs.block_chars, 1, True, MAX_BLOCK_CHARS),
+                max_blocks=number("maxBlocks", knobs.max_blocks, 1, True, MAX_BLOCKS),
                 load_bound=float(number("loadBound", knobs.load_bound, 1.0, False)),
                 tokens_per_request=knobs.tokens_per_request,
             ),
@@ -173,25 +188,42 @@ def chain_keys(block_tokens_or_chunks: Sequence[Hashable]) -> list[int]:
     return keys
 
 
+def _odd_weights(label: bytes, count: int) -> npt.NDArray[np.uint64]:
+    """`count` odd 64-bit weights from SHAKE-256 of `label`: the same in every process and version."""
+    weights = np.frombuffer(hashlib.shake_256(label).digest(8 * count), dtype="<u8").astype(np.uint64)
+    return weights | np.uint64(1)
+
+
+# Weights of a byte's offset in its chunk and of a chunk's place in the prompt (text_keys).
+_BYTE_WEIGHTS: Final = _odd_weights(_ROOT + b"/byte", MAX_BLOCK_CHARS)
+_CHUNK_WEIGHTS: Final = _odd_weights(_ROOT + b"/chunk", MAX_BLOCKS)
+
+
 def text_keys(text: str, knobs: PrefixKnobs) -> list[int]:
     """Keys of the text's full `block_chars` chunks (of its UTF-8 bytes: characters, for ASCII), at
     most `max_blocks` of them: key i is a 64-bit hash of the text up to the end of chunk i.
 
-    The router's hot path, so cheaper than `chain_keys` (a blake2b per chunk cost ~1 us, this ~0.4):
-    CRC-32 and Adler-32 carried from chunk to chunk, which is the CRC and Adler of the whole prefix,
-    as chaining names the whole prefix. Deterministic across processes. Not collision-resistant:
-    a collision only makes the router believe a pod holds one more chunk than it does."""
-    data = text.encode()
+    The router's hot path, so cheaper than `chain_keys`, and with no Python loop over the chunks:
+    a linear hash modulo 2**64, key i = the sum over chunks c <= i and their bytes b of
+    chunk_weight[c] * byte_weight[offset of b] * b, all weights odd. Key i is a function of the
+    prefix through chunk i only, so it names the prefix as chaining does, and the keys of all chunks
+    are one numpy cumulative sum (a 108-chunk prompt: 12-15 us, against 36 us for a CRC-32 and
+    Adler-32 carried chunk to chunk in a Python loop). Two different prefixes differ in some byte by
+    at most 255, whose product with an odd weight cannot vanish modulo 2**64, so keys are equal by
+    accident only when several differences cancel. Not collision-resistant: a collision only makes
+    the router believe a pod holds one more chunk than it does. The same in every process."""
+    return bytes_keys(text.encode(), knobs)
+
+
+def bytes_keys(data: bytes, knobs: PrefixKnobs) -> list[int]:
+    """`text_keys` of text already encoded."""
     size = knobs.block_chars
-    end = min(len(data) // size, knobs.max_blocks) * size
-    keys: list[int] = []
-    crc, adler = 0, 1
-    crc32, adler32 = zlib.crc32, zlib.adler32
-    for start in range(0, end, size):
-        chunk = data[start : start + size]
-        crc = crc32(chunk, crc)
-        adler = adler32(chunk, adler)
-        keys.append(crc << 32 | adler)
+    blocks = min(len(data) // size, knobs.max_blocks)
+    if blocks == 0:
+        return []
+    chunks = np.frombuffer(data, dtype=np.uint8, count=blocks * size).reshape(blocks, size)
+    chunk_sums = chunks @ _BYTE_WEIGHTS[:size]  # uint64, wrapping modulo 2**64
+    keys: list[int] = np.cumsum(chunk_sums * _CHUNK_WEIGHTS[:blocks], dtype=np.uint64).tolist()
     return keys
 
 

@@ -59,6 +59,8 @@ def test_static_endpoints_and_tuning_flags() -> None:
         [],  # no way to find engines
         ["--pddeployment", "llm", "--decode", "http://127.0.0.1:3"],  # both ways at once
         ["--decode", "http://127.0.0.1:3", "--max-retries", "-1"],
+        ["--decode", "http://127.0.0.1:3", "--prefix-max-blocks", "4097"],  # past the key weights
+        ["--decode", "http://127.0.0.1:3", "--prefix-block-chars", "8193"],
     ],
 )
 def test_refusals(argv: list[str]) -> None:

@@ -9,10 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tandem.api.models import PrefixAwareSpec
 from tandem.router.prefix import (
+    MAX_BLOCK_CHARS,
+    MAX_BLOCKS,
     PodLoad,
     PrefixIndex,
     PrefixKnobs,
+    bytes_keys,
     chain_keys,
     choose_prefill,
     prompt_text,
@@ -94,6 +98,52 @@ def test_text_keys_are_the_same_in_another_process_and_name_the_prefix() -> None
     assert len(set(keys)) == len(keys)  # "shared h", "ead shar", ...: equal chunks, distinct prefixes
     other = text_keys("X" + text[1:], KNOBS)
     assert all(a != b for a, b in zip(keys, other, strict=True))  # a different first chunk: all differ
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    a=st.text(alphabet="ab", max_size=60),
+    b=st.text(alphabet="ab", max_size=60),
+    size=st.integers(1, 9),
+)
+def test_text_keys_agree_exactly_where_the_prefixes_do(a: str, b: str, size: int) -> None:
+    """Key i of two texts is equal exactly when their first i+1 chunks are: a two-letter alphabet
+    and short chunks make shared and near-miss prefixes common."""
+    knobs = PrefixKnobs(block_chars=size, max_blocks=MAX_BLOCKS)
+    for i, (key_a, key_b) in enumerate(zip(text_keys(a, knobs), text_keys(b, knobs), strict=False)):
+        assert (key_a == key_b) == (a[: (i + 1) * size] == b[: (i + 1) * size])
+
+
+@pytest.mark.parametrize("offset", [0, 1, 7, 8, 63, 64, 500, 6911])
+@pytest.mark.parametrize("byte", [1, 128, 255])
+def test_one_changed_byte_changes_its_chunks_key_and_every_later_one(offset: int, byte: int) -> None:
+    """Any single byte changed anywhere, by any amount (as high as 255: the linear hash's hardest
+    case), changes the key of its chunk and of every later chunk, and no earlier one."""
+    knobs = PrefixKnobs(block_chars=64, max_blocks=MAX_BLOCKS)
+    data = bytes(range(256)) * 27  # 6,912 bytes: 108 chunks
+    changed = bytearray(data)
+    changed[offset] ^= byte
+    keys, other = bytes_keys(data, knobs), bytes_keys(bytes(changed), knobs)
+    first = offset // 64
+    assert keys[:first] == other[:first]
+    assert all(x != y for x, y in zip(keys[first:], other[first:], strict=True))
+
+
+def test_text_keys_at_the_largest_knobs() -> None:
+    knobs = PrefixKnobs(block_chars=MAX_BLOCK_CHARS, max_blocks=MAX_BLOCKS)
+    assert len(text_keys("x" * (MAX_BLOCK_CHARS * 3 + 1), knobs)) == 3
+    small = PrefixKnobs(block_chars=1, max_blocks=MAX_BLOCKS)
+    assert len(text_keys("y" * (MAX_BLOCKS + 5), small)) == MAX_BLOCKS
+
+
+def test_knob_bounds_are_the_specs() -> None:
+    """The CRD's bounds for blockChars and maxBlocks are the largest knobs `text_keys` has weights for."""
+
+    def most(field: str) -> object:
+        return next(m.le for m in PrefixAwareSpec.model_fields[field].metadata if hasattr(m, "le"))
+
+    assert most("block_chars") == MAX_BLOCK_CHARS
+    assert most("max_blocks") == MAX_BLOCKS
 
 
 def test_text_keys_chunk_utf8_bytes() -> None:
@@ -276,7 +326,14 @@ def test_no_keys_is_load_only() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"block_chars": 0}, {"max_blocks": 0}, {"load_bound": 0.9}, {"tokens_per_request": 0.0}],
+    [
+        {"block_chars": 0},
+        {"block_chars": MAX_BLOCK_CHARS + 1},
+        {"max_blocks": 0},
+        {"max_blocks": MAX_BLOCKS + 1},
+        {"load_bound": 0.9},
+        {"tokens_per_request": 0.0},
+    ],
 )
 def test_knobs_are_checked(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError, match=next(iter(kwargs))):

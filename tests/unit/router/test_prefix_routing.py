@@ -12,7 +12,7 @@ from tandem.router.balancer import Balancer
 from tandem.router.failure import RetryBudget
 from tandem.router.flow import ClientRequest, Flow, Timeouts
 from tandem.router.metrics import RouterMetrics
-from tandem.router.prefix import PrefixKnobs, PrefixSettings
+from tandem.router.prefix import MAX_BLOCKS, PrefixKnobs, PrefixSettings
 from tandem.router.protocol import RequestFacts
 from tandem.router.state import RouterState
 from tandem.router.upstream import Upstream
@@ -169,6 +169,8 @@ def test_settings_from_the_spec() -> None:
     # Wrong types and out-of-range values keep the base's (the CRD refuses them anyway).
     bad = {"enabled": "yes", "blockChars": 0, "maxBlocks": 2.5, "loadBound": 0.5, "indexBlocksPerPod": True}
     assert PrefixSettings.from_spec(bad, base) == base
+    too_big = {"blockChars": 8193, "maxBlocks": 4097}  # over the CRD's bounds, which the knobs share
+    assert PrefixSettings.from_spec(too_big, base) == base
 
 
 def test_state_follows_the_pddeployment() -> None:
@@ -194,7 +196,7 @@ def test_state_follows_the_pddeployment() -> None:
 
 @pytest.mark.parametrize("chars", [1, 64])
 def test_keys_count(chars: int) -> None:
-    flow, _, _ = make(PrefixSettings(knobs=PrefixKnobs(block_chars=chars, max_blocks=10_000)))
+    flow, _, _ = make(PrefixSettings(knobs=PrefixKnobs(block_chars=chars, max_blocks=MAX_BLOCKS)))
     request = chat("x" * 500)
     keys = flow._prefix_keys(request) or []
     from tandem.router.prefix import prompt_text
