@@ -38,6 +38,7 @@ from tandem.router.protocol import (
     Endpoint,
     RequestFacts,
     decode_body,
+    dump_body,
     kv_transfer_params_of,
     prefill_body,
 )
@@ -440,7 +441,7 @@ class Flow:
     ) -> None:
         tried_prefill: set[str] = set()
         tried_decode: set[str] = set()
-        prefill_bytes = json.dumps(prefill_body(request.body)).encode()
+        prefill_bytes = dump_body(prefill_body(request.body))
         keys = self._prefix_keys(request)
         attempt = 0
         while True:
@@ -480,7 +481,7 @@ class Flow:
                 return
             tried_decode.add(decode_pod)
             leg_body = decode_body(request.body, outcome)
-            body = json.dumps(_with_usage(leg_body) if request.facts.stream else leg_body).encode()
+            body = dump_body(_with_usage(leg_body) if request.facts.stream else leg_body)
             failed = await self._relay(
                 request, "decode", decode_pod, body, request_id, responder, tally, metrics
             )
@@ -507,7 +508,7 @@ class Flow:
         # chunk is passed on only when the client asked for it too.
         raw = request.raw
         if request.facts.stream and not _asks_usage(request.body):
-            raw = json.dumps(_with_usage(request.body)).encode()
+            raw = dump_body(_with_usage(request.body))
         keys = self._prefix_keys(request)
         while True:
             pod = self._pick("colocated", tried, None, keys)

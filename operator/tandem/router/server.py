@@ -24,7 +24,7 @@ from tandem.router.errors import error_body
 from tandem.router.flow import ClientRequest, Flow
 from tandem.router.front import ClientStream, FrontRequest
 from tandem.router.gateway import rate_limited_body, unauthorized_body
-from tandem.router.protocol import BadRequest, Endpoint, check_fits, request_facts
+from tandem.router.protocol import BadRequest, Endpoint, check_fits, parse_body, request_facts
 from tandem.router.state import RouterState
 from tandem.router.tenants import Unauthorized
 
@@ -122,7 +122,7 @@ class RouterApp:
         if tenant is None:
             return
         try:
-            body = json.loads(raw)
+            body = parse_body(raw)
         except ValueError as error:
             self._reject(client, "invalid_json", 400, f"request body is not valid JSON: {error}")
             return

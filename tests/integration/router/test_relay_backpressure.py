@@ -69,7 +69,7 @@ class FloodEngine(asyncio.Protocol):
         if head.startswith("GET"):
             models = {"data": [{"id": "flood", "max_model_len": 4096}]}
             self._whole(json.dumps(models).encode())
-        elif b'"do_remote_decode": true' in body:
+        elif (json.loads(body).get("kv_transfer_params") or {}).get("do_remote_decode"):
             answer = {"choices": [{"text": "a"}], "kv_transfer_params": {"do_remote_prefill": True}}
             self._whole(json.dumps(answer).encode())
         else:

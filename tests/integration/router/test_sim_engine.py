@@ -209,6 +209,7 @@ async def test_bad_input_gets_openai_errors(
         url = router.url + "/v1/completions"
         cases = [
             (b"{not json", 400, None),
+            (b'{"model": "m", "prompt": "hi", "temperature": NaN}', 400, None),  # not JSON
             (json.dumps({"prompt": "hi"}).encode(), 400, "model"),
             (json.dumps({"model": "nope", "prompt": "hi"}).encode(), 404, "model"),
             (json.dumps({"model": NAME, "prompt": "w " * MAX_MODEL_LEN}).encode(), 400, "prompt"),
@@ -224,7 +225,7 @@ async def test_bad_input_gets_openai_errors(
                 assert body["error"]["message"]
         assert router.sample("tandem_router_prefill_leg_seconds_count", outcome="ok") == 0  # none reached P
         rejected = "tandem_router_rejected_requests_total"
-        assert router.sample(rejected, reason="invalid_json") == 1
+        assert router.sample(rejected, reason="invalid_json") == 2
         assert router.sample(rejected, reason="invalid_request") == 2
         assert router.sample(rejected, reason="unknown_model") == 1
         assert router.sample(rejected, reason="body_too_large") == 1

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tandem.router.protocol import (
     BadRequest,
     check_fits,
     decode_body,
+    dump_body,
     kv_transfer_params_of,
+    parse_body,
     prefill_body,
     request_facts,
 )
@@ -127,3 +132,46 @@ def test_check_fits(prompt: Any, max_tokens: int | None, limit: int | None, fits
     else:
         with pytest.raises(BadRequest, match="maximum context length"):
             check_fits(facts, limit)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b'{"temperature": NaN}', "NaN is not a JSON number"),
+        (b'{"temperature": Infinity}', "Infinity is not a JSON number"),
+        (b'{"temperature": -Infinity}', "-Infinity is not a JSON number"),
+        (b'{"temperature": 1e400}', "1e400 is out of range"),
+        (b"{not json", "Expecting property name"),
+    ],
+)
+def test_parse_body_refuses_what_json_has_not(raw: bytes, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_body(raw)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"seed": 2**70, "logit_bias": {"50256": -100}},  # beyond orjson's 64 bits: json.dumps writes it
+        {"prompt": "lone \ud800 surrogate"},  # parse_body lets it through; orjson refuses to write it
+        {"prompt": "plain", "temperature": 0.7, "top_p": 1e-7, "n": 1, "stop": ["\n"]},
+        {"messages": [{"role": "user", "content": "héllo \u2028 wörld 🙂"}]},
+    ],
+)
+def test_dump_body_writes_back_what_parse_body_read(body: dict[str, Any]) -> None:
+    raw = json.dumps(body).encode()
+    assert parse_body(dump_body(parse_body(raw))) == parse_body(raw)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON)
+def test_dump_body_round_trips_any_json(value: Any) -> None:
+    assert parse_body(dump_body(value)) == value
+    assert parse_body(dump_body(value)) == json.loads(json.dumps(value))
