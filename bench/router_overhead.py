@@ -21,9 +21,9 @@ The `router` arm runs the load-only choice (`--no-prefix-aware`). `--prefix` add
 with the prefix-aware choice (the default) as arm `prefix`, gives the routers two prefill engines
 (`--prefill-pods`; with 1 every router places every request alike, so the prefix arm's difference
 is the choice's own cost) and sends ~7 KB chat prompts (a shared system prompt and a document:
-~108 chunks of 64 characters, every one a hit after a stream's first request, the most index work
-a prompt of that size can cost); stream i sends document i % `--prefix-documents` (default 256:
-each stream its own conversation, resent; 1: every stream the same prompt, one hot prefix). It
+~108 chunks of 64 characters, 13 sampled keys, every one a hit after a stream's first request, the
+most index work a prompt of that size can cost); stream i sends document i % `--prefix-documents`
+(default 256: each stream its own conversation, resent; 1: every stream the same prompt, one hot prefix). It
 prints the prefix router's added latency and its throughput and req/cpu-s against the load-only
 router of the same run, and beside it the same figures for `control`, a second load-only router:
 the difference two identical arms show on this machine in this run (noise, the arms' order),
@@ -476,7 +476,7 @@ def prefix_choice_cost(body: dict[str, object], pods: int = 2, number: int = 200
     us = {name: timeit.timeit(fn, number=number) / number * 1e6 for name, fn in parts.items()}
     detail = ", ".join(f"{name} {value:.1f}" for name, value in us.items())
     total = sum(us.values())
-    return f"prefix choice in-process: {total:.1f} us/request ({len(keys)} chunks, {pods} pods: {detail})"
+    return f"prefix choice in-process: {total:.1f} us/request ({len(keys)} keys, {pods} pods: {detail})"
 
 
 def vs_load_only(name: str, concurrency: int, prefix: Result, load: Result) -> str:

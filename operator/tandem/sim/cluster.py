@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from heapq import heappop, heappush
 
 from tandem.router.paths import choose_path
-from tandem.router.prefix import PodLoad, PrefixIndex, choose_prefill
+from tandem.router.prefix import PodLoad, PrefixIndex, choose_prefill, sparse_keys
 from tandem.sim.layout import ROLES, Layout, Role, SimConfig
 from tandem.sim.observe import snapshot_of
 from tandem.sim.policy import Policy
@@ -219,7 +219,7 @@ class Cluster:
             first = route_keys(request.prefix, self.config.route_block_tokens, 1)  # for its tie-breaks
             name = choose_prefill(loads, first, view, knobs)
             return next(r for r in pods if r.name == name)
-        keys = route_keys(request.prefix, self.config.route_block_tokens, knobs.max_blocks)
+        keys = sparse_keys(route_keys(request.prefix, self.config.route_block_tokens, knobs.max_blocks))
         index = self.prefix_index[role]
         name = choose_prefill(loads, keys, index, knobs)
         chosen = next(r for r in pods if r.name == name)
@@ -510,14 +510,15 @@ class Cluster:
 
 class _CacheView(PrefixIndex):
     """The replicas' simulated caches in the place of the balancer's index (the bounded oracle): a pod
-    "matches" the blocks of the request's prompt it really holds; the keys passed are not used."""
+    "matches" the blocks of the request's prompt it really holds (in blocks, not keys: the choice
+    only compares the counts); the keys passed are not used."""
 
     def __init__(self, replicas: Mapping[str, Replica], runs: tuple[tuple[int, int], ...] | None) -> None:
         super().__init__(1)
         self.replicas = replicas
         self.runs = runs
 
-    def matched_blocks(self, pod: str, keys: Sequence[int]) -> int:
+    def matched_keys(self, pod: str, keys: Sequence[int]) -> int:
         replica = self.replicas.get(pod)
         return replica.cached_blocks(self.runs) if replica is not None else 0
 

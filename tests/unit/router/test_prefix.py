@@ -11,15 +11,16 @@ from hypothesis import strategies as st
 
 from tandem.api.models import PrefixAwareSpec
 from tandem.router.prefix import (
+    KEY_BLOCKS,
     MAX_BLOCK_CHARS,
     MAX_BLOCKS,
     PodLoad,
     PrefixIndex,
     PrefixKnobs,
-    bytes_keys,
     chain_keys,
     choose_prefill,
     prompt_text,
+    sparse_keys,
     text_keys,
 )
 
@@ -66,12 +67,33 @@ def test_chain_keys_are_the_same_in_another_process() -> None:
     assert out == str(chain_keys(["ab", (1, 2), 7]))
 
 
+def test_key_blocks_are_each_power_of_two_and_one_and_a_half_times_it() -> None:
+    assert KEY_BLOCKS[:14] == (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+    assert KEY_BLOCKS[-2:] == (3072, MAX_BLOCKS)
+    assert len(KEY_BLOCKS) == 24
+
+
 @pytest.mark.parametrize(
-    ("text", "blocks"),
-    [("", 0), ("x" * 7, 0), ("x" * 8, 1), ("x" * 15, 1), ("x" * 16, 2), ("x" * 1000, 64)],
+    ("text", "keys"),
+    [
+        ("", 0),
+        ("x" * 7, 0),
+        ("x" * 8, 1),  # one full chunk of 8
+        ("x" * 15, 1),
+        ("x" * 16, 2),
+        ("x" * 40, 4),  # 5 chunks: keys at 1, 2, 3, 4
+        ("x" * 48, 5),  # 6 chunks: and 6
+        ("x" * 1000, 12),  # 125 chunks, capped at max_blocks 64: 1 ... 48, 64
+    ],
 )
-def test_text_keys_full_chunks_only_capped(text: str, blocks: int) -> None:
-    assert len(text_keys(text, KNOBS)) == blocks
+def test_text_keys_full_chunks_only_sampled_capped(text: str, keys: int) -> None:
+    assert len(text_keys(text, KNOBS)) == keys
+
+
+def test_sparse_keys_pick_the_keys_ending_at_key_blocks() -> None:
+    dense = list(range(100, 200))  # 100 blocks
+    assert sparse_keys(dense) == [100 + count - 1 for count in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96)]
+    assert sparse_keys([]) == []
 
 
 def test_text_keys_extend_when_a_conversation_grows() -> None:
@@ -102,42 +124,42 @@ def test_text_keys_are_the_same_in_another_process_and_name_the_prefix() -> None
 
 @settings(max_examples=300, deadline=None)
 @given(
-    a=st.text(alphabet="ab", max_size=60),
-    b=st.text(alphabet="ab", max_size=60),
+    a=st.text(alphabet="ab", max_size=80),
+    b=st.text(alphabet="ab", max_size=80),
     size=st.integers(1, 9),
 )
 def test_text_keys_agree_exactly_where_the_prefixes_do(a: str, b: str, size: int) -> None:
-    """Key i of two texts is equal exactly when their first i+1 chunks are: a two-letter alphabet
-    and short chunks make shared and near-miss prefixes common."""
+    """Key j of two texts is equal exactly when their first KEY_BLOCKS[j] chunks are: a two-letter
+    alphabet and short chunks make shared and near-miss prefixes common."""
     knobs = PrefixKnobs(block_chars=size, max_blocks=MAX_BLOCKS)
-    for i, (key_a, key_b) in enumerate(zip(text_keys(a, knobs), text_keys(b, knobs), strict=False)):
-        assert (key_a == key_b) == (a[: (i + 1) * size] == b[: (i + 1) * size])
+    for j, (key_a, key_b) in enumerate(zip(text_keys(a, knobs), text_keys(b, knobs), strict=False)):
+        end = KEY_BLOCKS[j] * size
+        assert (key_a == key_b) == (a[:end] == b[:end])
 
 
-@pytest.mark.parametrize("offset", [0, 1, 7, 8, 63, 64, 500, 6911])
+@pytest.mark.parametrize("offset", [0, 1, 7, 8, 63, 64, 500, 6143])
 @pytest.mark.parametrize("byte", [1, 128, 255])
-def test_one_changed_byte_changes_its_chunks_key_and_every_later_one(offset: int, byte: int) -> None:
-    """Any single byte changed anywhere, by any amount (as high as 255: the linear hash's hardest
-    case), changes the key of its chunk and of every later chunk, and no earlier one."""
+def test_one_changed_byte_changes_the_keys_past_it_and_no_earlier_one(offset: int, byte: int) -> None:
+    """Any single byte changed anywhere, by any amount, changes every key whose prefix holds it."""
     knobs = PrefixKnobs(block_chars=64, max_blocks=MAX_BLOCKS)
-    data = bytes(range(256)) * 27  # 6,912 bytes: 108 chunks
-    changed = bytearray(data)
-    changed[offset] ^= byte
-    keys, other = bytes_keys(data, knobs), bytes_keys(bytes(changed), knobs)
-    first = offset // 64
+    text = "".join(chr(32 + i % 90) for i in range(6912))  # 108 chunks: keys up to 96 chunks (6,144)
+    changed = text[:offset] + chr(ord(text[offset]) ^ byte) + text[offset + 1 :]
+    keys, other = text_keys(text, knobs), text_keys(changed, knobs)
+    assert len(keys) == len(other) == 13
+    first = next(j for j, count in enumerate(KEY_BLOCKS) if count * 64 > offset)
     assert keys[:first] == other[:first]
-    assert all(x != y for x, y in zip(keys[first:], other[first:], strict=True))
+    assert all(x != y for x, y in zip(keys[first:], other[first:], strict=False))
 
 
 def test_text_keys_at_the_largest_knobs() -> None:
     knobs = PrefixKnobs(block_chars=MAX_BLOCK_CHARS, max_blocks=MAX_BLOCKS)
     assert len(text_keys("x" * (MAX_BLOCK_CHARS * 3 + 1), knobs)) == 3
     small = PrefixKnobs(block_chars=1, max_blocks=MAX_BLOCKS)
-    assert len(text_keys("y" * (MAX_BLOCKS + 5), small)) == MAX_BLOCKS
+    assert len(text_keys("y" * (MAX_BLOCKS + 5), small)) == len(KEY_BLOCKS)
 
 
 def test_knob_bounds_are_the_specs() -> None:
-    """The CRD's bounds for blockChars and maxBlocks are the largest knobs `text_keys` has weights for."""
+    """The CRD's bounds for blockChars and maxBlocks are the knobs' (KEY_BLOCKS reaches maxBlocks)."""
 
     def most(field: str) -> object:
         return next(m.le for m in PrefixAwareSpec.model_fields[field].metadata if hasattr(m, "le"))
@@ -171,11 +193,11 @@ def test_index_matches_leading_blocks_only() -> None:
     index = PrefixIndex(capacity_blocks_per_pod=100)
     keys = chain_keys(["a", "b", "c", "d"])
     index.record(A, keys[:3])
-    assert index.matched_blocks(A, keys) == 3
-    assert index.matched_blocks(A, keys[:2]) == 2
-    assert index.matched_blocks(B, keys) == 0
-    assert index.matched_blocks(A, chain_keys(["x", "b", "c"])) == 0
-    assert index.matched_blocks(A, []) == 0
+    assert index.matched_keys(A, keys) == 3
+    assert index.matched_keys(A, keys[:2]) == 2
+    assert index.matched_keys(B, keys) == 0
+    assert index.matched_keys(A, chain_keys(["x", "b", "c"])) == 0
+    assert index.matched_keys(A, []) == 0
 
 
 def test_index_lru_evicts_least_recent_and_tails_first() -> None:
@@ -185,12 +207,12 @@ def test_index_lru_evicts_least_recent_and_tails_first() -> None:
     index.record(A, old)
     index.record(A, new)  # 5 blocks > 4: the oldest entry goes, which is old's tail block
     assert index.size(A) == 4
-    assert index.matched_blocks(A, old) == 2
-    assert index.matched_blocks(A, new) == 2
+    assert index.matched_keys(A, old) == 2
+    assert index.matched_keys(A, new) == 2
     index.record(A, old[:1])  # touch old's head: now the least recent is old's second block
     index.record(A, chain_keys(["m1"]))
-    assert index.matched_blocks(A, old) == 1
-    assert index.matched_blocks(A, new) == 2
+    assert index.matched_keys(A, old) == 1
+    assert index.matched_keys(A, new) == 2
 
 
 def test_index_forget_pod() -> None:
@@ -199,8 +221,8 @@ def test_index_forget_pod() -> None:
     index.record(A, keys)
     index.record(B, keys)
     index.forget_pod(A)
-    assert index.matched_blocks(A, keys) == 0
-    assert index.matched_blocks(B, keys) == 2
+    assert index.matched_keys(A, keys) == 0
+    assert index.matched_keys(B, keys) == 2
     assert index.pods() == [B]
     with pytest.raises(ValueError, match="capacity_blocks_per_pod"):
         PrefixIndex(0)
@@ -238,9 +260,9 @@ def test_choice_table(
     pods = [PodLoad(name, r, t) for name, (r, t) in loads.items()]
     assert choose_prefill(pods, keys, index, KNOBS) == expected, why
     # Pure: the same inputs give the same answer and the index is unchanged.
-    before = {pod: index.matched_blocks(pod, keys) for pod in (A, B, C)}
+    before = {pod: index.matched_keys(pod, keys) for pod in (A, B, C)}
     assert choose_prefill(pods, keys, index, KNOBS) == expected
-    assert {pod: index.matched_blocks(pod, keys) for pod in (A, B, C)} == before
+    assert {pod: index.matched_keys(pod, keys) for pod in (A, B, C)} == before
 
 
 def test_idle_pool_spreads_new_prefixes_and_sticks() -> None:
@@ -285,7 +307,7 @@ def test_hot_prefix_is_bounded_and_replicated() -> None:
     assert min(outstanding.values()) >= 25, outstanding
     # The prefix is now on every pod: a new request finds its 2 blocks wherever it goes.
     keys = chain_keys([*hot, "new question"])
-    assert all(index.matched_blocks(pod, keys) == 2 for pod in (A, B, C))
+    assert all(index.matched_keys(pod, keys) == 2 for pod in (A, B, C))
 
 
 def test_hot_prefix_with_completions_prefers_the_holder_while_it_keeps_up() -> None:
@@ -355,7 +377,7 @@ def _linear_matched(index: PrefixIndex, pod: str, keys: list[int]) -> int:
     prompts=st.lists(st.lists(st.integers(0, 3), min_size=0, max_size=12), min_size=1, max_size=30),
     probe=st.lists(st.integers(0, 3), min_size=0, max_size=14),
 )
-def test_matched_blocks_by_bisection_equals_the_first_miss(
+def test_matched_keys_by_bisection_equals_the_first_miss(
     capacity: int, prompts: list[list[int]], probe: list[int]
 ) -> None:
     """What `record` and LRU eviction leave is closed under prefixes, so the binary search finds the
@@ -367,4 +389,20 @@ def test_matched_blocks_by_bisection_equals_the_first_miss(
             index.resize(max(1, capacity // 2))
     keys = chain_keys(probe)
     for pod in ("pod0", "pod1"):
-        assert index.matched_blocks(pod, keys) == _linear_matched(index, pod, keys)
+        assert index.matched_keys(pod, keys) == _linear_matched(index, pod, keys)
+
+
+def test_the_index_counts_the_blocks_each_sampled_key_stands_for() -> None:
+    keys = chain_keys(list(range(6)))  # keys ending at blocks 1, 2, 3, 4, 6, 8: 1+1+1+1+2+2 blocks
+    index = PrefixIndex(capacity_blocks_per_pod=100)
+    index.record(A, keys)
+    assert index.size(A) == 8
+    index.resize(6)  # the last key (blocks 7-8) goes first
+    assert (index.size(A), index.matched_keys(A, keys)) == (6, 5)
+    index.resize(3)
+    assert (index.size(A), index.matched_keys(A, keys)) == (3, 3)
+    small = PrefixIndex(capacity_blocks_per_pod=1)
+    small.record(B, keys)
+    assert (small.size(B), small.matched_keys(B, keys)) == (1, 1)
+    with pytest.raises(ValueError, match="at most 24 keys"):
+        index.record(A, list(range(25)))

@@ -12,7 +12,7 @@ from tandem.router.balancer import Balancer
 from tandem.router.failure import RetryBudget
 from tandem.router.flow import ClientRequest, Flow, Timeouts
 from tandem.router.metrics import RouterMetrics
-from tandem.router.prefix import MAX_BLOCKS, PrefixKnobs, PrefixSettings
+from tandem.router.prefix import KEY_BLOCKS, MAX_BLOCKS, PrefixKnobs, PrefixSettings
 from tandem.router.protocol import RequestFacts
 from tandem.router.state import RouterState
 from tandem.router.upstream import Upstream
@@ -110,8 +110,8 @@ def test_load_bound_moves_a_hot_prefix_off_a_busy_pod() -> None:
     assert other not in (holder, None)
     # Both now hold the prefix (the index learnt the spill).
     keys = flow._prefix_keys(request) or []
-    assert state.prefix_index.matched_blocks(holder, keys) == len(keys)
-    assert state.prefix_index.matched_blocks(other or "", keys) == len(keys)
+    assert state.prefix_index.matched_keys(holder, keys) == len(keys)
+    assert state.prefix_index.matched_keys(other or "", keys) == len(keys)
 
 
 def test_excluded_and_quarantined_pods_are_not_chosen() -> None:
@@ -134,7 +134,7 @@ def test_a_pod_that_leaves_is_forgotten() -> None:
     keys = flow._prefix_keys(request) or []
     rest = [pod for pod in (P1, P2, P3) if pod != holder]
     state.set_static({"prefill": rest, "decode": [D1, D2]})
-    assert state.prefix_index.matched_blocks(holder, keys) == 0
+    assert state.prefix_index.matched_keys(holder, keys) == 0
     assert pick_prefill(flow, request) in rest
 
 
@@ -201,7 +201,8 @@ def test_keys_count(chars: int) -> None:
     keys = flow._prefix_keys(request) or []
     from tandem.router.prefix import prompt_text
 
-    assert len(keys) == len(prompt_text(request.body)) // chars
+    chunks = len(prompt_text(request.body)) // chars
+    assert len(keys) == len([count for count in KEY_BLOCKS if count <= chunks])
 
 
 def test_colocated_pods_are_chosen_by_prefix_too() -> None:
@@ -220,7 +221,7 @@ def test_colocated_pods_are_chosen_by_prefix_too() -> None:
     holder = flow._pick("colocated", set(), None, keys)
     assert holder is not None
     assert all(flow._pick("colocated", set(), None, keys) == holder for _ in range(10))
-    assert state.prefix_index.matched_blocks(holder, keys or []) == len(keys or [])
+    assert state.prefix_index.matched_keys(holder, keys or []) == len(keys or [])
 
 
 @pytest.mark.parametrize(
