@@ -28,7 +28,9 @@ prints the prefix router's added latency and its throughput and req/cpu-s agains
 router of the same run, and beside it the same figures for `control`, a second load-only router:
 the difference two identical arms show on this machine in this run (noise, the arms' order),
 against which the prefix arm's difference is read. The arms take turns in rounds, each round starting one arm
-later: use a multiple of the arm count for `--rounds` (5 with `--prefix`).
+later: use a multiple of the arm count for `--rounds` (5 with `--prefix`). Besides the pooled figures it
+prints each router arm's TTFT p50 minus direct's round by round (median and range over the rounds): a
+slow spell of the machine, which moves a pooled p50, lands on both sides of a round's difference.
 
 The router always records the length-bucketed, per-tenant metrics (docs/observability.md);
 `--admission` also runs its admission control with limits no request reaches.
@@ -58,6 +60,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -414,11 +417,13 @@ async def run(args: argparse.Namespace) -> None:
             # order the prefix arm, run last, trailed the load-only router by 3-12 ms at p50 and led
             # it by 8 ms when run before it (a loaded machine: the order is part of the figure).
             results: dict[str, Result] = {}
+            rounds: dict[str, list[Result]] = {}
             for turn in range(args.rounds):
                 shift = turn % len(arms)
                 for name, make, pid in arms[shift:] + arms[:shift]:
                     part = await drive(make, concurrency, args.seconds / args.rounds, pid, args.rate, stagger)
                     results[name] = results[name].merged(part) if name in results else part
+                    rounds.setdefault(name, []).append(part)
             for name, _, _ in arms:
                 result = results[name]
                 print(
@@ -444,6 +449,8 @@ async def run(args: argparse.Namespace) -> None:
             if "prefix" in results:
                 print(vs_load_only("prefix", concurrency, results["prefix"], router_result), flush=True)
                 print(vs_load_only("control", concurrency, results["control"], router_result), flush=True)
+            if args.rounds > 1:
+                print(per_round_added(concurrency, rounds), flush=True)
     finally:
         for process in processes:
             process.terminate()
@@ -477,6 +484,23 @@ def prefix_choice_cost(body: dict[str, object], pods: int = 2, number: int = 200
     detail = ", ".join(f"{name} {value:.1f}" for name, value in us.items())
     total = sum(us.values())
     return f"prefix choice in-process: {total:.1f} us/request ({len(keys)} keys, {pods} pods: {detail})"
+
+
+def per_round_added(concurrency: int, rounds: dict[str, list[Result]]) -> str:
+    """Each router arm's TTFT p50 minus direct's, round by round (the arms of a round run within
+    seconds of each other, so a slow spell of the machine lands on both sides of each difference):
+    the median over rounds and the range."""
+    direct = rounds["direct"]
+    parts = []
+    for name in ("router", "prefix", "control"):
+        if name not in rounds:
+            continue
+        added = sorted(
+            (arm.quantile(0.5, True) - base.quantile(0.5, True)) * 1000
+            for arm, base in zip(rounds[name], direct, strict=True)
+        )
+        parts.append(f"{name} {statistics.median(added):+.2f} ({added[0]:+.2f}..{added[-1]:+.2f})")
+    return f"{concurrency:>7} per round, ttft p50 added vs direct (ms), median (range): " + ", ".join(parts)
 
 
 def vs_load_only(name: str, concurrency: int, prefix: Result, load: Result) -> str:
