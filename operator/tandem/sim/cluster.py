@@ -10,8 +10,9 @@ The router is modelled as `tandem.router` decides: the path by `choose_path` on 
 the layout's P/D share, and a pod by power-of-two choices on outstanding requests + tokens/512 among
 ready pods (the decode pod is picked when the prefill leg answers). `SimConfig.routing` picks the pod
 that computes a prompt (prefill or colocated) otherwise: least loaded, round-robin, prefix-aware
-(`router.prefix.choose_prefill` over `traces.prefix.route_keys`, its index learnt from its own choices
-with the pod's KV cache as capacity) or the affinity oracle (the longest prefix in the simulated caches).
+(`router.prefix.choose_prefill` over `traces.prefix.route_keys` sampled as the router samples them,
+its index learnt from its own choices with the pod's KV cache as capacity) or the affinity oracle (the
+longest prefix in the simulated caches).
 Scaling follows a StatefulSet: new replicas are requested now and ready after the model load time; a
 removal takes the newest replica, at once if it is still starting, otherwise it drains (no new legs,
 gone when its work is done). A replica counts its GPUs from request until gone.
