@@ -290,7 +290,7 @@ class Flow:
         self, role: str, exclude: set[str], revision: str | None = None, keys: list[int] | None = None
     ) -> str | None:
         """A pod of `role` (of `revision`'s pair when given); by prefix then load when `keys` are given
-        (the prompt's chunk keys, `_prefix_keys`), else by load."""
+        (the prompt's sampled chunk keys, `_prefix_keys`), else by load."""
         now = self.clock()
         pool = role if revision is None else pool_key(role, revision)
         if keys:
@@ -306,7 +306,7 @@ class Flow:
         return pod if pod is not None else self.state.balancer.pick(pool, now)
 
     def _prefix_keys(self, request: ClientRequest) -> list[int] | None:
-        """The prompt's chained chunk keys when the prefix-aware choice is on (None when off)."""
+        """The prompt's sampled chunk keys (`text_keys`) when the choice is prefix-aware, else None."""
         settings = self.state.prefix
         if settings.prefill_policy != "PrefixAware":
             return None
