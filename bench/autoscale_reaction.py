@@ -46,7 +46,7 @@ from kubernetes import client
 from tandem.api import meta
 from tandem.demo.load import BackgroundLoad, Phase
 from tandem.devcluster import cluster as devcluster
-from tandem.devcluster import kube, layout
+from tandem.devcluster import e2e, kube, layout
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.testing import OperatorProcess
 
@@ -62,35 +62,15 @@ TTFT_MS = 3000
 STEP = Phase(2.0, 1000, 4, "step")
 PREFILL_ARGS = ["--max-num-batched-tokens", "32", "--max-num-seqs", "32"]
 NAME = "reaction"
-MODEL = "llama-3.1-8b"
-IMAGE = "ghcr.io/tandem-dev/tandem:0.1.0"
 
 
 def manifest() -> dict[str, Any]:
-    resources = {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}}
-    return {
-        "apiVersion": meta.API_VERSION,
-        "kind": meta.KIND,
-        "metadata": {"name": NAME},
-        "spec": {
-            "model": {"name": MODEL, "uri": "hf://meta-llama/Llama-3.1-8B-Instruct", "maxModelLen": 4096},
-            "engine": {
-                "type": "sim",
-                "image": IMAGE,
-                "env": [
-                    {"name": "TANDEM_SIM_TIME_SCALE", "value": str(TIME_SCALE)},
-                    {"name": "TANDEM_SIM_LOAD_SECONDS", "value": str(LOAD_SECONDS)},
-                ],
-            },
-            "kvTransfer": {"connector": "NixlConnector", "bandwidthGbps": 100},
-            "prefill": {
-                "replicas": 1,
-                "resources": resources,
-                "engineArgs": PREFILL_ARGS,
-                "autoscaling": {"minReplicas": 1, "maxReplicas": 3},
-            },
-            "decode": {"replicas": 1, "resources": resources},
-            "router": {"replicas": 1, "image": IMAGE},
+    return e2e.pddeployment(
+        NAME,
+        {
+            "engine": {"type": "sim", "image": e2e.IMAGE, "env": e2e.engine_env(TIME_SCALE, LOAD_SECONDS)},
+            "prefill": e2e.pool(1, (1, 3), *PREFILL_ARGS),
+            "decode": e2e.pool(1),
             "slo": {"ttftMs": TTFT_MS, "tpotMs": 100, "attainmentPercent": 90},
             "autoscaling": {
                 "enabled": True,
@@ -100,7 +80,7 @@ def manifest() -> dict[str, Any]:
                 "drainTimeoutSeconds": 20,
             },
         },
-    }
+    )
 
 
 @dataclass
@@ -229,7 +209,7 @@ def run(handle: ClusterHandle, repeats: int, as_json: bool) -> None:
         handle.kubectl("create", "namespace", namespace)
         handle.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest()))
         poll("Ready", lambda: ready(cluster.pdd()), 300)
-        load = BackgroundLoad(cluster.router(), MODEL, max_requests=5000, max_seconds=1800).start(
+        load = BackgroundLoad(cluster.router(), e2e.MODEL, max_requests=5000, max_seconds=1800).start(
             Phase(0.0, 1, 1, "quiet")
         )
         reactions = []

@@ -38,11 +38,24 @@ def engine_env(time_scale: float, load_seconds: float) -> list[dict[str, str]]:
     ]
 
 
-def pool(replicas: int, bounds: tuple[int, int] | None = None, *engine_args: str) -> dict[str, Any]:
+# A sim engine pod's requests: what the scheduler places by (the KWOK nodes' CPU and memory).
+POD_REQUESTS = ("500m", "512Mi")
+SMALL_POD_REQUESTS = ("100m", "256Mi")  # more pods on the same nodes
+
+
+def pool(
+    replicas: int,
+    bounds: tuple[int, int] | None = None,
+    *engine_args: str,
+    requests: tuple[str, str] = POD_REQUESTS,
+) -> dict[str, Any]:
+    """A pool's spec: sim engine pods with `requests` (CPU, memory) and a 1 GiB memory limit;
+    `bounds` (min, max) turns its autoscaling on."""
+    cpu, memory = requests
     spec: dict[str, Any] = {
         "replicas": replicas,
         "tensorParallelSize": 1,
-        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
+        "resources": {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": "1Gi"}},
     }
     if engine_args:
         spec["engineArgs"] = list(engine_args)

@@ -28,48 +28,35 @@ import yaml
 from kubernetes import client
 
 from tandem.api import meta
-from tandem.devcluster import kube
+from tandem.devcluster import e2e, kube
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.testing import OperatorProcess, eventually, metric_total, scratch_namespace
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(420)]
 
 NAME = "gw"
-MODEL = "llama-3.1-8b"
-IMAGE = "ghcr.io/tandem-dev/tandem:0.1.0"
+MODEL = e2e.MODEL
 SECRET = "llm-keys"
 KEY_A, KEY_B = "sk-team-a-e2e-0001", "sk-team-b-e2e-0001"
 SHORT = {"model": MODEL, "prompt": "the quick brown fox", "max_tokens": 4}
 LONG = {"model": MODEL, "prompt": " ".join(["word"] * 250), "max_tokens": 100, "stream": True}
 
 
-def pool(replicas: int, *engine_args: str) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "replicas": replicas,
-        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
-    }
-    if engine_args:
-        spec["engineArgs"] = list(engine_args)
-    return spec
-
-
 def manifest() -> dict[str, Any]:
-    return {
-        "apiVersion": meta.API_VERSION,
-        "kind": meta.KIND,
-        "metadata": {"name": NAME},
-        "spec": {
-            "model": {"name": MODEL, "uri": "hf://meta-llama/Llama-3.1-8B-Instruct", "maxModelLen": 4096},
+    return e2e.pddeployment(
+        NAME,
+        {
             "engine": {
                 "type": "sim",
-                "image": IMAGE,
+                "image": e2e.IMAGE,
                 "env": [{"name": "TANDEM_SIM_TIME_SCALE", "value": "5"}],
             },
-            "prefill": pool(1),
-            "decode": pool(2, "--num-gpu-blocks-override", "64"),
+            "kvTransfer": {"connector": "NixlConnector"},
+            "prefill": e2e.pool(1, requests=e2e.SMALL_POD_REQUESTS),
+            "decode": e2e.pool(2, None, "--num-gpu-blocks-override", "64", requests=e2e.SMALL_POD_REQUESTS),
             "router": {
                 "replicas": 1,
-                "image": IMAGE,
+                "image": e2e.IMAGE,
                 "auth": {"apiKeysSecret": SECRET},
                 "tenants": [
                     {"name": "team-a", "limits": {"requestsPerSecond": 0.2, "requestBurst": 2}},
@@ -85,7 +72,7 @@ def manifest() -> dict[str, Any]:
                 },
             },
         },
-    }
+    )
 
 
 @dataclass

@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from tandem.api import meta
-from tandem.devcluster import kube
+from tandem.devcluster import e2e, kube
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.testing import OperatorProcess, eventually, metric_total, scratch_namespace
 from tandem.perf import PrefillChunk, load_profile
@@ -34,38 +34,27 @@ from tandem.perf import PrefillChunk, load_profile
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(400)]
 
 NAME = "prefix"
-MODEL = "llama-3.1-8b"
-IMAGE = "ghcr.io/tandem-dev/tandem:0.1.0"
+MODEL = e2e.MODEL
 TIME_SCALE = 10
 CONVERSATIONS = 4
 TURN_WORDS = 2900  # with the system prompt and the chat template: about 3,000 prompt tokens
 
 
 def manifest() -> dict[str, Any]:
-    def pool(replicas: int) -> dict[str, Any]:
-        return {
-            "replicas": replicas,
-            "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
-        }
-
-    return {
-        "apiVersion": meta.API_VERSION,
-        "kind": meta.KIND,
-        "metadata": {"name": NAME},
-        "spec": {
-            "model": {"name": MODEL, "uri": "hf://meta-llama/Llama-3.1-8B-Instruct", "maxModelLen": 4096},
+    return e2e.pddeployment(
+        NAME,
+        {
             "engine": {
                 "type": "sim",
-                "image": IMAGE,
+                "image": e2e.IMAGE,
                 "env": [{"name": "TANDEM_SIM_TIME_SCALE", "value": str(TIME_SCALE)}],
             },
             "kvTransfer": {"connector": "NixlConnector"},
-            "prefill": pool(2),
-            "decode": pool(1),
-            "router": {"replicas": 1, "image": IMAGE, "prefixAware": {"enabled": True}},
-            "serving": {"mode": "Disaggregated"},
+            "prefill": e2e.pool(2, requests=e2e.SMALL_POD_REQUESTS),
+            "decode": e2e.pool(1, requests=e2e.SMALL_POD_REQUESTS),
+            "router": {"replicas": 1, "image": e2e.IMAGE, "prefixAware": {"enabled": True}},
         },
-    }
+    )
 
 
 @dataclass
