@@ -14,6 +14,20 @@ def _stalled(world: World) -> dict[str, Any]:
     return next(c for c in world.pdd["status"]["conditions"] if c["type"] == "Stalled")
 
 
+def _world(doc: dict[str, Any]) -> World:
+    """A world whose status writes go through unconditionally: the fake checks resourceVersion when
+    given, and the operator's InvalidSpec write sends none (a merge patch)."""
+    world = World(doc)
+    patch_status = world.kube.patch_status
+
+    def unconditional(kind: Any, namespace: str, name: str, status: Any, resource_version: Any = None) -> Any:
+        rv = world.kube.objects[("PDDeployment", namespace, name)]["metadata"]["resourceVersion"]
+        return patch_status(kind, namespace, name, status, resource_version or rv)
+
+    world.kube.patch_status = unconditional  # type: ignore[method-assign]
+    return world
+
+
 @pytest.mark.parametrize(
     ("patch", "named"),
     [
@@ -25,15 +39,7 @@ def _stalled(world: World) -> dict[str, Any]:
 def test_invalid_spec_names_the_field_once_and_touches_no_child(patch: dict[str, Any], named: str) -> None:
     doc = manifest()
     doc["spec"].update(patch)
-    world = World(doc)
-    patch_status = world.kube.patch_status
-
-    def unconditional(kind: Any, namespace: str, name: str, status: Any, resource_version: Any = None) -> Any:
-        # the fake checks resourceVersion when it is given; this write sends none (a merge patch)
-        rv = world.kube.objects[("PDDeployment", namespace, name)]["metadata"]["resourceVersion"]
-        return patch_status(kind, namespace, name, status, resource_version or rv)
-
-    world.kube.patch_status = unconditional  # type: ignore[method-assign]
+    world = _world(doc)
     result = world.run()
     assert result.applied == []
     assert result.deleted == []
@@ -58,14 +64,7 @@ def test_a_validator_that_raises_something_else_is_reported_too(monkeypatch: pyt
         raise ZeroDivisionError("division by zero")
 
     monkeypatch.setattr(PDDeployment, "from_object", staticmethod(broken))
-    world = World(manifest())
-    patch_status = world.kube.patch_status
-
-    def unconditional(kind: Any, namespace: str, name: str, status: Any, resource_version: Any = None) -> Any:
-        rv = world.kube.objects[("PDDeployment", namespace, name)]["metadata"]["resourceVersion"]
-        return patch_status(kind, namespace, name, status, resource_version or rv)
-
-    world.kube.patch_status = unconditional  # type: ignore[method-assign]
+    world = _world(manifest())
     result = world.run()
     assert result.applied == []
     stalled = _stalled(world)
