@@ -25,6 +25,7 @@ from typing import Any
 CONNECT_TIMEOUT_S = 5.0  # vLLM's ZMQ handshake receive timeout
 _CHUNK = 64 * 1024
 _MAX_PACING_SLICES = 16
+_MIN_SLEEP_S = 0.001
 
 # Given the parsed request, returns (response header, payload bytes, seconds to spread them over,
 # completion callback taking ok).
@@ -88,9 +89,16 @@ def link_factor(own: float, peer: Any) -> float:
     return min(own, theirs)
 
 
+async def _sleep_until(deadline: float) -> None:
+    """Sleeps until `time.monotonic()` reaches `deadline`. uvloop keeps its clock and timers in
+    whole milliseconds, so one of its sleeps can end up to about 1 ms early in real time; what is
+    left is slept again, at least a millisecond, so the wait is never short."""
+    while (left := deadline - time.monotonic()) > 0:  # noqa: ASYNC110 (a deadline, not a condition)
+        await asyncio.sleep(max(left, _MIN_SLEEP_S))
+
+
 async def _paced_write(writer: asyncio.StreamWriter, size: int, seconds: float) -> None:
-    loop = asyncio.get_running_loop()
-    start = loop.time()
+    start = time.monotonic()
     slices = max(1, min(_MAX_PACING_SLICES, size // _CHUNK))
     per_slice = size // slices
     zeros = bytes(min(per_slice + slices, _CHUNK))
@@ -98,9 +106,7 @@ async def _paced_write(writer: asyncio.StreamWriter, size: int, seconds: float) 
     for k in range(1, slices + 1):
         # Slice k is sent once its share of the modelled time has passed, so the reader has the last
         # byte at `seconds`, not one slice early.
-        delay = start + seconds * k / slices - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
+        await _sleep_until(start + seconds * k / slices)
         target_bytes = size if k == slices else per_slice * k
         while sent < target_bytes:
             n = min(len(zeros), target_bytes - sent)
