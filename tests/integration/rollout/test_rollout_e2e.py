@@ -160,9 +160,21 @@ class Gray:
                 out.append(got)
         return out
 
-    def kstatus(self) -> str:
+    def kstatus(self) -> tuple[str, str]:
+        """kstatus of the object read now, and what it was computed from (for a failed check)."""
         obj = json.loads(self.kubectl("get", "pdd", NAME, "-o", "json").stdout)
-        return str(kstatus.compute(obj).status)
+        result = kstatus.compute(obj)
+        status = obj.get("status") or {}
+        conditions = [
+            f"{c.get('type')}={c.get('status')} {c.get('reason')}: {c.get('message')}"
+            for c in status.get("conditions") or []
+        ]
+        why = (
+            f"{result.reason}: {result.message}; generation {obj['metadata'].get('generation')}, "
+            f"observed {status.get('observedGeneration')}; phase {status.get('phase')}; "
+            f"rollout {(status.get('rollout') or {}).get('phase')}; conditions {conditions}"
+        )
+        return str(result.status), why
 
     def pods(self, role: str) -> list[str]:
         api = self.cluster.api_client()
@@ -221,7 +233,8 @@ def test_colocated_to_pd_completes_step_by_step(gray: Gray) -> None:
     time.sleep(4)  # a few requests on the colocated arm before the change
     started = gray.set_mode("Disaggregated")
     gray.wait_phase("Preparing", 0, 20)
-    assert gray.kstatus() == "InProgress"
+    kstat, why = gray.kstatus()
+    assert kstat == "InProgress", why
     shifting = gray.wait_phase("Shifting", 50, ARM_TIMEOUT)
     assert shifting.status.get("mode") == "Colocated", "the source is the mode in effect until promoted"
     gray.wait_phase("Shifting", 100)
@@ -242,8 +255,20 @@ def test_colocated_to_pd_completes_step_by_step(gray: Gray) -> None:
     assert all(v["figures"]["targetRequests"] >= 10 for v in passed)
     gray.wait("the colocated arm scaled to zero after the delay", lambda s: s.replicas("colocated") == 0, 30)
     assert gray.watch.latest().status.get("mode") == "Disaggregated"
-    gray.wait("Ready after the rollout", lambda s: s.is_ready() and s.status.get("phase") == "Healthy", 60)
-    assert gray.kstatus() == "Current"
+    # A status the operator derived after the colocated pod went: Ready from before the scale-down
+    # (read beside the StatefulSet's new size) can turn InProgress while the pod terminates.
+    gray.wait(
+        "Ready after the rollout, the colocated pod gone",
+        lambda s: (
+            s.is_ready()
+            and s.status.get("phase") == "Healthy"
+            and (s.status.get("pools") or {}).get("colocated", {}).get("replicas") == 0
+            and (s.status.get("pools") or {}).get("colocated", {}).get("desiredReplicas") == 0
+        ),
+        60,
+    )
+    kstat, why = gray.kstatus()
+    assert kstat == "Current", why
     assert gray.failures_since(started) == []
 
 
@@ -302,7 +327,8 @@ def test_decode_slowness_rolls_back_weight_first(gray: Gray) -> None:
         if got is not None and got[1] > 0:
             assert seen.replicas("decode") >= 1, (got, seen.sts)
     assert final.status.get("phase") == "Degraded"
-    assert gray.kstatus() == "Failed"
+    kstat, why = gray.kstatus()
+    assert kstat == "Failed", why
     assert gray.failures_since(started) == []
 
 
@@ -354,29 +380,26 @@ def test_retry_promote_kv_failures_and_abort(gray: Gray) -> None:
 
 
 def test_a_slow_link_during_a_step_rolls_back(gray: Gray) -> None:
-    """retry (attempt 4) -> Shifting 50 %, then the decode engines run a slow link (kv_bandwidth_factor
-    0.1): the step fails on the KV bandwidth ratio alone and rolls back by itself, weight first, within
-    the bound; the verdict shows the ratio; no request fails (a slow pull is slow, not an error)."""
+    """retry (attempt 4) -> Shifting 50 %, and the decode engines run a slow link (kv_bandwidth_factor
+    0.1) from the step's start: the step fails on the KV bandwidth ratio alone and rolls back by
+    itself, weight first, within the bound; the verdict shows the ratio; no request fails (a slow pull
+    is slow, not an error). The same link, healthy, passed every judged window of the module so far.
+
+    The fault goes in as the step starts: a step passes on its first window that lies wholly in it,
+    so waiting for a healthy verdict inside the step raced the step's own pass."""
     before = gray.watch.latest()
     assert phase_of(before) == ("RolledBack", 0)
+    healthy = [
+        ratio
+        for seen in gray.watch.since(0)
+        for v in rollout(seen).get("verdicts", [])
+        if v["result"] == "Pass" and (ratio := v["figures"].get("targetKvBandwidthRatio")) is not None
+    ]
+    assert healthy, "the earlier P/D steps judged the healthy link"
+    assert min(healthy) >= 0.5, healthy
     moment = time.time()
     gray.command("retry/3")
     gray.wait_phase("Shifting", 50, ARM_TIMEOUT + 20)
-    shifting = gray.wait(
-        "a passing verdict with the healthy link's KV bandwidth judged",
-        lambda s: (
-            s
-            if any(
-                v["result"] == "Pass" and v["figures"].get("targetKvBandwidthRatio", 0) >= 0.5
-                for v in rollout(s)["verdicts"][-2:]
-            )
-            or phase_of(s) != ("Shifting", 50)
-            else None
-        ),
-        STEP_TIMEOUT,
-    )
-    healthy = [v for v in rollout(shifting)["verdicts"] if "targetKvBandwidthRatio" in v["figures"]]
-    assert phase_of(shifting) == ("Shifting", 50), (rollout(shifting)["reason"], healthy)
     injected = time.time()
     gray.fault("decode", {"kv_bandwidth_factor": SLOW_LINK_FACTOR})
     back = gray.wait_phase("RollingBack", 0, ROLLBACK_BOUND + 10)
@@ -384,8 +407,7 @@ def test_a_slow_link_during_a_step_rolls_back(gray: Gray) -> None:
     gray.figures["slow_link_to_weight_0_s"] = round(to_zero, 1)
     r = rollout(back)
     print(f"slow link (x{SLOW_LINK_FACTOR:g}) -> weight 0 in {to_zero:.1f}s: {r['reason']}")
-    ratios = [f"{v['figures']['targetKvBandwidthRatio']:.2f}" for v in healthy]
-    print(f"the healthy link's judged ratios: {ratios}")
+    print(f"the healthy link's judged ratios: {min(healthy):.2f} to {max(healthy):.2f}")
     assert to_zero <= ROLLBACK_BOUND, to_zero
     assert "KV bandwidth at" in r["reason"], r["reason"]
     failed = [v for v in r["verdicts"] if v["result"] == "Fail"]
