@@ -709,6 +709,12 @@ class DecodeBackpressureSpec(ApiModel):
     ] = 2.0
 
 
+# Bounds of spec.router.admission.maxBodyBytes (and of the router's --max-body-bytes).
+MIN_BODY_BYTES = 1024
+MAX_BODY_BYTES = 64 * 1024 * 1024
+DEFAULT_BODY_BYTES = 4 * 1024 * 1024
+
+
 class AdmissionSpec(ApiModel):
     """What each router replica admits; limits are per replica (N replicas admit up to N times as much)."""
 
@@ -721,6 +727,16 @@ class AdmissionSpec(ApiModel):
     ] = None
     long_prompts: LongPromptSpec | None = None
     decode_backpressure: DecodeBackpressureSpec | None = None
+    max_body_bytes: Annotated[
+        int | None,
+        Field(
+            ge=MIN_BODY_BYTES,
+            le=MAX_BODY_BYTES,
+            description="The largest request body a router accepts, in bytes; a larger one gets 413 "
+            "before its body is read (a body is held in the router's memory while it is read). Raise "
+            "it for large inputs such as base64 images. Unset: 4 MiB (the router's --max-body-bytes).",
+        ),
+    ] = None
 
 
 LengthBounds = Annotated[list[Annotated[int, Field(ge=1, le=10_000_000)]], Field(min_length=1, max_length=16)]

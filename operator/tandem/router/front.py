@@ -169,7 +169,7 @@ class _Settings:
     """What every connection of one `Front` shares."""
 
     handler: Handler
-    max_body_bytes: int
+    max_body_bytes: Callable[[], int]  # read as each request's headers end: the limit may change
     keepalive_s: float
     on_refused: RefusalHook
     read_timeout_s: float = READ_TIMEOUT_S
@@ -183,7 +183,7 @@ class FrontProtocol(asyncio.Protocol):
         self._settings = settings
         self._handler = settings.handler
         self._on_refused = settings.on_refused
-        self._max_body = settings.max_body_bytes
+        self._max_body = settings.max_body_bytes()
         self._connections = settings.connections
         self._transport: asyncio.Transport | None = None
         self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
@@ -271,6 +271,7 @@ class FrontProtocol(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._head_bytes = 0
+        self._max_body = self._settings.max_body_bytes()
         length = self._headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self._max_body:
             self._refuse_body(f"request body over {self._max_body} bytes")
@@ -469,19 +470,28 @@ class FrontProtocol(asyncio.Protocol):
         return self._task
 
 
+def _fixed(value: int) -> Callable[[], int]:
+    def get() -> int:
+        return value
+
+    return get
+
+
 class Front:
-    """The listening socket and its connections."""
+    """The listening socket and its connections; `max_body_bytes` is a number or a function read as
+    each request's headers end (spec.router.admission.maxBodyBytes changes while connections live)."""
 
     def __init__(
         self,
         handler: Handler,
         *,
-        max_body_bytes: int,
+        max_body_bytes: int | Callable[[], int],
         keepalive_s: float = KEEPALIVE_S,
         on_refused: RefusalHook = _ignore,
         read_timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
-        self._settings = _Settings(handler, max_body_bytes, keepalive_s, on_refused, read_timeout_s)
+        limit = _fixed(max_body_bytes) if isinstance(max_body_bytes, int) else max_body_bytes
+        self._settings = _Settings(handler, limit, keepalive_s, on_refused, read_timeout_s)
         self._connections = self._settings.connections
         self._server: asyncio.AbstractServer | None = None
 

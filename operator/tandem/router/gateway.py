@@ -72,6 +72,8 @@ class Gateway:
         self.keys_secret: str | None = None  # the Secret to read keys from (PDDeployment mode)
         self.rollout_tenants: frozenset[str] = frozenset()
         self.rollout_target: str | None = None  # status.rollout.target while a rollout runs
+        # admission.maxBodyBytes; None: the router's --max-body-bytes.
+        self.max_body_bytes: int | None = None
         # Decode backpressure: None when off; else the usage (0..1) at which a decode pod is full.
         self.kv_full_at: float | None = None
         self.kv_scrape_interval_s = 2.0
@@ -149,6 +151,7 @@ class Gateway:
                 long_prompts=None if long is None else LongPromptCap(long.min_tokens, long.max_concurrent),
             )
         )
+        self.max_body_bytes = admission.max_body_bytes
         pressure = admission.decode_backpressure
         self.kv_full_at = None if pressure is None else pressure.kv_usage_percent / 100
         if pressure is not None:

@@ -24,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tandem.api.meta import ENGINE_PORT, ROUTER_PORT
+from tandem.api.models import DEFAULT_BODY_BYTES, MAX_BODY_BYTES, MIN_BODY_BYTES
 from tandem.kube.pods import PddInfo, PddWatcher, PodEventKind, PodInfo
 from tandem.kube.secrets import SecretPoller
 from tandem.render.lifecycle import STREAM_DRAIN_SECONDS
@@ -75,7 +76,7 @@ class RouterConfig(BaseModel):
     max_retries: int = Field(default=2, ge=0)
     retry_budget_ratio: float = Field(default=0.2, ge=0)
     quarantine_s: float = Field(default=5.0, ge=0)
-    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(default=DEFAULT_BODY_BYTES, ge=MIN_BODY_BYTES, le=MAX_BODY_BYTES)
     read_timeout_s: float = Field(default=READ_TIMEOUT_S, gt=0)
     drain_timeout_s: float = Field(default=float(STREAM_DRAIN_SECONDS), ge=0)
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
@@ -176,7 +177,8 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
     )
     add("--retry-budget-ratio", type=float, default=0.2, help="router-wide retries per request")
     add("--quarantine", dest="quarantine_s", type=float, default=5.0, help="seconds a failed pod sits out")
-    add("--max-body-bytes", type=int, default=4 * 1024 * 1024, help="larger bodies are answered 413")
+    add("--max-body-bytes", type=int, default=DEFAULT_BODY_BYTES,
+        help="larger bodies are answered 413; spec.router.admission.maxBodyBytes wins when set")  # fmt: skip
     add("--read-timeout", dest="read_timeout_s", type=float, default=READ_TIMEOUT_S,
         help="seconds a request's head and body may take to arrive; then 408 and close")  # fmt: skip
     add(
@@ -295,7 +297,7 @@ async def serve(config: RouterConfig) -> None:
         secrets.start()
     front = Front(
         app.handle,
-        max_body_bytes=config.max_body_bytes,
+        max_body_bytes=app.body_limit,
         on_refused=app.count_refusal,
         read_timeout_s=config.read_timeout_s,
     )

@@ -63,6 +63,10 @@ class RouterApp:
             "/metrics": self.metrics,
         }
 
+    def body_limit(self) -> int:
+        """The largest body accepted now: spec.router.admission.maxBodyBytes, else the flag's."""
+        return self.state.gateway.max_body_bytes or self.max_body_bytes
+
     async def handle(self, request: FrontRequest, client: ClientStream) -> None:
         """The front's handler: routes by path and method."""
         endpoint = _GENERATE.get(request.path)
@@ -113,10 +117,11 @@ class RouterApp:
     async def _generate(self, request: FrontRequest, client: ClientStream, endpoint: Endpoint) -> None:
         arrived = time.monotonic()
         raw = request.body
-        # The front refuses bodies over the limit before reading them; this catches a smaller
-        # limit set on the app itself (tests) the same way.
-        if len(raw) > self.max_body_bytes:
-            self._reject(client, "body_too_large", 413, f"request body over {self.max_body_bytes} bytes")
+        # The front refuses bodies over the limit before reading them; this catches a body read
+        # whole before the limit was lowered, and a front given a larger limit (tests).
+        limit = self.body_limit()
+        if len(raw) > limit:
+            self._reject(client, "body_too_large", 413, f"request body over {limit} bytes")
             return
         tenant = self._tenant(request, client)
         if tenant is None:

@@ -1,7 +1,8 @@
 """The gateway through the router the operator deployed, on the local cluster: the API keys Secret
 (missing, then malformed: a ConfigError naming it, and a router that serves nobody; then good), keys
-enforced, a tenant over its limit refused while another is served, the long-prompt cap under a
-burst, and decode backpressure moving transfers off a decode pod whose engine reports its KV full.
+enforced, the body limit set and unset in the spec, a tenant over its limit refused while another
+is served, the long-prompt cap under a burst, and decode backpressure moving transfers off a decode
+pod whose engine reports its KV full.
 
 One PDDeployment for the module, compressed settings: sim engines at TANDEM_SIM_TIME_SCALE=5 (an
 answer of 100 tokens takes seconds, so a burst overlaps), decode pods with 64 KV blocks of 16 tokens
@@ -193,6 +194,34 @@ def test_keys_are_enforced(deployed: Deployed) -> None:
     status, _, body = call(router + "/v1/completions", SHORT, KEY_A)
     assert status == 200, body
     assert json.loads(body)["choices"]
+
+
+def test_the_body_limit_follows_the_spec(deployed: Deployed) -> None:
+    """spec.router.admission.maxBodyBytes reaches the running router through its PDDeployment watch:
+    set under a request's size, the request gets 413 naming the limit; unset, it is served again."""
+    router = deployed.router()
+    body = {**SHORT, "prompt": " ".join(["w" * 49] * 100)}  # 5 KB in 100 words
+    assert call(router + "/v1/completions", body, KEY_B)[0] == 200
+
+    def admission(value: int | None) -> None:
+        patch = json.dumps({"spec": {"router": {"admission": {"maxBodyBytes": value}}}})
+        deployed.cluster.kubectl("patch", "-n", deployed.namespace, "pdd", NAME, "--type=merge", "-p", patch)
+
+    admission(2048)
+    _, _, raw = eventually(
+        lambda: got if (got := call(router + "/v1/completions", body, KEY_B))[0] == 413 else None,
+        timeout=60,
+        what="413 for a body over the spec's 2048 bytes",
+    )
+    assert json.loads(raw)["error"]["message"] == "request body over 2048 bytes"
+    assert call(router + "/v1/completions", SHORT, KEY_B)[0] == 200  # a small body still passes
+    admission(None)  # a merge patch's null removes the field: the router's own 4 MiB again
+    eventually(
+        lambda: call(router + "/v1/completions", body, KEY_B)[0] == 200,
+        timeout=60,
+        what="the body served again with maxBodyBytes unset",
+    )
+    assert "maxBodyBytes" not in deployed.pdd()["spec"]["router"]["admission"]
 
 
 def test_a_tenant_over_its_limit_is_refused_while_another_is_served(deployed: Deployed) -> None:

@@ -36,7 +36,7 @@ class RunningRouter:
 @asynccontextmanager
 async def running_router(*, learn_models: bool = False, **config: Any) -> AsyncIterator[RunningRouter]:
     app, state, flow = build(RouterConfig(host="127.0.0.1", port=0, **config))
-    front = Front(app.handle, max_body_bytes=app.max_body_bytes, on_refused=app.count_refusal)
+    front = Front(app.handle, max_body_bytes=app.body_limit, on_refused=app.count_refusal)
     port = await front.start("127.0.0.1", 0)
     refresher = asyncio.create_task(refresh_models(state, flow, interval_s=0.2))
     if learn_models:

@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tandem.kube.pods import PddInfo, pdd_info_from
 from tandem.router.kvwatch import watch_kv_usage
 
 from .harness import RunningRouter, running_router
@@ -278,3 +279,45 @@ async def test_rollout_tenants_go_to_the_target_first(engines: dict[str, list[St
         for _ in range(5):
             assert (await post(session, router, SHORT, **{"X-Tenant": "team-b"}))[0] == 200
         assert served("team-b", "colocated") == 5
+
+
+async def test_the_body_limit_follows_the_pddeployment_on_a_kept_alive_connection(
+    engines: dict[str, list[StubEngine]],
+) -> None:
+    """spec.router.admission.maxBodyBytes, as the router's PDDeployment watch delivers it, changes the
+    limit for the next request on a connection already open; unset, the flag's limit is back."""
+    big = {**SHORT, "prompt": " ".join(["w" * 99] * 1000)}  # 100 KB in 1,000 words
+    assert len(json.dumps(big)) > 64 * 1024
+
+    def spec(admission: dict[str, Any]) -> PddInfo:
+        return pdd_info_from({"metadata": {"name": "llm"}, "spec": {"router": {"admission": admission}}})
+
+    async with (
+        running_router(**urls(engines, "prefill", "decode"), max_body_bytes=64 * 1024) as router,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session,
+    ):
+        status, _, body = await post(session, router, big)
+        assert (status, body["error"]["message"]) == (413, f"request body over {64 * 1024} bytes")
+        # A 413 closes its connection; this one opens under the 64 KiB limit and stays open.
+        assert (await post(session, router, SHORT))[0] == 200
+        router.state.on_pdd(spec({"maxBodyBytes": 256 * 1024}))
+        status, _, body = await post(session, router, big)
+        assert status == 200, body
+        # Chunked (no Content-Length): the front counts what arrives.
+        async with session.post(router.url + "/v1/completions", data=_chunks(json.dumps(big))) as answer:
+            assert answer.status == 200
+        router.state.on_pdd(spec({"maxBodyBytes": 2048}))
+        status, _, body = await post(session, router, big)
+        assert (status, body["error"]["message"]) == (413, "request body over 2048 bytes")
+        async with session.post(router.url + "/v1/completions", data=_chunks(json.dumps(big))) as answer:
+            assert answer.status == 413
+        assert (await post(session, router, SHORT))[0] == 200  # small bodies pass
+        router.state.on_pdd(spec({}))
+        assert (await post(session, router, big))[0] == 413  # the flag's 64 KiB again
+        assert router.sample("tandem_router_rejected_requests_total", reason="body_too_large") == 4
+
+
+async def _chunks(text: str) -> AsyncIterator[bytes]:
+    data = text.encode()
+    for start in range(0, len(data), 16 * 1024):
+        yield data[start : start + 16 * 1024]

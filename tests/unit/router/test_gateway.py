@@ -168,6 +168,18 @@ def test_a_spec_that_does_not_parse_keeps_the_settings_in_use() -> None:
     assert gw.keys_secret == "llm-keys"
 
 
+def test_the_body_limit_follows_the_spec_and_falls_back_to_the_flag() -> None:
+    app, state, _ = build(parse_args(["--colocated", "http://127.0.0.1:9", "--max-body-bytes", "65536"]))
+    assert app.body_limit() == 65536  # no spec: the flag's
+    state.gateway.configure({"admission": {"maxBodyBytes": 8 * 1024 * 1024}})
+    assert state.gateway.max_body_bytes == 8 * 1024 * 1024
+    assert app.body_limit() == 8 * 1024 * 1024
+    state.gateway.configure({"admission": {"maxBodyBytes": 512}})  # under 1 KiB: does not parse
+    assert app.body_limit() == 8 * 1024 * 1024  # the setting in use stays
+    state.gateway.configure({"admission": {}})
+    assert app.body_limit() == 65536
+
+
 @pytest.mark.parametrize(
     ("target", "tenant", "weight", "path"),
     [
