@@ -147,6 +147,8 @@ class PodWorker(threading.Thread):
         self.restart_count = 0
         self.ready = False
         self._patched_rv = 0  # resourceVersion of this worker's last status write
+        # (reason, message, restarts) of the waiting state last written; None after any other write.
+        self._waiting_written: tuple[str, str, int] | None = None
         self._last_state: dict[str, Any] | None = None
 
     # --- called from the watch thread -----------------------------------------------------------
@@ -513,9 +515,10 @@ class PodWorker(threading.Thread):
             {"type": "ContainersReady", "status": str(ready), "lastTransitionTime": now, **reason},
         ]
 
-    def _patch(self, status: dict[str, Any]) -> None:
+    def _patch(self, status: dict[str, Any]) -> bool:
+        """Writes the pod's status; whether it was written."""
         if self._stop_event.is_set():
-            return
+            return False
         try:
             patched = self.runner.core.patch_namespaced_pod_status(
                 self.pod_name, self.namespace, {"status": status}, _preload_content=False
@@ -525,9 +528,12 @@ class PodWorker(threading.Thread):
         except ApiException as e:
             if e.status != 404:
                 log.warning("status patch of %s/%s failed: %s", self.namespace, self.pod_name, e.reason)
+            return False
+        return True
 
     def _patch_running(self, started_at: str, *, ready: bool) -> None:
         self.ready = ready
+        self._waiting_written = None
         main = self._main_status({"running": {"startedAt": started_at}}, ready=ready, started=True)
         self._patch(
             {"conditions": self._conditions(ready), "containerStatuses": self._container_statuses(main)}
@@ -542,15 +548,22 @@ class PodWorker(threading.Thread):
 
     def _patch_waiting(self, reason: str, message: str) -> None:
         self.ready = False
+        written = (reason, message, self.restart_count)
+        if written == self._waiting_written:
+            # As a kubelet: a retry that ends in the same waiting state writes nothing (a new
+            # lastTransitionTime each retry would wake every watcher of the pod for no change).
+            return
         main = self._main_status(
             {"waiting": {"reason": reason, "message": message}}, ready=False, started=False
         )
-        self._patch(
+        written_now = self._patch(
             {"conditions": self._conditions(False), "containerStatuses": self._container_statuses(main)}
         )
+        self._waiting_written = written if written_now else None
 
     def _patch_finished(self, code: int) -> None:
         self.ready = False
+        self._waiting_written = None
         assert self._last_state is not None
         main = self._main_status(self._last_state, ready=False, started=False)
         main.pop("lastState", None)

@@ -451,8 +451,7 @@ def test_a_stuck_object_is_stalled_naming_the_field(
 ) -> None:
     """A PDDeployment whose image pull Secret does not exist: the operator finds the Secret missing on
     every pass and the object stays Stalled ConfigError naming the field. (Its engine pods are KWOK's,
-    its router pod Pending: no process, and no pod status the dev cluster's pod runner rewrites on each
-    retry of its emulated CreateContainerConfigError, which a kubelet does not.)"""
+    its router pod Pending: no process, so no pod status changes during the window.)"""
     namespace = spaces["stuck"]
     spec = copy.deepcopy(BASE)
     spec["engine"]["imagePullSecrets"] = ["missing-registry-creds"]
