@@ -100,8 +100,9 @@ async def test_no_prompt_reaches_the_log(engines: dict[str, Any], caplog: pytest
     pd_urls = {role: [e.url for e in engines[role]] for role in ("prefill", "decode")}
     statuses: list[int] = []
     async with (
-        # Round-robin: p0 (which fails once) gets one of the first two P/D requests for sure; the
-        # prefix-aware choice could keep every request on p1, which holds their prefix.
+        # Round-robin: p0 (which fails once) gets one of the first two P/D requests for sure. These
+        # prompts are shorter than a prefix chunk, so the default choice is by load: two idle pods,
+        # a coin toss each, and all four requests went to p1 one run in sixteen.
         running_router(**pd_urls, learn_models=True, prefill_policy="RoundRobin") as pd,
         running_router(colocated=[engines["colocated"][0].url], learn_models=True) as colo,
         running_router(colocated=[engines["echo"][0].url], learn_models=True) as echo,
