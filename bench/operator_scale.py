@@ -19,7 +19,7 @@ replica each, 12 child objects) spread over `--namespaces` namespaces, and print
   The operator runs with `--resync-seconds 30`, so the window holds full resyncs.
 
     nice -n 10 .venv/bin/python bench/operator_scale.py [--nodes 1000] [--deployments 100] \\
-        [--namespaces 4] [--steady-seconds 60] [--workers N]
+        [--namespaces 4] [--steady-seconds 60] [--workers N] [--child-event-delay S]
 """
 
 from __future__ import annotations
@@ -182,6 +182,8 @@ def run(cluster: ClusterHandle, args: argparse.Namespace) -> int:
         flags += ["--workers", str(args.workers)]
     if args.api_parallelism:
         flags += ["--api-parallelism", str(args.api_parallelism)]
+    if args.child_event_delay is not None:
+        flags += ["--child-event-delay-seconds", str(args.child_event_delay)]
     operator = OperatorProcess(cluster, flags, log)
     try:
         operator.wait_leader(timeout=120)
@@ -258,6 +260,11 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=0, help="operator --workers (0: its default)")
     parser.add_argument(
         "--api-parallelism", type=int, default=0, help="operator --api-parallelism (0: its default)"
+    )
+    parser.add_argument(
+        "--child-event-delay",
+        type=float,
+        help="operator --child-event-delay-seconds (unset: its default, 1 s; 0: a pass per event)",
     )
     parser.add_argument(
         "--kubeconfig", type=Path, help="use this running dev cluster (started with pod_runner=False)"

@@ -40,7 +40,8 @@ log = logging.getLogger("tandem.operator")
 Key = tuple[str, str]  # (namespace, name)
 
 MAX_ERROR_BACKOFF_SECONDS = 300.0
-CHILD_EVENT_DELAY_SECONDS = 1.0
+CHILD_EVENT_DELAY_SECONDS = 1.0  # --child-event-delay-seconds' default
+MAX_CHILD_EVENT_DELAY_SECONDS = 60.0
 
 
 class Runtime:
@@ -180,7 +181,7 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
     async def child_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
         # A PDDeployment's pods and workloads change in bursts (created, scheduled, running, ready;
         # their controllers' status): one pass a little later sees the whole burst.
-        runtime.enqueue(namespace, labels.get(meta.LABEL_PDD), CHILD_EVENT_DELAY_SECONDS)
+        runtime.enqueue(namespace, labels.get(meta.LABEL_PDD), runtime.args.child_event_delay_seconds)
 
     for group, version, plural in (
         ("apps", "v1", "statefulsets"),
@@ -230,6 +231,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="API calls of passes in flight at once (a pass's reads and its applies run in parallel)",
     )
     parser.add_argument(
+        "--child-event-delay-seconds",
+        type=float,
+        default=CHILD_EVENT_DELAY_SECONDS,
+        help="a pod or workload event reconciles its PDDeployment this much later (the first event's "
+        "time holds), so one pass sees a burst of changes; 0: at once",
+    )
+    parser.add_argument(
         "--prometheus-url",
         default=os.environ.get("TANDEM_PROMETHEUS_URL", ""),
         help="Prometheus the autoscaler reads when spec.autoscaling.prometheus.url is unset "
@@ -243,6 +251,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         parser.error("--api-parallelism must be at least 1")
     if args.resync_seconds < 5:
         parser.error("--resync-seconds must be at least 5")
+    if not 0 <= args.child_event_delay_seconds <= MAX_CHILD_EVENT_DELAY_SECONDS:
+        parser.error(f"--child-event-delay-seconds must be from 0 to {MAX_CHILD_EVENT_DELAY_SECONDS:g}")
     return args
 
 
