@@ -21,6 +21,7 @@ import base64
 import contextlib
 import datetime as dt
 import logging
+import math
 import os
 import signal
 import socket
@@ -41,7 +42,8 @@ from tandem.devcluster.layout import ClusterDir
 
 log = logging.getLogger("tandem.devcluster.runner")
 
-# Probes run at the pod's periodSeconds, but at least this often, so tests don't wait 10s a step.
+# Probes run at the pod's periodSeconds, but at least this often, so tests don't wait 10s a step
+# (a liveness or startup probe still kills only after a kubelet's time of failures: `_Probe`).
 MAX_PROBE_PERIOD = 2.0
 BACKOFF_INITIAL = 2.0
 BACKOFF_MAX = 60.0
@@ -111,9 +113,15 @@ class _Probe:
     def __init__(self, spec: dict[str, Any], now: float) -> None:
         self.spec = spec
         self.next_at = now + float(spec.get("initialDelaySeconds", 0))
-        self.period = min(float(spec.get("periodSeconds", 10)), MAX_PROBE_PERIOD)
+        spec_period = float(spec.get("periodSeconds", 10))
+        self.period = min(spec_period, MAX_PROBE_PERIOD)
         self.success_threshold = int(spec.get("successThreshold", 1))
         self.failure_threshold = int(spec.get("failureThreshold", 3))
+        # A kubelet kills after failureThreshold failures periodSeconds apart: (threshold - 1) x
+        # period seconds of failing. Probed more often here, a liveness or startup probe needs as
+        # many seconds of failures, not as many failures (a router still importing 4 s after its
+        # start, on a busy machine, was killed where a kubelet gives it 20 s).
+        self.kill_threshold = math.ceil((self.failure_threshold - 1) * spec_period / self.period) + 1
         self.successes = 0
         self.failures = 0
 
@@ -327,7 +335,7 @@ class PodWorker(threading.Thread):
                 elif ok and kind == "startup":
                     del probes["startup"]
                     self._begin_probes(probes, started_at)
-                elif not ok and probe.failures >= probe.failure_threshold:
+                elif not ok and probe.failures >= probe.kill_threshold:
                     return self._kill(f"{kind} probe failed {probe.failures} times")
             if self.ready and self._marked_not_ready():
                 # As a kubelet's status manager: the pod is ours to report. The node lifecycle
