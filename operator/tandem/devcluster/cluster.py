@@ -253,9 +253,14 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0, owner_pid: int = 0, pod_runn
     # Without the pod runner (scale runs, hundreds of fake nodes on a shared machine): KWOK renews
     # each node's lease every 10 min instead of 40 s, and the node lifecycle controller waits an
     # hour for a heartbeat, so a busy apiserver never gets nodes marked NotReady and their pods
-    # unready (which would flap every PDDeployment's Ready condition).
+    # unready (which would flap every PDDeployment's Ready condition). With it, 2 min instead of
+    # 40 s: in a CI run the controller marked every node, and so every pod, not ready 21 s after a
+    # 23 s kube-apiserver restart, though KWOK had renewed each lease twice since (on a loaded
+    # machine the controller-manager's watches come back late).
     fleet_flags: dict[str, list[str]] = {
-        "kube-controller-manager": [] if pod_runner else ["--node-monitor-grace-period=1h"],
+        "kube-controller-manager": [
+            "--node-monitor-grace-period=2m" if pod_runner else "--node-monitor-grace-period=1h"
+        ],
         "lease": ["40"] if pod_runner else ["600"],
     }
     t0 = time.monotonic()
