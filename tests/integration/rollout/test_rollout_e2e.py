@@ -311,7 +311,14 @@ def test_decode_slowness_rolls_back_weight_first(gray: Gray) -> None:
     assert "below" in r["reason"], r["reason"]
     failed = [v for v in r["verdicts"] if v["result"] == "Fail"]
     assert failed
-    assert failed[-1]["figures"]["targetAttainment"] < 0.9
+    # A decode pool 20x slower misses the SLO; on a loaded machine its engines' KV pulls can also
+    # fall under half the link's pace first (a CI run: 47.9%, attainment still 1.0). Either is a
+    # breach of the slowed arm; the verdict's figures must show the one its reason names.
+    figures = failed[-1]["figures"]
+    if "KV bandwidth at" in r["reason"]:
+        assert figures["targetKvBandwidthRatio"] < 0.5, failed[-1]
+    else:
+        assert figures["targetAttainment"] < 0.9, failed[-1]
     assert min(back.replicas("prefill"), back.replicas("decode")) >= 1, "P/D keeps its pods at first"
     rolled = gray.kubectl("wait", f"pdd/{NAME}", "--for=condition=RolledBack", "--timeout=10s")
     assert rolled.returncode == 0
