@@ -183,7 +183,7 @@ class FrontProtocol(asyncio.Protocol):
         self._settings = settings
         self._handler = settings.handler
         self._on_refused = settings.on_refused
-        self._max_body = settings.max_body_bytes()
+        self._max_body = 0  # read from the settings as each request's headers end
         self._connections = settings.connections
         self._transport: asyncio.Transport | None = None
         self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
