@@ -71,6 +71,38 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: work_unit(item.nodeid) != "load-e2e")
 
 
+# Each work unit's span (first test's start to last test's end, setup and teardown included) and the
+# worker that ran it, gathered from the test reports and printed at the end of the session: the
+# figures that say which unit is the critical path of `make test`.
+_UNIT_SPANS: dict[str, tuple[str, float, float]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    node = getattr(report, "node", None)  # the xdist worker that sent it, on the controller
+    worker = str(node.gateway.id) if node is not None else "main"
+    unit = work_unit(report.nodeid)
+    _, start, stop = _UNIT_SPANS.get(unit, (worker, report.start, report.stop))
+    _UNIT_SPANS[unit] = (worker, min(start, report.start), max(stop, report.stop))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _UNIT_SPANS:
+        return
+    begin = min(start for _, start, _ in _UNIT_SPANS.values())
+    by_worker: dict[str, list[tuple[float, float, str]]] = {}
+    for unit, (worker, start, stop) in _UNIT_SPANS.items():
+        by_worker.setdefault(worker, []).append((start - begin, stop - begin, unit))
+    terminalreporter.section("work units by worker (seconds from the first test's start)")
+    for worker, spans in sorted(by_worker.items()):
+        spans.sort()
+        busy = sum(stop - start for start, stop, _ in spans)
+        terminalreporter.write_line(
+            f"{worker}: {len(spans)} units, busy {busy:.0f} s, last ends at {spans[-1][1]:.0f} s"
+        )
+        for start, stop, unit in sorted(spans, key=lambda span: span[0] - span[1])[:5]:
+            terminalreporter.write_line(f"  {stop - start:6.0f} s  [{start:4.0f}-{stop:4.0f}]  {unit}")
+
+
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]:
     if kubeconfig := os.environ.get("TANDEM_KUBECONFIG"):
