@@ -29,6 +29,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -38,6 +39,7 @@ from tandem.demo.load import BackgroundLoad, Phase
 from tandem.demo.stats import Sample
 from tandem.devcluster import e2e as harness
 from tandem.devcluster.handle import ClusterHandle
+from tandem.devcluster.layout import ClusterDir
 from tandem.devcluster.testing import OperatorProcess, eventually, metric_total, scratch_namespace
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
@@ -100,6 +102,26 @@ class Stack:
 
     def engine_metric(self, ip: str, name: str) -> float:
         return metric_total(_get(f"http://{ip}:{meta.ENGINE_PORT}/metrics"), name)
+
+    def pod_log_excerpt(self, since: float) -> str:
+        """What a failed assertion needs to say why: from every pod log of the namespace (the pod
+        runner's files; `kubectl logs` needs a kubelet), the lines written since `since` (epoch
+        seconds) that report trouble: leg failures and timeouts, errors, tracebacks, restarts."""
+        stamp = datetime.fromtimestamp(since, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        marks = ("WARNING", "ERROR", "Traceback", "Error", "pod runner")
+        out = []
+        for path in sorted(ClusterDir(self.cluster.dir).pod_logs.glob(f"{self.namespace}_*.log")):
+            pod = path.name.split("_")[1]
+            for line in path.read_text(errors="replace").splitlines():
+                if line[:19] >= stamp and any(mark in line for mark in marks):
+                    out.append(f"{pod}: {line[:300]}")
+        return "\n".join(out[-60:])
+
+    def failures(self, samples: list[Sample], killed_at: float) -> str:
+        """The failed samples (sent how long after the kill, and why) and the pods' log excerpt."""
+        failed = [f"sent at kill{s.sent_at - killed_at:+.2f} s: {s.error}" for s in samples if not s.ok]
+        excerpt = self.pod_log_excerpt(killed_at - 5)
+        return "\n".join([*failed, "pod logs since 5 s before the kill:", excerpt])
 
     def kv_held(self) -> dict[str, float]:
         return {
@@ -269,13 +291,13 @@ def test_decode_worker_killed_mid_stream(stack: Stack) -> None:
     time.sleep(3)
     samples = _since(stack.pause(), killed_at - 5)
     failed = [s for s in samples if not s.ok]
-    assert all(STREAM_CUT in s.error for s in failed), [s.error for s in failed]
+    assert all(STREAM_CUT in s.error for s in failed), stack.failures(samples, killed_at)
     # Only streams already under way can be cut: a request sent later that meets the dead pod
     # has no byte yet and is re-prefilled elsewhere.
     assert all(s.sent_at <= killed_at for s in failed), [s.sent_at - killed_at for s in failed]
     after = [s for s in samples if s.sent_at > killed_at + 1]
     assert after, "no request sent after the kill"
-    assert all(s.ok for s in after), [s.error for s in after if not s.ok]
+    assert all(s.ok for s in after), stack.failures(after, killed_at)
     held_s = stack.no_kv_held("after the decode kill")
     stack.pods_as_desired("after the decode kill")
     stack.figures["decode killed"] = {
@@ -299,7 +321,7 @@ def test_prefill_worker_killed_mid_prefill(stack: Stack) -> None:
     time.sleep(3)
     samples = _since(stack.pause(), killed_at - 5)
     assert samples
-    assert all(s.ok for s in samples), [s.error for s in samples if not s.ok]
+    assert all(s.ok for s in samples), stack.failures(samples, killed_at)
     held_s = stack.no_kv_held("after the prefill kill")
     stack.pods_as_desired("after the prefill kill")
     stack.figures["prefill killed"] = {
@@ -343,7 +365,7 @@ def test_router_pod_deleted_with_no_grace(stack: Stack) -> None:
     victim_failed = [s for s in samples[victim][back_before:] if not s.ok]
     survivor_samples = [s for s in samples[survivor] if s.sent_at >= killed_at - 5]
     assert survivor_samples
-    assert all(s.ok for s in survivor_samples), [s.error for s in survivor_samples if not s.ok]
+    assert all(s.ok for s in survivor_samples), stack.failures(survivor_samples, killed_at)
     assert victim_failed, "no request through the killed router failed"
     late = [s for s in victim_failed if s.sent_at > quiet_at]
     assert not late, [s.error for s in late]
