@@ -132,7 +132,9 @@ class Stack:
 
     def start_load(self, router_ip: str) -> BackgroundLoad:
         url = f"http://{router_ip}:{meta.ROUTER_PORT}"
-        load = BackgroundLoad(url, harness.MODEL, max_requests=3000, max_seconds=600, request_timeout=60)
+        # The clients wait longer than the router's leg timeouts (60 s): a leg that hangs ends in the
+        # router's 504, whose log line names the leg and the pod, not in a bare client timeout.
+        load = BackgroundLoad(url, harness.MODEL, max_requests=3000, max_seconds=600, request_timeout=90)
         self.loads[router_ip] = load.start(LOAD)
         return load
 
