@@ -63,4 +63,6 @@ class EventRecorder:
         try:
             self.kube.create_event(namespace, event)
         except KubeError as exc:
-            log.warning("could not post event %s/%s: %s", reason, md.get("name"), exc)
+            # A namespace being deleted takes the object and its Events with it: nothing is lost.
+            level = logging.DEBUG if exc.namespace_terminating else logging.WARNING
+            log.log(level, "could not post event %s/%s: %s", reason, md.get("name"), exc)

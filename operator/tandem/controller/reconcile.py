@@ -308,13 +308,19 @@ class Reconciler:
             changes.append((obj, current, transfer))
         # Children differ independently: applied at once (each one's hand-over steps stay in order),
         # reported in the rendered order.
-        for (obj, _, _), outcome in zip(changes, self._each(self._try_apply, changes), strict=True):
+        outcomes = self._each(self._try_apply, changes)
+        for (obj, _, _), outcome in zip(changes, outcomes, strict=True):
             key = _key(obj)
             if isinstance(outcome, KubeError):
                 apply_errors.append(f"{key[0]}/{key[1]}: {outcome.message}")
             else:
                 live[key] = outcome
                 result.applied.append(f"{key[0]}/{key[1]}")
+        if any(isinstance(outcome, KubeError) and outcome.namespace_terminating for outcome in outcomes):
+            # The namespace controller is deleting everything in it, this PDDeployment too: a child
+            # cannot be created, and a Stalled status or a Warning would only report the deletion.
+            log.info("%s/%s: the namespace is being deleted; the pass stops after its applies", ns, name)
+            return result
         for role, size in previous_sizes.items():
             if kept is None:
                 break

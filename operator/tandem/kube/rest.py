@@ -28,13 +28,21 @@ USER_AGENT = "tandem-operator/0.1.0"
 
 
 class KubeError(Exception):
-    """An API call failed; `status` is the HTTP status (0 for a connection failure)."""
+    """An API call failed; `status` is the HTTP status (0 for a connection failure), `causes` the
+    reasons of the Status's `details.causes`."""
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    def __init__(self, status: int, reason: str, message: str, causes: tuple[str, ...] = ()) -> None:
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
+        self.causes = causes
+
+    @property
+    def namespace_terminating(self) -> bool:
+        """A create refused because its namespace is being deleted: the apiserver's 403 with the
+        `NamespaceTerminating` cause. Nothing in that namespace can be created again."""
+        return self.status == 403 and "NamespaceTerminating" in self.causes
 
 
 @dataclass(frozen=True)
@@ -148,7 +156,14 @@ class KubeRest:
             raise KubeError(0, type(exc).__name__, str(exc)) from exc
         data: Obj = json.loads(raw) if raw else {}
         if status >= 400:
-            raise KubeError(status, str(data.get("reason", "")), str(data.get("message", raw[:300])))
+            details = data.get("details")
+            causes = details.get("causes") if isinstance(details, dict) else None
+            raise KubeError(
+                status,
+                str(data.get("reason", "")),
+                str(data.get("message", raw[:300])),
+                tuple(str(c.get("reason", "")) for c in causes or [] if isinstance(c, dict)),
+            )
         return data
 
     def _count(self, verb: str, kind: str) -> None:

@@ -8,6 +8,8 @@ import copy
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import pytest
+
 from tandem.controller.events import EventRecorder
 from tandem.controller.reconcile import Reconciler
 from tandem.kube.rest import Kind, KubeError
@@ -72,3 +74,31 @@ def test_a_failed_apply_is_reported_for_its_child_and_the_rest_are_applied() -> 
     stalled = [c for c in world.pdd["status"]["conditions"] if c["type"] == "Stalled"]
     assert stalled
     assert "bad port" in stalled[0]["message"]
+
+
+@pytest.mark.parametrize(
+    ("error", "terminating"),
+    [
+        (KubeError(403, "Forbidden", "unable to create new content", ("NamespaceTerminating",)), True),
+        (KubeError(403, "Forbidden", "RBAC: access denied"), False),
+        (KubeError(409, "Conflict", "x", ("NamespaceTerminating",)), False),
+    ],
+)
+def test_only_a_namespace_being_deleted_stops_a_pass_quietly(error: KubeError, terminating: bool) -> None:
+    """Children that cannot be created because their namespace is going away: the pass stops after its
+    applies, with no Stalled status and no Warning; any other refusal is reported as before."""
+    world = World(manifest())
+    real_apply = world.kube.apply
+
+    def apply(kind: Kind, obj: dict[str, Any], field_manager: str | None = None) -> dict[str, Any]:
+        if obj["kind"] == "Service":
+            raise error
+        return real_apply(kind, obj, field_manager)
+
+    world.kube.apply = apply  # type: ignore[method-assign]
+    result = world.run()
+    assert error.namespace_terminating is terminating
+    assert f"StatefulSet/{NAME}-decode" in result.applied
+    assert result.status_written is not terminating
+    assert (world.events() == []) is terminating
+    assert ("status" not in world.pdd) is terminating
