@@ -9,7 +9,7 @@ splits by `status.rollout` and labels every request with its path, which is what
 Compressed settings (one deployment, `gray`, for the whole module; bring-up is the expensive part):
 - sim engines at `TANDEM_SIM_TIME_SCALE=1`, `TANDEM_SIM_LOAD_SECONDS=3` (a new pod is not Ready for
   3 s); pools colocated 1, prefill 1, decode 1 (fixed sizes: each arm gets its share, rounded up);
-- SLO TTFT 1500 ms, TPOT 100 ms, attainment 90 %;
+- SLO TTFT 2000 ms, TPOT 100 ms, attainment 90 %;
 - rollout steps 50 % then 100 %, no pause beyond the analysis window (`pauseSeconds: 0`),
   `windowSeconds: 10`, `minSamples: 10`, `maxAttainmentDrop: 0.2`, `scaleDownDelaySeconds: 5`;
 - load: 4 requests/s of 200-token prompts and 16 output tokens (about 20 requests per arm per window
@@ -24,7 +24,7 @@ rollback on the KV-transfer failure rate (in the step, or, when the step passed 
 showed in a judged window, right after promotion: the steady-state fall-back of a P/D deployment;
 both are rollbacks, weight first); `retry` and `abort`, and an
 unknown command; `retry` again and a slow P->D link during the 50 % step: automatic rollback on the
-KV bandwidth ratio (the link is 10 Gb/s, pulls of 8 MiB and more judged); last, `spec.rollout` and
+KV bandwidth ratio (the link is 1 Gb/s, pulls of 8 MiB and more judged); last, `spec.rollout` and
 the colocated pool removed in one commit: the mode
 switches to P/D only once its pods are ready, colocated serving until then. No client request may
 fail, except where all three attempts of a request hit a failing KV pull (the router's failure
@@ -63,14 +63,18 @@ DELAY = 5
 LOAD = Phase(4.0, 200, 16, "steady")
 SLOWDOWN = 20.0
 KV_FAILURE_RATE = 0.1
-# The P->D link: 10 Gb/s in the spec and in the sims (rendered from it), and KV bandwidth judged over
-# pulls of 8 MiB and more: a 200-token prompt moves 25 MiB of Llama-3.1-8B KV, 21 ms on this link, far
-# above what a loopback read adds (a healthy window reads about 95 %). Slow link: the sim's
-# kv_bandwidth_factor fault at 0.1 (1 Gb/s, 210 ms a pull: TTFT stays within its SLO, so only the
-# KV-transport figure can fail the step).
-LINK_GBPS = 10
+# The P->D link: 1 Gb/s in the spec and in the sims (rendered from it), and KV bandwidth judged over
+# pulls of 8 MiB and more: a 200-token prompt moves 25 MiB of Llama-3.1-8B KV, 210 ms on this link.
+# A pull's measured time also holds what the two engines' event loops add (connect, post, wake-ups).
+# On a 10 Gb/s link (21 ms pulls) a CI run with every core busy judged the healthy link at 35 % of its
+# pace, so about 40 ms added to each pull; against 210 ms that would read 84 %. Slow link: the sim's
+# kv_bandwidth_factor fault at 0.2 (1.05 s a pull, 20 % of the link's pace; the window that fails the
+# step still reads under half while fewer than three in four of its pulls came before the fault: the test
+# injects it just after the step starts). TTFT stays within its 2 s SLO, so only the KV-transport
+# figure can fail the step.
+LINK_GBPS = 1
 MIN_JUDGED_BYTES = 8 * 1024 * 1024
-SLOW_LINK_FACTOR = 0.1
+SLOW_LINK_FACTOR = 0.2
 # A step lasts at least its window (10 s) plus the analysis period (5 s) and a scrape or two; on a
 # 2-core machine shared with other sessions we allow 45 s per step and 60 s for a new arm's pods.
 STEP_TIMEOUT = 45
@@ -96,7 +100,7 @@ def manifest(mode: str) -> dict[str, Any]:
         "decode": harness.pool(1),
         "colocated": harness.pool(1),
         "serving": {"mode": mode},
-        "slo": {"ttftMs": 1500, "tpotMs": 100, "attainmentPercent": 90},
+        "slo": {"ttftMs": 2000, "tpotMs": 100, "attainmentPercent": 90},
         "rollout": {
             "steps": [{"weight": 50, "pauseSeconds": 0}, {"weight": 100, "pauseSeconds": 0}],
             "analysis": {
@@ -311,14 +315,12 @@ def test_decode_slowness_rolls_back_weight_first(gray: Gray) -> None:
     assert "below" in r["reason"], r["reason"]
     failed = [v for v in r["verdicts"] if v["result"] == "Fail"]
     assert failed
-    # A decode pool 20x slower misses the SLO; on a loaded machine its engines' KV pulls can also
-    # fall under half the link's pace first (a CI run: 47.9%, attainment still 1.0). Either is a
-    # breach of the slowed arm; the verdict's figures must show the one its reason names.
+    # A decode pool 20x slower misses the SLO. Its KV pulls keep the link's pace (the link is slow
+    # enough that what a loaded machine adds to a pull stays small beside it), so the SLO fails it.
     figures = failed[-1]["figures"]
-    if "KV bandwidth at" in r["reason"]:
-        assert figures["targetKvBandwidthRatio"] < 0.5, failed[-1]
-    else:
-        assert figures["targetAttainment"] < 0.9, failed[-1]
+    assert "SLO attainment" in r["reason"], r["reason"]
+    assert figures["targetAttainment"] < 0.9, failed[-1]
+    assert "KV bandwidth at" not in r["reason"], r["reason"]
     assert min(back.replicas("prefill"), back.replicas("decode")) >= 1, "P/D keeps its pods at first"
     rolled = gray.kubectl("wait", f"pdd/{NAME}", "--for=condition=RolledBack", "--timeout=10s")
     assert rolled.returncode == 0
@@ -388,14 +390,13 @@ def test_retry_promote_kv_failures_and_abort(gray: Gray) -> None:
 
 def test_a_slow_link_during_a_step_rolls_back(gray: Gray) -> None:
     """retry (attempt 4) -> Shifting 50 %, and the decode engines run a slow link (kv_bandwidth_factor
-    0.1) from the step's start: the step fails on the KV bandwidth ratio alone and rolls back by
+    0.2) from the step's start: the step fails on the KV bandwidth ratio alone and rolls back by
     itself, weight first, within the bound; the verdict shows the ratio; no request fails (a slow pull
     is slow, not an error). The same link, healthy, passed every judged window of the module so far.
 
     The fault goes in as the step starts: a step passes on its first window that lies wholly in it,
     so waiting for a healthy verdict inside the step raced the step's own pass."""
-    before = gray.watch.latest()
-    assert phase_of(before) == ("RolledBack", 0)
+    gray.wait_phase("RolledBack", 0, DELAY + 30)  # where the previous test leaves it, or on its way
     healthy = [
         ratio
         for seen in gray.watch.since(0)
