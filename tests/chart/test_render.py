@@ -51,6 +51,7 @@ MATRIX: dict[str, dict[str, Any]] = {
                          "pullPolicy": "Always"}},
     "prometheus": {"prometheus": {"url": "http://prometheus-operated.monitoring.svc:9090/prom"}},
     "tuned": {"operator": {"probePort": 9090, "resyncSeconds": 60, "workers": 8, "leaseName": "lead",
+                           "unschedulableGraceSeconds": 900,
                            "verbose": True, "extraArgs": ["--foo"],
                            "extraEnv": [{"name": "X", "value": "1"}]}},
 }  # fmt: skip
@@ -207,6 +208,7 @@ def test_tuned_values_reach_the_command_line() -> None:
     argv = flags(r)
     for flag in ("--probe-port=9090", "--resync-seconds=60", "--workers=8", "--lease-name=lead", "--verbose"):
         assert flag in argv
+    assert "--unschedulable-grace-seconds=900" in argv
     assert argv[-1] == "--foo"
     assert {"name": "X", "value": "1"} in operator_container(r)["env"]
     assert operator_container(r)["ports"][0]["containerPort"] == 9090

@@ -29,6 +29,16 @@ BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
     ("privileged probe port", {"operator": {"probePort": 80}}, "/operator/probePort"),
     ("resync too short", {"operator": {"resyncSeconds": 1}}, "/operator/resyncSeconds"),
     ("no workers", {"operator": {"workers": 0}}, "/operator/workers"),
+    (
+        "negative grace",
+        {"operator": {"unschedulableGraceSeconds": -1}},
+        "/operator/unschedulableGraceSeconds",
+    ),
+    (
+        "grace over a day",
+        {"operator": {"unschedulableGraceSeconds": 86401}},
+        "/operator/unschedulableGraceSeconds",
+    ),
     ("extra args not strings", {"operator": {"extraArgs": [1]}}, "/operator/extraArgs/0"),
     ("env without a name", {"operator": {"extraEnv": [{"value": "x"}]}}, "/operator/extraEnv/0"),
     ("crds.install as a string", {"crds": {"install": "yes"}}, "/crds/install"),

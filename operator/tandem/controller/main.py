@@ -34,6 +34,7 @@ from tandem.controller.leader import LeaderElector
 from tandem.controller.reconcile import Reconciler
 from tandem.controller.workqueue import WorkQueue
 from tandem.kube.rest import PDDEPLOYMENT, KubeError, KubeRest, load_api_client
+from tandem.status.derive import UNSCHEDULABLE_GRACE_SECONDS
 
 log = logging.getLogger("tandem.operator")
 
@@ -42,6 +43,7 @@ Key = tuple[str, str]  # (namespace, name)
 MAX_ERROR_BACKOFF_SECONDS = 300.0
 CHILD_EVENT_DELAY_SECONDS = 1.0  # --child-event-delay-seconds' default
 MAX_CHILD_EVENT_DELAY_SECONDS = 60.0
+MAX_UNSCHEDULABLE_GRACE_SECONDS = 86400.0
 
 
 class Runtime:
@@ -54,7 +56,11 @@ class Runtime:
         self.autoscaler = Autoscaler(self.kube, args.prometheus_url)
         self.api_pool = ThreadPoolExecutor(max_workers=args.api_parallelism, thread_name_prefix="tandem-api")
         self.reconciler = Reconciler(
-            self.kube, EventRecorder(self.kube), self.autoscaler, api_pool=self.api_pool
+            self.kube,
+            EventRecorder(self.kube),
+            self.autoscaler,
+            api_pool=self.api_pool,
+            unschedulable_grace_seconds=args.unschedulable_grace_seconds,
         )
         self.queue: WorkQueue[Key] = WorkQueue()
         self.failures: dict[Key, int] = {}
@@ -238,6 +244,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "time holds), so one pass sees a burst of changes; 0: at once",
     )
     parser.add_argument(
+        "--unschedulable-grace-seconds",
+        type=float,
+        default=UNSCHEDULABLE_GRACE_SECONDS,
+        help="a pod unschedulable this long stalls its PDDeployment (Stalled=True Unschedulable, phase "
+        "Degraded); until then it is progressing. Longer than new nodes take to join where a cluster "
+        "autoscaler adds them",
+    )
+    parser.add_argument(
         "--prometheus-url",
         default=os.environ.get("TANDEM_PROMETHEUS_URL", ""),
         help="Prometheus the autoscaler reads when spec.autoscaling.prometheus.url is unset "
@@ -251,6 +265,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         parser.error("--api-parallelism must be at least 1")
     if args.resync_seconds < 5:
         parser.error("--resync-seconds must be at least 5")
+    if not 0 <= args.unschedulable_grace_seconds <= MAX_UNSCHEDULABLE_GRACE_SECONDS:
+        parser.error(f"--unschedulable-grace-seconds must be from 0 to {MAX_UNSCHEDULABLE_GRACE_SECONDS:g}")
     if not 0 <= args.child_event_delay_seconds <= MAX_CHILD_EVENT_DELAY_SECONDS:
         parser.error(f"--child-event-delay-seconds must be from 0 to {MAX_CHILD_EVENT_DELAY_SECONDS:g}")
     return args

@@ -32,7 +32,13 @@ from tandem.kube.rest import PDDEPLOYMENT, POD, Kind, KubeError, KubeRest, Obj
 from tandem.render import CHILD_KINDS, names, render
 from tandem.render.revision import revision_id
 from tandem.rollout.arms import fit_budget
-from tandem.status.derive import Observed, PodProblem, WorkloadState, derive_status
+from tandem.status.derive import (
+    UNSCHEDULABLE_GRACE_SECONDS,
+    Observed,
+    PodProblem,
+    WorkloadState,
+    derive_status,
+)
 
 log = logging.getLogger(__name__)
 
@@ -168,9 +174,11 @@ class Reconciler:
         rollouts: RolloutController | None = None,
         kv_transport: KvTransportCheck | None = None,
         api_pool: Executor | None = None,
+        unschedulable_grace_seconds: float = UNSCHEDULABLE_GRACE_SECONDS,
     ) -> None:
         self.kube = kube
         self.events = events
+        self.unschedulable_grace_seconds = unschedulable_grace_seconds
         self._pool = api_pool  # where a pass's independent API calls run at once; None: in turn
         self.autoscaler = autoscaler or Autoscaler(kube)
         self.rollouts = rollouts or RolloutController(self.autoscaler)
@@ -373,7 +381,9 @@ class Reconciler:
             ),
             revisions=revs.status,
         )
-        status = derive_status(pdd, observed, previous.conditions if previous else [], now)
+        status = derive_status(
+            pdd, observed, previous.conditions if previous else [], now, self.unschedulable_grace_seconds
+        )
         result.phase = status.phase.value
         metrics.observe_status(ns, name, _dump(status))
         if previous is None or _dump(previous) != _dump(status):

@@ -93,7 +93,9 @@ class AutoscalingView:
 # Reasons that stop progress until something outside the operator changes (kstatus "Stalled").
 _STALLING_REASONS = ("Unschedulable", "ImagePullFailed", "CrashLoopBackOff", "ConfigError")
 # Capacity often frees up by itself (a rollout ending, a node joining): a pod counts as stuck
-# only after it has been unschedulable this long; until then the deployment is progressing.
+# only after it has been unschedulable this long; until then the deployment is progressing. The
+# operator's `--unschedulable-grace-seconds` sets it (a cluster whose autoscaler adds GPU nodes
+# needs longer than the nodes take to join).
 UNSCHEDULABLE_GRACE_SECONDS = 60.0
 
 
@@ -106,12 +108,12 @@ def _seconds_between(start: str, end: str) -> float:
     ).total_seconds()
 
 
-def _stalling(problem: PodProblem, now: str) -> bool:
+def _stalling(problem: PodProblem, now: str, unschedulable_grace_seconds: float) -> bool:
     if problem.reason not in _STALLING_REASONS:
         return False
     return (
         problem.reason != "Unschedulable"
-        or _seconds_between(problem.since, now) >= UNSCHEDULABLE_GRACE_SECONDS
+        or _seconds_between(problem.since, now) >= unschedulable_grace_seconds
     )
 
 
@@ -262,15 +264,17 @@ def derive_status(
     observed: Observed,
     previous: Sequence[Condition],
     now: str,
+    unschedulable_grace_seconds: float = UNSCHEDULABLE_GRACE_SECONDS,
 ) -> PDDeploymentStatus:
-    """The status to write after a reconcile pass; `now` is an RFC 3339 timestamp."""
+    """The status to write after a reconcile pass; `now` is an RFC 3339 timestamp; a pod unschedulable
+    for `unschedulable_grace_seconds` stalls the deployment."""
     generation = pdd.metadata.generation
     roles = [*meta.POOL_ROLES, "router"]
     pools = PoolsStatus(**{role: _pool_status(pdd, role, observed) for role in roles})
     active_roles = [role for role in roles if observed.desired_replicas.get(role, 0) > 0]
     converged = all(_converged(role, observed) for role in roles)
 
-    stalling = [p for p in observed.pod_problems if _stalling(p, now)]
+    stalling = [p for p in observed.pod_problems if _stalling(p, now, unschedulable_grace_seconds)]
     if observed.apply_errors:
         stalled: tuple[str, str] | None = ("ApplyFailed", "; ".join(observed.apply_errors))
     elif stalling:

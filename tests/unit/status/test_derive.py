@@ -152,3 +152,27 @@ def test_unschedulable_is_progress_until_the_grace_period_ends() -> None:
     later = derive_status(pdd(), observed, status.conditions, "2026-11-29T10:00:31Z")
     assert later.phase == "Degraded"
     assert conditions(later.conditions)["Stalled"] == ("True", "Unschedulable")
+
+
+@pytest.mark.parametrize(
+    ("grace", "seconds_unschedulable", "phase"),
+    [
+        (600.0, 599.0, "Progressing"),  # a cluster autoscaler still adding the GPU node
+        (600.0, 600.0, "Degraded"),
+        (10.0, 9.0, "Progressing"),
+        (10.0, 10.0, "Degraded"),
+        (0.0, 0.0, "Degraded"),  # no grace: unschedulable is stuck at once
+    ],
+)
+def test_the_unschedulable_grace_is_the_operators_setting(
+    grace: float, seconds_unschedulable: float, phase: str
+) -> None:
+    since = "2026-11-29T09:00:00Z"
+    now = f"2026-11-29T09:{int(seconds_unschedulable) // 60:02d}:{int(seconds_unschedulable) % 60:02d}Z"
+    problem = PodProblem("llama-decode-1", "decode", "Unschedulable", "0/7 nodes: no gpu", since)
+    observed = Observed(
+        workloads={**ALL_READY, "decode": ready(1)}, desired_replicas=DESIRED, pod_problems=[problem]
+    )
+    status = derive_status(pdd(), observed, [], now, unschedulable_grace_seconds=grace)
+    assert status.phase == phase
+    assert (conditions(status.conditions)["Stalled"][0] == "True") is (phase == "Degraded")
