@@ -115,6 +115,22 @@ def apply_body(obj: Obj) -> bytes:
     return _NOT_YAML_PRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode()
 
 
+def decode_body(status: int, raw: bytes) -> Obj:
+    """A response's body as the JSON object the apiserver sends. Anything else (an HTML error page
+    from a proxy or load balancer in front of the apiserver, a truncated body) is a KubeError that
+    quotes its start, so a pass fails as on any refused call instead of with a JSONDecodeError."""
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        return data
+    start = raw[:300].decode("utf-8", "replace")
+    raise KubeError(status, "InvalidResponse", f"the response is not a JSON object: {start!r}")
+
+
 class KubeRest:
     """Generic, thread-safe calls against one apiserver."""
 
@@ -154,14 +170,14 @@ class KubeRest:
             status = int(exc.status or 0)
         except Exception as exc:  # connection refused, TLS failure, timeout
             raise KubeError(0, type(exc).__name__, str(exc)) from exc
-        data: Obj = json.loads(raw) if raw else {}
+        data = decode_body(status, raw)
         if status >= 400:
             details = data.get("details")
             causes = details.get("causes") if isinstance(details, dict) else None
             raise KubeError(
                 status,
                 str(data.get("reason", "")),
-                str(data.get("message", raw[:300])),
+                str(data.get("message", raw[:300].decode("utf-8", "replace"))),
                 tuple(str(c.get("reason", "")) for c in causes or [] if isinstance(c, dict)),
             )
         return data
