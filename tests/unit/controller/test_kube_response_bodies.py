@@ -12,9 +12,8 @@ from collections.abc import Iterator
 import kubernetes
 import pytest
 
-from tandem.kube.rest import Kind, KubeError, KubeRest, decode_body
+from tandem.kube.rest import POD, KubeError, KubeRest, decode_body
 
-CONFIG_MAP = Kind("v1", "ConfigMap", "configmaps")
 BAD_GATEWAY = b"<html><head><title>502 Bad Gateway</title></head><body>nginx</body></html>"
 
 
@@ -82,6 +81,6 @@ def test_a_proxy_error_page_through_the_client_is_a_kube_error(proxy_url: str) -
     configuration.host = proxy_url
     kube = KubeRest(kubernetes.client.ApiClient(configuration))
     with pytest.raises(KubeError) as caught:
-        kube.get(CONFIG_MAP, "default", "any")
+        kube.get(POD, "default", "any")
     assert caught.value.status == 502
     assert "502 Bad Gateway" in caught.value.message
