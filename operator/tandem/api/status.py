@@ -120,6 +120,17 @@ class ScaleDecision(ApiModel):
     to: Annotated[int, Field(ge=0)]
     reason: Annotated[str, Field(max_length=1024)]
     figures: Annotated[dict[str, float], Field(max_length=32)] = {}
+    cause: Annotated[
+        str | None,
+        Field(
+            max_length=32,
+            description=(
+                "What the pool's own SLO miss was charged to, when it missed: tpot, a TTFT part"
+                " (prefillQueue, prefillCompute, routerQueue, decodeWait, decodeFull, prefill) or ttft"
+                " (colocated); load when the capacity model alone decided."
+            ),
+        ),
+    ] = None
 
 
 class Recommendation(ApiModel):

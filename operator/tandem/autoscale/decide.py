@@ -38,8 +38,8 @@ from tandem.api.status import (
 from tandem.autoscale import stabilize
 from tandem.autoscale.budget import Claim, arbitrate
 from tandem.autoscale.knobs import KNOBS, Knobs
-from tandem.autoscale.recommend import ROLES, Sizing, fmt, recommend
-from tandem.autoscale.snapshot import Snapshot
+from tandem.autoscale.recommend import ROLES, Sizing, fmt, recommend, ttft_attribution
+from tandem.autoscale.snapshot import PATH_DISAGGREGATED, Snapshot
 
 LimitedBy = Literal["maxGPUs", "maxReplicas", "minReplicas", "maxStep", "stabilization", "deadBand"]
 ConditionTuple = tuple[Literal["True", "False"], str, str]
@@ -55,6 +55,9 @@ class PoolDecision:
     reason: str  # one sentence with the figures
     figures: Mapping[str, float]  # the numbers used (<= 32 keys, camelCase)
     limited_by: LimitedBy | None
+    # what the pool's own SLO miss was charged to ("tpot", a TTFT part: `autoscale.attribution`), "load"
+    # when the capacity model alone decided; None when held
+    cause: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +235,12 @@ def _pool_status(
 
 
 def _scale_decision(
-    now: float, current: int, target: int, reason: str, figures: Mapping[str, float]
+    now: float,
+    current: int,
+    target: int,
+    reason: str,
+    figures: Mapping[str, float],
+    cause: str | None = None,
 ) -> ScaleDecision:
     return ScaleDecision(
         time=_rfc3339(now),
@@ -240,6 +248,7 @@ def _scale_decision(
         to=target,
         reason=reason[:MAX_REASON],
         figures=dict(list(figures.items())[:32]),
+        cause=cause,
     )
 
 
@@ -387,6 +396,7 @@ def _active(
             reason += f"; {current} -> {target}"
         reason = reason[:MAX_REASON]
         figures = dict(sizing.figures)
+        cause = sizing.slo_cause or "load"
         pools[role] = PoolDecision(
             role=role,
             current=current,
@@ -395,19 +405,22 @@ def _active(
             reason=reason,
             figures=figures,
             limited_by=stage.limited_by,
+            cause=cause,
         )
         old = _pool_state(state, role)
         record_decision = target != current or old.last_decision is None
         updates[role] = _pool_status(
             old,
             desired=current if advisory else target,
-            decision=_scale_decision(now, current, target, reason, figures) if record_decision else None,
+            decision=(
+                _scale_decision(now, current, target, reason, figures, cause) if record_decision else None
+            ),
             scaled=not advisory and target != current,
             now=now,
             history=histories[role],
             correction=sizing.correction,
         )
-    condition = _condition(spec, pools, advisory, budget_note)
+    condition = _condition(spec, pools, advisory, budget_note, _kv_note(spec, snapshot, currents, knobs))
     new_state = _new_state(state, now, rules.mode.value, updates)
     return Decision(pools=pools, state=new_state, condition=condition, held=False)
 
@@ -442,8 +455,35 @@ def _fixed_gpus(spec: PDDeploymentSpec, snapshot: Snapshot, autoscaled: list[str
     return total
 
 
+def _kv_note(spec: PDDeploymentSpec, snapshot: Snapshot, roles: Mapping[str, int], knobs: Knobs) -> str:
+    """Why no pool grows for a P/D TTFT miss charged to the KV transfer ("" when there is none)."""
+    if "prefill" not in roles and "decode" not in roles:
+        return ""
+    path = snapshot.paths.get(PATH_DISAGGREGATED)
+    slo = spec.slo
+    if path is None or slo is None or path.ttft_seconds is None or path.ttft_breakdown is None:
+        return ""
+    attainment = path.attainment
+    if path.ttft_seconds * 1000.0 <= slo.ttft_ms or attainment is None:
+        return ""
+    if attainment >= slo.attainment_percent / 100.0:
+        return ""
+    attribution = ttft_attribution(spec, snapshot, knobs)
+    if attribution.charged is not None:
+        return ""
+    return (
+        f"P/D TTFT {path.ttft_seconds * 1000:.0f} ms > {slo.ttft_ms} ms is the KV transfer's, not a pool's:"
+        f" {attribution.text()}; no pool grows for it (check the link: kvTransfer.bandwidthGbps"
+        f" {spec.kv_transfer.bandwidth_gbps:g})"
+    )
+
+
 def _condition(
-    spec: PDDeploymentSpec, pools: Mapping[str, PoolDecision], advisory: bool, budget_note: str
+    spec: PDDeploymentSpec,
+    pools: Mapping[str, PoolDecision],
+    advisory: bool,
+    budget_note: str,
+    kv_note: str = "",
 ) -> ConditionTuple:
     sizes = ", ".join(
         f"{d.role} {d.current}" + (f" -> {d.target}" if d.target != d.current else "") for d in pools.values()
@@ -458,4 +498,6 @@ def _condition(
     if over:
         detail = ", ".join(f"{role} needs {pools[role].recommendation}" for role in over)
         return ("False", "LimitedByMaxReplicas", f"{detail} (over maxReplicas); {sizes}")
+    if kv_note:
+        return ("True", "KVTransferBound", f"{kv_note}; {sizes}")
     return ("True", "Active", sizes)

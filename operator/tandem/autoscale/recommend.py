@@ -50,9 +50,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tandem.api.models import PDDeploymentSpec, SLOSpec
+from tandem.autoscale.attribution import FIGURE, Attribution, Floors, attribute_ttft
 from tandem.autoscale.capacity import PoolModel, decode_capacity, pool_model, prefill_capacity
 from tandem.autoscale.knobs import Knobs
 from tandem.autoscale.snapshot import (
@@ -63,6 +64,7 @@ from tandem.autoscale.snapshot import (
     PoolSize,
     Snapshot,
 )
+from tandem.perf import kv_transfer_seconds
 
 ROLES = ("prefill", "decode", "colocated")
 
@@ -82,6 +84,10 @@ class Sizing:
     deficit: float  # how far the pool's latency is over its target (0 within it), for the budget
     reason: str
     figures: Mapping[str, float]
+    # What the SLO feedback answered for, when this pool's target was missed: "tpot", a TTFT part
+    # charged to this pool (`autoscale.attribution.PARTS`, "decodeFull", "prefill"), or "ttft"
+    # (colocated); None when met. A miss charged to another pool, or to none, is only in the reason.
+    slo_cause: str | None = None
 
 
 def fmt(value: float) -> str:
@@ -173,33 +179,75 @@ class _Slo:
     missed: bool
     comfortable: bool
     text: str  # e.g. "TTFT p95 820 ms > 500 ms"
+    note: str = ""  # a TTFT miss charged elsewhere, or to no pool: where it went
+    cause: str | None = None  # what this pool's SLO feedback answers for when missed (ScaleDecision.cause)
 
 
-def _slo_state(role: str, obs: _Observed, slo: SLOSpec, snapshot: Snapshot, knobs: Knobs) -> _Slo:
-    path = obs.path
-    ttft = None if path.ttft_seconds is None else path.ttft_seconds * 1000.0 / slo.ttft_ms
-    tpot = None if path.tpot_seconds is None else path.tpot_seconds * 1000.0 / slo.tpot_ms
+def ttft_attribution(spec: PDDeploymentSpec, snapshot: Snapshot, knobs: Knobs) -> Attribution:
+    """Where the P/D path's TTFT went over the window, and which pool a miss is charged to
+    (`autoscale.attribution`), with each part's floor from the prefill and decode pools' profiles."""
+    slo = spec.slo
+    assert slo is not None
     prefill = snapshot.pools.get("prefill", PoolSignals())
     decode = snapshot.pools.get("decode", PoolSignals())
-    # A TTFT miss while decode cannot admit (requests waiting there, or a KV cache nearly full) and
-    # prefill has less than one request queued per replica is decode's: prefill waits to hand over KV.
     decode_full = (
         decode.waiting_requests >= max(1, decode.scraped_pods) or decode.kv_usage_max >= knobs.kv_full_usage
     )
     prefill_queued = prefill.waiting_requests >= max(1, prefill.scraped_pods)
-    ttft_is_decodes = decode_full and not prefill_queued
-    answers_ttft = role == "colocated" or (role == "prefill") != ttft_is_decodes
+    path = snapshot.paths.get(PATH_DISAGGREGATED, PathSignals())
+    breakdown = path.ttft_breakdown
+    if breakdown is None:
+        no_floors = Floors(0.0, 0.0, 0.0)
+        return attribute_ttft(None, no_floors, decode_full=decode_full, prefill_queued=prefill_queued)
+    prompt = (
+        _first_positive(prefill.mean_prompt_tokens, decode.mean_prompt_tokens) or knobs.default_prompt_tokens
+    )
+    moment = prefill.prompt_tokens_second_moment if prefill.mean_prompt_tokens == prompt else 0.0
+    p_model, d_model = pool_model(spec, "prefill"), pool_model(spec, "decode")
+    alone = prefill_capacity(
+        p_model,
+        slo,
+        prompt,
+        knobs,
+        transfer_gbps=spec.kv_transfer.bandwidth_gbps,
+        prompt_second_moment=moment,
+        uncached_fraction=prefill.uncached_fraction,
+    )
+    tokens = max(1, round(prompt))
+    floors = Floors(
+        prefill_compute=alone.service_seconds if math.isfinite(alone.service_seconds) else 0.0,
+        kv_transfer=kv_transfer_seconds(tokens, p_model.kv_bytes_per_token, spec.kv_transfer.bandwidth_gbps),
+        decode_step=d_model.profile.decode_step_seconds(1, tokens),
+    )
+    return attribute_ttft(breakdown, floors, decode_full=decode_full, prefill_queued=prefill_queued)
+
+
+def _slo_state(
+    role: str, obs: _Observed, slo: SLOSpec, knobs: Knobs, attribution: Attribution | None
+) -> _Slo:
+    """The SLO figures `role` answers for: TTFT (prefill, or decode when a miss is charged to it, see
+    `autoscale.attribution`; colocated always) and TPOT (decode, colocated). A pool whose own latency
+    is within its target is never grown because another pool misses."""
+    path = obs.path
+    ttft = None if path.ttft_seconds is None else path.ttft_seconds * 1000.0 / slo.ttft_ms
+    tpot = None if path.tpot_seconds is None else path.tpot_seconds * 1000.0 / slo.tpot_ms
+    answers_ttft = role == "colocated" or (attribution is not None and attribution.charged == role)
     answers_tpot = role in ("decode", "colocated")
+    attainment = path.attainment
+    attained = attainment is None or attainment >= obs.attainment_target
+    note = ""
+    if attribution is not None and ttft is not None and ttft > 1.0 and not attained:
+        note = attribution.text()
+        if not answers_ttft:
+            note += f": not {role}'s" if attribution.charged else ": no pool grows for it"
     ratios: list[tuple[str, float]] = []
     if answers_ttft and ttft is not None:
         ratios.append(("TTFT", ttft))
     if answers_tpot and tpot is not None:
         ratios.append(("TPOT", tpot))
     if not ratios:
-        return _Slo(ratio=None, missed=False, comfortable=False, text="")
+        return _Slo(ratio=None, missed=False, comfortable=False, text="", note=note)
     name, ratio = max(ratios, key=lambda item: item[1])
-    attainment = path.attainment
-    attained = attainment is None or attainment >= obs.attainment_target
     missed = ratio > 1.0 and not attained
     target_ms = slo.ttft_ms if name == "TTFT" else slo.tpot_ms
     measured_ms = ratio * target_ms
@@ -207,8 +255,16 @@ def _slo_state(role: str, obs: _Observed, slo: SLOSpec, snapshot: Snapshot, knob
     text = f"{name} {obs.quantile} {fmt(measured_ms)} ms {relation} {fmt(target_ms)} ms"
     if attainment is not None:
         text += f", attainment {attainment * 100:.1f}%"
+    cause: str | None = None
+    if missed:
+        cause = "tpot" if name == "TPOT" else (attribution.cause if attribution is not None else "ttft")
     return _Slo(
-        ratio=ratio, missed=missed, comfortable=ratio < knobs.comfortable_ratio and attained, text=text
+        ratio=ratio,
+        missed=missed,
+        comfortable=ratio < knobs.comfortable_ratio and attained,
+        text=text,
+        note=note,
+        cause=cause,
     )
 
 
@@ -227,9 +283,11 @@ def recommend(
     model = pool_model(spec, role)
     obs = _observe(spec, role, snapshot, current, knobs, slo)
     if role == "prefill":
-        return _prefill(spec, model, obs, snapshot, current, correction, knobs, slo)
+        attribution = ttft_attribution(spec, snapshot, knobs)
+        return _prefill(spec, model, obs, snapshot, current, correction, knobs, slo, attribution)
     if role == "decode":
-        return _decode(model, obs, snapshot, current, correction, knobs, slo)
+        attribution = ttft_attribution(spec, snapshot, knobs)
+        return _decode(model, obs, snapshot, current, correction, knobs, slo, attribution)
     return _colocated(model, obs, snapshot, current, correction, knobs, slo)
 
 
@@ -285,6 +343,7 @@ def _finish(
     figures: dict[str, float],
     what: tuple[str, str],
     activation: bool,
+    attribution: Attribution | None = None,
 ) -> Sizing:
     """Starting-pod credit, SLO floor, the miss/relax corrections, and the sentence."""
     exact = total
@@ -323,6 +382,8 @@ def _finish(
     )
     if slo_state.ratio is not None:
         figures["sloRatio"] = slo_state.ratio
+    for part, seconds in (attribution.seconds if attribution is not None else {}).items():
+        figures[FIGURE[part]] = seconds
     if obs.path.attainment is not None:
         figures["attainment"] = obs.path.attainment
     figures["attainmentTarget"] = obs.attainment_target
@@ -337,6 +398,8 @@ def _finish(
         reason += f"; SLO missed: at least {floor}"
     elif held_down:
         reason += f"; SLO not comfortably met: no scale-down below {current}"
+    if slo_state.note:
+        reason += f"; {slo_state.note}"
     deficit = max(0.0, (slo_state.ratio or 0.0) - 1.0)
     return Sizing(
         exact=exact,
@@ -346,6 +409,7 @@ def _finish(
         deficit=deficit,
         reason=reason,
         figures=figures,
+        slo_cause=slo_state.cause,
     )
 
 
@@ -372,6 +436,7 @@ def _prefill(
     correction: float,
     knobs: Knobs,
     slo: SLOSpec,
+    attribution: Attribution,
 ) -> Sizing:
     uncached = obs.signals.uncached_fraction
     cap = prefill_capacity(
@@ -400,9 +465,9 @@ def _prefill(
     base = rate / per_replica
     total = base + queue / obs.drain_seconds / per_replica
     model_exact_before = (rate + queue / obs.drain_seconds) / max(cap.at_target * before, 1e-9)
-    slo_state = _slo_state("prefill", obs, slo, snapshot, knobs)
+    slo_state = _slo_state("prefill", obs, slo, knobs, attribution)
     if learnt:  # the sample is a measurement: do not also relax or shrink on the same pass
-        slo_state = _Slo(slo_state.ratio, slo_state.missed, False, slo_state.text)
+        slo_state = replace(slo_state, comfortable=False)
     figures: dict[str, float] = {
         "promptTokensPerSecond": computed,
         "arrivingPromptTokensPerSecond": rate,
@@ -439,6 +504,7 @@ def _prefill(
         figures=figures,
         what=what,
         activation=obs.path.request_rate > 0,
+        attribution=attribution,
     )
 
 
@@ -450,6 +516,7 @@ def _decode(
     correction: float,
     knobs: Knobs,
     slo: SLOSpec,
+    attribution: Attribution,
 ) -> Sizing:
     context = obs.prompt_tokens + obs.output_tokens / 2.0
     cap = decode_capacity(model, slo, context, knobs)
@@ -481,9 +548,9 @@ def _decode(
         demand / max(cap.tokens_per_second * before, 1e-9),
         kv_exact,
     )
-    slo_state = _slo_state("decode", obs, slo, snapshot, knobs)
+    slo_state = _slo_state("decode", obs, slo, knobs, attribution)
     if learnt:
-        slo_state = _Slo(slo_state.ratio, slo_state.missed, False, slo_state.text)
+        slo_state = replace(slo_state, comfortable=False)
     figures: dict[str, float] = {
         "runningRequests": running,
         "waitingRequests": waiting,
@@ -521,6 +588,7 @@ def _decode(
         figures=figures,
         what=what,
         activation=obs.path.request_rate > 0,
+        attribution=attribution,
     )
 
 
@@ -553,7 +621,7 @@ def _colocated(
     kv_exact = obs.signals.kv_usage_mean * obs.signals.scraped_pods / knobs.kv_target_usage
     base = rate / prompt_cap + max(running / seq_cap, generation / tokens_cap)
     total = max(base + queue / obs.drain_seconds / prompt_cap + waiting / seq_cap, kv_exact)
-    slo_state = _slo_state("colocated", obs, slo, snapshot, knobs)
+    slo_state = _slo_state("colocated", obs, slo, knobs, None)
     figures: dict[str, float] = {
         "promptTokensPerSecond": rate,
         "queuedPromptTokens": queue,

@@ -69,6 +69,28 @@ class PoolSignals:
 
 
 @dataclass(frozen=True, slots=True)
+class TtftBreakdown:
+    """Where the P/D path's time to first token went over the window: means in seconds.
+
+    The router times the legs (`tandem_router_time_to_first_token_seconds`, `..._prefill_leg_seconds`
+    of successful legs, `..._decode_leg_first_token_seconds`); the engines time the prefill queue
+    (`vllm:request_queue_time_seconds` on prefill) and each KV read (`vllm:nixl_xfer_time_seconds`, on
+    the decode side). What the legs leave of the TTFT is the router's own queue: a request held before
+    its prefill leg while every decode pod is near its KV capacity (decode backpressure), and retries.
+    """
+
+    ttft: float  # client-seen TTFT
+    prefill_leg: float  # request sent to a prefill pod until its answer: its queue and compute
+    decode_first_token: float  # decode leg sent until its first token: its queue, the KV read, a step
+    prefill_queue: float | None = None  # in the prefill engines' queue (None: not exported)
+    kv_transfer: float | None = None  # one KV read on the decode side (None: no NIXL metrics)
+
+    @property
+    def router_queue(self) -> float:
+        return max(0.0, self.ttft - self.prefill_leg - self.decode_first_token)
+
+
+@dataclass(frozen=True, slots=True)
 class PathSignals:
     """What clients saw on one path (the routers' histograms and within-SLO counters)."""
 
@@ -76,6 +98,7 @@ class PathSignals:
     within_slo_rate: float = 0.0  # requests/s that met both the TTFT and the TPOT target
     ttft_seconds: float | None = None  # TTFT at the SLO's quantile; None without requests
     tpot_seconds: float | None = None  # TPOT at the SLO's quantile; None without multi-token requests
+    ttft_breakdown: TtftBreakdown | None = None  # P/D only, when the routers and engines time the legs
 
     @property
     def attainment(self) -> float | None:

@@ -46,6 +46,7 @@ from tandem.autoscale.snapshot import (
     PoolSignals,
     PoolSize,
     Snapshot,
+    TtftBreakdown,
     second_moment,
 )
 
@@ -162,6 +163,18 @@ ENGINE_QUERIES: Final[tuple[Query, ...]] = (
         "sum by (tandem_dev_role) (rate(vllm:prefix_cache_hits_total SEL [WINDOW]))",
         "prompt tokens found in the prefix caches per second (not computed)",
     ),
+    Query(
+        "queue_seconds_mean",
+        "sum by (tandem_dev_role) (rate(vllm:request_queue_time_seconds_sum SEL [WINDOW]))"
+        " / sum by (tandem_dev_role) (rate(vllm:request_queue_time_seconds_count SEL [WINDOW]))",
+        "mean time a request waited in the engines' queue (the TTFT miss's attribution; NaN without any)",
+    ),
+    Query(
+        "kv_read_seconds_mean",
+        "sum by (tandem_dev_role) (rate(vllm:nixl_xfer_time_seconds_sum SEL [WINDOW]))"
+        " / sum by (tandem_dev_role) (rate(vllm:nixl_xfer_time_seconds_count SEL [WINDOW]))",
+        "mean duration of one KV read, on the engines that read (decode; absent without NIXL metrics)",
+    ),
 )
 
 ROUTER_QUERIES: Final[tuple[Query, ...]] = (
@@ -196,6 +209,24 @@ ROUTER_QUERIES: Final[tuple[Query, ...]] = (
         "histogram_quantile(QUANTILE,"
         " sum by (path, le) (rate(tandem_router_time_per_output_token_seconds_bucket SEL [WINDOW])))",
         "client-seen TPOT at the SLO's attainment quantile",
+    ),
+    Query(
+        "path_ttft_mean",
+        "sum by (path) (rate(tandem_router_time_to_first_token_seconds_sum SEL [WINDOW]))"
+        " / sum by (path) (rate(tandem_router_time_to_first_token_seconds_count SEL [WINDOW]))",
+        "client-seen mean TTFT (the whole the TTFT breakdown's parts add up to)",
+    ),
+    Query(
+        "prefill_leg_mean",
+        "sum by (outcome) (rate(tandem_router_prefill_leg_seconds_sum SEL [WINDOW]))"
+        " / sum by (outcome) (rate(tandem_router_prefill_leg_seconds_count SEL [WINDOW]))",
+        "mean prefill leg by outcome (ok: the prefill pod's queue and compute as the router saw them)",
+    ),
+    Query(
+        "decode_first_token_mean",
+        "sum by (path) (rate(tandem_router_decode_leg_first_token_seconds_sum SEL [WINDOW]))"
+        " / sum by (path) (rate(tandem_router_decode_leg_first_token_seconds_count SEL [WINDOW]))",
+        "mean time from sending the decode leg to its first token (decode's queue, the KV read, a step)",
     ),
 )
 
@@ -258,9 +289,12 @@ KV_QUERIES: Final[tuple[Query, ...]] = (
     ),
 )
 
-# The engine queries answered by role (the rest are about freshness).
+# The engine queries answered by role (the rest are about freshness, or the TTFT breakdown's).
+_BREAKDOWN_ENGINE: Final = ("queue_seconds_mean", "kv_read_seconds_mean")
 _POOL_SIGNALS: Final = tuple(
-    q.name for q in ENGINE_QUERIES if q.name not in ("engine_age", "engine_samples", "prompt_tokens_buckets")
+    q.name
+    for q in ENGINE_QUERIES
+    if q.name not in ("engine_age", "engine_samples", "prompt_tokens_buckets", *_BREAKDOWN_ENGINE)
 )
 
 QUERIES: Final[dict[str, Query]] = {
@@ -525,6 +559,7 @@ def build_snapshot(
             within_slo_rate=min(_finite(within.get(path)), _finite(requests.get(path))) if slo_set else 0.0,
             ttft_seconds=_latency(ttft.get(path)),
             tpot_seconds=_latency(tpot.get(path)),
+            ttft_breakdown=ttft_breakdown(results) if path == PATH_DISAGGREGATED else None,
         )
         for path in sorted(set(PATHS) | set(requests))
     }
@@ -536,6 +571,20 @@ def build_snapshot(
         paths=paths,
         missing=tuple(missing),
     )
+
+
+def ttft_breakdown(results: Mapping[str, Result]) -> TtftBreakdown | None:
+    """The P/D path's TTFT parts over the window (`autoscale.attribution`): None unless the routers
+    timed the TTFT, successful prefill legs and decode legs to their first token; the engines' prefill
+    queue and KV read means are optional (None: not exported, or no request in the window)."""
+    ttft = _latency(by_label(results.get("path_ttft_mean") or [], "path").get(PATH_DISAGGREGATED))
+    leg = _latency(by_label(results.get("prefill_leg_mean") or [], "outcome").get("ok"))
+    first = _latency(by_label(results.get("decode_first_token_mean") or [], "path").get(PATH_DISAGGREGATED))
+    if ttft is None or leg is None or first is None:
+        return None
+    queue = _latency(by_label(results.get("queue_seconds_mean") or [], LABEL_ROLE).get("prefill"))
+    kv = _latency(by_label(results.get("kv_read_seconds_mean") or [], LABEL_ROLE).get("decode"))
+    return TtftBreakdown(ttft, leg, first, prefill_queue=queue, kv_transfer=kv)
 
 
 @dataclass(frozen=True, slots=True)

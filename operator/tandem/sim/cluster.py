@@ -118,6 +118,7 @@ class Cluster:
         spec = prefill.spec
         bandwidth = min(spec.kv_bandwidth_gbps, decode.spec.kv_bandwidth_gbps)
         seconds = seq.pull * spec.kv_bytes_per_token_per_gpu * 8 / (bandwidth * 1e9)
+        seq.pull_start = now
         self.order += 1
         heappush(self.heap, (now + seconds, self.order, _PULL, seq, 0))
 
@@ -125,6 +126,7 @@ class Cluster:
         self.windows.totals.pool_prompt[ROLE_INDEX[replica.role]] += seq.prompt
 
     def prefill_done(self, seq: Seq, prefill: Replica, now: float) -> None:
+        seq.prefilled = now
         prefill.load_requests -= 1
         prefill.load_tokens -= seq.prefill_load
         totals = self.windows.totals
@@ -172,6 +174,14 @@ class Cluster:
         ttft = seq.first - seq.arrival
         tpot = (now - seq.first) / (out - 1) if out > 1 else None
         totals.observe_latency(p, ttft, tpot)
+        if p == 0 and seq.pulled >= 0:
+            totals.observe_pd_parts(
+                ttft,
+                prefill_leg=seq.prefilled - seq.arrival,
+                prefill_queue=max(0.0, seq.admitted - seq.arrival),
+                kv_read=seq.pulled - seq.pull_start,
+                decode_first=seq.first - seq.prefilled,
+            )
         if ttft <= self.ttft_slo and (tpot is None or tpot <= self.tpot_slo):
             totals.path_within[p] += 1
 
@@ -401,6 +411,7 @@ class Cluster:
                     seq: Seq = obj  # type: ignore[assignment]
                     assert seq.prefill is not None
                     assert seq.decode is not None
+                    seq.pulled = time
                     seq.prefill.release_held(seq, time)
                     seq.decode.pull_done(seq, time)
                 elif kind == _READY:

@@ -6,7 +6,9 @@ earlier (`queued_prompt_tokens_before`, as the live reader's `offset`). The prom
 from a histogram with vLLM's `vllm:request_prompt_tokens` buckets through the same
 `autoscale.snapshot.second_moment` the live reader uses. Prefix-cache queries and hits are rates of the
 replicas' counters, as the live reader's of vLLM's. TTFT and TPOT are PromQL-style quantiles of the
-router's histograms at the SLO's quantile; `None` where the window saw no request of that kind.
+router's histograms at the SLO's quantile; `None` where the window saw no request of that kind. The
+P/D path's TTFT breakdown (`autoscale.attribution`) is the means of its parts over the window's
+finished P/D requests, as the live reader's ratios of the histograms' `_sum` and `_count`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from tandem.autoscale.snapshot import (
     PoolSignals,
     PoolSize,
     Snapshot,
+    TtftBreakdown,
     second_moment,
 )
 from tandem.sim.windows import PATH_NAMES, PROMPT_BUCKETS, ROLE_INDEX, WindowView
@@ -61,6 +64,7 @@ def snapshot_of(view: WindowView, quantile: float) -> Snapshot:
             within_slo_rate=view.rate(inc.path_within[p]),
             ttft_seconds=_or_none(view.ttft_quantile(quantile, p)),
             tpot_seconds=_or_none(view.tpot_quantile(quantile, p)),
+            ttft_breakdown=_breakdown(view) if p == 0 else None,
         )
     missing = () if view.seconds > 0 else ("no scrape window yet",)
     return Snapshot(
@@ -74,6 +78,21 @@ def snapshot_of(view: WindowView, quantile: float) -> Snapshot:
             request_rate=view.rate(inc.arrivals),
             mean_prompt_tokens=inc.arrival_prompt / inc.arrivals if inc.arrivals else 0.0,
         ),
+    )
+
+
+def _breakdown(view: WindowView) -> TtftBreakdown | None:
+    """The window's P/D TTFT parts, means per request finished in it (None without any)."""
+    inc = view.increase
+    n = inc.pd_timed
+    if n <= 0:
+        return None
+    return TtftBreakdown(
+        ttft=inc.pd_ttft / n,
+        prefill_leg=inc.pd_prefill_leg / n,
+        decode_first_token=inc.pd_decode_first / n,
+        prefill_queue=inc.pd_prefill_queue / n,
+        kv_transfer=inc.pd_kv_read / n,
     )
 
 

@@ -67,6 +67,7 @@ class Seq:
     """One request inside the simulator, across its legs (prefill replica, then decode replica)."""
 
     __slots__ = (
+        "admitted",
         "arrival",
         "base",
         "computed",
@@ -84,8 +85,11 @@ class Seq:
         "preemptions",
         "prefill",
         "prefill_load",
+        "prefilled",
         "prompt",
         "pull",
+        "pull_start",
+        "pulled",
         "runs",
     )
 
@@ -118,6 +122,12 @@ class Seq:
         self.decode_load = 0
         self.runs = runs  # the prompt's cacheable blocks (`Request.prefix`)
         self.pull = prompt  # KV tokens the decode leg pulls (less what the decode replica has cached)
+        # P/D timings for the TTFT breakdown (`autoscale.attribution`): first admitted for compute (the
+        # prefill queue ends), prefill finished, KV read started and ended; -1: not yet
+        self.admitted = -1.0
+        self.prefilled = -1.0
+        self.pull_start = -1.0
+        self.pulled = -1.0
 
 
 class Replica:
@@ -429,6 +439,8 @@ class Replica:
                     break
                 waiting.popleft()
                 self._unqueued(seq)
+                if seq.admitted < 0:
+                    seq.admitted = now
                 if self.pc and not seq.computed:
                     self.pc_queries[self._pc_index] += rem
                     if seq.runs:

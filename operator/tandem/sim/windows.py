@@ -63,6 +63,12 @@ class Totals:
         "path_prompt",
         "path_refused",
         "path_within",
+        "pd_decode_first",
+        "pd_kv_read",
+        "pd_prefill_leg",
+        "pd_prefill_queue",
+        "pd_timed",
+        "pd_ttft",
         "pool_finished",
         "pool_finished_output",
         "pool_finished_prompt",
@@ -99,6 +105,14 @@ class Totals:
         self.pool_prefix_hits = [0] * n
         # finished legs by prompt length, vLLM's vllm:request_prompt_tokens (PROMPT_BUCKETS, then +Inf)
         self.pool_prompt_hist = [[0] * (len(PROMPT_BUCKETS) + 1) for _ in range(n)]
+        # P/D requests' TTFT and its parts, summed (the routers' and engines' histograms' _sum and
+        # _count, as `metrics.queries` reads them for the TTFT breakdown); the router never queues here
+        self.pd_timed = 0
+        self.pd_ttft = 0.0
+        self.pd_prefill_leg = 0.0
+        self.pd_prefill_queue = 0.0
+        self.pd_kv_read = 0.0
+        self.pd_decode_first = 0.0
 
     def observe_prompt(self, role_index: int, prompt: int) -> None:
         self.pool_prompt_hist[role_index][bisect_left(PROMPT_BUCKETS, prompt)] += 1
@@ -108,11 +122,21 @@ class Totals:
         if tpot is not None:
             self.tpot[path][bisect_left(ITL_BUCKETS, tpot)] += 1
 
+    def observe_pd_parts(
+        self, ttft: float, *, prefill_leg: float, prefill_queue: float, kv_read: float, decode_first: float
+    ) -> None:
+        self.pd_timed += 1
+        self.pd_ttft += ttft
+        self.pd_prefill_leg += prefill_leg
+        self.pd_prefill_queue += prefill_queue
+        self.pd_kv_read += kv_read
+        self.pd_decode_first += decode_first
+
     def copy(self) -> Totals:
         c = Totals()
         for name in Totals.__slots__:
             value = getattr(self, name)
-            if isinstance(value, int):
+            if isinstance(value, int | float):
                 setattr(c, name, value)
             elif value and isinstance(value[0], list):
                 setattr(c, name, [list(v) for v in value])
@@ -124,7 +148,7 @@ class Totals:
         d = Totals()
         for name in Totals.__slots__:
             now, then = getattr(self, name), getattr(earlier, name)
-            if isinstance(now, int):
+            if isinstance(now, int | float):
                 setattr(d, name, now - then)
             elif now and isinstance(now[0], list):
                 setattr(

@@ -143,6 +143,37 @@ def test_fresh_answers_make_a_complete_snapshot() -> None:
     assert snap.paths["colocated"].attainment is None
 
 
+def test_the_ttft_breakdown_comes_from_the_legs_and_the_engines() -> None:
+    role = "tandem_dev_role"
+    legs = {
+        "path_ttft_mean": [sample(0.9, path="disaggregated"), sample(0.3, path="colocated")],
+        "prefill_leg_mean": [sample(0.7, outcome="ok"), sample(5.0, outcome="timeout")],
+        "decode_first_token_mean": [sample(0.15, path="disaggregated"), sample(0.3, path="colocated")],
+    }
+    snap = snapshot(
+        fresh_answers(
+            **legs,
+            queue_seconds_mean=[sample(0.4, **{role: "prefill"}), sample(0.01, **{role: "decode"})],
+            kv_read_seconds_mean=[sample(0.02, **{role: "decode"})],
+        )
+    )
+    parts = snap.paths["disaggregated"].ttft_breakdown
+    assert parts is not None
+    assert (parts.ttft, parts.prefill_leg, parts.decode_first_token) == (0.9, 0.7, 0.15)
+    assert (parts.prefill_queue, parts.kv_transfer) == (0.4, 0.02)
+    assert parts.router_queue == pytest.approx(0.05)
+    assert snap.paths["colocated"].ttft_breakdown is None  # the colocated path has no legs to split
+    # Engines without the queue or NIXL histograms: those parts are unknown, the legs still split.
+    bare = snapshot(fresh_answers(**legs, queue_seconds_mean=[sample("NaN", **{role: "prefill"})]))
+    parts = bare.paths["disaggregated"].ttft_breakdown
+    assert parts is not None
+    assert (parts.prefill_queue, parts.kv_transfer) == (None, None)
+    # No timed prefill leg in the window (or routers that do not time it): no breakdown at all.
+    no_legs = snapshot(fresh_answers(**{**legs, "prefill_leg_mean": [sample(5.0, outcome="timeout")]}))
+    assert no_legs.paths["disaggregated"].ttft_breakdown is None
+    assert no_legs.missing == ()  # optional parts never hold a decision
+
+
 def test_zero_traffic_with_fresh_series_is_data() -> None:
     answers = fresh_answers(
         path_request_rate=[],  # no requests_total series yet: no request ever

@@ -7,9 +7,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from tandem.autoscale.attribution import Floors, attribute_ttft
+from tandem.autoscale.snapshot import TtftBreakdown
 from tandem.router.metrics import ITL_BUCKETS, TTFT_BUCKETS
 from tandem.sim import Request, StaticPolicy, simulate
-from tandem.sim.layout import Role
+from tandem.sim.layout import Layout, Role
 from tandem.sim.windows import PoolGauges, Windows, histogram_quantile
 
 if TYPE_CHECKING:
@@ -96,6 +98,43 @@ def test_the_policy_sees_a_snapshot_of_the_window(kit: SimKit) -> None:
     assert 0.0 < decode.kv_usage_mean < 0.01
     assert decode.scraped_pods == 2
     assert result.summary.attainment == 1.0
+
+
+def _parts_at_90s(kit: SimKit, requests: list[Request], layout: Layout) -> TtftBreakdown:
+    policy = StaticPolicy(interval_seconds=30.0, keep_snapshots=True)
+    simulate(requests, layout, kit.config(), policy)
+    parts = policy.seen[2].paths["disaggregated"].ttft_breakdown  # the window 30..90 s
+    assert parts is not None
+    return parts
+
+
+def test_the_snapshot_splits_the_pd_ttft_into_its_parts(kit: SimKit) -> None:
+    """The window's mean TTFT is its parts' sum (the simulated router never queues); an idle pool's
+    parts are the floors, a saturated prefill's is its queue, a slow link's the KV read."""
+    floors = Floors(prefill_compute=0.05, kv_transfer=0.002, decode_step=0.01)
+    light = [Request(0.1 * i, 2000, 30) for i in range(1200)]  # 10 requests/s of 2k-token prompts
+    parts = _parts_at_90s(kit, light, kit.pd(prefill=2, decode=2))
+    assert parts.router_queue == pytest.approx(0.0, abs=1e-9)
+    assert parts.prefill_leg + parts.decode_first_token == pytest.approx(parts.ttft)
+    assert parts.prefill_queue is not None
+    assert parts.kv_transfer is not None
+    assert 0 <= parts.prefill_queue < parts.prefill_leg
+    # 2k tokens x 128 KiB over 400 Gb/s: 5.4 ms a read
+    assert parts.kv_transfer == pytest.approx(2000 * 131072 * 8 / 400e9, rel=0.01)
+
+    heavy = [Request(0.02 * i, 2000, 30) for i in range(6000)]  # 50 requests/s: 100k prompt tokens/s
+    parts = _parts_at_90s(kit, heavy, kit.pd(prefill=1, decode=2))
+    assert parts.prefill_queue is not None
+    assert parts.prefill_queue > 0.5 * parts.ttft
+    attribution = attribute_ttft(parts, floors, decode_full=False, prefill_queued=True)
+    assert (attribution.cause, attribution.charged) == ("prefillQueue", "prefill")
+
+    slow = kit.pd(kit.spec(bandwidth=1.0), prefill=2, decode=2)  # 1 Gb/s: a 2k-token read takes 2.1 s
+    parts = _parts_at_90s(kit, light, slow)
+    assert parts.kv_transfer is not None
+    assert parts.kv_transfer > 0.5 * parts.ttft
+    attribution = attribute_ttft(parts, floors, decode_full=False, prefill_queued=False)
+    assert (attribution.cause, attribution.charged) == ("kvTransfer", None)
 
 
 def test_the_time_series_follows_the_load(kit: SimKit) -> None:
