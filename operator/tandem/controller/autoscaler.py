@@ -284,7 +284,8 @@ class Autoscaler:
             metrics.DECISIONS.labels(pool=role, direction=direction).inc()
             old = getattr(before.pools, role).desired_replicas
             new = getattr(decision.state.pools, role).desired_replicas
-            text = f"{role} {pool.current} -> {pool.target}: {pool.reason} ({_figures(pool.figures)})"
+            cause = f" [cause {pool.cause}]" if pool.cause else ""
+            text = f"{role} {pool.current} -> {pool.target}{cause}: {pool.reason} ({_figures(pool.figures)})"
             if advisory:
                 key = (pdd.metadata.namespace, pdd.metadata.name, role)
                 last = self._advice.get(key, pool.current)

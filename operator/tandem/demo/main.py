@@ -42,6 +42,7 @@ CHART = REPO / "charts" / "tandem"
 EXAMPLE = REPO / "examples" / "sim-pd-autoscaling.yaml"
 TRACE = REPO / "e2e" / "traces" / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv"
 RELEASE, OPERATOR_NS = "tandem", "tandem-system"
+SURGE_END_SECONDS = 30.0  # the surge's last seconds the verdict judges
 DEFAULT_SLO_MS = (500.0, 50.0)  # DESIGN.md's example SLO, used while spec.slo is not set
 SCENARIOS = ("autoscale", "rollout")
 
@@ -221,6 +222,7 @@ class Demo:
                         "from": d.get("from"),
                         "to": d.get("to"),
                         "reason": d.get("reason", ""),
+                        "cause": d.get("cause"),
                         "figures": d.get("figures", {}),
                     }
                 )
@@ -331,16 +333,21 @@ class Demo:
             await self.apply_and_wait(handle, reader)
             await self.replay(handle, reader)
             summary = self.summary()
-            report = view.report(self.snap, self.tally, self.durations, self.decisions, summary["segments"])
+            report = view.report(
+                self.snap, self.tally, self.durations, self.decisions, summary["segments"], summary["verdict"]
+            )
             print(report, flush=True)
             out = self.args.dir / "report.json"
             out.write_text(json.dumps(summary, indent=2))
             self.say(f"report written to {out}")
-            # A demo that served (nearly) everything and saw the autoscaler act succeeded; the exit
-            # code says so too.
+            # A demo that served (nearly) everything, saw the autoscaler act and ended its surge within
+            # the SLO succeeded; the exit code says so too.
             served = len(self.tally.ok)
             if not any(d["to"] > d["from"] for d in self.decisions):
                 self.say("the autoscaler never scaled out: see the decisions' reasons above")
+                return 1
+            if not summary["verdict"].startswith("SLO held"):
+                self.say(f"the surge did not end within the SLO: {summary['verdict']}")
                 return 1
             return 0 if served and len(self.tally.failed) <= 0.05 * self.snap.replay_total else 1
         finally:
@@ -357,6 +364,18 @@ class Demo:
             return None if math.isnan(x) else round(x * 1000, 1)
 
         inp, outp = self.tally.tokens()
+        segments = [
+            {
+                "label": seg.label,
+                "wall_seconds": seg.wall_seconds,
+                "rate_scale": seg.rate_scale,
+                **self.segment_stats(seg.label),
+            }
+            for seg in self.segments
+        ]
+        surge_end = self.surge_end_stats()
+        if surge_end is not None:
+            segments.insert(2, surge_end)
         return {
             "requests": self.snap.replay_total,
             "ok": len(self.tally.ok),
@@ -370,15 +389,9 @@ class Demo:
             "events": list(self.snap.events),
             "stage_seconds": {k: round(v, 1) for k, v in self.durations.items()},
             "settings": manifest.describe(),
-            "segments": [
-                {
-                    "label": seg.label,
-                    "wall_seconds": seg.wall_seconds,
-                    "rate_scale": seg.rate_scale,
-                    **self.segment_stats(seg.label),
-                }
-                for seg in self.segments
-            ],
+            "segments": segments,
+            "surge_end": surge_end,
+            "verdict": view.verdict(surge_end, self.snap.attainment_target, self.settled()),
             "decisions": self.decisions,
             "peak_replicas": self.peaks,
             "pool_timeline": self.timeline,
@@ -386,9 +399,27 @@ class Demo:
             "settled": self.settled(),
         }
 
-    def segment_stats(self, label: str) -> dict[str, Any]:
-        """Client-measured figures of the requests one segment sent."""
-        part = Tally(samples=[s for s in self.tally.samples if s.label == label])
+    def surge_end_stats(self) -> dict[str, Any] | None:
+        """The requests sent in the surge's last `SURGE_END_SECONDS`: did the autoscaler bring it within
+        the SLO (the demo's verdict)."""
+        start = 0.0
+        for seg in self.segments:
+            if seg.label == "surge":
+                end = self.replay_started + start + seg.wall_seconds
+                window = min(SURGE_END_SECONDS, seg.wall_seconds)
+                label = f"surge, last {window:.0f} s"
+                return {
+                    "label": label,
+                    "wall_seconds": window,
+                    "rate_scale": seg.rate_scale,
+                    **self.segment_stats("surge", since=end - window),
+                }
+            start += seg.wall_seconds
+        return None
+
+    def segment_stats(self, label: str, since: float = -math.inf) -> dict[str, Any]:
+        """Client-measured figures of the requests one segment sent (at or after `since`, wall clock)."""
+        part = Tally(samples=[s for s in self.tally.samples if s.label == label and s.sent_at >= since])
 
         def num(x: float) -> float | None:
             return None if math.isnan(x) else round(x * 1000, 1)

@@ -10,8 +10,8 @@ minutes; a demo has five. The changes, all stated in the panel and docs/demo.md:
   larger): with the time scale, one prefill pod computes ~1.6k prompt tokens/s instead of an H100's
   ~44k, so the trace's surge saturates it at ~1.2 requests/s, a rate two shared cores can drive,
   while decode stays fast enough to stream the trace's recorded output lengths;
-- the SLO is scaled to that pace (TTFT 4 s, TPOT 100 ms at p90), prefill may grow to 4 pods and
-  decode starts at 1.
+- the SLO is scaled to that pace (TTFT 4 s, TPOT 100 ms at p90), prefill may grow to 7 pods (all
+  of `maxGPUs` 8 but decode's one) and decode starts at 1.
 """
 
 from __future__ import annotations
@@ -29,7 +29,10 @@ AUTOSCALING: dict[str, Any] = {
     "scaleDown": {"stabilizationSeconds": 30, "maxStep": 1},
     "drainTimeoutSeconds": 30,
 }
-PREFILL_BOUNDS = {"minReplicas": 1, "maxReplicas": 4}
+# Prefill may take every GPU of maxGPUs 8 that decode's minimum leaves: at the slowed prefill the surge
+# needs 6-8 pods (it wanted 7 and 8 in measured runs), and capped at 4 it ended with TTFT p90 8.4 s of
+# 4 s. Decode keeps 1-3: its TPOT stays far within target, and a TTFT miss is no longer charged to it.
+PREFILL_BOUNDS = {"minReplicas": 1, "maxReplicas": 7}
 DECODE_BOUNDS = {"minReplicas": 1, "maxReplicas": 3}
 
 

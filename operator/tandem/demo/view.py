@@ -199,9 +199,27 @@ def panel(snap: Snapshot, tally: Tally) -> str:
 
 
 def decision_line(d: dict[str, Any]) -> str:
-    """One recorded decision: `+12s prefill 1 -> 3: reason`."""
+    """One recorded decision: `+12s prefill 1 -> 3 [prefillQueue]: reason` (the bracket: what the
+    pool's own SLO miss was charged to, or `load` when the capacity model alone decided)."""
     sizes = f"{d.get('from', '?')} -> {d.get('to', '?')}"
-    return f"{d.get('at', 0):+5.0f}s {d.get('pool', '?'):<8} {sizes}: {d.get('reason', '')}"
+    cause = f" [{d['cause']}]" if d.get("cause") else ""
+    return f"{d.get('at', 0):+5.0f}s {d.get('pool', '?'):<8} {sizes}{cause}: {d.get('reason', '')}"
+
+
+def verdict(last: dict[str, Any] | None, target_percent: float, settled: bool) -> str:
+    """The demo's outcome in one line: did the surge end within the SLO (the share of the requests sent
+    in its last seconds within both targets, against the attainment target), and did the pools go back
+    to their minimum. `last` is a segment's figures (`label`, `requests`, `within_slo`)."""
+    back = "pools back at their minimum" if settled else "pools NOT back at their minimum"
+    if not last or last.get("within_slo") is None or not last.get("requests"):
+        return f"no verdict: no request in the surge's last seconds; {back}"
+    within = float(last["within_slo"]) * 100
+    held = within >= target_percent
+    word = "SLO held" if held else "SLO MISS"
+    return (
+        f"{word}: {last['label']}: {within:.1f}% of {last['requests']} requests within both targets"
+        f" (target {target_percent:g}%); {back}"
+    )
 
 
 def report(
@@ -210,9 +228,10 @@ def report(
     durations: dict[str, float],
     decisions: Sequence[dict[str, Any]] = (),
     segments: Sequence[dict[str, Any]] = (),
+    outcome: str = "",
 ) -> str:
     """The final report; `segments` are the replay's parts with their client figures (label,
-    requests, rate_scale, failed, ttft_ms_p90, tpot_ms_p90, within_slo)."""
+    requests, rate_scale, failed, ttft_ms_p90, tpot_ms_p90, within_slo); `outcome` the `verdict`."""
     inp, outp = tally.tokens()
     attain = tally.attainment(snap.ttft_slo_ms / 1000, snap.tpot_slo_ms / 1000)
     errors = sorted({s.error for s in tally.failed})[:3]
@@ -247,5 +266,7 @@ def report(
     if decisions:
         lines.append(f"  decisions     {len(decisions)} size changes (seconds from the start of the replay):")
         lines += [f"    {textwrap.shorten(decision_line(d), 160)}" for d in decisions]
+    if outcome:
+        lines.append(f"  verdict       {outcome}")
     lines.append("=" * 72)
     return "\n".join(lines)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -130,7 +131,14 @@ def test_demo_manifest_is_a_valid_autoscaled_pddeployment() -> None:
     assert env["TANDEM_SIM_TIME_SCALE"] == str(manifest.TIME_SCALE)
     assert env["TANDEM_SIM_LOAD_SECONDS"] == str(manifest.LOAD_SECONDS)
     assert pdd.spec.prefill.autoscaling is not None
-    assert pdd.spec.prefill.autoscaling.max_replicas == 4
+    # Prefill may grow into every GPU decode's minimum leaves (the surge needs 6-8 pods).
+    assert pdd.spec.decode.autoscaling is not None
+    assert pdd.spec.max_gpus is not None
+    assert pdd.spec.prefill.autoscaling.max_replicas == 7
+    assert (
+        pdd.spec.prefill.autoscaling.max_replicas + pdd.spec.decode.autoscaling.min_replicas
+        == pdd.spec.max_gpus
+    )
     assert "--max-num-batched-tokens" in pdd.spec.prefill.engine_args
     assert "intervalSeconds 5" not in manifest.describe()  # prose, not field names
     assert "decisions every 5s" in manifest.describe()
@@ -216,3 +224,48 @@ def test_panel_says_no_change_yet_for_a_first_pass_record_and_report_has_segment
         "surge         10 requests at x0.35, 0 failed, TTFT p90 9000 ms, TPOT p90 22 ms, 60.0% within both"
         in text
     )
+
+
+@pytest.mark.parametrize(
+    ("last", "settled", "expected"),
+    [
+        (
+            {"label": "surge, last 30 s", "requests": 40, "within_slo": 0.95},
+            True,
+            "SLO held: surge, last 30 s: 95.0% of 40 requests within both targets (target 90%);"
+            " pools back at their minimum",
+        ),
+        (
+            {"label": "surge, last 30 s", "requests": 40, "within_slo": 0.69},
+            True,
+            "SLO MISS: surge, last 30 s: 69.0% of 40 requests within both targets (target 90%);"
+            " pools back at their minimum",
+        ),
+        (
+            {"label": "surge, last 30 s", "requests": 40, "within_slo": 0.9},
+            False,
+            "SLO held: surge, last 30 s: 90.0% of 40 requests within both targets (target 90%);"
+            " pools NOT back at their minimum",
+        ),
+        (
+            {"label": "surge, last 30 s", "requests": 0, "within_slo": None},
+            True,
+            "no verdict: no request in the surge's last seconds; pools back at their minimum",
+        ),
+        (None, True, "no verdict: no request in the surge's last seconds; pools back at their minimum"),
+    ],
+    ids=["held", "miss", "held-not-settled", "no-requests", "no-surge"],
+)
+def test_the_verdict_judges_the_surges_end_against_the_attainment_target(
+    last: dict[str, Any] | None, settled: bool, expected: str
+) -> None:
+    assert view.verdict(last, 90.0, settled) == expected
+
+
+def test_each_decision_shows_its_attributed_cause() -> None:
+    d = {"at": 47.2, "pool": "prefill", "from": 1, "to": 2, "reason": "queue", "cause": "prefillQueue"}
+    assert view.decision_line(d) == "  +47s prefill  1 -> 2 [prefillQueue]: queue"
+    assert view.decision_line({**d, "cause": None}) == "  +47s prefill  1 -> 2: queue"
+    snap = view.Snapshot(elapsed_s=0.0, stage="done")
+    text = view.report(snap, Tally(), {}, [d], (), "SLO held: surge, last 30 s: ...")
+    assert "verdict       SLO held: surge, last 30 s" in text
