@@ -320,7 +320,21 @@ def _active(
     for role, current in currents.items():
         old = _pool_state(state, role)
         bounds = _bounds(spec, role)
-        sizing = recommend(spec, role, snapshot, current, old.capacity_correction, knobs)
+        last_up = old.last_scale_time
+        sizing = recommend(
+            spec,
+            role,
+            snapshot,
+            current,
+            old.capacity_correction,
+            knobs,
+            scaled_up_within_window=(
+                last_up is not None
+                and now - last_up < snapshot.window_seconds
+                and old.last_decision is not None
+                and old.last_decision.to > old.last_decision.from_replicas
+            ),
+        )
         sizings[role] = sizing
         signals = snapshot.pools.get(role)
         size = snapshot.sizes[role]

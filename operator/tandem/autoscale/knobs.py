@@ -46,6 +46,11 @@ class Knobs:
     miss_shrink_min: float = 0.80
     miss_shrink_max: float = 0.95
     miss_min_load: float = 0.5
+    # Within a window of a prefill scale-up, a TTFT miss is the window's past, not the pool's present,
+    # when the prompts queued now would drain (at the ready replicas' busy rate) within this share of
+    # the TTFT target: the window's quantile still holds requests that queued before the scale-up. Then
+    # the size holds (no +1, no shrink of the correction). 0: every miss counts as present.
+    miss_present_wait_share: float = 0.5
     decode_learn_min_share: float = 0.5  # decode learns from TPOT only at this share of its capacity
     comfortable_ratio: float = 0.80  # latency under this share of its target is "comfortably within"
     # No scale-down while the pool's own latency at the SLO quantile is at or above this share of its

@@ -275,8 +275,12 @@ def recommend(
     current: int,
     correction: float,
     knobs: Knobs,
+    *,
+    scaled_up_within_window: bool = False,
 ) -> Sizing:
-    """The replicas `role` needs now (see the module docstring); `spec.slo` must be set."""
+    """The replicas `role` needs now (see the module docstring); `spec.slo` must be set.
+    `scaled_up_within_window`: the pool grew within the snapshot's window, so its latency quantile
+    still holds requests served before that (a prefill miss then counts only with a queue now)."""
     slo = spec.slo
     if slo is None:
         raise ValueError("recommend() needs spec.slo")
@@ -284,7 +288,9 @@ def recommend(
     obs = _observe(spec, role, snapshot, current, knobs, slo)
     if role == "prefill":
         attribution = ttft_attribution(spec, snapshot, knobs)
-        return _prefill(spec, model, obs, snapshot, current, correction, knobs, slo, attribution)
+        return _prefill(
+            spec, model, obs, snapshot, current, correction, knobs, slo, attribution, scaled_up_within_window
+        )
     if role == "decode":
         attribution = ttft_attribution(spec, snapshot, knobs)
         return _decode(model, obs, snapshot, current, correction, knobs, slo, attribution)
@@ -344,6 +350,7 @@ def _finish(
     what: tuple[str, str],
     activation: bool,
     attribution: Attribution | None = None,
+    present: bool = True,
 ) -> Sizing:
     """Starting-pod credit, SLO floor, the miss/relax corrections, and the sentence."""
     exact = total
@@ -363,6 +370,7 @@ def _finish(
         replicas = current
     floor: int | None = None
     loaded = total > base or total >= knobs.miss_min_load * current  # a backlog, or busy enough
+    loaded = loaded and present  # a miss the pool's present state explains (see Knobs)
     if slo_state.missed:
         floor = current + 1 if obs.starting == 0 and loaded else current
         replicas = max(replicas, floor)
@@ -396,6 +404,8 @@ def _finish(
     reason = parts[0] + (f" ({'; '.join(parts[1:])})" if len(parts) > 1 else "")
     if floor is not None and floor > math.ceil(exact - 1e-9):
         reason += f"; SLO missed: at least {floor}"
+    if slo_state.missed and not present:
+        reason += "; the miss is the window's past (today's queue drains within the target): holding"
     elif held_down:
         reason += f"; SLO not comfortably met: no scale-down below {current}"
     if slo_state.note:
@@ -437,6 +447,7 @@ def _prefill(
     knobs: Knobs,
     slo: SLOSpec,
     attribution: Attribution,
+    scaled_up_within_window: bool = False,
 ) -> Sizing:
     uncached = obs.signals.uncached_fraction
     cap = prefill_capacity(
@@ -466,6 +477,11 @@ def _prefill(
     total = base + queue / obs.drain_seconds / per_replica
     model_exact_before = (rate + queue / obs.drain_seconds) / max(cap.at_target * before, 1e-9)
     slo_state = _slo_state("prefill", obs, slo, knobs, attribution)
+    # Seconds the prompts queued now take at the ready replicas' busy rate. Right after a scale-up the
+    # window's quantile still holds requests that queued before it: a miss with a short queue now is
+    # that past, not the present.
+    wait_now = queue / max(max(ready, 1) * cap.raw_tokens_per_second * correction, 1e-9)
+    present = not scaled_up_within_window or wait_now >= knobs.miss_present_wait_share * slo.ttft_ms / 1000.0
     if learnt:  # the sample is a measurement: do not also relax or shrink on the same pass
         slo_state = replace(slo_state, comfortable=False)
     figures: dict[str, float] = {
@@ -479,6 +495,7 @@ def _prefill(
         "utilisationAtTarget": cap.utilisation,
         "capacityTokensPerSecond": per_replica,
         "ttftTargetSeconds": slo.ttft_ms / 1000.0,
+        "queueWaitSeconds": wait_now,
     }
     if uncached < 1.0:
         figures["uncachedPromptFraction"] = uncached
@@ -505,6 +522,7 @@ def _prefill(
         what=what,
         activation=obs.path.request_rate > 0,
         attribution=attribution,
+        present=present,
     )
 
 

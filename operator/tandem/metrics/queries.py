@@ -11,8 +11,13 @@ Engines are the pods of role prefill, decode or colocated; routers are the pods 
 
 Queued prompt tokens: vLLM has no metric of the prompt tokens waiting for prefill, so they are
 estimated as waiting requests x mean prompt tokens (over the window's finished requests, else over
-the pool's lifetime: a pool flooded before its first request finished still has a mean). The same
-estimate one window earlier (`waiting_before`, with today's mean) is `queued_prompt_tokens_before`.
+the pool's lifetime: a pool flooded before its first request finished still has a mean). On a prefill
+pool every running request is a prompt still being prefilled (it leaves at its first token), and
+vLLM admits up to `--max-num-seqs` of them at once, sharing each step's token budget: with many
+admitted, the waiting queue alone hides the backlog (make demo's prefill pods ran 32 prompts each with
+none waiting while TTFT was twice its target), so half of each running prompt counts as queued
+(`PREFILLING_SHARE`). The same estimate one window earlier (`waiting_before`, `running_before`, with
+today's mean) is `queued_prompt_tokens_before`. The simulator counts the exact uncomputed tokens.
 
 Prefix caching: the rates of `vllm:prefix_cache_queries_total` and `..._hits_total` (prompt tokens
 looked up in the engines' prefix caches and found there), summed over a pool, give the share of prompt
@@ -56,6 +61,9 @@ LABEL_REVISION: Final = "tandem_dev_revision"  # ... of tandem.dev/revision (a s
 ROUTER_ROLE: Final = "router"
 PATHS: Final = (PATH_DISAGGREGATED, PATH_COLOCATED)
 STALE_INTERVALS: Final = 3.0  # a series older than this many scrape intervals is stale
+# A prefill pod's running requests are prompts not yet prefilled (a request leaves at its first token);
+# chunked prefill shares each step's budget among them, so on average half of each is still to compute.
+PREFILLING_SHARE: Final = 0.5
 DEFAULT_QUANTILE: Final = 0.95  # the latency quantile without an SLO
 POD_LOAD_WINDOW_SECONDS: Final = 60  # the window pod_load estimates scrape intervals over
 
@@ -104,6 +112,11 @@ ENGINE_QUERIES: Final[tuple[Query, ...]] = (
         "running",
         "sum by (tandem_dev_role) (vllm:num_requests_running SEL)",
         "requests running, summed over the pool",
+    ),
+    Query(
+        "running_before",
+        "sum by (tandem_dev_role) (vllm:num_requests_running SEL offset WINDOW)",
+        "requests running one window earlier (a prefill pool's prompts in progress, for the queue's growth)",
     ),
     Query(
         "kv_usage_mean",
@@ -521,6 +534,11 @@ def build_snapshot(
         value = {name: _finite(per_role[name].get(role)) for name in _POOL_SIGNALS}
         queue_mean = value["mean_prompt_tokens"] or value["mean_prompt_tokens_lifetime"]
         before = per_role["waiting_before"].get(role)
+        queued = value["waiting"]
+        if role == "prefill":  # its running requests are prompts still being prefilled: half done
+            queued += PREFILLING_SHARE * value["running"]
+            if before is not None:
+                before = _finite(before) + PREFILLING_SHARE * _finite(per_role["running_before"].get(role))
         pools[role] = PoolSignals(
             scraped_pods=sum(1 for r in engines.fresh.values() if r == role),
             waiting_requests=value["waiting"],
@@ -530,7 +548,7 @@ def build_snapshot(
             prompt_tokens_rate=value["prompt_tokens_rate"],
             generation_tokens_rate=value["generation_tokens_rate"],
             request_rate=value["request_rate"],
-            queued_prompt_tokens=value["waiting"] * queue_mean,
+            queued_prompt_tokens=queued * queue_mean,
             queued_prompt_tokens_before=_finite(before) * queue_mean if before is not None else None,
             mean_prompt_tokens=value["mean_prompt_tokens"],
             prompt_tokens_second_moment=second_moment(

@@ -9,7 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tandem.api.status import AutoscalingPoolsStatus, AutoscalingStatus, PoolAutoscalingStatus
+from tandem.api.status import (
+    AutoscalingPoolsStatus,
+    AutoscalingStatus,
+    PoolAutoscalingStatus,
+    ScaleDecision,
+)
 from tandem.autoscale.capacity import decode_capacity, pool_model, prefill_capacity
 from tandem.autoscale.decide import decide
 from tandem.autoscale.knobs import KNOBS
@@ -320,3 +325,39 @@ def test_decode_does_not_learn_from_a_light_batch(kit: Kit) -> None:
     )
     decision = decide(kit.spec, snapshot, at({"prefill": 2, "decode": 2}), T0)
     assert decision.state.pools.decode.capacity_correction == 1.0
+
+
+# --- a miss right after a scale-up ------------------------------------------------------------------------
+
+
+def _scaled_up(seconds_ago: float) -> AutoscalingStatus:
+    """prefill went 1 -> 2 `seconds_ago` (decode at 2)."""
+    state = at({"prefill": 2, "decode": 2})
+    up = ScaleDecision(time="2027-01-15T08:00:00Z", from_replicas=1, to=2, reason="load")
+    prefill = state.pools.prefill.model_copy(
+        update={"last_scale_time": T0 - seconds_ago, "last_decision": up}
+    )
+    return state.model_copy(update={"pools": state.pools.model_copy(update={"prefill": prefill})})
+
+
+@pytest.mark.parametrize(
+    ("seconds_ago", "queue", "target", "correction", "why"),
+    [
+        (20.0, 0.0, 2, 1.0, "the window's past"),  # 60 s window, grown 20 s ago, no queue now: hold
+        (20.0, 2.0, 3, 1.0, ""),  # a deep queue now: the miss is present (the model saw it: no shrink)
+        (120.0, 0.0, 3, 0.8, ""),  # grown long ago: the window's quantile is all present
+    ],
+    ids=["just-grown-no-queue", "just-grown-deep-queue", "grown-long-ago"],
+)
+def test_a_miss_right_after_a_scale_up_counts_only_with_a_queue_now(
+    kit: Kit, seconds_ago: float, queue: float, target: int, correction: float, why: str
+) -> None:
+    k = no_window(kit)
+    load = {"prefill": 1.7, "decode": 1.5, "ttft": 0.8, "attainment": 0.8, "queue": queue}
+    snapshot = k.snapshot(T0, sizes={"prefill": (2, 2), "decode": (2, 2)}, **load)
+    decision = decide(k.spec, snapshot, _scaled_up(seconds_ago), T0)
+    prefill = decision.pools["prefill"]
+    assert prefill.target >= target
+    assert prefill.target == target or queue > 0  # a deep queue may ask for more than +1
+    assert decision.state.pools.prefill.capacity_correction == pytest.approx(correction)
+    assert (why in prefill.reason) if why else ("window's past" not in prefill.reason)

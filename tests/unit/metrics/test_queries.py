@@ -128,8 +128,8 @@ def test_fresh_answers_make_a_complete_snapshot() -> None:
     prefill, decode = snap.pools["prefill"], snap.pools["decode"]
     assert prefill.scraped_pods == decode.scraped_pods == 1
     assert prefill.waiting_requests == 3
-    assert prefill.queued_prompt_tokens == 1500  # 3 waiting x 500 tokens
-    assert prefill.queued_prompt_tokens_before == 500  # 1 waiting a window earlier
+    assert prefill.queued_prompt_tokens == 1750  # (3 waiting + half of 1 prefilling) x 500 tokens
+    assert prefill.queued_prompt_tokens_before == 500  # 1 waiting a window earlier (none running then)
     assert decode.queued_prompt_tokens_before is None  # no series then: not read
     assert prefill.prompt_tokens_rate == 5000
     assert decode.running_requests == 12
@@ -141,6 +141,22 @@ def test_fresh_answers_make_a_complete_snapshot() -> None:
     assert pd.attainment == pytest.approx(0.96)
     assert snap.paths["colocated"].ttft_seconds is None  # NaN: no requests
     assert snap.paths["colocated"].attainment is None
+
+
+def test_a_prefill_pools_running_prompts_count_as_half_queued() -> None:
+    """Prefill pods admit up to --max-num-seqs prompts and share each step among them: 32 running and
+    none waiting is a backlog (make demo's surge), which the waiting queue alone would not show."""
+    role = "tandem_dev_role"
+    answers = fresh_answers(
+        waiting=[sample(0, **{role: "prefill"}), sample(2, **{role: "decode"})],
+        running=[sample(32, **{role: "prefill"}), sample(12, **{role: "decode"})],
+        waiting_before=[sample(0, **{role: "prefill"})],
+        running_before=[sample(8, **{role: "prefill"}), sample(12, **{role: "decode"})],
+    )
+    pools = snapshot(answers).pools
+    assert pools["prefill"].queued_prompt_tokens == 16 * 500
+    assert pools["prefill"].queued_prompt_tokens_before == 4 * 500
+    assert pools["decode"].queued_prompt_tokens == 2 * 500  # decode's running requests are decoding
 
 
 def test_the_ttft_breakdown_comes_from_the_legs_and_the_engines() -> None:
@@ -202,7 +218,7 @@ def test_within_slo_never_exceeds_the_request_rate() -> None:
 
 def test_queued_tokens_fall_back_to_the_lifetime_mean() -> None:
     answers = fresh_answers(mean_prompt_tokens=[sample("NaN", tandem_dev_role="prefill")])
-    assert snapshot(answers).pools["prefill"].queued_prompt_tokens == 3 * 450
+    assert snapshot(answers).pools["prefill"].queued_prompt_tokens == 3.5 * 450
 
 
 def test_a_stale_series_is_missing() -> None:
