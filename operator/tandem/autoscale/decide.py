@@ -330,7 +330,7 @@ def _active(
             knobs,
             scaled_up_within_window=(
                 last_up is not None
-                and now - last_up < snapshot.window_seconds
+                and now - last_up < 2 * snapshot.window_seconds
                 and old.last_decision is not None
                 and old.last_decision.to > old.last_decision.from_replicas
             ),

@@ -46,7 +46,8 @@ class Knobs:
     miss_shrink_min: float = 0.80
     miss_shrink_max: float = 0.95
     miss_min_load: float = 0.5
-    # Within a window of a prefill scale-up, a TTFT miss is the window's past, not the pool's present,
+    # Within two windows of a prefill scale-up (new pods load, drain the backlog, then a window passes),
+    # a TTFT miss is the window's past, not the pool's present,
     # when the prompts queued now would drain (at the ready replicas' busy rate) within this share of
     # the TTFT target: the window's quantile still holds requests that queued before the scale-up. Then
     # the size holds (no +1, no shrink of the correction). 0: every miss counts as present.

@@ -231,12 +231,18 @@ def _slo_state(
     path = obs.path
     ttft = None if path.ttft_seconds is None else path.ttft_seconds * 1000.0 / slo.ttft_ms
     tpot = None if path.tpot_seconds is None else path.tpot_seconds * 1000.0 / slo.tpot_ms
-    answers_ttft = role == "colocated" or (attribution is not None and attribution.charged == role)
-    answers_tpot = role in ("decode", "colocated")
     attainment = path.attainment
     attained = attainment is None or attainment >= obs.attainment_target
+    ttft_missed = ttft is not None and ttft > 1.0 and not attained
+    if role == "colocated" or attribution is None:
+        answers_ttft = True
+    elif ttft_missed:  # a miss is the pool's it is charged to
+        answers_ttft = attribution.charged == role
+    else:  # within target, prefill's TTFT says how comfortable it is (decode's comfort is its TPOT)
+        answers_ttft = role == "prefill"
+    answers_tpot = role in ("decode", "colocated")
     note = ""
-    if attribution is not None and ttft is not None and ttft > 1.0 and not attained:
+    if attribution is not None and ttft_missed:
         note = attribution.text()
         if not answers_ttft:
             note += f": not {role}'s" if attribution.charged else ": no pool grows for it"
@@ -279,8 +285,9 @@ def recommend(
     scaled_up_within_window: bool = False,
 ) -> Sizing:
     """The replicas `role` needs now (see the module docstring); `spec.slo` must be set.
-    `scaled_up_within_window`: the pool grew within the snapshot's window, so its latency quantile
-    still holds requests served before that (a prefill miss then counts only with a queue now)."""
+    `scaled_up_within_window`: the pool grew within two of the snapshot's windows (its new pods load,
+    then drain the backlog, then a window passes), so its latency quantile may still hold requests
+    that queued before that (a prefill miss then counts only with a queue now)."""
     slo = spec.slo
     if slo is None:
         raise ValueError("recommend() needs spec.slo")

@@ -59,7 +59,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument(
         "--settle-seconds",
         type=float,
-        default=60.0,
+        default=90.0,
         help="most seconds to wait for the scale-in after the replay",
     )
     p.add_argument("--keep", action="store_true", help="leave the cluster running at the end")

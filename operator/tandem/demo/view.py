@@ -243,8 +243,8 @@ def report(
         + (f" (e.g. {'; '.join(errors)})" if errors else ""),
         f"  tokens        {inp} prompt, {outp} generated",
         f"  TTFT ms       p50 {_ms(tally.ttft(50)).strip()}  p90 {_ms(tally.ttft(90)).strip()}"
-        f"  p99 {_ms(tally.ttft(99)).strip()}   (SLO {snap.ttft_slo_ms:.0f} at p90:"
-        f" {_mark(tally.ttft(90), snap.ttft_slo_ms)})",
+        f"  p99 {_ms(tally.ttft(99)).strip()}   (SLO {snap.ttft_slo_ms:.0f} at p90 over the whole replay,"
+        f" the surge's first seconds included: {_mark(tally.ttft(90), snap.ttft_slo_ms)})",
         f"  TPOT ms       p50 {_ms(tally.tpot(50)).strip()}  p90 {_ms(tally.tpot(90)).strip()}"
         f"  p99 {_ms(tally.tpot(99)).strip()}   (SLO {snap.tpot_slo_ms:.0f} at p90:"
         f" {_mark(tally.tpot(90), snap.tpot_slo_ms)})",

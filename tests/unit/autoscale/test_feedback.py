@@ -345,9 +345,10 @@ def _scaled_up(seconds_ago: float) -> AutoscalingStatus:
     [
         (20.0, 0.0, 2, 1.0, "the window's past"),  # 60 s window, grown 20 s ago, no queue now: hold
         (20.0, 2.0, 3, 1.0, ""),  # a deep queue now: the miss is present (the model saw it: no shrink)
-        (120.0, 0.0, 3, 0.8, ""),  # grown long ago: the window's quantile is all present
+        (100.0, 0.0, 2, 1.0, "the window's past"),  # within two windows: still the past
+        (130.0, 0.0, 3, 0.8, ""),  # grown two windows ago: the window's quantile is all present
     ],
-    ids=["just-grown-no-queue", "just-grown-deep-queue", "grown-long-ago"],
+    ids=["just-grown-no-queue", "just-grown-deep-queue", "grown-a-window-ago", "grown-long-ago"],
 )
 def test_a_miss_right_after_a_scale_up_counts_only_with_a_queue_now(
     kit: Kit, seconds_ago: float, queue: float, target: int, correction: float, why: str
