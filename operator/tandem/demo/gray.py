@@ -27,7 +27,7 @@ from typing import Any
 from tandem.demo.stats import Sample, Tally
 from tandem.demo.view import Snapshot, pools_lines
 from tandem.rollout.arms import pd_share
-from tandem.router.paths import draw_for
+from tandem.routing.paths import draw_for
 
 PATHS = ("colocated", "disaggregated", "unattributed")
 TIME_SCALE = 1
@@ -107,7 +107,7 @@ def _ready(pdd: dict[str, Any], role: str) -> int:
 def routed_pd_share(pdd: dict[str, Any]) -> int | None:
     """Percent of requests the routers send to P/D now, as status says (None before any status):
     the rollout's weight toward its target, else the mode in effect; a path with no ready pod
-    yields to the other, as the router does (`router.paths.choose_path`)."""
+    yields to the other, as the router does (`routing.paths.choose_path`)."""
     status = pdd.get("status") or {}
     rollout = status.get("rollout") or {}
     if rollout:
