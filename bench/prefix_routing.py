@@ -58,9 +58,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "operator"))
 
-from tandem.autoscale.snapshot import Snapshot  # noqa: E402
 from tandem.perf import load_profile  # noqa: E402
 from tandem.routing.prefix import PrefixKnobs  # noqa: E402
+from tandem.signals import Snapshot  # noqa: E402
 from tandem.sim import SLO, Layout, PoolSpec, ReplicaSpec, Request, SimConfig, simulate  # noqa: E402
 from tandem.sim.layout import Routing  # noqa: E402
 from tandem.sim.results import Summary  # noqa: E402

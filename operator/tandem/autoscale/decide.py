@@ -39,7 +39,7 @@ from tandem.autoscale import stabilize
 from tandem.autoscale.budget import Claim, arbitrate
 from tandem.autoscale.knobs import KNOBS, Knobs
 from tandem.autoscale.recommend import ROLES, Sizing, fmt, recommend
-from tandem.autoscale.snapshot import Snapshot
+from tandem.signals import Snapshot
 
 LimitedBy = Literal["maxGPUs", "maxReplicas", "minReplicas", "maxStep", "stabilization", "deadBand"]
 ConditionTuple = tuple[Literal["True", "False"], str, str]

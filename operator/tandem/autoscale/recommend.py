@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from tandem.api.models import PDDeploymentSpec, SLOSpec
 from tandem.autoscale.capacity import PoolModel, decode_capacity, pool_model, prefill_capacity
 from tandem.autoscale.knobs import Knobs
-from tandem.autoscale.snapshot import (
+from tandem.signals import (
     PATH_COLOCATED,
     PATH_DISAGGREGATED,
     PathSignals,

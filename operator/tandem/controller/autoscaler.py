@@ -35,10 +35,10 @@ from tandem.api.status import (
     ReplicaSource,
     SLOStatus,
 )
-from tandem.autoscale.snapshot import PoolSize, Snapshot
 from tandem.controller import drain, metrics, replicas
 from tandem.kube.rest import POD, KubeError, KubeRest, Obj
 from tandem.rollout.arms import Bound, bounded_spec
+from tandem.signals import PoolSize, Snapshot
 from tandem.status.derive import AutoscalingView, ConditionValue, autoscaling_condition, measured_slo
 
 if TYPE_CHECKING:

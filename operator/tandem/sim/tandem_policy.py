@@ -15,7 +15,7 @@ from tandem.api.models import PDDeploymentSpec
 from tandem.api.status import AutoscalingStatus, PoolAutoscalingStatus, Recommendation
 from tandem.autoscale.decide import Decision, autoscaled_roles, decide
 from tandem.autoscale.knobs import KNOBS, Knobs
-from tandem.autoscale.snapshot import Snapshot
+from tandem.signals import Snapshot
 from tandem.versions import VLLM_IMAGE
 
 SEED_AGE_SECONDS = 0.001  # as controller.replicas: inside a scale-down window, outside a 0-s scale-up one

@@ -33,8 +33,8 @@ from tandem.api.status import (
     RolloutStatus,
     SLOStatus,
 )
-from tandem.autoscale.snapshot import Snapshot
 from tandem.perf.kv import kv_bytes_per_token, kv_transfer_seconds
+from tandem.signals import Snapshot
 
 # (status, reason, message) of a condition.
 ConditionValue = tuple[ConditionStatus, str, str]

@@ -19,7 +19,7 @@ from tandem.api.status import AutoscalingStatus
 from tandem.autoscale.capacity import decode_capacity, pool_model, prefill_capacity
 from tandem.autoscale.decide import Decision, decide
 from tandem.autoscale.knobs import KNOBS
-from tandem.autoscale.snapshot import PathSignals, PoolSignals, PoolSize, Snapshot
+from tandem.signals import PathSignals, PoolSignals, PoolSize, Snapshot
 
 PROMPT = 1000.0
 OUTPUT = 200.0

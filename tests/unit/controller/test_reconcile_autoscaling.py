@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from tandem.autoscale.snapshot import PoolSignals, PoolSize, Snapshot
 from tandem.controller.autoscaler import Autoscaler
 from tandem.controller.drain import DRAIN_SETTLE_SECONDS
 from tandem.controller.events import EventRecorder
 from tandem.controller.reconcile import PassResult, Reconciler
 from tandem.kube.rest import Kind, KubeError
+from tandem.signals import PoolSignals, PoolSize, Snapshot
 
 NS, NAME = "ns", "llama"
 T0 = 1_800_000_000.0
