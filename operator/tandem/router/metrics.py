@@ -20,7 +20,6 @@ models by the first `MAX_LABEL_VALUES` served names and then `other`.
 
 from __future__ import annotations
 
-import asyncio
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from itertools import pairwise
@@ -41,6 +40,7 @@ from tandem.routing.buckets import (
     TTFT_BUCKETS,
 )
 from tandem.routing.paths import PATHS
+from tandem.runtime import running_tasks
 
 STATUS_CLASSES: Final = ("2xx", "4xx", "5xx")  # the `code` label of tandem_router_requests_total
 OTHER: Final = "other"  # the label value of every tenant or model beyond the bound
@@ -103,15 +103,6 @@ class LabelBound:
             self.seen.add(value)
             return value
         return OTHER
-
-
-def running_tasks() -> float:
-    """Tasks alive in the running event loop; nan when read outside one (the operator's and the
-    router's gauges are read by their /metrics handlers, on their loops)."""
-    try:
-        return float(len(asyncio.all_tasks()))
-    except RuntimeError:
-        return float("nan")
 
 
 class RouterMetrics:
