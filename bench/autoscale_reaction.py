@@ -44,9 +44,10 @@ import yaml
 from kubernetes import client
 
 from tandem.api import meta
+from tandem.demo import e2e
 from tandem.demo.load import BackgroundLoad, Phase
 from tandem.devcluster import cluster as devcluster
-from tandem.devcluster import e2e, kube, layout
+from tandem.devcluster import kube, layout
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.testing import OperatorProcess
 

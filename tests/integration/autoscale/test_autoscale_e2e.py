@@ -48,9 +48,7 @@ import yaml
 from tandem.controller.autoscaler import MIN_WINDOW_SECONDS
 from tandem.dashboard.model import Dashboard, panel_queries
 from tandem.dashboard.panels import CHART_FILE
-from tandem.demo.load import BackgroundLoad, Phase
-from tandem.devcluster import cluster as devcluster
-from tandem.devcluster.e2e import (
+from tandem.demo.e2e import (
     IMAGE,
     MODEL,
     Seen,
@@ -64,6 +62,8 @@ from tandem.devcluster.e2e import (
     router_url,
     ttft_quantile,
 )
+from tandem.demo.load import BackgroundLoad, Phase
+from tandem.devcluster import cluster as devcluster
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.layout import ClusterDir
 from tandem.metrics.prometheus import PrometheusReader
