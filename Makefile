@@ -27,9 +27,11 @@ tools:
 vllm-env:
 	PY=$(PY) e2e/build-vllm-env.sh
 
+# lint-imports: the floors of docs/architecture.md ([tool.importlinter] in pyproject.toml).
 lint: venv
 	$(BIN)/ruff check operator tests bench
 	$(BIN)/ruff format --check operator tests bench
+	$(BIN)/lint-imports
 
 typecheck: venv
 	$(BIN)/mypy
