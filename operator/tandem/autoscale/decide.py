@@ -21,7 +21,6 @@ reports the target, and writes the spec's size as `desired_replicas`.
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -35,6 +34,7 @@ from tandem.api.status import (
     Recommendation,
     ScaleDecision,
 )
+from tandem.api.times import rfc3339 as _rfc3339
 from tandem.autoscale import stabilize
 from tandem.autoscale.budget import Claim, arbitrate
 from tandem.autoscale.knobs import KNOBS, Knobs
@@ -97,10 +97,6 @@ def current_size(spec: PDDeploymentSpec, state: AutoscalingStatus, role: str) ->
 def _pool_state(state: AutoscalingStatus, role: str) -> PoolAutoscalingStatus:
     pool: PoolAutoscalingStatus = getattr(state.pools, role)
     return pool
-
-
-def _rfc3339(now: float) -> str:
-    return dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _no_data(

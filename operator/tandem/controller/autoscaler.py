@@ -21,7 +21,6 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from tandem.api import meta
@@ -35,6 +34,7 @@ from tandem.api.status import (
     ReplicaSource,
     SLOStatus,
 )
+from tandem.api.times import rfc3339
 from tandem.controller import drain, metrics, replicas
 from tandem.kube.rest import POD, KubeError, KubeRest, Obj
 from tandem.rollout.arms import Bound, bounded_spec
@@ -52,10 +52,6 @@ MIN_WINDOW_SECONDS = 60.0  # rates over at least a minute: several scrapes at an
 def window_seconds(spec: PDDeploymentSpec) -> float:
     """The window the snapshot's rates and quantiles cover: two decision intervals, at least a minute."""
     return max(MIN_WINDOW_SECONDS, 2.0 * spec.autoscaling.interval_seconds)
-
-
-def rfc3339(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def is_paused(body: Mapping[str, Any]) -> bool:

@@ -9,7 +9,6 @@ IP, each measured at the client). Every address is a loopback one (127.0.0.0/8).
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import threading
 import time
 from collections.abc import Callable
@@ -78,10 +77,6 @@ def pddeployment(name: str, spec: dict[str, Any]) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": base | spec,
     }
-
-
-def rfc3339(text: str) -> float:
-    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
+from tandem.api.times import rfc3339
 from tandem.controller.autoscaler import Autoscaler
 from tandem.controller.drain import DRAIN_SETTLE_SECONDS
 from tandem.controller.events import EventRecorder
@@ -209,7 +209,7 @@ class World:
     def run(self, seconds: float = 0.0) -> PassResult:
         self.now += seconds
         body = copy.deepcopy(self.kube.objects[("PDDeployment", NS, NAME)])
-        stamp = datetime.fromtimestamp(self.now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = rfc3339(self.now)
         result = self.reconciler.reconcile(body, stamp, self.now)
         self.settle()
         return result
