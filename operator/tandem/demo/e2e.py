@@ -18,10 +18,11 @@ from typing import Any, TypeVar
 from kubernetes import client
 
 from tandem.api import meta
-from tandem.demo.stats import Sample, percentile
+from tandem.demo.stats import Sample
 from tandem.devcluster import kube
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.testing import eventually
+from tandem.perf.stats import percentile
 
 T = TypeVar("T")
 

@@ -26,6 +26,7 @@ from array import array
 from collections.abc import Mapping, Sequence
 from heapq import heappop, heappush
 
+from tandem.perf.stats import nearest_rank
 from tandem.routing.paths import choose_path
 from tandem.routing.prefix import PodLoad, PrefixIndex, choose_prefill, sparse_keys
 from tandem.sim.layout import ROLES, Layout, Role, SimConfig
@@ -39,7 +40,6 @@ from tandem.sim.results import (
     SimResult,
     Summary,
     TickSample,
-    nearest_rank,
 )
 from tandem.sim.traces.prefix import route_keys
 from tandem.sim.windows import ROLE_INDEX, PoolGauges, Windows
