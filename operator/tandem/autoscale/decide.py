@@ -36,6 +36,8 @@ from tandem.api.status import (
 )
 from tandem.api.times import rfc3339 as _rfc3339
 from tandem.autoscale import stabilize
+from tandem.autoscale.bounds import autoscaled_roles
+from tandem.autoscale.bounds import clamp as _clamp
 from tandem.autoscale.budget import Claim, arbitrate
 from tandem.autoscale.knobs import KNOBS, Knobs
 from tandem.autoscale.recommend import ROLES, Sizing, fmt, recommend
@@ -65,24 +67,10 @@ class Decision:
     held: bool  # no size may change this pass (no data, paused, or not configured)
 
 
-def autoscaled_roles(spec: PDDeploymentSpec) -> list[str]:
-    """Pools the autoscaler sizes: `autoscaling` set and not handed to an external controller."""
-    roles = []
-    for role in ROLES:
-        bounds = spec.pool(role).autoscaling
-        if bounds is not None and not bounds.external:
-            roles.append(role)
-    return roles
-
-
 def _bounds(spec: PDDeploymentSpec, role: str) -> PoolAutoscaling:
     bounds = spec.pool(role).autoscaling
     assert bounds is not None
     return bounds
-
-
-def _clamp(value: int, bounds: PoolAutoscaling) -> int:
-    return min(max(value, bounds.min_replicas), max(bounds.max_replicas, bounds.min_replicas))
 
 
 def current_size(spec: PDDeploymentSpec, state: AutoscalingStatus, role: str) -> int:

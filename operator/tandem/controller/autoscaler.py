@@ -35,6 +35,7 @@ from tandem.api.status import (
     SLOStatus,
 )
 from tandem.api.times import rfc3339
+from tandem.autoscale.bounds import autoscaled_roles
 from tandem.controller import drain, metrics, replicas
 from tandem.kube.rest import POD, KubeError, KubeRest, Obj
 from tandem.rollout.arms import Bound, bounded_spec
@@ -156,7 +157,7 @@ class Autoscaler:
         requeue: float | None = None
         interval = float(spec.autoscaling.interval_seconds)
 
-        if state is not None and replicas.autoscaled_roles(spec) and url:
+        if state is not None and autoscaled_roles(spec) and url:
             prior = next(
                 (
                     c
@@ -332,7 +333,7 @@ def _sizes(
     for role in meta.POOL_ROLES:
         sts = statefulsets.get(role)
         held = getattr(state.pools, role).desired_replicas
-        if role in replicas.autoscaled_roles(spec) and held is not None:
+        if role in autoscaled_roles(spec) and held is not None:
             sizes[role] = PoolSize(replicas=held, ready=min(held, _ready(sts)))
         else:
             count = _spec_replicas(sts)
