@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.demo.manifest import set_sim_pacing
 from tandem.demo.stats import Sample, Tally
 from tandem.demo.view import Snapshot, pools_lines
 from tandem.rollout.arms import pd_share
@@ -62,12 +63,7 @@ def rollout_manifest(example: dict[str, Any], mode: str = "Colocated") -> dict[s
     """`example` (examples/sim-gray-rollout.yaml, parsed) with the demo's settings and `serving.mode`."""
     doc = copy.deepcopy(example)
     spec = doc["spec"]
-    env = [e for e in spec["engine"].get("env") or [] if not e["name"].startswith("TANDEM_SIM_")]
-    spec["engine"]["env"] = [
-        *env,
-        {"name": "TANDEM_SIM_TIME_SCALE", "value": str(TIME_SCALE)},
-        {"name": "TANDEM_SIM_LOAD_SECONDS", "value": str(LOAD_SECONDS)},
-    ]
+    set_sim_pacing(spec, TIME_SCALE, LOAD_SECONDS)
     for role, replicas in POOLS.items():
         spec[role]["replicas"] = replicas
     spec["slo"] = dict(SLO)
