@@ -8,6 +8,25 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from tandem.api import meta
+
+
+def stored(spec: Mapping[str, Any], *, name: str, namespace: str) -> dict[str, Any]:
+    """A PDDeployment around `spec` as the apiserver returns it to the operator (a uid, generation 1,
+    resourceVersion 1)."""
+    return {
+        "apiVersion": meta.API_VERSION,
+        "kind": meta.KIND,
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": "u1",
+            "generation": 1,
+            "resourceVersion": "1",
+        },
+        "spec": dict(spec),
+    }
+
 
 def merge(base: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
     """`base` with `patch` merged in, recursively for mappings on both sides; both are left unchanged

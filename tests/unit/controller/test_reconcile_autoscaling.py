@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tandem.api.testing import stored
 from tandem.api.times import rfc3339
 from tandem.controller.autoscaler import Autoscaler
 from tandem.controller.drain import DRAIN_SETTLE_SECONDS
@@ -29,11 +30,8 @@ DRAINING = "tandem.dev/draining"
 
 
 def manifest(**decode_bounds: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "tandem.dev/v1alpha1",
-        "kind": "PDDeployment",
-        "metadata": {"name": NAME, "namespace": NS, "uid": "u1", "generation": 1, "resourceVersion": "1"},
-        "spec": {
+    return stored(
+        {
             "model": {"name": "m", "uri": "hf://meta-llama/Llama-3.1-8B-Instruct"},
             "engine": {"type": "sim", "image": "img"},
             "prefill": {"replicas": 1},
@@ -47,7 +45,9 @@ def manifest(**decode_bounds: Any) -> dict[str, Any]:
                 "drainTimeoutSeconds": 60,
             },
         },
-    }
+        name=NAME,
+        namespace=NS,
+    )
 
 
 class FakeKube:
