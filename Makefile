@@ -27,11 +27,13 @@ tools:
 vllm-env:
 	PY=$(PY) e2e/build-vllm-env.sh
 
-# lint-imports: the floors of docs/architecture.md ([tool.importlinter] in pyproject.toml).
+# lint-imports: the floors of docs/architecture.md ([tool.importlinter] in pyproject.toml); pylint:
+# only its duplicate-code check ([tool.pylint.similarities]: 6 lines or more in two places fail).
 lint: venv
 	$(BIN)/ruff check operator tests bench
 	$(BIN)/ruff format --check operator tests bench
 	$(BIN)/lint-imports
+	$(BIN)/pylint --disable=all --enable=duplicate-code --score=no operator/tandem tests bench
 
 typecheck: venv
 	$(BIN)/mypy
