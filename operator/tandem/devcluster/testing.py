@@ -139,6 +139,17 @@ def sim_engine_pod(
     }
 
 
+def e2e_operator_args(cluster: ClusterHandle, lease: str) -> list[str]:
+    """The flags of an e2e module's operator (the autoscaling and rollout e2e tests): a 20 s resync, its
+    own lease `lease` in `default`, and the cluster's Prometheus as the autoscaler's and analysis' source."""
+    return [
+        "--resync-seconds", "20",
+        "--lease-namespace", "default",
+        "--lease-name", lease,
+        "--prometheus-url", cluster.prometheus_url,
+    ]  # fmt: skip
+
+
 def load_file(name: str, path: Path) -> ModuleType:
     """The Python file at `path` (a bench, a script) imported as module `name`, registered in
     `sys.modules` first (dataclasses look their module up there)."""
