@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tandem.perf import Profile, kv_cache_tokens, model_arch
+from tandem.perf.capacity import DEFAULT_MAX_BATCH, DEFAULT_MAX_NUM_BATCHED_TOKENS
 from tandem.routing.prefix import PrefixKnobs
 
 Role = Literal["prefill", "decode", "colocated"]
@@ -22,8 +23,7 @@ Role = Literal["prefill", "decode", "colocated"]
 Routing = Literal["power-of-two", "least-loaded", "round-robin", "prefix", "oracle", "oracle-bounded"]
 ROLES: tuple[Role, ...] = ("prefill", "decode", "colocated")
 
-DEFAULT_MAX_NUM_SEQS = 1024  # vLLM's default on H100/H200
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+DEFAULT_MAX_NUM_SEQS = DEFAULT_MAX_BATCH  # vLLM's defaults on H100/H200, as the capacity model's
 
 
 class ReplicaSpec(BaseModel):
