@@ -55,4 +55,4 @@ test: venv tools vllm-env lint typecheck
 	$(BIN)/pytest -q -p no:cacheprovider -n 3 --dist loadscope --no-loadscope-reorder --durations=30 tests
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .tandem
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .import_linter_cache .tandem
