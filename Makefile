@@ -27,9 +27,13 @@ tools:
 vllm-env:
 	PY=$(PY) e2e/build-vllm-env.sh
 
+# lint-imports: the floors of docs/architecture.md ([tool.importlinter] in pyproject.toml); pylint:
+# only its duplicate-code check ([tool.pylint.similarities]: 6 lines or more in two places fail).
 lint: venv
 	$(BIN)/ruff check operator tests bench
 	$(BIN)/ruff format --check operator tests bench
+	$(BIN)/lint-imports
+	$(BIN)/pylint --disable=all --enable=duplicate-code --score=no operator/tandem tests bench
 
 typecheck: venv
 	$(BIN)/mypy
@@ -51,4 +55,4 @@ test: venv tools vllm-env lint typecheck
 	$(BIN)/pytest -q -p no:cacheprovider -n 3 --dist loadscope --no-loadscope-reorder --durations=30 tests
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .tandem
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .import_linter_cache .tandem

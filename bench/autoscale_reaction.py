@@ -44,9 +44,11 @@ import yaml
 from kubernetes import client
 
 from tandem.api import meta
+from tandem.api.times import parse_rfc3339
+from tandem.demo import e2e
 from tandem.demo.load import BackgroundLoad, Phase
 from tandem.devcluster import cluster as devcluster
-from tandem.devcluster import e2e, kube, layout
+from tandem.devcluster import kube, layout
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.testing import OperatorProcess
 
@@ -143,12 +145,6 @@ def poll(what: str, check: Callable[[], T | None], timeout: float) -> T:
     raise SystemExit(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
-def rfc3339(text: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
 def ready(obj: dict[str, Any]) -> bool:
     conds = {c["type"]: c["status"] for c in (obj.get("status") or {}).get("conditions", [])}
     return (
@@ -177,7 +173,7 @@ def one(cluster: Cluster, load: BackgroundLoad) -> Reaction:
     load.set(Phase(0.0, 1, 1, "quiet"))
     breaches = [s for s in load.samples(since=step) if s.ok and s.ttft_s * 1000 > TTFT_MS]
     breach = min((s.sent_at + TTFT_MS / 1000 for s in breaches), default=math.nan)
-    decided_at = rfc3339(decision["time"])
+    decided_at = parse_rfc3339(decision["time"])
     return Reaction(
         step_to_decision_s=round(decided_at - step, 1),
         decision_to_ready_s=round(ready_at - decided_at, 1),

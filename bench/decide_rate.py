@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from tandem.api.models import PDDeploymentSpec
 from tandem.api.status import AutoscalingStatus
 from tandem.autoscale.decide import decide
-from tandem.autoscale.snapshot import PathSignals, PoolSignals, PoolSize, Snapshot
+from tandem.signals import PathSignals, PoolSignals, PoolSize, Snapshot
 
 SPEC = {
     "model": {"name": "llama", "uri": "hf://meta-llama/Llama-3.1-8B-Instruct"},

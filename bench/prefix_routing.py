@@ -1,7 +1,7 @@
 """Prefix-aware routing through the cluster simulator: prefix hit rate, TTFT and prefill GPU-hours.
 
 One run prints a table per scenario, each routing policy of the prompt's pod against load-only:
-- **prefix-aware**: `tandem.router.prefix.choose_prefill`, the router's own code, with a `PrefixIndex`
+- **prefix-aware**: `tandem.routing.prefix.choose_prefill`, the router's own code, with a `PrefixIndex`
   learnt from its own choices (capacity: the pod's KV cache in 16-token keys), keys one per 16 tokens
   (the router's 64-character chunks are about that);
 - **load-only**: power of two choices on outstanding requests + prompt tokens / 512, as the router's
@@ -58,9 +58,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "operator"))
 
-from tandem.autoscale.snapshot import Snapshot  # noqa: E402
 from tandem.perf import load_profile  # noqa: E402
-from tandem.router.prefix import PrefixKnobs  # noqa: E402
+from tandem.routing.prefix import PrefixKnobs  # noqa: E402
+from tandem.signals import Snapshot  # noqa: E402
 from tandem.sim import SLO, Layout, PoolSpec, ReplicaSpec, Request, SimConfig, simulate  # noqa: E402
 from tandem.sim.layout import Routing  # noqa: E402
 from tandem.sim.results import Summary  # noqa: E402

@@ -242,7 +242,7 @@ def simulated(requests: Sequence[Request]) -> dict[str, tuple[float, float, floa
     output tokens each as the live run asks for (the trace's reply lengths would load the decode pod
     the live run does not)."""
     from prefix_routing import _layout  # the simulator half's layout (Llama-3.1-8B, H100, 131k)
-    from tandem.router.prefix import PrefixKnobs
+    from tandem.routing.prefix import PrefixKnobs
     from tandem.sim import SLO, SimConfig, simulate
 
     out = {}

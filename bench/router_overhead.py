@@ -466,7 +466,14 @@ def prefix_choice_cost(body: dict[str, object], pods: int = 2, number: int = 200
     among `pods` pods (the first holding the whole prompt: the longest match), the record."""
     import timeit
 
-    from tandem.router.prefix import PodLoad, PrefixIndex, PrefixKnobs, choose_prefill, prompt_text, text_keys
+    from tandem.routing.prefix import (
+        PodLoad,
+        PrefixIndex,
+        PrefixKnobs,
+        choose_prefill,
+        prompt_text,
+        text_keys,
+    )
 
     knobs = PrefixKnobs()
     text = prompt_text(body)

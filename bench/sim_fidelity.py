@@ -45,6 +45,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tandem.perf.stats import percentile
+
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "e2e" / "traces" / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv"
 OUT = ROOT / ".tandem" / "bench" / "sim_fidelity.json"
@@ -62,14 +64,6 @@ FIGURES = (("ttft", 50), ("ttft", 90), ("tpot", 50), ("tpot", 90))
 
 
 # --- the comparison (pure) -----------------------------------------------------------------------------
-def percentile(values: Sequence[float], p: float) -> float:
-    """Nearest-rank percentile (as `tandem.demo.stats` and the simulator's summary); NaN for none."""
-    clean = sorted(v for v in values if not math.isnan(v))
-    if not clean:
-        return math.nan
-    return clean[max(1, math.ceil(p / 100 * len(clean))) - 1]
-
-
 def figures(ttft_s: Sequence[float], tpot_s: Sequence[float]) -> dict[str, float]:
     """{"ttft_p50": ms, ...} for FIGURES from per-request seconds (NaN entries ignored)."""
     columns = {"ttft": ttft_s, "tpot": tpot_s}

@@ -3,7 +3,7 @@
 On the P/D path a client's time to first token is the router's queue, then the prefill leg (the
 prefill engine's queue and compute), then the decode leg until its first token (the KV read and the
 decode engine's queue and first step). `TtftBreakdown` holds the window's means of those parts, from
-the routers' leg timings and the engines' own histograms (`autoscale.snapshot`). Each part has an
+the routers' leg timings and the engines' own histograms (`tandem.signals`). Each part has an
 unloaded floor that no replica count removes: a prompt's compute alone, the KV read at the link's
 modelled rate, one decode step; the router's queue has none. What a part takes beyond its floor is
 its excess, and the miss is charged to the part with the largest excess:
@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from tandem.autoscale.snapshot import TtftBreakdown
+from tandem.signals import TtftBreakdown
 
 Part = Literal["routerQueue", "prefillQueue", "prefillCompute", "kvTransfer", "decodeWait"]
 Cause = Literal[Part, "decodeFull", "prefill"]  # the last two: the fallback rule without a breakdown

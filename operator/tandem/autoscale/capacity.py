@@ -55,7 +55,7 @@ from tandem.perf.capacity import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
 )
-from tandem.render.command import COLOCATED_MAX_NUM_BATCHED_TOKENS, flag_values
+from tandem.perf.engine_args import COLOCATED_MAX_NUM_BATCHED_TOKENS, flag_values
 
 FALLBACK_MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # what the sim engine simulates for unknown models
 FALLBACK_GPU = "H100"

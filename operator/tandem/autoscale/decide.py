@@ -21,7 +21,6 @@ reports the target, and writes the spec's size as `desired_replicas`.
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -35,11 +34,14 @@ from tandem.api.status import (
     Recommendation,
     ScaleDecision,
 )
+from tandem.api.times import rfc3339 as _rfc3339
 from tandem.autoscale import stabilize
+from tandem.autoscale.bounds import autoscaled_roles
+from tandem.autoscale.bounds import clamp as _clamp
 from tandem.autoscale.budget import Claim, arbitrate
 from tandem.autoscale.knobs import KNOBS, Knobs
 from tandem.autoscale.recommend import ROLES, Sizing, fmt, recommend, ttft_attribution
-from tandem.autoscale.snapshot import PATH_DISAGGREGATED, Snapshot
+from tandem.signals import PATH_DISAGGREGATED, Snapshot
 
 LimitedBy = Literal["maxGPUs", "maxReplicas", "minReplicas", "maxStep", "stabilization", "deadBand"]
 ConditionTuple = tuple[Literal["True", "False"], str, str]
@@ -68,24 +70,10 @@ class Decision:
     held: bool  # no size may change this pass (no data, paused, or not configured)
 
 
-def autoscaled_roles(spec: PDDeploymentSpec) -> list[str]:
-    """Pools the autoscaler sizes: `autoscaling` set and not handed to an external controller."""
-    roles = []
-    for role in ROLES:
-        bounds = spec.pool(role).autoscaling
-        if bounds is not None and not bounds.external:
-            roles.append(role)
-    return roles
-
-
 def _bounds(spec: PDDeploymentSpec, role: str) -> PoolAutoscaling:
     bounds = spec.pool(role).autoscaling
     assert bounds is not None
     return bounds
-
-
-def _clamp(value: int, bounds: PoolAutoscaling) -> int:
-    return min(max(value, bounds.min_replicas), max(bounds.max_replicas, bounds.min_replicas))
 
 
 def current_size(spec: PDDeploymentSpec, state: AutoscalingStatus, role: str) -> int:
@@ -100,10 +88,6 @@ def current_size(spec: PDDeploymentSpec, state: AutoscalingStatus, role: str) ->
 def _pool_state(state: AutoscalingStatus, role: str) -> PoolAutoscalingStatus:
     pool: PoolAutoscalingStatus = getattr(state.pools, role)
     return pool
-
-
-def _rfc3339(now: float) -> str:
-    return dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _no_data(

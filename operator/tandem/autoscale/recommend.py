@@ -56,7 +56,8 @@ from tandem.api.models import PDDeploymentSpec, SLOSpec
 from tandem.autoscale.attribution import FIGURE, Attribution, Floors, attribute_ttft
 from tandem.autoscale.capacity import PoolModel, decode_capacity, pool_model, prefill_capacity
 from tandem.autoscale.knobs import Knobs
-from tandem.autoscale.snapshot import (
+from tandem.perf import kv_transfer_seconds
+from tandem.signals import (
     PATH_COLOCATED,
     PATH_DISAGGREGATED,
     PathSignals,
@@ -64,7 +65,6 @@ from tandem.autoscale.snapshot import (
     PoolSize,
     Snapshot,
 )
-from tandem.perf import kv_transfer_seconds
 
 ROLES = ("prefill", "decode", "colocated")
 

@@ -12,7 +12,7 @@ import binascii
 
 from tandem.api.models import PDDeployment
 from tandem.kube.rest import Kind, KubeRest, Obj
-from tandem.router.tenants import KeysError, parse_keys
+from tandem.routing.tenants import KeysError, parse_keys
 from tandem.status.derive import PodProblem
 
 FIELD = "spec.router.auth.apiKeysSecret"

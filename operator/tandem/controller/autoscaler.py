@@ -21,7 +21,6 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from tandem.api import meta
@@ -35,10 +34,12 @@ from tandem.api.status import (
     ReplicaSource,
     SLOStatus,
 )
-from tandem.autoscale.snapshot import PoolSize, Snapshot
+from tandem.api.times import rfc3339
+from tandem.autoscale.bounds import autoscaled_roles
 from tandem.controller import drain, metrics, replicas
 from tandem.kube.rest import POD, KubeError, KubeRest, Obj
 from tandem.rollout.arms import Bound, bounded_spec
+from tandem.signals import PoolSize, Snapshot
 from tandem.status.derive import AutoscalingView, ConditionValue, autoscaling_condition, measured_slo
 
 if TYPE_CHECKING:
@@ -52,10 +53,6 @@ MIN_WINDOW_SECONDS = 60.0  # rates over at least a minute: several scrapes at an
 def window_seconds(spec: PDDeploymentSpec) -> float:
     """The window the snapshot's rates and quantiles cover: two decision intervals, at least a minute."""
     return max(MIN_WINDOW_SECONDS, 2.0 * spec.autoscaling.interval_seconds)
-
-
-def rfc3339(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def is_paused(body: Mapping[str, Any]) -> bool:
@@ -160,7 +157,7 @@ class Autoscaler:
         requeue: float | None = None
         interval = float(spec.autoscaling.interval_seconds)
 
-        if state is not None and replicas.autoscaled_roles(spec) and url:
+        if state is not None and autoscaled_roles(spec) and url:
             prior = next(
                 (
                     c
@@ -337,7 +334,7 @@ def _sizes(
     for role in meta.POOL_ROLES:
         sts = statefulsets.get(role)
         held = getattr(state.pools, role).desired_replicas
-        if role in replicas.autoscaled_roles(spec) and held is not None:
+        if role in autoscaled_roles(spec) and held is not None:
             sizes[role] = PoolSize(replicas=held, ready=min(held, _ready(sts)))
         else:
             count = _spec_replicas(sts)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
-from datetime import UTC, datetime
 
+from tandem.api.times import rfc3339
 from tandem.kube.rest import KubeError, KubeRest, Obj
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ class EventRecorder:
     def _post(self, obj: Obj, kind: str, reason: str, message: str) -> None:
         md = obj.get("metadata", {})
         namespace = md.get("namespace", "default")
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = rfc3339(time.time())
         event = {
             "apiVersion": "v1",
             "kind": "Event",

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
+from tandem.api.times import parse_rfc3339
 from tandem.kube.rest import Kind, KubeError, KubeRest, Obj
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ def _micro_time(epoch: float) -> str:
 def _parse_time(text: str | None) -> float:
     if not text:
         return 0.0
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    return parse_rfc3339(text)
 
 
 def lease_record(lease: Obj | None) -> LeaseRecord | None:

@@ -27,6 +27,7 @@ import kopf
 from aiohttp import web
 
 from tandem.api import meta
+from tandem.api.times import rfc3339
 from tandem.controller import metrics
 from tandem.controller.autoscaler import Autoscaler
 from tandem.controller.events import EventRecorder
@@ -117,7 +118,7 @@ class Runtime:
                 metrics.forget_status(namespace, name)
                 return
             instant = datetime.now(UTC)
-            now = instant.strftime("%Y-%m-%dT%H:%M:%SZ")
+            now = rfc3339(instant.timestamp())
             result = await asyncio.to_thread(self.reconciler.reconcile, body, now, instant.timestamp())
         except Exception as exc:
             failures = self.failures[key] = self.failures.get(key, 0) + 1

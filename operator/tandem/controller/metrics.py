@@ -17,7 +17,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from tandem.router.metrics import running_tasks
+from tandem.runtime import running_tasks
 
 REGISTRY = CollectorRegistry()
 RECONCILES = Counter(

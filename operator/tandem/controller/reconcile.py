@@ -12,7 +12,6 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
@@ -20,6 +19,7 @@ from pydantic import ValidationError
 from tandem.api import meta
 from tandem.api.models import PDDeployment
 from tandem.api.status import PDDeploymentStatus
+from tandem.api.times import parse_rfc3339
 from tandem.controller import commands, handover, metrics, revisions
 from tandem.controller.api_keys import api_keys_problems
 from tandem.controller.autoscaler import Autoscaler, Outcome
@@ -519,7 +519,7 @@ def _status_replicas(
 
 
 def _epoch(now: str) -> float:
-    return datetime.fromisoformat(now.replace("Z", "+00:00")).timestamp()
+    return parse_rfc3339(now)
 
 
 def _previous_status(body: Obj) -> PDDeploymentStatus | None:

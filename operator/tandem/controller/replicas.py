@@ -25,6 +25,7 @@ from tandem.api.status import (
     Recommendation,
     ReplicaSource,
 )
+from tandem.autoscale.bounds import autoscaled_roles, clamp
 
 SEED_AGE_SECONDS = 0.001
 
@@ -53,19 +54,6 @@ def bounds(spec: PDDeploymentSpec, role: str) -> PoolAutoscaling | None:
 def is_external(spec: PDDeploymentSpec, role: str) -> bool:
     block = bounds(spec, role)
     return block is not None and block.external
-
-
-def autoscaled_roles(spec: PDDeploymentSpec) -> list[str]:
-    """Pools the SLO autoscaler decides for (bounds set, not external, autoscaling enabled)."""
-    if not spec.autoscaling.enabled:
-        return []
-    return [
-        role for role in meta.POOL_ROLES if bounds(spec, role) is not None and not is_external(spec, role)
-    ]
-
-
-def clamp(replicas: int, block: PoolAutoscaling) -> int:
-    return max(block.min_replicas, min(block.max_replicas, replicas))
 
 
 def source(spec: PDDeploymentSpec, role: str, paused: bool) -> ReplicaSource:

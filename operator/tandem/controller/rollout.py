@@ -40,7 +40,8 @@ from tandem.api.status import (
     RevisionsStatus,
     RolloutStatus,
 )
-from tandem.controller import metrics, replicas
+from tandem.autoscale.bounds import autoscaled_roles
+from tandem.controller import metrics
 from tandem.kube.rest import Obj
 from tandem.rollout.arms import (
     ARMS,
@@ -359,7 +360,7 @@ class RolloutController:
         events: list[tuple[str, str, str]],
     ) -> RolloutOutcome:
         spec = pdd.spec
-        autoscaled = set(replicas.autoscaled_roles(spec))
+        autoscaled = set(autoscaled_roles(spec))
         target_roles, source_roles = ARMS[target], ARMS[other(target)]
         source_ready = all(ready[role] >= 1 for role in source_roles)
         before = pool_bounds(target, state, config, full, autoscaled, now, source_ready)
@@ -472,7 +473,7 @@ class RolloutController:
             if transition is not None and transition.changed:
                 new = transition.state
                 events.append(("Warning", "RolloutRollingBack", f"weight {new.weight}%: {new.reason}"))
-                autoscaled = set(replicas.autoscaled_roles(pdd.spec))
+                autoscaled = set(autoscaled_roles(pdd.spec))
                 source_ready = all(ready[role] >= 1 for role in ARMS[other(DISAGGREGATED)])
                 return RolloutOutcome(
                     status=to_status(new, DISAGGREGATED, ()),
@@ -573,7 +574,7 @@ def echo_kind(transition: Transition, before: RolloutState, kind: str) -> Transi
 
 def at_maximum(spec: PDDeploymentSpec, had: Sequence[Condition]) -> bool:
     """Whether the P/D pools are as large as they may get: fixed sizes, or the autoscaler limited."""
-    autoscaled = set(replicas.autoscaled_roles(spec)) & set(ARMS[DISAGGREGATED])
+    autoscaled = set(autoscaled_roles(spec)) & set(ARMS[DISAGGREGATED])
     if not autoscaled:
         return True
     condition = next((c for c in had if c.type == ConditionType.AutoscalingActive), None)

@@ -11,6 +11,7 @@ from typing import Any
 from kubernetes import client
 
 from tandem.api import meta
+from tandem.api.times import parse_rfc3339
 from tandem.devcluster import kube
 
 _ENDPOINTS = re.compile(r'^tandem_router_ready_endpoints\{role="(\w+)"\} ([0-9.e+-]+)$', re.M)
@@ -46,8 +47,7 @@ class Reader:
 
         lines = []
         for e in sorted(items, key=when):
-            at = dt.datetime.fromisoformat(when(e).replace("Z", "+00:00"))
-            age = int((now - at).total_seconds())
+            age = int(now.timestamp() - parse_rfc3339(when(e)))
             count = f" (x{e['count']})" if (e.get("count") or 1) > 1 else ""
             message = str(e.get("message", ""))
             if len(message) > 110:

@@ -24,10 +24,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.demo.manifest import set_sim_pacing
 from tandem.demo.stats import Sample, Tally
 from tandem.demo.view import Snapshot, pools_lines
 from tandem.rollout.arms import pd_share
-from tandem.router.paths import draw_for
+from tandem.routing.paths import draw_for
 
 PATHS = ("colocated", "disaggregated", "unattributed")
 TIME_SCALE = 1
@@ -62,12 +63,7 @@ def rollout_manifest(example: dict[str, Any], mode: str = "Colocated") -> dict[s
     """`example` (examples/sim-gray-rollout.yaml, parsed) with the demo's settings and `serving.mode`."""
     doc = copy.deepcopy(example)
     spec = doc["spec"]
-    env = [e for e in spec["engine"].get("env") or [] if not e["name"].startswith("TANDEM_SIM_")]
-    spec["engine"]["env"] = [
-        *env,
-        {"name": "TANDEM_SIM_TIME_SCALE", "value": str(TIME_SCALE)},
-        {"name": "TANDEM_SIM_LOAD_SECONDS", "value": str(LOAD_SECONDS)},
-    ]
+    set_sim_pacing(spec, TIME_SCALE, LOAD_SECONDS)
     for role, replicas in POOLS.items():
         spec[role]["replicas"] = replicas
     spec["slo"] = dict(SLO)
@@ -107,7 +103,7 @@ def _ready(pdd: dict[str, Any], role: str) -> int:
 def routed_pd_share(pdd: dict[str, Any]) -> int | None:
     """Percent of requests the routers send to P/D now, as status says (None before any status):
     the rollout's weight toward its target, else the mode in effect; a path with no ready pod
-    yields to the other, as the router does (`router.paths.choose_path`)."""
+    yields to the other, as the router does (`routing.paths.choose_path`)."""
     status = pdd.get("status") or {}
     rollout = status.get("rollout") or {}
     if rollout:

@@ -432,17 +432,3 @@ class Demo:
             "tpot_ms_p90": num(part.tpot(90)),
             "within_slo": None if math.isnan(attain) else round(attain, 3),
         }
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    args.dir.mkdir(parents=True, exist_ok=True)
-    demo = Demo(args)
-    if args.scenario == "rollout":
-        from tandem.demo.rollout import RolloutDemo  # imports this module
-
-        demo = RolloutDemo(args)
-    try:
-        return asyncio.run(demo.run())
-    except KeyboardInterrupt:
-        return 130

@@ -38,16 +38,22 @@ PREFILL_BOUNDS = {"minReplicas": 1, "maxReplicas": 7}
 DECODE_BOUNDS = {"minReplicas": 1, "maxReplicas": 3}
 
 
+def set_sim_pacing(spec: dict[str, Any], time_scale: float, load_seconds: float) -> None:
+    """Replaces the TANDEM_SIM_* variables of `spec.engine.env` with the demo's: the sim engine runs
+    `time_scale` times slower than its profile and loads its model for `load_seconds`."""
+    env = [e for e in spec["engine"].get("env") or [] if not e["name"].startswith("TANDEM_SIM_")]
+    spec["engine"]["env"] = [
+        *env,
+        {"name": "TANDEM_SIM_TIME_SCALE", "value": str(time_scale)},
+        {"name": "TANDEM_SIM_LOAD_SECONDS", "value": str(load_seconds)},
+    ]
+
+
 def demo_manifest(example: dict[str, Any]) -> dict[str, Any]:
     """`example` (examples/sim-pd-autoscaling.yaml, parsed) with the demo's settings."""
     doc = copy.deepcopy(example)
     spec = doc["spec"]
-    env = [e for e in spec["engine"].get("env") or [] if not e["name"].startswith("TANDEM_SIM_")]
-    spec["engine"]["env"] = [
-        *env,
-        {"name": "TANDEM_SIM_TIME_SCALE", "value": str(TIME_SCALE)},
-        {"name": "TANDEM_SIM_LOAD_SECONDS", "value": str(LOAD_SECONDS)},
-    ]
+    set_sim_pacing(spec, TIME_SCALE, LOAD_SECONDS)
     spec["prefill"]["replicas"] = 1
     spec["prefill"]["engineArgs"] = [*spec["prefill"].get("engineArgs", []), *PREFILL_ARGS]
     spec["prefill"]["autoscaling"] = dict(PREFILL_BOUNDS)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from tandem.perf.stats import percentile
 
 
 @dataclass(frozen=True)
@@ -20,15 +21,6 @@ class Sample:
     sent_at: float = math.nan  # wall-clock time (epoch seconds) the request was sent
     label: str = ""  # the load phase that sent it
     request_id: str = ""  # the X-Request-Id it was sent with ("": none, the router chose one)
-
-
-def percentile(values: Sequence[float], p: float) -> float:
-    """Nearest-rank percentile; nan for no values."""
-    clean = sorted(v for v in values if not math.isnan(v))
-    if not clean:
-        return math.nan
-    rank = max(1, math.ceil(p / 100 * len(clean)))
-    return clean[rank - 1]
 
 
 @dataclass

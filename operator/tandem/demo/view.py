@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.api.times import parse_rfc3339
 from tandem.demo.stats import Sample, Tally
 
 POOLS = ("prefill", "decode", "colocated", "router")
@@ -78,7 +78,7 @@ def pools_lines(pdd: dict[str, Any], endpoints: dict[str, int]) -> list[str]:
 def rfc3339_seconds(text: str) -> float:
     """Epoch seconds of an RFC 3339 time; nan if it does not parse."""
     try:
-        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        return parse_rfc3339(text)
     except ValueError:
         return math.nan
 

@@ -38,15 +38,7 @@ KWOK_FALLBACK_SUBNET = 250
 # Serialises the choice of pod octet between clusters starting at the same time.
 OCTET_LOCK = Path(tempfile.gettempdir()) / "tandem-devcluster.lock"
 
-START_ORDER = (
-    "etcd",
-    "kube-apiserver",
-    "kube-controller-manager",
-    "kube-scheduler",
-    "kwok",
-    "prometheus",
-    "pod-runner",
-)
+START_ORDER = (*layout.CONTROL_PLANE_BINARIES, "pod-runner")  # the binaries are listed in start order
 
 
 class ClusterError(RuntimeError):

@@ -14,6 +14,7 @@ NODES_DIR = E2E_DIR / "nodes"
 KWOK_STAGES = E2E_DIR / "kwok" / "stages.yaml"
 PROMETHEUS_CONFIG = E2E_DIR / "prometheus" / "prometheus.yml"
 
+# In the order a cluster starts them (`cluster.START_ORDER`, then the pod runner).
 CONTROL_PLANE_BINARIES = (
     "etcd",
     "kube-apiserver",

@@ -37,6 +37,7 @@ from typing import IO, Any
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
+from tandem.api.times import parse_rfc3339, rfc3339
 from tandem.devcluster import expand, kube, layout, procs
 from tandem.devcluster.layout import ClusterDir
 
@@ -96,11 +97,11 @@ def register_logs(custom: Any, namespace: str, name: str, body: dict[str, Any], 
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(time.time())
 
 
 def _parse_time(value: str) -> float:
-    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    return parse_rfc3339(value)
 
 
 class _Stop(Exception):

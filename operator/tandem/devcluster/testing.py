@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from kubernetes import client
 
+from tandem.api.meta import ENGINE_PORT
 from tandem.devcluster import kube, procs
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.layout import ClusterDir
@@ -97,6 +98,56 @@ def runner_test_pod(name: str, *extra: str, port: int = 9400, **meta: Any) -> di
             ],
         },
     }
+
+
+POD_IP = {"valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}  # an env var's value: the pod's IP
+
+
+def sim_engine_pod(
+    name: str,
+    *,
+    labels: dict[str, str],
+    model: str,
+    args: Sequence[str],
+    env: Sequence[dict[str, Any]],
+    limits: dict[str, str],
+) -> dict[str, Any]:
+    """A bare pod of the sim engine (`tandem engine serve MODEL ARGS`, `POD_IP` then `env`) on a fake
+    RDMA node, Ready when /health answers: engine pods without a PDDeployment behind them."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "terminationGracePeriodSeconds": 5,
+            "nodeSelector": {"network.tandem.dev/rdma": "true"},
+            "containers": [
+                {
+                    "name": "vllm",
+                    "image": "tandem/sim:dev",
+                    "command": ["tandem", "engine", "serve", model],
+                    "args": list(args),
+                    "env": [{"name": "POD_IP", **POD_IP}, *env],
+                    "resources": {"limits": limits},
+                    "readinessProbe": {
+                        "httpGet": {"path": "/health", "port": ENGINE_PORT},
+                        "periodSeconds": 1,
+                    },
+                }
+            ],
+        },
+    }
+
+
+def e2e_operator_args(cluster: ClusterHandle, lease: str) -> list[str]:
+    """The flags of an e2e module's operator (the autoscaling and rollout e2e tests): a 20 s resync, its
+    own lease `lease` in `default`, and the cluster's Prometheus as the autoscaler's and analysis' source."""
+    return [
+        "--resync-seconds", "20",
+        "--lease-namespace", "default",
+        "--lease-name", lease,
+        "--prometheus-url", cluster.prometheus_url,
+    ]  # fmt: skip
 
 
 def load_file(name: str, path: Path) -> ModuleType:

@@ -23,10 +23,11 @@ from tandem.perf import (
     kv_cache_capacity,
     model_arch,
 )
+from tandem.perf.capacity import DEFAULT_MAX_BATCH, DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 GIB = 1 << 30
-DEFAULT_BATCHED_TOKENS = 8192  # H100/H200 API-server default (reference section 4.6)
-DEFAULT_MAX_NUM_SEQS = 1024
+DEFAULT_BATCHED_TOKENS = DEFAULT_MAX_NUM_BATCHED_TOKENS  # vLLM's H100/H200 defaults, as the capacity model's
+DEFAULT_MAX_NUM_SEQS = DEFAULT_MAX_BATCH
 
 
 class ConfigError(ValueError):

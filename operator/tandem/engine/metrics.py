@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from tandem.engine.scheduler import Sequence
+from tandem.routing.buckets import token_buckets
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
@@ -25,19 +26,6 @@ NIXL_POST_BUCKETS = (0.001, *NIXL_XFER_BUCKETS)
 NIXL_BYTES_BUCKETS = tuple(float(2**e) for e in range(11, 34, 2))  # 2 KiB, 8 KiB, ... 8 GiB
 NIXL_DESCRIPTOR_BUCKETS = (10, 20, 30, 50, 75, 100, 200, 400, 1000, 2000, 4000, 10000, 20000, 50000)
 FINISHED_REASONS = ("stop", "length", "abort", "error")
-
-
-def token_buckets(max_model_len: int) -> tuple[float, ...]:
-    """vLLM's 1-2-5 series up to max_model_len."""
-    out: list[float] = []
-    scale = 1
-    while True:
-        for mantissa in (1, 2, 5):
-            value = mantissa * scale
-            if value > max_model_len:
-                return tuple(out)
-            out.append(float(value))
-        scale *= 10
 
 
 class BulkHistogram(Histogram):

@@ -1,7 +1,7 @@
 """Prometheus adapter: what the autoscaler reads about a PDDeployment (the only `prometheus_api_client` user).
 
 `queries` holds every PromQL expression in one table and the pure parsing of answers into a
-`tandem.autoscale.snapshot.Snapshot` (and `PodLoad`s for drains); `prometheus.PrometheusReader` runs
+`tandem.signals.Snapshot` (and `PodLoad`s for drains); `prometheus.PrometheusReader` runs
 them with a timeout and reports failures as `Snapshot.missing`, never as exceptions.
 """
 

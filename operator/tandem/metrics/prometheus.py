@@ -22,7 +22,6 @@ from prometheus_api_client import PrometheusConnect
 from urllib3.util.retry import Retry
 
 from tandem.api.models import SLOSpec
-from tandem.autoscale.snapshot import PoolSize, Snapshot
 from tandem.metrics.queries import (
     PodLoad,
     Result,
@@ -32,6 +31,7 @@ from tandem.metrics.queries import (
     quantile_of,
     snapshot_queries,
 )
+from tandem.signals import PoolSize, Snapshot
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ looked up in the engines' prefix caches and found there), summed over a pool, gi
 tokens the pool computes (`PoolSignals.uncached_fraction`); engines without them read 0 (all computed).
 
 The prompts' second moment E[n^2] (prefill's attention is quadratic in n) comes from the window's
-increase of `vllm:request_prompt_tokens_bucket` by `autoscale.snapshot.second_moment`, with the exact
+increase of `vllm:request_prompt_tokens_bucket` by `signals.second_moment`, with the exact
 mean from `_sum / _count`: the simulator estimates it from the same buckets the same way.
 
 Freshness: every query is evaluated at the snapshot's `now`. A series whose newest sample is older
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from tandem.api.meta import POOL_ROLES
-from tandem.autoscale.snapshot import (
+from tandem.signals import (
     PATH_COLOCATED,
     PATH_DISAGGREGATED,
     PathSignals,

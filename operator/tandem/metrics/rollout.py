@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from typing import Final
 
 from tandem.api.models import PDDeploymentSpec
-from tandem.autoscale.snapshot import PATH_COLOCATED, PATH_DISAGGREGATED
 from tandem.metrics.kv_transport import read_kv_transport
 from tandem.metrics.prometheus import PrometheusReader
 from tandem.metrics.queries import (
@@ -35,6 +34,7 @@ from tandem.metrics.queries import (
     selector,
 )
 from tandem.rollout.judge import ArmWindow, Window
+from tandem.signals import PATH_COLOCATED, PATH_DISAGGREGATED
 
 ROLLOUT_QUERIES: Final[tuple[Query, ...]] = (
     Query(

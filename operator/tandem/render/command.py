@@ -20,6 +20,7 @@ from typing import Any
 from tandem.api import meta
 from tandem.api.meta import Role
 from tandem.api.models import EngineType, KVConnector, PDDeployment
+from tandem.perf.engine_args import COLOCATED_MAX_NUM_BATCHED_TOKENS, flag_values
 from tandem.render import lifecycle, model_source
 
 VLLM_COMMAND = ("vllm", "serve")
@@ -27,29 +28,12 @@ SIM_COMMAND = ("tandem", "engine", "serve")
 
 KV_ROLES: dict[Role, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
 
-# Colocated serves prefill and decode in one batch; a step carries at most this many prefill tokens,
-# which bounds how long a long prompt stalls running streams. vLLM's tuning guide recommends a
-# small budget such as 2048 for inter-token latency (its H100 default, 8192, favours TTFT).
-COLOCATED_MAX_NUM_BATCHED_TOKENS = 2048
-
 # vLLM's LMCache P/D example names the RPC channel of each side.
 LMCACHE_RPC_PORTS: dict[Role, str] = {"prefill": "producer1", "decode": "consumer1"}
 
 
 def is_disaggregated(role: Role) -> bool:
     return role in KV_ROLES
-
-
-def flag_values(args: Sequence[str], flag: str) -> list[str | None]:
-    """Values given for `flag` in `args` (`--f v`, `--f=v`; None for a bare flag), in order."""
-    values: list[str | None] = []
-    for i, arg in enumerate(args):
-        if arg == flag:
-            nxt = args[i + 1] if i + 1 < len(args) else None
-            values.append(None if nxt is None or nxt.startswith("-") else nxt)
-        elif arg.startswith(flag + "="):
-            values.append(arg[len(flag) + 1 :])
-    return values
 
 
 def sets_flag(args: Sequence[str], *flags: str) -> bool:

@@ -17,7 +17,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tandem.router.admission import Refusal, retry_after
 from tandem.router.discovery import pool_key
 from tandem.router.errors import ClientGone, error_body
 from tandem.router.failure import (
@@ -31,8 +30,6 @@ from tandem.router.failure import (
 )
 from tandem.router.gateway import rate_limited_body
 from tandem.router.metrics import PathMetrics
-from tandem.router.paths import Path, Unavailable, choose_path, draw_for
-from tandem.router.prefix import PodLoad, choose_prefill, prompt_text, text_keys
 from tandem.router.protocol import (
     ENDPOINT_PATHS,
     Endpoint,
@@ -47,6 +44,9 @@ from tandem.router.slo import within_slo
 from tandem.router.sse import error_event
 from tandem.router.state import RouterState
 from tandem.router.upstream import Answer, LegError, StreamingAnswer, Upstream
+from tandem.routing.admission import Refusal, retry_after
+from tandem.routing.paths import Path, Unavailable, choose_path, draw_for
+from tandem.routing.prefix import PodLoad, choose_prefill, prompt_text, text_keys
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import TypeAdapter, ValidationError
 
 from tandem.api.models import AdmissionSpec, RouterAuthSpec, TenantLimits, TenantSpec
-from tandem.router.admission import (
+from tandem.routing.admission import (
     REFUSAL_REASONS,
     Admission,
     Limits,
@@ -34,7 +34,7 @@ from tandem.router.admission import (
     Ticket,
     pods_with_room,
 )
-from tandem.router.tenants import DEFAULT_TENANT, OTHER_TENANT, KeysError, Tenancy, Unauthorized, parse_keys
+from tandem.routing.tenants import DEFAULT_TENANT, OTHER_TENANT, KeysError, Tenancy, Unauthorized, parse_keys
 
 log = logging.getLogger(__name__)
 

@@ -28,14 +28,18 @@ from tandem.api.models import DEFAULT_BODY_BYTES, MAX_BODY_BYTES, MIN_BODY_BYTES
 from tandem.kube.pods import PddInfo, PddWatcher, PodEventKind, PodInfo
 from tandem.kube.secrets import SecretPoller
 from tandem.render.lifecycle import STREAM_DRAIN_SECONDS
-from tandem.router.balancer import Balancer
-from tandem.router.buckets import DEFAULT_INPUT_LENGTH_BOUNDS, DEFAULT_OUTPUT_LENGTH_BOUNDS
 from tandem.router.failure import RetryBudget
 from tandem.router.flow import Flow, Timeouts
 from tandem.router.front import READ_TIMEOUT_S, Front
 from tandem.router.kvwatch import watch_kv_usage
 from tandem.router.metrics import RouterMetrics, check_length_bounds
-from tandem.router.prefix import (
+from tandem.router.server import RouterApp, refresh_models
+from tandem.router.slo import SloTargets
+from tandem.router.state import RouterState
+from tandem.router.upstream import LeanUpstream
+from tandem.routing.balancer import Balancer
+from tandem.routing.buckets import DEFAULT_INPUT_LENGTH_BOUNDS, DEFAULT_OUTPUT_LENGTH_BOUNDS
+from tandem.routing.prefix import (
     DEFAULT_INDEX_BLOCKS_PER_POD,
     MAX_BLOCK_CHARS,
     MAX_BLOCKS,
@@ -44,10 +48,6 @@ from tandem.router.prefix import (
     PrefixKnobs,
     PrefixSettings,
 )
-from tandem.router.server import RouterApp, refresh_models
-from tandem.router.slo import SloTargets
-from tandem.router.state import RouterState
-from tandem.router.upstream import LeanUpstream
 
 log = logging.getLogger("tandem.router")
 

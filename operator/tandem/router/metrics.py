@@ -4,7 +4,7 @@ All names start with `tandem_router_`. Latencies are measured at the router, so 
 hop, both legs and any retry: the numbers the autoscaler and the rollout analysis judge by.
 Each `RouterMetrics` owns its registry, so several routers can live in one process (tests).
 
-The histogram buckets live in the pure module `tandem.router.buckets`, shared with the cluster
+The histogram buckets live in the pure module `tandem.routing.buckets`, shared with the cluster
 simulator.
 
 `tandem_router_requests_within_slo_total{path}` exists only while the router knows an SLO
@@ -20,7 +20,6 @@ models by the first `MAX_LABEL_VALUES` served names and then `other`.
 
 from __future__ import annotations
 
-import asyncio
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from itertools import pairwise
@@ -28,7 +27,8 @@ from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from tandem.router.buckets import (
+from tandem.router.slo import SloTargets
+from tandem.routing.buckets import (
     BUCKETED_TPOT_BUCKETS,
     BUCKETED_TTFT_BUCKETS,
     DEFAULT_INPUT_LENGTH_BOUNDS,
@@ -39,8 +39,8 @@ from tandem.router.buckets import (
     TPOT_BUCKETS,
     TTFT_BUCKETS,
 )
-from tandem.router.paths import PATHS
-from tandem.router.slo import SloTargets
+from tandem.routing.paths import PATHS
+from tandem.runtime import running_tasks
 
 STATUS_CLASSES: Final = ("2xx", "4xx", "5xx")  # the `code` label of tandem_router_requests_total
 OTHER: Final = "other"  # the label value of every tenant or model beyond the bound
@@ -103,15 +103,6 @@ class LabelBound:
             self.seen.add(value)
             return value
         return OTHER
-
-
-def running_tasks() -> float:
-    """Tasks alive in the running event loop; nan when read outside one (the operator's and the
-    router's gauges are read by their /metrics handlers, on their loops)."""
-    try:
-        return float(len(asyncio.all_tasks()))
-    except RuntimeError:
-        return float("nan")
 
 
 class RouterMetrics:

@@ -19,14 +19,14 @@ from typing import Any, Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from tandem.router.admission import Refusal
 from tandem.router.errors import error_body
 from tandem.router.flow import ClientRequest, Flow
 from tandem.router.front import ClientStream, FrontRequest
 from tandem.router.gateway import rate_limited_body, unauthorized_body
 from tandem.router.protocol import BadRequest, Endpoint, check_fits, parse_body, request_facts
 from tandem.router.state import RouterState
-from tandem.router.tenants import Unauthorized
+from tandem.routing.admission import Refusal
+from tandem.routing.tenants import Unauthorized
 
 log = logging.getLogger(__name__)
 

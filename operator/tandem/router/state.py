@@ -14,8 +14,6 @@ from typing import Any
 
 from tandem.api.meta import POOL_ROLES
 from tandem.kube.pods import PddInfo, PodEventKind, PodInfo
-from tandem.router.balancer import Balancer
-from tandem.router.buckets import DEFAULT_INPUT_LENGTH_BOUNDS, DEFAULT_OUTPUT_LENGTH_BOUNDS
 from tandem.router.discovery import (
     apply_pod_event,
     draining_by_role,
@@ -25,11 +23,13 @@ from tandem.router.discovery import (
 )
 from tandem.router.gateway import Gateway
 from tandem.router.metrics import RouterMetrics
-from tandem.router.paths import disaggregated_share
-from tandem.router.prefix import PrefixIndex, PrefixSettings
 from tandem.router.revisions import choose_revision
 from tandem.router.revisions import draw_for as revision_draw
 from tandem.router.slo import SloTargets
+from tandem.routing.balancer import Balancer
+from tandem.routing.buckets import DEFAULT_INPUT_LENGTH_BOUNDS, DEFAULT_OUTPUT_LENGTH_BOUNDS
+from tandem.routing.paths import disaggregated_share
+from tandem.routing.prefix import PrefixIndex, PrefixSettings
 
 log = logging.getLogger(__name__)
 

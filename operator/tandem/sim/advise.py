@@ -38,6 +38,7 @@ from tandem.perf import (
     kv_transfer_seconds,
     model_arch,
 )
+from tandem.perf.stats import nearest_rank
 from tandem.sim.baselines import (
     DEFAULT_ATTAINMENT_TARGET,
     PlannerConfig,
@@ -285,11 +286,6 @@ def load_trace(
     return superpose(requests, rate_scale, seed)
 
 
-def percentile(values: Sequence[int], q: float) -> int:
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-
 # --- transfer arithmetic ----------------------------------------------------------------------------------
 
 
@@ -402,7 +398,7 @@ def advise(req: AdviseRequest, on_simulation: Callable[[str], None] | None = Non
     notes += list(dict.fromkeys(n1 + n2 + n3))
     inputs = [r.prompt_tokens for r in req.requests]
     transfer = [
-        transfer_point(label, percentile(inputs, q), prefill_spec, decode_spec)
+        transfer_point(label, int(nearest_rank(sorted(inputs), q)), prefill_spec, decode_spec)
         for label, q in (("p50", 0.5), ("p90", 0.9))
     ]
     config = SimConfig(slo=req.slo, seed=req.seed)

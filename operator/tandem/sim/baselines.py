@@ -25,8 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
-from tandem.autoscale.snapshot import Snapshot
 from tandem.perf import Profile, decode_batch_at_tpot
+from tandem.signals import Snapshot
 from tandem.sim.requests import Request
 
 DEFAULT_ATTAINMENT_TARGET = 0.95

@@ -24,7 +24,7 @@ import yaml
 from pydantic import ValidationError
 
 from tandem.api.models import PDDeployment, PDDeploymentSpec
-from tandem.autoscale.snapshot import Snapshot
+from tandem.signals import Snapshot
 from tandem.sim import advise as adv
 from tandem.sim.baselines import HPAPolicy, PlannerConfig, PlannerPolicy
 from tandem.sim.cluster import simulate

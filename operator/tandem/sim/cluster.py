@@ -10,7 +10,7 @@ The router is modelled as `tandem.router` decides: the path by `choose_path` on 
 the layout's P/D share, and a pod by power-of-two choices on outstanding requests + tokens/512 among
 ready pods (the decode pod is picked when the prefill leg answers). `SimConfig.routing` picks the pod
 that computes a prompt (prefill or colocated) otherwise: least loaded, round-robin, prefix-aware
-(`router.prefix.choose_prefill` over `traces.prefix.route_keys` sampled as the router samples them,
+(`routing.prefix.choose_prefill` over `traces.prefix.route_keys` sampled as the router samples them,
 its index learnt from its own choices with the pod's KV cache as capacity) or the affinity oracle (the
 longest prefix in the simulated caches).
 Scaling follows a StatefulSet: new replicas are requested now and ready after the model load time; a
@@ -26,8 +26,9 @@ from array import array
 from collections.abc import Mapping, Sequence
 from heapq import heappop, heappush
 
-from tandem.router.paths import choose_path
-from tandem.router.prefix import PodLoad, PrefixIndex, choose_prefill, sparse_keys
+from tandem.perf.stats import nearest_rank
+from tandem.routing.paths import choose_path
+from tandem.routing.prefix import PodLoad, PrefixIndex, choose_prefill, sparse_keys
 from tandem.sim.layout import ROLES, Layout, Role, SimConfig
 from tandem.sim.observe import snapshot_of
 from tandem.sim.policy import Policy
@@ -39,7 +40,6 @@ from tandem.sim.results import (
     SimResult,
     Summary,
     TickSample,
-    nearest_rank,
 )
 from tandem.sim.traces.prefix import route_keys
 from tandem.sim.windows import ROLE_INDEX, PoolGauges, Windows

@@ -9,11 +9,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tandem.perf import Profile, kv_cache_tokens, model_arch
-from tandem.router.prefix import PrefixKnobs
+from tandem.perf.capacity import DEFAULT_MAX_BATCH, DEFAULT_MAX_NUM_BATCHED_TOKENS
+from tandem.routing.prefix import PrefixKnobs
 
 Role = Literal["prefill", "decode", "colocated"]
 # How the router picks the pod a request's prompt is computed on (prefill, or colocated): the live
-# router's power-of-two choices; the least-loaded pod; round-robin; prefix-aware (`router.prefix`'s
+# router's power-of-two choices; the least-loaded pod; round-robin; prefix-aware (`routing.prefix`'s
 # choose_prefill, the router's code, with an index learnt from its own choices); the affinity oracle
 # (the pod whose simulated cache holds the longest prefix of the prompt, ties to the least loaded:
 # load otherwise ignored); the bounded oracle (choose_prefill with the simulated caches in place of the
@@ -22,8 +23,7 @@ Role = Literal["prefill", "decode", "colocated"]
 Routing = Literal["power-of-two", "least-loaded", "round-robin", "prefix", "oracle", "oracle-bounded"]
 ROLES: tuple[Role, ...] = ("prefill", "decode", "colocated")
 
-DEFAULT_MAX_NUM_SEQS = 1024  # vLLM's default on H100/H200
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+DEFAULT_MAX_NUM_SEQS = DEFAULT_MAX_BATCH  # vLLM's defaults on H100/H200, as the capacity model's
 
 
 class ReplicaSpec(BaseModel):
@@ -106,7 +106,7 @@ class Layout(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     pools: dict[Role, PoolSpec]
-    # Percent of requests meant for P/D (`router.paths.disaggregated_share`): 100 = all P/D, 0 = colocated.
+    # Percent of requests meant for P/D (`routing.paths.disaggregated_share`): 100 = all P/D, 0 = colocated.
     disaggregated_percent: int = Field(default=100, ge=0, le=100)
     colocated_fallback: bool = True  # P/D wanted but no ready prefill or decode pod: serve colocated
     model_load_seconds: float = Field(default=120.0, ge=0)  # a requested replica becomes ready after this

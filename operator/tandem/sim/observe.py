@@ -4,7 +4,7 @@ Rates are increases over the window divided by its span; gauges are the last scr
 pool's serving replicas (KV usage averaged and maxed), and the queued prompt tokens also one window
 earlier (`queued_prompt_tokens_before`, as the live reader's `offset`). The prompts' second moment comes
 from a histogram with vLLM's `vllm:request_prompt_tokens` buckets through the same
-`autoscale.snapshot.second_moment` the live reader uses. Prefix-cache queries and hits are rates of the
+`signals.second_moment` the live reader uses. Prefix-cache queries and hits are rates of the
 replicas' counters, as the live reader's of vLLM's. TTFT and TPOT are PromQL-style quantiles of the
 router's histograms at the SLO's quantile; `None` where the window saw no request of that kind. The
 P/D path's TTFT breakdown (`autoscale.attribution`) is the means of its parts over the window's
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from tandem.autoscale.snapshot import (
+from tandem.signals import (
     ArrivalSignals,
     PathSignals,
     PoolSignals,

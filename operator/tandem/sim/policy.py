@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tandem.autoscale.snapshot import Snapshot
+from tandem.signals import Snapshot
 
 
 class Policy(Protocol):

@@ -45,13 +45,10 @@ from __future__ import annotations
 import math
 from collections import OrderedDict, deque
 from heapq import heappop, heappush
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 from tandem.sim.layout import ReplicaSpec, Role
-from tandem.sim.windows import ROLE_INDEX
-
-if TYPE_CHECKING:
-    from tandem.sim.cluster import Cluster
+from tandem.sim.windows import ROLE_INDEX, Windows
 
 STARTING: Final = 0
 READY: Final = 1
@@ -61,6 +58,20 @@ STATE_NAMES: Final = ("starting", "ready", "draining", "gone")
 
 _MS = 1e-3
 BLOCK: Final = 16  # tokens per KV block (vLLM's --block-size); the prefix cache's unit
+
+
+class Host(Protocol):
+    """What a replica calls back on the simulation that runs it (`cluster.Cluster`). A protocol, so
+    that this module does not import the cluster, which imports it."""
+
+    windows: Windows
+
+    def push_step(self, time: float, replica: Replica) -> None: ...
+    def start_pull(self, seq: Seq, decode: Replica, now: float) -> None: ...
+    def first_token(self, seq: Seq, replica: Replica) -> None: ...
+    def prefill_done(self, seq: Seq, prefill: Replica, now: float) -> None: ...
+    def leg_done(self, seq: Seq, replica: Replica, now: float) -> None: ...
+    def replica_gone(self, replica: Replica, now: float) -> None: ...
 
 
 class Seq:
@@ -196,7 +207,7 @@ class Replica:
 
     def __init__(
         self,
-        cluster: Cluster,
+        cluster: Host,
         name: str,
         role: Role,
         spec: ReplicaSpec,

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import math
 from array import array
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -112,12 +111,6 @@ class Summary(BaseModel):
     prefix_queries: dict[str, int] = {}
     prefix_hits: dict[str, int] = {}
     busy_gpu_hours: dict[str, float] = {}
-
-
-def nearest_rank(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return math.nan
-    return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
 
 
 @dataclass(slots=True)

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 
 from tandem.api.models import PDDeploymentSpec
 from tandem.api.status import AutoscalingStatus, PoolAutoscalingStatus, Recommendation
-from tandem.autoscale.decide import Decision, autoscaled_roles, decide
+from tandem.autoscale.bounds import autoscaled_roles, clamp
+from tandem.autoscale.decide import Decision, decide
 from tandem.autoscale.knobs import KNOBS, Knobs
-from tandem.autoscale.snapshot import Snapshot
+from tandem.signals import Snapshot
 from tandem.versions import VLLM_IMAGE
 
 SEED_AGE_SECONDS = 0.001  # as controller.replicas: inside a scale-down window, outside a 0-s scale-up one
@@ -75,9 +76,7 @@ def seeded_state(spec: PDDeploymentSpec, state: AutoscalingStatus, now: float) -
             continue
         bounds = spec.pool(role).autoscaling
         assert bounds is not None
-        first = min(
-            max(spec.pool(role).replicas, bounds.min_replicas), max(bounds.max_replicas, bounds.min_replicas)
-        )
+        first = clamp(spec.pool(role).replicas, bounds)
         seed = [*old.recommendations, Recommendation(time=now - SEED_AGE_SECONDS, replicas=first)]
         pools[role] = old.model_copy(update={"desired_replicas": first, "recommendations": seed})
     if not pools:

@@ -16,8 +16,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tandem.engine.metrics import token_buckets
-from tandem.router.buckets import ITL_BUCKETS, TTFT_BUCKETS
+from tandem.routing.buckets import ITL_BUCKETS, TTFT_BUCKETS, token_buckets
 from tandem.sim.layout import ROLES, Role
 
 PATH_NAMES: tuple[str, str] = ("disaggregated", "colocated")  # index 0 and 1 everywhere in the sim

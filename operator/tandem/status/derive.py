@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 
 from tandem.api import meta
 from tandem.api.models import PDDeployment, ServingMode
@@ -33,8 +32,9 @@ from tandem.api.status import (
     RolloutStatus,
     SLOStatus,
 )
-from tandem.autoscale.snapshot import Snapshot
+from tandem.api.times import parse_rfc3339
 from tandem.perf.kv import kv_bytes_per_token, kv_transfer_seconds
+from tandem.signals import Snapshot
 
 # (status, reason, message) of a condition.
 ConditionValue = tuple[ConditionStatus, str, str]
@@ -102,10 +102,7 @@ UNSCHEDULABLE_GRACE_SECONDS = 60.0
 def _seconds_between(start: str, end: str) -> float:
     if not start:
         return float("inf")
-    return (
-        datetime.fromisoformat(end.replace("Z", "+00:00"))
-        - datetime.fromisoformat(start.replace("Z", "+00:00"))
-    ).total_seconds()
+    return parse_rfc3339(end) - parse_rfc3339(start)
 
 
 def _stalling(problem: PodProblem, now: str, unschedulable_grace_seconds: float) -> bool:

@@ -11,7 +11,12 @@ from dataclasses import dataclass
 import pytest
 
 from tandem.devcluster.handle import ClusterHandle
-from tandem.devcluster.testing import OperatorProcess, RestartableOperator, scratch_namespace
+from tandem.devcluster.testing import (
+    OperatorProcess,
+    RestartableOperator,
+    e2e_operator_args,
+    scratch_namespace,
+)
 
 
 @dataclass
@@ -31,12 +36,7 @@ def operators(
     cluster: ClusterHandle, crd: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Operators]:
     lease = f"tandem-autoscale-e2e-{uuid.uuid4().hex[:6]}"
-    args = [
-        "--resync-seconds", "20",
-        "--lease-namespace", "default",
-        "--lease-name", lease,
-        "--prometheus-url", cluster.prometheus_url,
-    ]  # fmt: skip
+    args = e2e_operator_args(cluster, lease)
     logs = tmp_path_factory.mktemp("autoscale-operators")
     leader = RestartableOperator(cluster, args, logs, identity="e2e-a")
     try:

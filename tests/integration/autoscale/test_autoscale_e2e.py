@@ -45,12 +45,11 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
+from tandem.api.times import parse_rfc3339
 from tandem.controller.autoscaler import MIN_WINDOW_SECONDS
 from tandem.dashboard.model import Dashboard, panel_queries
 from tandem.dashboard.panels import CHART_FILE
-from tandem.demo.load import BackgroundLoad, Phase
-from tandem.devcluster import cluster as devcluster
-from tandem.devcluster.e2e import (
+from tandem.demo.e2e import (
     IMAGE,
     MODEL,
     Seen,
@@ -60,10 +59,11 @@ from tandem.devcluster.e2e import (
     failures,
     pddeployment,
     pool,
-    rfc3339,
     router_url,
     ttft_quantile,
 )
+from tandem.demo.load import BackgroundLoad, Phase
+from tandem.devcluster import cluster as devcluster
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.layout import ClusterDir
 from tandem.metrics.prometheus import PrometheusReader
@@ -258,7 +258,7 @@ def test_load_step_scales_prefill_out_within_max_gpus_and_ttft_recovers(story: S
     target = decided.desired("prefill")
     assert target is not None
     ready = watch.wait(f"prefill {target} Ready", lambda s: s if s.ready("prefill") >= target else None, 90)
-    decision_at = rfc3339(decision["time"])
+    decision_at = parse_rfc3339(decision["time"])
     breaches = [s for s in load.samples(since=step) if s.ok and s.ttft_s * 1000 > TTFT_MS]
     breach_at = min((s.sent_at + TTFT_MS / 1000 for s in breaches), default=math.nan)
     story.figures["prefill"] = figures = {
@@ -438,7 +438,7 @@ def test_falling_load_scales_in_after_the_window_without_a_failed_request_across
     assert down, [e["reason"] for e in evs]
     assert drained, [e["reason"] for e in evs]
     prefill_down = [
-        rfc3339(s.autoscaling("prefill")["lastDecision"]["time"])
+        parse_rfc3339(s.autoscaling("prefill")["lastDecision"]["time"])
         for s in readings
         if (s.autoscaling("prefill").get("lastDecision") or {}).get("to") == 1
     ]

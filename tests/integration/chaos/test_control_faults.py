@@ -38,10 +38,10 @@ from kubernetes.client.exceptions import ApiException
 from tandem.api import meta
 from tandem.api.models import PDDeployment
 from tandem.api.status import RevisionRecord
+from tandem.demo import e2e as harness
 from tandem.demo.load import BackgroundLoad, Phase
 from tandem.demo.stats import Sample
 from tandem.devcluster import cluster as devcluster
-from tandem.devcluster import e2e as harness
 from tandem.devcluster import kube
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.layout import ClusterDir

@@ -35,9 +35,9 @@ from typing import Any
 import pytest
 
 from tandem.api import meta
+from tandem.demo import e2e as harness
 from tandem.demo.load import BackgroundLoad, Phase
 from tandem.demo.stats import Sample
-from tandem.devcluster import e2e as harness
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.layout import ClusterDir
 from tandem.devcluster.testing import OperatorProcess, eventually, metric_total, scratch_namespace

@@ -14,7 +14,7 @@ from kubernetes import client
 from tandem.api import meta
 from tandem.devcluster import kube
 from tandem.devcluster.handle import ClusterHandle
-from tandem.devcluster.testing import eventually
+from tandem.devcluster.testing import eventually, sim_engine_pod
 
 from .harness import MODEL, NAME
 
@@ -24,41 +24,17 @@ LOAD_SECONDS = 10
 
 
 def loading_pod() -> dict[str, Any]:
-    pod_ip = {"valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "loading", "labels": {**meta.selector_labels("loading", "decode")}},
-        "spec": {
-            "terminationGracePeriodSeconds": 5,
-            "nodeSelector": {"network.tandem.dev/rdma": "true"},
-            "containers": [
-                {
-                    "name": "vllm",
-                    "image": "tandem/sim:dev",
-                    "command": ["tandem", "engine", "serve", MODEL],
-                    "args": [
-                        "--host",
-                        "$(POD_IP)",
-                        "--port",
-                        str(meta.ENGINE_PORT),
-                        "--served-model-name",
-                        NAME,
-                    ],
-                    "env": [
-                        {"name": "POD_IP", **pod_ip},
-                        {"name": "TANDEM_SIM_TIME_SCALE", "value": "0"},
-                        {"name": "TANDEM_SIM_LOAD_SECONDS", "value": str(LOAD_SECONDS)},
-                    ],
-                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                    "readinessProbe": {
-                        "httpGet": {"path": "/health", "port": meta.ENGINE_PORT},
-                        "periodSeconds": 1,
-                    },
-                }
-            ],
-        },
-    }
+    return sim_engine_pod(
+        "loading",
+        labels={**meta.selector_labels("loading", "decode")},
+        model=MODEL,
+        args=["--host", "$(POD_IP)", "--port", str(meta.ENGINE_PORT), "--served-model-name", NAME],
+        env=[
+            {"name": "TANDEM_SIM_TIME_SCALE", "value": "0"},
+            {"name": "TANDEM_SIM_LOAD_SECONDS", "value": str(LOAD_SECONDS)},
+        ],
+        limits={"nvidia.com/gpu": "1"},
+    )
 
 
 @pytest.fixture

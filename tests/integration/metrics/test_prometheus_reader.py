@@ -28,13 +28,13 @@ from kubernetes import client
 
 from tandem.api import meta
 from tandem.api.models import PDDeploymentSpec, SLOSpec
-from tandem.autoscale.snapshot import PoolSize, Snapshot
 from tandem.devcluster import kube
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.testing import OperatorProcess, eventually, pods
 from tandem.metrics import PrometheusReader
 from tandem.metrics.kv_transport import KvTransportReading, read_kv_transport
 from tandem.metrics.queries import build_snapshot, quantile_of, snapshot_queries
+from tandem.signals import PoolSize, Snapshot
 
 PDD = "metrics"
 MODEL_NAME = "llama-8b"

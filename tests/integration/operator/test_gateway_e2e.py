@@ -29,7 +29,8 @@ import yaml
 from kubernetes import client
 
 from tandem.api import meta
-from tandem.devcluster import e2e, kube
+from tandem.demo import e2e
+from tandem.devcluster import kube
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.testing import OperatorProcess, eventually, metric_total, scratch_namespace
 

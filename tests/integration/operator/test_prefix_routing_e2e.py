@@ -26,7 +26,8 @@ import pytest
 import yaml
 
 from tandem.api import meta
-from tandem.devcluster import e2e, kube
+from tandem.demo import e2e
+from tandem.devcluster import kube
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.testing import OperatorProcess, eventually, metric_total, scratch_namespace
 from tandem.perf import PrefillChunk, load_profile

@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from tandem.api.testing import merge
 from tandem.devcluster.handle import ClusterHandle
 
 CASES = yaml.safe_load((Path(__file__).parents[2] / "data" / "invalid-specs.yaml").read_text())
-
-
-def merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for key, value in patch.items():
-        out[key] = (
-            merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-        )
-    return out
 
 
 def manifest(name: str, spec: dict[str, Any]) -> str:

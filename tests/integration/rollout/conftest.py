@@ -9,7 +9,12 @@ from collections.abc import Iterator
 import pytest
 
 from tandem.devcluster.handle import ClusterHandle
-from tandem.devcluster.testing import RestartableOperator, leading_operator, scratch_namespace
+from tandem.devcluster.testing import (
+    RestartableOperator,
+    e2e_operator_args,
+    leading_operator,
+    scratch_namespace,
+)
 
 
 @pytest.fixture(scope="module")
@@ -17,12 +22,7 @@ def operator(
     cluster: ClusterHandle, crd: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RestartableOperator]:
     lease = f"tandem-rollout-e2e-{uuid.uuid4().hex[:6]}"
-    args = [
-        "--resync-seconds", "20",
-        "--lease-namespace", "default",
-        "--lease-name", lease,
-        "--prometheus-url", cluster.prometheus_url,
-    ]  # fmt: skip
+    args = e2e_operator_args(cluster, lease)
     op = RestartableOperator(
         cluster, args, tmp_path_factory.mktemp("rollout-operator"), identity="rollout-e2e"
     )

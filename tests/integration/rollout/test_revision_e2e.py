@@ -37,8 +37,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tandem.api import meta
 from tandem.controller.revisions import DEFAULT_DRAIN_SECONDS
+from tandem.demo import e2e as harness
 from tandem.demo.load import BackgroundLoad, Phase
-from tandem.devcluster import e2e as harness
 from tandem.devcluster import kube
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.testing import RestartableOperator

@@ -45,8 +45,8 @@ import pytest
 import yaml
 
 from tandem.api import meta
+from tandem.demo import e2e as harness
 from tandem.demo.load import BackgroundLoad, Phase
-from tandem.devcluster import e2e as harness
 from tandem.devcluster import kube
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.testing import RestartableOperator, load_file

@@ -12,10 +12,30 @@ import asyncio
 import hashlib
 import json
 import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
+
+
+class Engine(Protocol):
+    async def start(self) -> str: ...
+    async def stop(self) -> None: ...
+
+
+@asynccontextmanager
+async def serving(pools: Mapping[str, Sequence[Engine]]) -> AsyncIterator[None]:
+    """Starts every engine of `pools` (role -> engines), and stops them all on the way out: the body
+    of the router tests' `engines` fixtures."""
+    for pool in pools.values():
+        for engine in pool:
+            await engine.start()
+    yield
+    for pool in pools.values():
+        for engine in pool:
+            await engine.stop()
 
 
 @dataclass

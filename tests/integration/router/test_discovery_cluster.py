@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tandem.api import meta
 from tandem.devcluster.handle import ClusterHandle
+from tandem.devcluster.testing import POD_IP, sim_engine_pod
 
 from .sim import LOOPBACK, MODEL, NAME, free_port
 
@@ -56,34 +57,17 @@ def engine_pod(name: str, role: str) -> dict[str, Any]:
             "--kv-transfer-config",
             json.dumps({"kv_connector": "NixlConnector", "kv_role": kv_role}),
         ]
-    pod_ip = {"valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {**meta.selector_labels(PDD, role)}},  # type: ignore[arg-type]
-        "spec": {
-            "terminationGracePeriodSeconds": 5,
-            "nodeSelector": {"network.tandem.dev/rdma": "true"},
-            "containers": [
-                {
-                    "name": "vllm",
-                    "image": "tandem/sim:dev",
-                    "command": ["tandem", "engine", "serve", MODEL],
-                    "args": engine_args,
-                    "env": [
-                        {"name": "POD_IP", **pod_ip},
-                        {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", **pod_ip},
-                        {"name": "TANDEM_SIM_TIME_SCALE", "value": "0"},
-                    ],
-                    "resources": {"limits": {"nvidia.com/gpu": "1", "rdma/hca": "1"}},
-                    "readinessProbe": {
-                        "httpGet": {"path": "/health", "port": meta.ENGINE_PORT},
-                        "periodSeconds": 1,
-                    },
-                }
-            ],
-        },
-    }
+    return sim_engine_pod(
+        name,
+        labels={**meta.selector_labels(PDD, role)},  # type: ignore[arg-type]
+        model=MODEL,
+        args=engine_args,
+        env=[
+            {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", **POD_IP},
+            {"name": "TANDEM_SIM_TIME_SCALE", "value": "0"},
+        ],
+        limits={"nvidia.com/gpu": "1", "rdma/hca": "1"},
+    )
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from tandem.kube.pods import PddInfo, pdd_info_from
 from tandem.router.kvwatch import watch_kv_usage
 
 from .harness import RunningRouter, running_router
-from .stub_engine import Script, StubEngine
+from .stub_engine import Script, StubEngine, serving
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,13 +35,8 @@ async def engines() -> AsyncIterator[dict[str, list[StubEngine]]]:
         "decode": [StubEngine("d0"), StubEngine("d1")],
         "colocated": [StubEngine("c0")],
     }
-    for pool in pools.values():
-        for engine in pool:
-            await engine.start()
-    yield pools
-    for pool in pools.values():
-        for engine in pool:
-            await engine.stop()
+    async with serving(pools):
+        yield pools
 
 
 def urls(pools: dict[str, list[StubEngine]], *roles: str) -> dict[str, list[str]]:

@@ -17,7 +17,7 @@ from aiohttp import web
 from tandem.router.main import parse_args
 
 from .harness import running_router, stream
-from .stub_engine import Script, StubEngine
+from .stub_engine import Script, StubEngine, serving
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -71,13 +71,8 @@ async def engines() -> AsyncIterator[dict[str, Any]]:
         "colocated": [StubEngine("c0")],
         "echo": [EchoingEngine()],
     }
-    for pool in pools.values():
-        for engine in pool:
-            await engine.start()
-    yield pools
-    for pool in pools.values():
-        for engine in pool:
-            await engine.stop()
+    async with serving(pools):
+        yield pools
 
 
 def _leaks(records: list[logging.LogRecord]) -> list[str]:

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from .harness import running_router, stream, text_of
-from .stub_engine import Script, StubEngine
+from .stub_engine import Script, StubEngine, serving
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,13 +38,8 @@ async def engines() -> AsyncIterator[dict[str, list[StubEngine]]]:
         "decode": [StubEngine("d0"), StubEngine("d1")],
         "colocated": [StubEngine("c0")],
     }
-    for pool in pools.values():
-        for engine in pool:
-            await engine.start()
-    yield pools
-    for pool in pools.values():
-        for engine in pool:
-            await engine.stop()
+    async with serving(pools):
+        yield pools
 
 
 async def until_drawn(session: aiohttp.ClientSession, router_url: str, faulty: StubEngine) -> int:

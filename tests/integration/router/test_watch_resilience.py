@@ -18,9 +18,9 @@ from aiohttp import web
 
 from tandem.api import meta
 from tandem.kube.pods import PddWatcher
-from tandem.router.balancer import Balancer
 from tandem.router.metrics import RouterMetrics
 from tandem.router.state import RouterState
+from tandem.routing.balancer import Balancer
 
 from .sim import free_port
 

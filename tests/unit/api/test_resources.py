@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from tandem.api.models import Resources, _quantity
+from tandem.api.models import Resources
+from tandem.api.models.pool import _quantity
 from tandem.controller.drift import parse_quantity
 
 QUANTITIES = ["500m", "1", "1000m", "1Gi", "1024Mi", "2", 4, "1e3", "1.5", ".5", "+1k", "100u", "3n", "1Ei"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -12,17 +11,9 @@ from pydantic import ValidationError
 
 from tandem.api import rules
 from tandem.api.models import PDDeployment, PDDeploymentSpec
+from tandem.api.testing import merge
 
 CASES = yaml.safe_load((Path(__file__).parents[2] / "data" / "invalid-specs.yaml").read_text())
-
-
-def merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for key, value in patch.items():
-        out[key] = (
-            merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-        )
-    return out
 
 
 def messages(case: dict[str, Any]) -> list[str]:

@@ -7,7 +7,6 @@ hard-coding the profile's figures.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,10 +15,11 @@ import pytest
 
 from tandem.api.models import PDDeploymentSpec
 from tandem.api.status import AutoscalingStatus
+from tandem.api.testing import merge
 from tandem.autoscale.capacity import decode_capacity, pool_model, prefill_capacity
 from tandem.autoscale.decide import Decision, decide
 from tandem.autoscale.knobs import KNOBS
-from tandem.autoscale.snapshot import PathSignals, PoolSignals, PoolSize, Snapshot
+from tandem.signals import PathSignals, PoolSignals, PoolSize, Snapshot
 
 PROMPT = 1000.0
 OUTPUT = 200.0
@@ -38,16 +38,6 @@ BASE_SPEC: dict[str, Any] = {
         "scaleDown": {"stabilizationSeconds": 300, "maxStep": 1},
     },
 }
-
-
-def merge(base: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for key, value in patch.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tandem.api.status import AutoscalingPoolsStatus, AutoscalingStatus, PoolAutoscalingStatus
 from tandem.autoscale.attribution import PARTS, Floors, attribute_ttft, split
 from tandem.autoscale.decide import decide
-from tandem.autoscale.snapshot import PathSignals, Snapshot, TtftBreakdown
+from tandem.signals import PathSignals, Snapshot, TtftBreakdown
 
 if TYPE_CHECKING:
     from conftest import Kit

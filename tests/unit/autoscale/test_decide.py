@@ -19,7 +19,7 @@ from tandem.api.status import (
 )
 from tandem.autoscale.decide import decide
 from tandem.autoscale.knobs import Knobs
-from tandem.autoscale.snapshot import PoolSignals, Snapshot
+from tandem.signals import PoolSignals, Snapshot
 
 if TYPE_CHECKING:
     from conftest import Kit, Loop

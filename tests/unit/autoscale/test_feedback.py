@@ -18,7 +18,7 @@ from tandem.api.status import (
 from tandem.autoscale.capacity import decode_capacity, pool_model, prefill_capacity
 from tandem.autoscale.decide import decide
 from tandem.autoscale.knobs import KNOBS
-from tandem.autoscale.snapshot import PathSignals, PoolSignals, PoolSize, Snapshot
+from tandem.signals import PathSignals, PoolSignals, PoolSize, Snapshot
 
 if TYPE_CHECKING:
     from conftest import Kit

@@ -17,8 +17,8 @@ from tandem.autoscale.capacity import (
     prefill_capacity,
 )
 from tandem.autoscale.knobs import KNOBS, Knobs
-from tandem.autoscale.snapshot import second_moment
 from tandem.perf import load_profile, prefill_tokens_per_second
+from tandem.signals import second_moment
 
 if TYPE_CHECKING:
     from conftest import Kit

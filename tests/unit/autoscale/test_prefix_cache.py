@@ -13,9 +13,9 @@ from tandem.api.status import AutoscalingPoolsStatus, AutoscalingStatus, PoolAut
 from tandem.autoscale.capacity import busy_prefill_tokens_per_second, pool_model, prefill_capacity
 from tandem.autoscale.decide import decide
 from tandem.autoscale.knobs import KNOBS
-from tandem.autoscale.snapshot import MIN_UNCACHED_FRACTION, PoolSignals, Snapshot
 from tandem.metrics.queries import build_snapshot, snapshot_queries
 from tandem.perf import load_profile
+from tandem.signals import MIN_UNCACHED_FRACTION, PoolSignals, Snapshot
 
 if TYPE_CHECKING:
     from conftest import Kit

@@ -12,9 +12,10 @@ from pydantic import ValidationError
 
 from tandem.api.models import AutoscalingMode, PDDeploymentSpec
 from tandem.api.status import AutoscalingPoolsStatus, AutoscalingStatus, PoolAutoscalingStatus, Recommendation
-from tandem.autoscale.decide import autoscaled_roles, current_size, decide
+from tandem.autoscale.bounds import autoscaled_roles
+from tandem.autoscale.decide import current_size, decide
 from tandem.autoscale.knobs import KNOBS
-from tandem.autoscale.snapshot import PathSignals, PoolSignals, PoolSize, Snapshot
+from tandem.signals import PathSignals, PoolSignals, PoolSize, Snapshot
 
 T0 = 1_800_000_000.0
 ROLES = ("prefill", "decode", "colocated")

@@ -11,17 +11,18 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from tandem.autoscale.snapshot import PoolSignals, PoolSize, Snapshot
+from tandem.api.testing import stored
+from tandem.api.times import rfc3339
 from tandem.controller.autoscaler import Autoscaler
 from tandem.controller.drain import DRAIN_SETTLE_SECONDS
 from tandem.controller.events import EventRecorder
 from tandem.controller.reconcile import PassResult, Reconciler
 from tandem.kube.rest import Kind, KubeError
+from tandem.signals import PoolSignals, PoolSize, Snapshot
 
 NS, NAME = "ns", "llama"
 T0 = 1_800_000_000.0
@@ -29,11 +30,8 @@ DRAINING = "tandem.dev/draining"
 
 
 def manifest(**decode_bounds: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "tandem.dev/v1alpha1",
-        "kind": "PDDeployment",
-        "metadata": {"name": NAME, "namespace": NS, "uid": "u1", "generation": 1, "resourceVersion": "1"},
-        "spec": {
+    return stored(
+        {
             "model": {"name": "m", "uri": "hf://meta-llama/Llama-3.1-8B-Instruct"},
             "engine": {"type": "sim", "image": "img"},
             "prefill": {"replicas": 1},
@@ -47,7 +45,9 @@ def manifest(**decode_bounds: Any) -> dict[str, Any]:
                 "drainTimeoutSeconds": 60,
             },
         },
-    }
+        name=NAME,
+        namespace=NS,
+    )
 
 
 class FakeKube:
@@ -209,7 +209,7 @@ class World:
     def run(self, seconds: float = 0.0) -> PassResult:
         self.now += seconds
         body = copy.deepcopy(self.kube.objects[("PDDeployment", NS, NAME)])
-        stamp = datetime.fromtimestamp(self.now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = rfc3339(self.now)
         result = self.reconciler.reconcile(body, stamp, self.now)
         self.settle()
         return result

@@ -15,6 +15,7 @@ from tandem.api.status import (
     Recommendation,
     ReplicaSource,
 )
+from tandem.autoscale.bounds import autoscaled_roles
 from tandem.controller import replicas
 
 
@@ -66,7 +67,7 @@ def test_sources_and_mode(
 
 def test_disabled_autoscaling_drops_the_state_of_pools_it_no_longer_sizes() -> None:
     s = spec(enabled=False, decode={"external": True})  # bounds need enabled autoscaling, or external
-    assert replicas.autoscaled_roles(s) == []
+    assert autoscaled_roles(s) == []
     before = held(5)
     before = before.model_copy(
         update={"pools": AutoscalingPoolsStatus(prefill=PoolAutoscalingStatus(desired_replicas=3))}

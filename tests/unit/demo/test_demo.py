@@ -9,7 +9,8 @@ import pytest
 
 from tandem.demo import trace, view
 from tandem.demo.cluster import parse_router_metrics
-from tandem.demo.stats import Sample, Tally, percentile
+from tandem.demo.stats import Sample, Tally
+from tandem.perf.stats import percentile
 
 CSV = """TIMESTAMP,ContextTokens,GeneratedTokens
 2023-11-16 18:15:46.6805900,374,44

@@ -15,7 +15,7 @@ from tandem.api.models import PDDeployment
 from tandem.demo import gray, main
 from tandem.demo.stats import Sample, Tally
 from tandem.demo.view import Snapshot
-from tandem.router.paths import draw_for
+from tandem.routing.paths import draw_for
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "sim-gray-rollout.yaml"
 

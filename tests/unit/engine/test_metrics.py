@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tandem.engine.metrics import NIXL_BYTES_BUCKETS, EngineMetrics, token_buckets
+from tandem.engine.metrics import NIXL_BYTES_BUCKETS, EngineMetrics
 from tandem.engine.scheduler import Sequence
+from tandem.routing.buckets import token_buckets
 
 
 def test_token_buckets_are_the_1_2_5_series_up_to_max_model_len() -> None:

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from tandem.autoscale.snapshot import PoolSize
 from tandem.metrics.queries import (
     ENGINE_QUERIES,
     POD_QUERIES,
@@ -25,6 +24,7 @@ from tandem.metrics.queries import (
     selector,
     snapshot_queries,
 )
+from tandem.signals import PoolSize
 
 NOW = 1_800_000_000.0
 DATA = Path(__file__).parent / "data"

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from tandem.api.models import PDDeployment
+from tandem.api.testing import merge
 
 BASE_SPEC: dict[str, Any] = {
     "model": {"name": "llama-8b", "uri": "hf://meta-llama/Llama-3.1-8B-Instruct"},
@@ -16,16 +16,6 @@ BASE_SPEC: dict[str, Any] = {
     "prefill": {"replicas": 1},
     "decode": {"replicas": 1},
 }
-
-
-def merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for key, value in patch.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
 
 
 def build_pdd(

@@ -11,8 +11,8 @@ import pytest
 from tandem.api.meta import Role
 from tandem.api.models import PDDeployment
 from tandem.engine.args import parse_serve_args
+from tandem.perf.engine_args import flag_values
 from tandem.render import engine_command, kv_transfer_config, render
-from tandem.render.command import flag_values
 
 MakePdd = Callable[..., PDDeployment]
 

@@ -14,8 +14,9 @@ from tandem.api.meta import POOL_ROLES
 from tandem.api.models import PDDeployment
 from tandem.api.rules import OPERATOR_OWNED_FLAGS
 from tandem.engine.args import parse_serve_args
+from tandem.perf.engine_args import flag_values
 from tandem.render import engine_command, render
-from tandem.render.command import flag_values, user_args
+from tandem.render.command import user_args
 from tandem.render.pod import requests_accelerators
 
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.api.status import RevisionRecord, RevisionsStatus, RolloutStatus
+from tandem.api.testing import stored
 from tandem.controller.events import EventRecorder
 from tandem.controller.reconcile import Reconciler
 from tandem.controller.rollout import budget_order
@@ -66,11 +67,8 @@ class Reader(world_module.ScriptedReader):  # type: ignore[misc]
 
 
 def manifest(mode: str = "Colocated", **rollout: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "tandem.dev/v1alpha1",
-        "kind": "PDDeployment",
-        "metadata": {"name": NAME, "namespace": NS, "uid": "u1", "generation": 1, "resourceVersion": "1"},
-        "spec": {
+    return stored(
+        {
             "model": {"name": "m", "uri": "hf://meta-llama/Llama-3.1-8B-Instruct"},
             "engine": {"type": "sim", "image": "img"},
             "prefill": {"replicas": 1},
@@ -87,7 +85,9 @@ def manifest(mode: str = "Colocated", **rollout: Any) -> dict[str, Any]:
                 **rollout,
             },
         },
-    }
+        name=NAME,
+        namespace=NS,
+    )
 
 
 class World(world_module.World):  # type: ignore[misc]

@@ -100,8 +100,8 @@ def test_the_spec_sets_the_router_buckets_and_bad_ones_keep_the_old() -> None:
     import random
 
     from tandem.kube.pods import pdd_info_from
-    from tandem.router.balancer import Balancer
     from tandem.router.state import RouterState
+    from tandem.routing.balancer import Balancer
 
     state = RouterState(balancer=Balancer(rng=random.Random(0)), metrics=RouterMetrics(), pdd_name="llm")
     metrics = {"inputLengthBuckets": [100, 200], "outputLengthBuckets": [10]}

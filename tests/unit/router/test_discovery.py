@@ -8,7 +8,7 @@ import pytest
 
 from tandem.kube.pods import PodInfo, pdd_info_from, pod_info_from, pod_label_selector
 from tandem.router.discovery import apply_pod_event, draining_by_role, endpoints_by_role
-from tandem.router.paths import Unavailable, choose_path, disaggregated_share, draw_for
+from tandem.routing.paths import Unavailable, choose_path, disaggregated_share, draw_for
 
 
 def pod(name: str, role: str = "decode", ip: str | None = "127.20.0.5", **over: Any) -> PodInfo:

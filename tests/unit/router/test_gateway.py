@@ -14,15 +14,15 @@ from prometheus_client import CollectorRegistry
 
 from tandem.controller.api_keys import keys_problem
 from tandem.kube.pods import pdd_info_from
-from tandem.router.admission import Refusal, Ticket
-from tandem.router.balancer import Balancer
 from tandem.router.gateway import Gateway, rate_limited_body, unauthorized_body
 from tandem.router.kvwatch import kv_usage_of
 from tandem.router.main import build, parse_args
 from tandem.router.metrics import RouterMetrics
-from tandem.router.paths import choose_path
 from tandem.router.state import RouterState
-from tandem.router.tenants import KeysError, Tenancy, Unauthorized, parse_keys
+from tandem.routing.admission import Refusal, Ticket
+from tandem.routing.balancer import Balancer
+from tandem.routing.paths import choose_path
+from tandem.routing.tenants import KeysError, Tenancy, Unauthorized, parse_keys
 
 KEYS = {"team-a": "sk-team-a-0001\n  sk-team-a-0002  \n\n", "team-b": "sk-team-b-0001"}
 

@@ -13,13 +13,13 @@ from typing import Any, cast
 
 import pytest
 
-from tandem.router.balancer import Balancer
 from tandem.router.failure import RetryBudget
 from tandem.router.flow import ClientRequest, Flow, Timeouts
 from tandem.router.metrics import RouterMetrics
 from tandem.router.protocol import RequestFacts
 from tandem.router.state import RouterState
 from tandem.router.upstream import Answer, Upstream
+from tandem.routing.balancer import Balancer
 
 P, D = "http://127.0.0.1:7001", "http://127.0.0.1:7101"
 

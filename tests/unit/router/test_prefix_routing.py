@@ -8,14 +8,14 @@ from typing import Any, cast
 import pytest
 
 from tandem.kube.pods import pdd_info_from
-from tandem.router.balancer import Balancer
 from tandem.router.failure import RetryBudget
 from tandem.router.flow import ClientRequest, Flow, Timeouts
 from tandem.router.metrics import RouterMetrics
-from tandem.router.prefix import KEY_BLOCKS, MAX_BLOCKS, PrefixKnobs, PrefixSettings
 from tandem.router.protocol import RequestFacts
 from tandem.router.state import RouterState
 from tandem.router.upstream import Upstream
+from tandem.routing.balancer import Balancer
+from tandem.routing.prefix import KEY_BLOCKS, MAX_BLOCKS, PrefixKnobs, PrefixSettings
 
 P1, P2, P3 = "http://127.0.0.1:7001", "http://127.0.0.1:7002", "http://127.0.0.1:7003"
 D1, D2 = "http://127.0.0.1:7101", "http://127.0.0.1:7102"
@@ -199,7 +199,7 @@ def test_keys_count(chars: int) -> None:
     flow, _, _ = make(PrefixSettings(knobs=PrefixKnobs(block_chars=chars, max_blocks=MAX_BLOCKS)))
     request = chat("x" * 500)
     keys = flow._prefix_keys(request) or []
-    from tandem.router.prefix import prompt_text
+    from tandem.routing.prefix import prompt_text
 
     chunks = len(prompt_text(request.body)) // chars
     assert len(keys) == len([count for count in KEY_BLOCKS if count <= chunks])

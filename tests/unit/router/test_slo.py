@@ -6,10 +6,10 @@ import pytest
 from prometheus_client import generate_latest
 
 from tandem.kube.pods import pdd_info_from
-from tandem.router.balancer import Balancer
 from tandem.router.main import build, parse_args
 from tandem.router.metrics import ITL_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS, RouterMetrics
 from tandem.router.slo import SloTargets, within_slo
+from tandem.routing.balancer import Balancer
 
 SLO = SloTargets.from_ms(500, 50)
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from tandem.autoscale.snapshot import ArrivalSignals, PathSignals, PoolSignals, PoolSize, Snapshot
 from tandem.perf import decode_batch_at_tpot, kv_cache_tokens, load_profile, prefill_tokens_per_second
+from tandem.signals import ArrivalSignals, PathSignals, PoolSignals, PoolSize, Snapshot
 from tandem.sim.baselines import (
     HPAConfig,
     HPAPolicy,

@@ -12,7 +12,7 @@ from types import ModuleType
 from tandem.devcluster.testing import load_file
 from tandem.engine.prefixcache import block_hashes
 from tandem.engine.tokens import prompt_tokens_of
-from tandem.router.prefix import chain_keys
+from tandem.routing.prefix import chain_keys
 from tandem.sim.requests import Request
 from tandem.sim.traces.prefix import SessionParams, mooncake_prefix, sessions
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tandem.router.prefix import PrefixKnobs
+from tandem.routing.prefix import PrefixKnobs
 from tandem.sim import Request, SimConfig, StaticPolicy, simulate
 from tandem.sim.layout import SLO, Layout, PoolSpec
 from tandem.sim.traces.prefix import (

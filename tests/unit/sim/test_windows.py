@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tandem.autoscale.attribution import Floors, attribute_ttft
-from tandem.autoscale.snapshot import TtftBreakdown
 from tandem.router.metrics import ITL_BUCKETS, TTFT_BUCKETS
+from tandem.signals import TtftBreakdown
 from tandem.sim import Request, StaticPolicy, simulate
 from tandem.sim.layout import Layout, Role
 from tandem.sim.windows import PoolGauges, Windows, histogram_quantile

@@ -8,7 +8,7 @@ import pytest
 
 from tandem.api.models import PDDeployment
 from tandem.api.status import AutoscalingStatus, Condition, ReplicaSource
-from tandem.autoscale.snapshot import PATH_COLOCATED, PATH_DISAGGREGATED, PathSignals, Snapshot
+from tandem.signals import PATH_COLOCATED, PATH_DISAGGREGATED, PathSignals, Snapshot
 from tandem.status.derive import (
     AutoscalingView,
     ConditionValue,

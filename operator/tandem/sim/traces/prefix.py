@@ -39,7 +39,7 @@ import random
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from tandem.router.prefix import chain_keys
+from tandem.routing.prefix import chain_keys
 from tandem.sim.requests import Request
 
 ENGINE_BLOCK_TOKENS = 16  # vLLM's default --block-size on CUDA

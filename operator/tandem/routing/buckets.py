@@ -1,4 +1,5 @@
-"""The router's histogram buckets, shared with the cluster simulator (`tandem.sim`). Pure constants.
+"""The router's histogram buckets, shared with the cluster simulator (`tandem.sim`). Pure constants,
+and `token_buckets`, vLLM's token-count series (the sim engine's and the simulator's prompt histograms).
 
 A quantile the simulator computes from its own histograms matches what `histogram_quantile` makes
 of the router's only if both use the same bounds. They are vLLM's plus bounds around common SLO
@@ -42,6 +43,20 @@ BUCKETED_TPOT_BUCKETS: Final = (
 DEFAULT_INPUT_LENGTH_BOUNDS: Final = (1024, 4096, 16384)
 DEFAULT_OUTPUT_LENGTH_BOUNDS: Final = (128, 512, 2048)
 
+
+def token_buckets(max_model_len: int) -> tuple[float, ...]:
+    """vLLM's 1-2-5 series up to max_model_len (its prompt/generation token histograms' buckets)."""
+    out: list[float] = []
+    scale = 1
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * scale
+            if value > max_model_len:
+                return tuple(out)
+            out.append(float(value))
+        scale *= 10
+
+
 __all__ = [
     "BUCKETED_TPOT_BUCKETS",
     "BUCKETED_TTFT_BUCKETS",
@@ -52,4 +67,5 @@ __all__ = [
     "LEG_BUCKETS",
     "TPOT_BUCKETS",
     "TTFT_BUCKETS",
+    "token_buckets",
 ]

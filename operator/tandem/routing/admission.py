@@ -2,7 +2,7 @@
 which decode pods have KV room.
 
 Pure: every decision takes `now` (seconds, any monotonic origin) and does no I/O, so the tables in
-`tests/unit/router/test_admission.py` drive it with a fake clock. The limits are per router replica:
+`tests/unit/routing/test_admission.py` drive it with a fake clock. The limits are per router replica:
 N replicas admit up to N times as much (the spec says so, and so do the docs).
 
 Token buckets: a tenant has a bucket of requests and one of prompt tokens (each only when its rate

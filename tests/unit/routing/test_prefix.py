@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tandem.api.models import PrefixAwareSpec
-from tandem.router.prefix import (
+from tandem.routing.prefix import (
     KEY_BLOCKS,
     MAX_BLOCK_CHARS,
     MAX_BLOCKS,
@@ -56,7 +56,7 @@ def test_chain_keys_types_do_not_collide() -> None:
 
 
 def test_chain_keys_are_the_same_in_another_process() -> None:
-    code = "from tandem.router.prefix import chain_keys; print(chain_keys(['ab', (1, 2), 7]))"
+    code = "from tandem.routing.prefix import chain_keys; print(chain_keys(['ab', (1, 2), 7]))"
     out = subprocess.run(
         [sys.executable, "-c", code],
         check=True,
@@ -106,7 +106,8 @@ def test_text_keys_extend_when_a_conversation_grows() -> None:
 def test_text_keys_are_the_same_in_another_process_and_name_the_prefix() -> None:
     text = "shared head " * 10 + "and a tail"
     code = (
-        f"from tandem.router.prefix import PrefixKnobs, text_keys; print(text_keys({text!r}, PrefixKnobs(8)))"
+        "from tandem.routing.prefix import PrefixKnobs, text_keys; "
+        f"print(text_keys({text!r}, PrefixKnobs(8)))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from tandem.router.balancer import Balancer
+from tandem.routing.balancer import Balancer
 
 A, B, C = "http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"
 

@@ -9,7 +9,6 @@ IP, each measured at the client). Every address is a loopback one (127.0.0.0/8).
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import threading
 import time
 from collections.abc import Callable
@@ -19,10 +18,11 @@ from typing import Any, TypeVar
 from kubernetes import client
 
 from tandem.api import meta
-from tandem.demo.stats import Sample, percentile
+from tandem.demo.stats import Sample
 from tandem.devcluster import kube
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.testing import eventually
+from tandem.perf.stats import percentile
 
 T = TypeVar("T")
 
@@ -78,10 +78,6 @@ def pddeployment(name: str, spec: dict[str, Any]) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": base | spec,
     }
-
-
-def rfc3339(text: str) -> float:
-    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 @dataclass(frozen=True)

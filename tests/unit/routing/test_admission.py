@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.router.admission import (
+from tandem.routing.admission import (
     Admission,
     Limits,
     LongPromptCap,

@@ -1,0 +1,160 @@
+"""The PDDeployment spec as pydantic v2 models: the source of truth for the CRD and the renderer.
+
+Field names are snake_case in Python and camelCase in YAML (aliases). Every field here has
+behaviour behind it in the renderer, the router or the operator. Cross-field rules live in
+`rules.py` so that the CRD's CEL and these models enforce the same thing.
+
+One module per spec section: `model`, `engine`, `network` (kvTransfer, network), `pool` (prefill,
+decode, colocated), `router`, `serving` (serving, slo), `autoscaling`, `rollout`, and `deployment`
+(the whole spec and the object); `common` holds the base model and the shared patterns. Every public
+name is re-exported here, so `from tandem.api.models import X` reads the package as one module.
+"""
+
+from __future__ import annotations
+
+from tandem.api.models.autoscaling import AutoscalingMode, AutoscalingSpec, PrometheusSpec, ScalingRules
+from tandem.api.models.common import (
+    DATA_KEY_PATTERN,
+    IMAGE_PATTERN,
+    LABEL_KEY_PATTERN,
+    LABEL_MAP_CEL,
+    LABEL_MAP_MESSAGE,
+    LABEL_VALUE_PATTERN,
+    OBJECT_NAME_PATTERN,
+    QUANTITY_PATTERN,
+    ApiModel,
+    DataKey,
+    Labels,
+    LabelValue,
+    LengthBounds,
+    ObjectName,
+    Quantity,
+)
+from tandem.api.models.deployment import ObjectMeta, PDDeployment, PDDeploymentSpec
+from tandem.api.models.engine import (
+    FIELD_PATH_PATTERN,
+    ONE_SOURCE_MESSAGE,
+    ConfigMapKeyRef,
+    EngineSpec,
+    EngineType,
+    EnvVar,
+    EnvVarSource,
+    FieldRef,
+    ImagePullPolicy,
+    ImagePullSecrets,
+    SecretKeySelector,
+    SimSpec,
+)
+from tandem.api.models.model import ModelSpec, SecretKeyRef
+from tandem.api.models.network import (
+    KVConnector,
+    KVLoadFailurePolicy,
+    KVTransferSpec,
+    NetworkPolicySpec,
+    NetworkSpec,
+    RDMASpec,
+)
+from tandem.api.models.pool import (
+    EXTENDED_LIMIT_MESSAGE,
+    EXTENDED_WHOLE_MESSAGE,
+    REQUEST_OVER_LIMIT_MESSAGE,
+    RESOURCE_NAME_MESSAGE,
+    TOLERATION_RULES,
+    PoolAutoscaling,
+    PoolSpec,
+    Resources,
+    Toleration,
+)
+from tandem.api.models.rollout import OnMetricsUnavailable, RolloutAnalysisSpec, RolloutSpec, RolloutStep
+from tandem.api.models.router import (
+    DEFAULT_BODY_BYTES,
+    HEADER_NAME_PATTERN,
+    MAX_BODY_BYTES,
+    MIN_BODY_BYTES,
+    TENANT_NAME_PATTERN,
+    AdmissionSpec,
+    DecodeBackpressureSpec,
+    LongPromptSpec,
+    PrefixAwareSpec,
+    RouterAuthSpec,
+    RouterMetricsSpec,
+    RouterSpec,
+    TenantLimits,
+    TenantSpec,
+)
+from tandem.api.models.serving import ServingMode, ServingSpec, SLOSpec
+
+__all__ = [
+    "DATA_KEY_PATTERN",
+    "DEFAULT_BODY_BYTES",
+    "EXTENDED_LIMIT_MESSAGE",
+    "EXTENDED_WHOLE_MESSAGE",
+    "FIELD_PATH_PATTERN",
+    "HEADER_NAME_PATTERN",
+    "IMAGE_PATTERN",
+    "LABEL_KEY_PATTERN",
+    "LABEL_MAP_CEL",
+    "LABEL_MAP_MESSAGE",
+    "LABEL_VALUE_PATTERN",
+    "MAX_BODY_BYTES",
+    "MIN_BODY_BYTES",
+    "OBJECT_NAME_PATTERN",
+    "ONE_SOURCE_MESSAGE",
+    "QUANTITY_PATTERN",
+    "REQUEST_OVER_LIMIT_MESSAGE",
+    "RESOURCE_NAME_MESSAGE",
+    "TENANT_NAME_PATTERN",
+    "TOLERATION_RULES",
+    "AdmissionSpec",
+    "ApiModel",
+    "AutoscalingMode",
+    "AutoscalingSpec",
+    "ConfigMapKeyRef",
+    "DataKey",
+    "DecodeBackpressureSpec",
+    "EngineSpec",
+    "EngineType",
+    "EnvVar",
+    "EnvVarSource",
+    "FieldRef",
+    "ImagePullPolicy",
+    "ImagePullSecrets",
+    "KVConnector",
+    "KVLoadFailurePolicy",
+    "KVTransferSpec",
+    "LabelValue",
+    "Labels",
+    "LengthBounds",
+    "LongPromptSpec",
+    "ModelSpec",
+    "NetworkPolicySpec",
+    "NetworkSpec",
+    "ObjectMeta",
+    "ObjectName",
+    "OnMetricsUnavailable",
+    "PDDeployment",
+    "PDDeploymentSpec",
+    "PoolAutoscaling",
+    "PoolSpec",
+    "PrefixAwareSpec",
+    "PrometheusSpec",
+    "Quantity",
+    "RDMASpec",
+    "Resources",
+    "RolloutAnalysisSpec",
+    "RolloutSpec",
+    "RolloutStep",
+    "RouterAuthSpec",
+    "RouterMetricsSpec",
+    "RouterSpec",
+    "SLOSpec",
+    "ScalingRules",
+    "SecretKeyRef",
+    "SecretKeySelector",
+    "ServingMode",
+    "ServingSpec",
+    "SimSpec",
+    "TenantLimits",
+    "TenantSpec",
+    "Toleration",
+]
