@@ -37,7 +37,7 @@ from typing import IO, Any
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from tandem.devcluster import expand, kube, layout, procs
+from tandem.devcluster import expand, kube, layout, procs, realvllm
 from tandem.devcluster.layout import ClusterDir
 
 log = logging.getLogger("tandem.devcluster.runner")
@@ -53,9 +53,13 @@ BACKOFF_RESET_AFTER = 60.0
 SHUTDOWN_GRACE = 5.0
 
 
-def is_tandem_pod(pod: dict[str, Any]) -> bool:
+def first_command(pod: dict[str, Any]) -> list[str]:
     containers = pod.get("spec", {}).get("containers") or []
-    command = (containers[0].get("command") or []) if containers else []
+    return list((containers[0].get("command") or []) if containers else [])
+
+
+def is_tandem_pod(pod: dict[str, Any]) -> bool:
+    command = first_command(pod)
     return bool(command) and command[0] == "tandem"
 
 
@@ -263,6 +267,9 @@ class PodWorker(threading.Thread):
             configmap=r.configmap,
         )
         argv = expand.container_argv(self.container, env)
+        if r.vllm is not None and realvllm.is_vllm_command(argv):
+            argv = realvllm.command(argv, r.vllm)
+            env = realvllm.environment(env, r.vllm)
         argv[0] = layout.tandem_executable() if argv[0] == "tandem" else argv[0]
         venv_bin = str(Path(layout.tandem_executable()).parent)
         base = {
@@ -593,6 +600,14 @@ class Runner:
         self.core = client.CoreV1Api(self.api)
         self._workers: dict[str, PodWorker] = {}
         self._lock = threading.Lock()
+        # Set when the cluster was started to run real vLLM pods (tests/real/): their commands too.
+        self.vllm = realvllm.EngineSetup.load(cdir.vllm_setup) if cdir.vllm_setup.exists() else None
+
+    def runs(self, pod: dict[str, Any]) -> bool:
+        """Whether this runner runs `pod`'s process: tandem's own, and vLLM's with an EngineSetup."""
+        if is_tandem_pod(pod):
+            return True
+        return self.vllm is not None and realvllm.is_vllm_command(first_command(pod))
 
     # Secret/ConfigMap reads for env resolution.
     def _read(self, kind: str, ns: str, name: str) -> dict[str, str] | None:
@@ -624,7 +639,7 @@ class Runner:
             self._workers.pop(uid, None)
 
     def on_pod(self, pod: dict[str, Any], *, deleted: bool = False) -> None:
-        if not is_tandem_pod(pod):
+        if not self.runs(pod):
             return
         meta = pod["metadata"]
         uid = meta["uid"]
