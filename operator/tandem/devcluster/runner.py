@@ -11,6 +11,10 @@ registry host is under `.invalid` is never pulled: the pod shows ErrImagePull, t
 ImagePullBackOff. When the pod is deleted the process gets SIGTERM, SIGKILL after the grace period,
 and the runner removes the pod.
 
+A cluster started to run real vLLM (`cluster.up(vllm=...)`, tests/real/) also runs pods whose
+command is `vllm serve`, with the CPU build of vLLM (`realvllm.command`: the rendered command with
+the listed CPU changes only).
+
 One watch over scheduled pods drives everything; each running pod has one thread that sleeps
 between probes. Logs: one file per pod under `<cluster dir>/pods/`.
 """

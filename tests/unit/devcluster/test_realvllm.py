@@ -5,6 +5,7 @@ KWOK stages of a real-vLLM cluster; `make test` leaving tests/real/ out."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -65,7 +66,13 @@ def test_the_rendered_command_runs_with_only_the_listed_changes(mode: str, role:
 def test_changes_listed_are_the_changes_made() -> None:
     assert set(realvllm.CPU_CHANGES) == {"entrypoint", "model", "kv_buffer_device", *realvllm.CPU_ENV}
     env = realvllm.environment({"UCX_NET_DEVICES": "all", "POD_IP": "127.0.0.9"}, SETUP)
-    assert env == {"POD_IP": "127.0.0.9", "UCX_NET_DEVICES": "lo", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert env == {
+        "POD_IP": "127.0.0.9",
+        "UCX_NET_DEVICES": "lo",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "OMP_NUM_THREADS": "1",
+    }
     docs = (ROOT / "docs" / "real-vllm.md").read_text()
     for name in realvllm.CPU_ENV:
         assert f"`{name}" in docs, name
@@ -127,3 +134,28 @@ def test_make_test_does_not_collect_the_real_engine_tests() -> None:
     named = collect("tests/real")
     assert named.returncode == 0, named.stdout + named.stderr
     assert "tests/real/" in named.stdout
+
+
+def test_without_avx2_every_real_engine_test_is_skipped_loudly(tmp_path: Path) -> None:
+    """On a machine that cannot run vllm-cpu, `pytest tests/real` starts nothing and reports each test
+    as skipped with the reason (a plugin makes this machine look like one without AVX2)."""
+    (tmp_path / "no_avx2.py").write_text(
+        "from tandem.devcluster import realvllm\nrealvllm.has_avx2 = lambda: False\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "operator")])}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no_avx2", "-p", "no:cacheprovider", "-rs", "tests/real"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    summary = done.stdout.splitlines()[-1]
+    assert "skipped" in summary, summary
+    assert "passed" not in summary, summary
+    assert "failed" not in summary, summary
+    assert done.stdout.count("SKIPPED") >= 1
+    assert "REAL vLLM TESTS SKIPPED: vllm-cpu needs an x86-64 CPU with AVX2" in done.stdout
+    assert "dev cluster" not in done.stdout  # no cluster was started
