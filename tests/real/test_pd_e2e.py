@@ -124,6 +124,7 @@ class Answer:
     prompt_tokens: int
     completion_tokens: int
     chunks: int = field(default=0, compare=False)
+    seconds: float = field(default=0.0, compare=False)
 
 
 def body(endpoint: str, stream: bool, prompt: str) -> dict[str, Any]:
@@ -195,11 +196,36 @@ def ask(router: str, endpoint: str, stream: bool, prompt: str) -> Answer:
 
 def run_all(router: str) -> dict[tuple[int, str, bool], Answer]:
     """Every prompt in every form, one at a time (so batching is the same on both sides)."""
-    return {
-        (i, endpoint, stream): ask(router, endpoint, stream, prompt)
-        for i, prompt in enumerate(prompts())
-        for endpoint, stream in FORMS
-    }
+    out = {}
+    for i, prompt in enumerate(prompts()):
+        for endpoint, stream in FORMS:
+            started = time.monotonic()
+            answer = ask(router, endpoint, stream, prompt)
+            answer.seconds = time.monotonic() - started
+            out[(i, endpoint, stream)] = answer
+    return out
+
+
+def latency(answers: dict[tuple[int, str, bool], Answer]) -> str:
+    times = sorted(a.seconds for a in answers.values())
+    median, p90 = times[len(times) // 2], times[int(len(times) * 0.9)]
+    return f"median {median:.3f} s, p90 {p90:.3f} s, max {times[-1]:.3f} s"
+
+
+def engine_rss(pod: dict[str, Any]) -> float:
+    """GB resident in the pod's processes: the runner starts each in its own process group, whose
+    id is the pid the pod's containerID names (`tandem://PID`)."""
+    statuses = pod["status"].get("containerStatuses") or []
+    pgid = int(statuses[0]["containerID"].removeprefix("tandem://"))
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # fields after the name: state, ppid, pgrp, ..., rss at [21]
+            total += int(fields[21]) * 4096
+    return total / 1e9
 
 
 @dataclass
@@ -222,6 +248,9 @@ class Deployed:
         with urllib.request.urlopen(f"http://{ip}:{meta.ENGINE_PORT}/metrics", timeout=10) as answer:
             text: str = answer.read().decode()
         return text
+
+    def pod(self, role: str) -> dict[str, Any]:
+        return next(p for p in self.pods() if p["metadata"]["labels"].get(meta.LABEL_ROLE) == role)
 
     def pods(self) -> list[dict[str, Any]]:
         with self.cluster.api_client() as api:
@@ -277,6 +306,7 @@ def colocated(cluster: ClusterHandle, operator: OperatorProcess, namespace: str)
         answers = run_all(d.router())
         seconds = time.monotonic() - started
         after = {"colocated": d.metrics("colocated")}
+        print(f"colocated engine RSS {engine_rss(d.pod('colocated')):.2f} GB; latency {latency(answers)}")
     finally:
         undeploy(d)
     return Run(answers, seconds, before, after)
@@ -300,6 +330,8 @@ def disaggregated(pd: Deployed) -> Run:
     answers = run_all(pd.router())
     seconds = time.monotonic() - started
     after = {role: pd.metrics(role) for role in ("prefill", "decode")}
+    rss = ", ".join(f"{role} {engine_rss(pd.pod(role)):.2f} GB" for role in ("prefill", "decode"))
+    print(f"engine RSS: {rss}; P/D latency {latency(answers)}")
     return Run(answers, seconds, before, after)
 
 
