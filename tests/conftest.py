@@ -47,6 +47,22 @@ LOAD_E2E_DIRS: tuple[str, ...] = (
 )
 
 
+REAL_DIR = Path(__file__).resolve().parent / "real"
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """tests/real/ (real vLLM engines on CPU, `make test-real`) is collected only when a command-line
+    argument names it or a path inside it: `make test`'s `pytest tests` leaves it out."""
+    if collection_path.resolve() != REAL_DIR:
+        return None
+    base = config.invocation_params.dir
+    for arg in config.invocation_params.args:
+        path = (base / arg.split("::", 1)[0]).resolve()
+        if not arg.startswith("-") and (path == REAL_DIR or REAL_DIR in path.parents):
+            return None
+    return True
+
+
 def work_unit(nodeid: str) -> str:
     """The unit a test is scheduled in: its module, or the one unit of the load e2e modules."""
     module = nodeid.split("::", 1)[0]

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from tandem.devcluster import kube, layout, pki, procs
+from tandem.devcluster import kube, layout, pki, procs, realvllm
 from tandem.devcluster.layout import ClusterDir
 
 # Never dialled: Service cluster IPs are bookkeeping only here (nothing routes them, and Services
@@ -216,7 +216,28 @@ def kwok_only_stages(text: str) -> str:
     return yaml.safe_dump_all(kept, sort_keys=False)
 
 
-def up(cdir: ClusterDir, *, timeout: float = 180.0, owner_pid: int = 0, pod_runner: bool = True) -> State:
+COMMAND_KEY = ".spec.containers[0].command[0]"
+
+
+def vllm_pod_stages(text: str) -> str:
+    """The KWOK stages with pods whose command is `vllm` taken as tandem's own: Running with a pod
+    IP but not Ready, for the pod runner to start (`realvllm`), and kept until it has stopped them."""
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    for doc in docs:
+        for expression in doc["spec"].get("selector", {}).get("matchExpressions", []):
+            if expression["key"] == COMMAND_KEY and expression["values"] == ["tandem"]:
+                expression["values"] = ["tandem", "vllm"]
+    return yaml.safe_dump_all(docs, sort_keys=False)
+
+
+def up(
+    cdir: ClusterDir,
+    *,
+    timeout: float = 180.0,
+    owner_pid: int = 0,
+    pod_runner: bool = True,
+    vllm: realvllm.EngineSetup | None = None,
+) -> State:
     """Starts the cluster in `cdir`, or returns the state of the one already running there.
 
     With `owner_pid`, the cluster counts as an orphan once that process is gone (`reap_orphans`).
@@ -224,6 +245,9 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0, owner_pid: int = 0, pod_runn
     started and KWOK makes every pod Ready at once, tandem's own (routers, sim engines) included
     (`kwok_only_stages`): nothing answers on their ports. Node leases are then renewed every 10 min
     and the node lifecycle controller waits an hour for a heartbeat (see `fleet_flags`).
+    With `vllm` (tests/real/), the pod runner also runs pods whose command is `vllm serve`, with the
+    CPU build of vLLM that `vllm` names (`tandem.devcluster.realvllm`); otherwise such pods take
+    KWOK's fast lifecycle and no process runs for them.
     """
     if is_running(cdir):
         state = load_state(cdir)
@@ -351,9 +375,14 @@ def up(cdir: ClusterDir, *, timeout: float = 180.0, owner_pid: int = 0, pod_runn
             ],
         )
         stages = layout.KWOK_STAGES
+        cdir.vllm_setup.unlink(missing_ok=True)
         if not pod_runner:
             stages = cdir.path / "kwok-stages.yaml"
             stages.write_text(kwok_only_stages(layout.KWOK_STAGES.read_text()))
+        elif vllm is not None:
+            vllm.save(cdir.vllm_setup)
+            stages = cdir.path / "kwok-stages.yaml"
+            stages.write_text(vllm_pod_stages(layout.KWOK_STAGES.read_text()))
         logs_crd = bins / "kwok-logs-crd.yaml"
         kwok_logs: list[str] = []
         if logs_crd.exists():

@@ -106,6 +106,11 @@ class ClusterDir:
         return self.path / "runner.ready"
 
     @property
+    def vllm_setup(self) -> Path:
+        """The runner's `realvllm.EngineSetup` when the cluster runs real vLLM pods (tests/real/)."""
+        return self.path / "vllm-engines.json"
+
+    @property
     def marker(self) -> str:
         """The value of TANDEM_DEVCLUSTER in every process of this cluster."""
         return str(self.path)

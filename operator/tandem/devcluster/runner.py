@@ -11,6 +11,10 @@ registry host is under `.invalid` is never pulled: the pod shows ErrImagePull, t
 ImagePullBackOff. When the pod is deleted the process gets SIGTERM, SIGKILL after the grace period,
 and the runner removes the pod.
 
+A cluster started to run real vLLM (`cluster.up(vllm=...)`, tests/real/) also runs pods whose
+command is `vllm serve`, with the CPU build of vLLM (`realvllm.command`: the rendered command with
+the listed CPU changes only).
+
 One watch over scheduled pods drives everything; each running pod has one thread that sleeps
 between probes. Logs: one file per pod under `<cluster dir>/pods/`.
 """
@@ -38,7 +42,7 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from tandem.api.times import parse_rfc3339, rfc3339
-from tandem.devcluster import expand, kube, layout, procs
+from tandem.devcluster import expand, kube, layout, procs, realvllm
 from tandem.devcluster.layout import ClusterDir
 
 log = logging.getLogger("tandem.devcluster.runner")
@@ -54,9 +58,13 @@ BACKOFF_RESET_AFTER = 60.0
 SHUTDOWN_GRACE = 5.0
 
 
-def is_tandem_pod(pod: dict[str, Any]) -> bool:
+def first_command(pod: dict[str, Any]) -> list[str]:
     containers = pod.get("spec", {}).get("containers") or []
-    command = (containers[0].get("command") or []) if containers else []
+    return list((containers[0].get("command") or []) if containers else [])
+
+
+def is_tandem_pod(pod: dict[str, Any]) -> bool:
+    command = first_command(pod)
     return bool(command) and command[0] == "tandem"
 
 
@@ -264,6 +272,9 @@ class PodWorker(threading.Thread):
             configmap=r.configmap,
         )
         argv = expand.container_argv(self.container, env)
+        if r.vllm is not None and realvllm.is_vllm_command(argv):
+            argv = realvllm.command(argv, r.vllm)
+            env = realvllm.environment(env, r.vllm)
         argv[0] = layout.tandem_executable() if argv[0] == "tandem" else argv[0]
         venv_bin = str(Path(layout.tandem_executable()).parent)
         base = {
@@ -594,6 +605,14 @@ class Runner:
         self.core = client.CoreV1Api(self.api)
         self._workers: dict[str, PodWorker] = {}
         self._lock = threading.Lock()
+        # Set when the cluster was started to run real vLLM pods (tests/real/): their commands too.
+        self.vllm = realvllm.EngineSetup.load(cdir.vllm_setup) if cdir.vllm_setup.exists() else None
+
+    def runs(self, pod: dict[str, Any]) -> bool:
+        """Whether this runner runs `pod`'s process: tandem's own, and vLLM's with an EngineSetup."""
+        if is_tandem_pod(pod):
+            return True
+        return self.vllm is not None and realvllm.is_vllm_command(first_command(pod))
 
     # Secret/ConfigMap reads for env resolution.
     def _read(self, kind: str, ns: str, name: str) -> dict[str, str] | None:
@@ -625,7 +644,7 @@ class Runner:
             self._workers.pop(uid, None)
 
     def on_pod(self, pod: dict[str, Any], *, deleted: bool = False) -> None:
-        if not is_tandem_pod(pod):
+        if not self.runs(pod):
             return
         meta = pod["metadata"]
         uid = meta["uid"]

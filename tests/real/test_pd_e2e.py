@@ -1,0 +1,531 @@
+"""P/D with real vLLM engines through the operator's router, against a colocated engine's answers.
+
+On the dev cluster with the CPU build of vLLM and the tiny model (docs/real-vllm.md): first a
+Colocated PDDeployment (one engine) answers every request through its router and the answers are
+recorded; it is deleted (its engine stopped) before a Disaggregated one (one prefill, one decode,
+NixlConnector over loopback) answers the same requests through its router. At temperature 0 with
+--dtype float32 the P/D answers must equal the colocated ones token for token: completions and
+chat, streamed and not, over PROMPTS prompts from 1 to about 1,300 tokens. The decode engine's
+counters must show the prompt's KV arrived by transfer, with no prompt token computed there, and
+the prefill engine's prefix cache must count a repeated prompt as hits. Prometheus scrapes the
+engines like any pod. At most two engines run at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import random
+import re
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from tandem.api import meta
+from tandem.devcluster import kube, tinymodel
+from tandem.devcluster.handle import ClusterHandle
+from tandem.devcluster.testing import OperatorProcess, eventually, metric_total, scratch_namespace
+from tandem.metrics import queries
+from tandem.versions import VLLM_IMAGE
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(2400)]
+
+MODEL = "tiny-llama"
+ROUTER_IMAGE = "ghcr.io/tandem-dev/tandem:0.1.0"
+MAX_TOKENS = 24
+PROMPTS = 24
+FORMS = (("completions", False), ("completions", True), ("chat", False), ("chat", True))
+# Engines on CPU start in about a minute alone; two at once on two busy cores take longer.
+READY_TIMEOUT = 900
+
+
+def prompts() -> list[str]:
+    """PROMPTS prompts of mixed length (1 to about 900 words), from the tiny model's corpus words."""
+    rng = random.Random(7)
+    words = " ".join(tinymodel.corpus(11, lines=600)).split()
+    lengths = [
+        1,
+        2,
+        3,
+        5,
+        8,
+        12,
+        20,
+        30,
+        45,
+        60,
+        80,
+        100,
+        130,
+        160,
+        200,
+        250,
+        300,
+        380,
+        450,
+        520,
+        600,
+        700,
+        800,
+        900,
+    ]
+    assert len(lengths) == PROMPTS
+    out = []
+    for n in lengths:
+        start = rng.randrange(len(words) - n)
+        out.append(" ".join(words[start : start + n]))
+    return out
+
+
+def manifest(name: str, mode: str) -> dict[str, Any]:
+    pool = {
+        "replicas": 1,
+        "tensorParallelSize": 1,
+        "resources": {"requests": {"cpu": "1", "memory": "6Gi"}},
+    }
+    spec: dict[str, Any] = {
+        "model": {"name": MODEL, "uri": "file:///models/tiny-llama", "maxModelLen": 2048},
+        "engine": {
+            "type": "vllm",
+            "image": VLLM_IMAGE,
+            "extraArgs": ["--dtype", "float32", "--enforce-eager", "--max-num-seqs", "16", "--seed", "0"],
+        },
+        "kvTransfer": {"connector": "NixlConnector"},
+        "network": {"rdma": {"enabled": False}},
+        "router": {"replicas": 1, "image": ROUTER_IMAGE},
+        "serving": {"mode": mode},
+    }
+    if mode == "Colocated":
+        spec["colocated"] = pool
+    else:
+        spec["prefill"] = pool
+        spec["decode"] = pool
+    return {"apiVersion": meta.API_VERSION, "kind": meta.KIND, "metadata": {"name": name}, "spec": spec}
+
+
+@dataclass
+class Answer:
+    """What a request's answer says, the part that must be equal: text, token ids, finish reason,
+    token counts."""
+
+    text: str
+    token_ids: list[int] | None
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    chunks: int = field(default=0, compare=False)
+    seconds: float = field(default=0.0, compare=False)
+
+
+def body(endpoint: str, stream: bool, prompt: str) -> dict[str, Any]:
+    b: dict[str, Any] = {
+        "model": MODEL,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "return_token_ids": True,
+        "stream": stream,
+    }
+    if stream:
+        b["stream_options"] = {"include_usage": True}
+    if endpoint == "chat":
+        b["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        b["prompt"] = prompt
+    return b
+
+
+def ask(router: str, endpoint: str, stream: bool, prompt: str) -> Answer:
+    url = urllib.parse.urlsplit(router)
+    path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+    conn = http.client.HTTPConnection(url.hostname or "", url.port, timeout=300)
+    try:
+        conn.request(
+            "POST", path, json.dumps(body(endpoint, stream, prompt)), {"Content-Type": "application/json"}
+        )
+        resp = conn.getresponse()
+        raw = resp.read()
+        assert resp.status == 200, raw[:1000]
+    finally:
+        conn.close()
+    if not stream:
+        data = json.loads(raw)
+        choice = data["choices"][0]
+        text = choice["message"]["content"] if endpoint == "chat" else choice["text"]
+        return Answer(
+            text,
+            choice.get("token_ids"),
+            choice.get("finish_reason"),
+            data["usage"]["prompt_tokens"],
+            data["usage"]["completion_tokens"],
+            1,
+        )
+    text, ids, finish, usage, chunks = "", [], None, {}, 0
+    saw_ids = False
+    for line in raw.decode().splitlines():
+        if not line.startswith("data: {"):
+            continue
+        event = json.loads(line[len("data: ") :])
+        if event.get("usage"):
+            usage = event["usage"]
+        for choice in event.get("choices", []):
+            chunks += 1
+            text += (
+                (choice.get("delta") or {}).get("content") or ""
+                if endpoint == "chat"
+                else choice.get("text", "")
+            )
+            if choice.get("token_ids") is not None:
+                saw_ids = True
+                ids += choice["token_ids"]
+            finish = choice.get("finish_reason") or finish
+    assert usage, raw[-500:]
+    return Answer(
+        text, ids if saw_ids else None, finish, usage["prompt_tokens"], usage["completion_tokens"], chunks
+    )
+
+
+def run_all(router: str) -> dict[tuple[int, str, bool], Answer]:
+    """Every prompt in every form, one at a time (so batching is the same on both sides)."""
+    out = {}
+    for i, prompt in enumerate(prompts()):
+        for endpoint, stream in FORMS:
+            started = time.monotonic()
+            answer = ask(router, endpoint, stream, prompt)
+            answer.seconds = time.monotonic() - started
+            out[(i, endpoint, stream)] = answer
+    return out
+
+
+def latency(answers: dict[tuple[int, str, bool], Answer]) -> str:
+    times = sorted(a.seconds for a in answers.values())
+    median, p90 = times[len(times) // 2], times[int(len(times) * 0.9)]
+    return f"median {median:.3f} s, p90 {p90:.3f} s, max {times[-1]:.3f} s"
+
+
+def engine_rss(pod: dict[str, Any]) -> float:
+    """GB resident in the pod's processes: the runner starts each in its own process group, whose
+    id is the pid the pod's containerID names (`tandem://PID`)."""
+    statuses = pod["status"].get("containerStatuses") or []
+    pgid = int(statuses[0]["containerID"].removeprefix("tandem://"))
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # fields after the name: state, ppid, pgrp, ..., rss at [21]
+            total += int(fields[21]) * 4096
+    return total / 1e9
+
+
+@dataclass
+class Deployed:
+    cluster: ClusterHandle
+    namespace: str
+    name: str
+
+    def ips(self, role: str) -> list[str]:
+        with self.cluster.api_client() as api:
+            ips = kube.ready_pod_ips(api, self.namespace, self.name, role)
+        assert all(ip.startswith("127.") for ip in ips), ips
+        return ips
+
+    def router(self) -> str:
+        return f"http://{self.ips('router')[0]}:{meta.ROUTER_PORT}"
+
+    def metrics(self, role: str) -> str:
+        ip = self.ips(role)[0]
+        with urllib.request.urlopen(f"http://{ip}:{meta.ENGINE_PORT}/metrics", timeout=10) as answer:
+            text: str = answer.read().decode()
+        return text
+
+    def pod(self, role: str) -> dict[str, Any]:
+        return next(p for p in self.pods() if p["metadata"]["labels"].get(meta.LABEL_ROLE) == role)
+
+    def pods(self) -> list[dict[str, Any]]:
+        with self.cluster.api_client() as api:
+            selector = f"{meta.LABEL_PDD}={self.name}"
+            listed = client.CoreV1Api(api).list_namespaced_pod(
+                self.namespace, label_selector=selector, _preload_content=False
+            )
+            items: list[dict[str, Any]] = kube.raw(listed)["items"]
+        return items
+
+
+def deploy(cluster: ClusterHandle, namespace: str, name: str, mode: str, roles: tuple[str, ...]) -> Deployed:
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest(name, mode)))
+    d = Deployed(cluster, namespace, name)
+    started = time.monotonic()
+    eventually(
+        lambda: all(d.ips(role) for role in (*roles, "router")),
+        timeout=READY_TIMEOUT,
+        interval=2,
+        what=f"{', '.join(roles)} and router pods of {name} Ready",
+    )
+    print(f"\n{name}: {', '.join(roles)} Ready {time.monotonic() - started:.0f} s after apply")
+    return d
+
+
+def undeploy(d: Deployed) -> None:
+    d.cluster.kubectl("delete", "-n", d.namespace, "pdd", d.name, "--wait=true")
+    # The runner removes an engine pod only once its process has stopped.
+    eventually(lambda: not d.pods(), timeout=300, interval=2, what=f"the pods of {d.name} gone")
+
+
+@dataclass
+class Run:
+    answers: dict[tuple[int, str, bool], Answer]
+    seconds: float
+    before: dict[str, str]
+    after: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def namespace(cluster: ClusterHandle) -> Iterator[str]:
+    with scratch_namespace(cluster, f"t-real-{uuid.uuid4().hex[:6]}") as name:
+        yield name
+
+
+@pytest.fixture(scope="module")
+def colocated(cluster: ClusterHandle, operator: OperatorProcess, namespace: str) -> Run:
+    """The reference: one colocated engine's answers, recorded, then the engine stopped."""
+    d = deploy(cluster, namespace, "tiny-colo", "Colocated", ("colocated",))
+    try:
+        before = {"colocated": d.metrics("colocated")}
+        started = time.monotonic()
+        answers = run_all(d.router())
+        seconds = time.monotonic() - started
+        after = {"colocated": d.metrics("colocated")}
+        print(f"colocated engine RSS {engine_rss(d.pod('colocated')):.2f} GB; latency {latency(answers)}")
+    finally:
+        undeploy(d)
+    return Run(answers, seconds, before, after)
+
+
+@pytest.fixture(scope="module")
+def pd(
+    cluster: ClusterHandle, operator: OperatorProcess, namespace: str, colocated: Run
+) -> Iterator[Deployed]:
+    d = deploy(cluster, namespace, "tiny-pd", "Disaggregated", ("prefill", "decode"))
+    try:
+        yield d
+    finally:
+        undeploy(d)
+
+
+@pytest.fixture(scope="module")
+def disaggregated(pd: Deployed) -> Run:
+    before = {role: pd.metrics(role) for role in ("prefill", "decode")}
+    started = time.monotonic()
+    answers = run_all(pd.router())
+    seconds = time.monotonic() - started
+    after = {role: pd.metrics(role) for role in ("prefill", "decode")}
+    rss = ", ".join(f"{role} {engine_rss(pd.pod(role)):.2f} GB" for role in ("prefill", "decode"))
+    print(f"engine RSS: {rss}; P/D latency {latency(answers)}")
+    return Run(answers, seconds, before, after)
+
+
+def delta(run: Run, role: str, name: str, **labels: str) -> float:
+    return metric_total(run.after[role], name, **labels) - metric_total(run.before[role], name, **labels)
+
+
+def test_pd_answers_equal_the_colocated_ones_token_for_token(colocated: Run, disaggregated: Run) -> None:
+    ref, got = colocated.answers, disaggregated.answers
+    assert set(ref) == set(got)
+    assert len(ref) == PROMPTS * len(FORMS)
+    prompt_lengths = sorted({a.prompt_tokens for (_, e, _), a in ref.items() if e == "completions"})
+    assert prompt_lengths[0] <= 3, prompt_lengths
+    assert prompt_lengths[-1] >= 900, prompt_lengths
+    # token ids come back in every form, so the comparison is of tokens, not only of text
+    assert all(a.token_ids is not None and len(a.token_ids) == a.completion_tokens for a in ref.values())
+    assert all(a.completion_tokens > 0 for a in ref.values())
+    streamed = [a for (_, _, s), a in got.items() if s]
+    assert all(a.chunks > 1 for a in streamed if a.completion_tokens > 1)
+    different = {key: (ref[key], got[key]) for key in ref if ref[key] != got[key]}
+    equal = len(ref) - len(different)
+    print(
+        f"\nP/D vs colocated: {equal}/{len(ref)} answers equal token for token "
+        f"({PROMPTS} prompts x {len(FORMS)} forms); colocated {colocated.seconds:.1f} s, "
+        f"P/D {disaggregated.seconds:.1f} s for the {len(ref)} requests, one at a time "
+        f"({sum(a.completion_tokens for a in ref.values())} and "
+        f"{sum(a.completion_tokens for a in got.values())} tokens generated)"
+    )
+    assert not different, different
+    # the same prompt's streamed and unstreamed answers agree too
+    for i in range(PROMPTS):
+        for endpoint in ("completions", "chat"):
+            assert ref[(i, endpoint, False)] == ref[(i, endpoint, True)]
+
+
+def test_decode_received_the_prompt_kv_and_computed_none_of_it(disaggregated: Run) -> None:
+    prompt = delta(disaggregated, "decode", "vllm:prompt_tokens_total")
+    transferred = delta(
+        disaggregated, "decode", "vllm:prompt_tokens_by_source_total", source="external_kv_transfer"
+    )
+    computed = delta(disaggregated, "decode", "vllm:prompt_tokens_by_source_total", source="local_compute")
+    cached = delta(disaggregated, "decode", "vllm:prompt_tokens_by_source_total", source="local_cache_hit")
+    sent = sum(a.prompt_tokens for a in disaggregated.answers.values())
+    print(
+        f"\ndecode: {prompt:.0f} prompt tokens, {transferred:.0f} transferred, {cached:.0f} from its own "
+        f"cache, {computed:.0f} computed; {sent} prompt tokens sent"
+    )
+    assert prompt == sent
+    assert computed == 0
+    assert transferred + cached == prompt
+    # Each form of a prompt repeats what decode already holds from the form before; the first of
+    # each (and every chat/completions switch) arrives by NIXL.
+    assert transferred > 0.4 * prompt
+    assert delta(disaggregated, "decode", "vllm:nixl_xfer_time_seconds_count") > 0
+    assert delta(disaggregated, "decode", "vllm:nixl_num_failed_transfers_total") == 0
+    # prefill computed the prompts
+    assert delta(disaggregated, "prefill", "vllm:prompt_tokens_total") == sent
+
+
+def test_prefill_prefix_cache_counts_a_repeated_prompt(pd: Deployed, disaggregated: Run) -> None:
+    words = " ".join(tinymodel.corpus(99, lines=200)).split()
+    prompt = " ".join(words[:700])
+    router = pd.router()
+    first = ask(router, "completions", False, prompt)
+    before = pd.metrics("prefill")
+    again = ask(router, "completions", False, prompt)
+    after = pd.metrics("prefill")
+    assert again == first
+    hits = metric_total(after, "vllm:prefix_cache_hits_total") - metric_total(
+        before, "vllm:prefix_cache_hits_total"
+    )
+    queries = metric_total(after, "vllm:prefix_cache_queries_total") - metric_total(
+        before, "vllm:prefix_cache_queries_total"
+    )
+    print(f"\nprefill prefix cache on the repeat: {hits:.0f} hits of {queries:.0f} queried tokens")
+    assert queries == first.prompt_tokens
+    assert hits >= 0.9 * first.prompt_tokens
+
+
+def test_prometheus_scrapes_the_engines(cluster: ClusterHandle, pd: Deployed, disaggregated: Run) -> None:
+    names = {
+        p["metadata"]["name"] for p in pd.pods() if p["metadata"]["labels"].get(meta.LABEL_ROLE) != "router"
+    }
+
+    def scraped() -> set[str] | None:
+        query = urllib.parse.urlencode({"query": f'vllm:prompt_tokens_total{{namespace="{pd.namespace}"}}'})
+        with urllib.request.urlopen(f"{cluster.prometheus_url}/api/v1/query?{query}", timeout=10) as answer:
+            result = json.load(answer)["data"]["result"]
+        pods = {r["metric"].get("pod") for r in result if float(r["value"][1]) > 0}
+        return pods if names <= pods else None
+
+    eventually(scraped, timeout=60, interval=2, what=f"Prometheus series of {sorted(names)}")
+
+
+# --- the metric contract: what tandem reads from engines, against real vLLM -----------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+# Where tandem reads engine metrics: the autoscaler's and KV-transport queries, rollout/revision
+# analysis (tandem.metrics), the dashboard, the router's KV watch, the controller's KV status.
+READERS = (
+    "operator/tandem/metrics",
+    "operator/tandem/dashboard",
+    "operator/tandem/autoscale/snapshot.py",
+    "operator/tandem/router/kvwatch.py",
+    "operator/tandem/controller/kv_transport.py",
+    "charts/tandem/dashboards/tandem.json",
+)
+# Read only as a fallback for vLLM before 0.10 (router/kvwatch.py); real 0.32 has kv_cache_usage_perc.
+LEGACY = {"vllm:gpu_cache_usage_perc"}
+SUFFIXES = ("", "_total", "_bucket", "_sum", "_count")
+
+
+def names_tandem_reads() -> set[str]:
+    found: set[str] = set()
+    for entry in READERS:
+        path = ROOT / entry
+        for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            found |= set(re.findall(r"vllm:[a-z0-9_]+", f.read_text()))
+    return found - LEGACY
+
+
+def families(text: str) -> set[str]:
+    return {line.split("{", 1)[0].split(" ", 1)[0] for line in text.splitlines() if line.startswith("vllm:")}
+
+
+def exported(name: str, present: set[str]) -> bool:
+    if name.endswith("_"):  # a family prefix in prose, e.g. vllm:nixl_*
+        return any(p.startswith(name) for p in present)
+    return any(name + suffix in present for suffix in SUFFIXES)
+
+
+def test_every_engine_series_tandem_reads_is_exported_in_each_role(
+    colocated: Run, pd: Deployed, disaggregated: Run
+) -> None:
+    names = names_tandem_reads()
+    assert {
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:nixl_xfer_time_seconds_bucket",
+    } <= names
+    texts = {"colocated": colocated.after["colocated"], **{r: pd.metrics(r) for r in ("prefill", "decode")}}
+    missing = {}
+    for role, text in texts.items():
+        present = families(text)
+        # No KV connector on a colocated engine: no NIXL series there, by design.
+        wanted = {n for n in names if role != "colocated" or not n.startswith("vllm:nixl")}
+        missing[role] = sorted(n for n in wanted if not exported(n, present))
+    assert missing == {"colocated": [], "prefill": [], "decode": []}, missing
+    # cache_config_info carries num_gpu_blocks, which the prefill drain reads (held-KV estimate)
+    for role, text in texts.items():
+        info = [line for line in text.splitlines() if line.startswith("vllm:cache_config_info{")]
+        assert info, role
+        assert re.search(r'num_gpu_blocks="[1-9][0-9]*"', info[0]), (role, info[0])
+
+
+def test_every_engine_query_tandem_runs_answers_for_each_pool(
+    cluster: ClusterHandle, pd: Deployed, disaggregated: Run
+) -> None:
+    """The autoscaler's engine queries, the drain's pod queries and the KV-transport queries, as
+    tandem renders them, on the dev cluster's Prometheus: every one answers, for both pools where it
+    groups by pool. tandem:kv_held_blocks is the sim engine's alone (queries.py estimates held KV from
+    kv_cache_usage_perc x num_gpu_blocks on real vLLM)."""
+
+    def query(promql: str) -> list[dict[str, Any]]:
+        q = urllib.parse.urlencode({"query": promql})
+        with urllib.request.urlopen(f"{cluster.prometheus_url}/api/v1/query?{q}", timeout=10) as answer:
+            data = json.load(answer)
+        assert data["status"] == "success", (promql, data)
+        result: list[dict[str, Any]] = data["data"]["result"]
+        return result
+
+    window = 600.0
+    engine_queries = queries.snapshot_queries(pd.namespace, pd.name, window, 0.95)
+    engine_queries = {q.name: engine_queries[q.name] for q in queries.ENGINE_QUERIES}
+    pods = [p["metadata"]["name"] for p in pd.pods() if p["metadata"]["labels"][meta.LABEL_ROLE] != "router"]
+    pod_queries = queries.pod_load_queries(pd.namespace, pods)
+    kv_queries = queries.kv_transport_queries(pd.namespace, pd.name, window)
+    # waiting_before looks one window back: only once the pools are that old.
+    wanted = {**engine_queries, **pod_queries, **kv_queries}
+    sim_only = {"pod_kv_held_blocks"}
+    empty: dict[str, str] = {}
+
+    def all_answer() -> bool:
+        empty.clear()
+        for name, promql in wanted.items():
+            if name in sim_only or name == "waiting_before":
+                continue
+            result = query(promql)
+            roles = {r["metric"].get(queries.LABEL_ROLE) for r in result}
+            if not result or ("by (tandem_dev_role" in promql and not {"prefill", "decode"} <= roles):
+                empty[name] = promql
+        return not empty
+
+    with contextlib.suppress(AssertionError):
+        eventually(all_answer, timeout=60, interval=5, what="every engine query answering")
+    assert not empty, empty
+    assert query(pod_queries["pod_kv_held_blocks"]) == []  # sim-only: absent on real vLLM, by design
