@@ -272,6 +272,9 @@ class RouterMetrics:
         # Bound children for the hot path: `labels()` costs more than the observation itself.
         self.by_path = {path: PathMetrics(self, path) for path in PATHS}
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        # Successful prefill legs exist from the start at 0: rate() of a series born with its first
+        # requests reads no increase for them (the autoscaler's TTFT breakdown divides by it).
+        self.child(self.prefill_leg, "ok")
         # Every path's request counters exist from the start at 0: a series born at 1 hides its first
         # request from rate(), and the within-SLO counter (bound at 0) would then outrun the total.
         for path in PATHS:

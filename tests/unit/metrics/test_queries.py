@@ -297,6 +297,11 @@ def test_recorded_answers_from_the_dev_cluster() -> None:
     assert snap.paths["disaggregated"].within_slo_rate > 0
     assert snap.pools["prefill"].scraped_pods == snap.pools["decode"].scraped_pods == 1
     assert snap.pools["decode"].generation_tokens_rate > 0
+    parts = snap.paths["disaggregated"].ttft_breakdown
+    assert parts is not None
+    assert parts.prefill_queue is not None
+    assert parts.kv_transfer is not None
+    assert 0 < parts.prefill_leg + parts.decode_first_token <= parts.ttft * 1.05
 
 
 # --- pod loads --------------------------------------------------------------------------------------
