@@ -775,7 +775,8 @@ class LoadPlannerPolicy:
         self.throughput = (
             PlannerPolicy(config.throughput, window_seconds) if config.throughput is not None else None
         )
-        self._fed_at: float | None = None
+        self.window_seconds = window_seconds
+        self._fed_at = 0.0
         self.floors: dict[str, int] = {}
         self.last_figures: dict[str, dict[str, float]] = {}
         self.gpus_per_replica = {
@@ -784,10 +785,9 @@ class LoadPlannerPolicy:
         }
 
     def _feed_throughput(self, snapshot: Snapshot, now: float) -> None:
-        """The throughput planner reads windows that tile time: one snapshot per window length."""
-        if self.throughput is None:
-            return
-        if self._fed_at is not None and now + 1e-9 < self._fed_at + snapshot.window_seconds:
+        """The throughput planner reads windows that tile time: one snapshot per `window_seconds`, from
+        the first full window on."""
+        if self.throughput is None or now + 1e-9 < self._fed_at + self.window_seconds:
             return
         self._fed_at = now
         self.floors.update(self.throughput.decide(snapshot, now))
