@@ -555,11 +555,13 @@ def planner_at_tandem(case: Case, outcomes: Sequence[Outcome], policy: str) -> D
         reach = f"best x{best.label} {best.attainment:.1%}" if best else "no point"
         note = f"not reached ({reach}); curve {curve}"
     else:
-        how = {
-            "exact": f"at x{at.between[0].label}",
-            "interpolated": f"between x{at.between[0].label} and x{at.between[1].label}",
-            "at most": f"at most: x{at.between[0].label} already reaches {at.between[0].attainment:.1%}",
-        }.get(at.how, at.how)
+        first = at.between[0]
+        if at.how == "interpolated":
+            how = f"between x{first.label} and x{at.between[1].label}"
+        elif at.how == "at most":
+            how = f"at most: x{first.label} already reaches {first.attainment:.1%}"
+        else:
+            how = f"at x{first.label}"
         note = f"tandem / planner = {tandem.summary.gpu_hours / at.gpu_hours:.2f} ({how}); curve {curve}"
     return DerivedRow(case.name, at_tandem_name(policy), target, at.gpu_hours, note, case.tuned)
 
