@@ -9,6 +9,11 @@ H100, TP1, model load 120 s), SLO and GPU budget:
   targets tuned once on the Azure traces (`--tune-hpa`) and fixed in `tandem.sim.baselines`;
 - Dynamo-style planner: 180 s interval (its default), constant and trend predictors (60-s intervals
   with `--policies dynamo-60s,dynamo-60s-trend`: worse on both Azure traces, not in the default table);
+- the fair planner baseline: the 180-s planner, and Dynamo's 5-s load-based loop with it as its floor
+  (`dynamo-180s+load`), each also given TTFT/ITL targets tighter than the SLO (`PLANNER_FACTORS`), their
+  curves of GPU-hours against attainment, and per trace a row "<planner> @ tandem's attainment": the
+  planner's GPU-hours read off its curve at tandem's attainment and tandem's ratio to them
+  (`docs/simulator.md`, "The fair planner baseline"); the load-based loop alone is `dynamo-load`;
 - tandem: `autoscale.decide()` itself, with its state carried as the operator carries it.
 Dynamic policies start from the same size: the static-peak layout (provisioned for the trace; the
 question is what each policy does from there).
@@ -22,6 +27,8 @@ table as JSON there.
     .venv/bin/python bench/autoscale.py --quick         # a small fixed-seed run (tests/unit/sim)
     .venv/bin/python bench/autoscale.py --traces azure-conv --policies tandem,hpa
     .venv/bin/python bench/autoscale.py --tune-hpa      # the HPA targets' grid on the Azure traces
+    .venv/bin/python bench/autoscale.py --trace my.csv --format plain --rate-scale 4 --window 0:3600
+                                                        # everything on your own trace (docs/simulator.md)
     .venv/bin/python bench/autoscale.py --docs          # also copy the plots to docs/img/
 """
 
