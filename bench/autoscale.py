@@ -712,6 +712,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     factors = _factors(parser, args.planner_factors, QUICK_PLANNER_FACTORS if args.quick else PLANNER_FACTORS)
     if args.trace is not None:
+        if args.traces:
+            parser.error("--trace runs one file; leave out --traces")
         cases = [_file_case(parser, args)]
     elif args.quick:
         cases = [QUICK]

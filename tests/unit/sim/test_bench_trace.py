@@ -134,6 +134,7 @@ def test_a_bad_file_is_an_error_naming_the_line(
         (["--rate-scale", "0"], "--rate-scale and --compression must be positive"),
         (["--compression", "-1"], "--rate-scale and --compression must be positive"),
         (["--planner-factors", "1.5"], "not within"),
+        (["--traces", "azure-code"], "leave out --traces"),
     ],
 )
 def test_bad_options_are_usage_errors(
