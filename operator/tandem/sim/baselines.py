@@ -11,9 +11,13 @@ defines them. Pure: no clock (time is an argument) and no I/O.
   prompt-token demand over one replica's prefill throughput at the TTFT target, decode as output-token
   demand over one replica's decode throughput at the ITL target, both derived from the same `perf`
   profile tandem uses the way Dynamo's pre-deployment profiler measures them; no headroom, averages,
-  no queue term (its published behaviour).
+  no queue term (its published behaviour). `PlannerConfig.tightness` gives it targets tighter than the
+  SLO (the fair baseline's sweep: its cost at an attainment, `report.gpu_hours_at`).
+- `LoadPlannerPolicy`: Dynamo's load-based loop (every 5 s, +1/-1 per pool on active prefill tokens and
+  active decode KV against thresholds solved at the TTFT/ITL targets), alone or with a throughput
+  planner's sizes as its floor.
 
-Both policies follow the simulator's policy protocol: `interval_seconds` and
+The policies follow the simulator's policy protocol: `interval_seconds` and
 `decide(snapshot, now) -> {role: replicas}`; a role left out keeps its size.
 """
 
