@@ -769,8 +769,9 @@ class LoadPlannerPolicy:
       none without the window's ISL (no traffic: Dynamo's regression has no observation);
     - with a throughput planner configured, its latest sizes are a floor applied to each proposal;
     - growth beyond the GPU budget is cut as for the other policies (`cap_to_budget`).
-    Dynamo decides "scale up" when *every* worker is above target; the snapshot holds pool sums, so the
-    per-worker value is the pool's mean (balanced workers); this errs towards scaling up.
+    Dynamo steps when *every* worker is above (below) its threshold; the snapshot holds pool sums, so the
+    per-worker value is the pool's mean, which steps at least as readily both ways (the same when the
+    workers are balanced).
     """
 
     def __init__(self, config: LoadPlannerConfig, window_seconds: float = 60.0) -> None:
