@@ -9,6 +9,11 @@ H100, TP1, model load 120 s), SLO and GPU budget:
   targets tuned once on the Azure traces (`--tune-hpa`) and fixed in `tandem.sim.baselines`;
 - Dynamo-style planner: 180 s interval (its default), constant and trend predictors (60-s intervals
   with `--policies dynamo-60s,dynamo-60s-trend`: worse on both Azure traces, not in the default table);
+- the fair planner baseline: the 180-s planner, and Dynamo's 5-s load-based loop with it as its floor
+  (`dynamo-180s+load`), each also given TTFT/ITL targets tighter than the SLO (`PLANNER_FACTORS`), their
+  curves of GPU-hours against attainment, and per trace a row "<planner> @ tandem's attainment": the
+  planner's GPU-hours read off its curve at tandem's attainment and tandem's ratio to them
+  (`docs/simulator.md`, "The fair planner baseline"); the load-based loop alone is `dynamo-load`;
 - tandem: `autoscale.decide()` itself, with its state carried as the operator carries it.
 Dynamic policies start from the same size: the static-peak layout (provisioned for the trace; the
 question is what each policy does from there).
@@ -22,6 +27,8 @@ table as JSON there.
     .venv/bin/python bench/autoscale.py --quick         # a small fixed-seed run (tests/unit/sim)
     .venv/bin/python bench/autoscale.py --traces azure-conv --policies tandem,hpa
     .venv/bin/python bench/autoscale.py --tune-hpa      # the HPA targets' grid on the Azure traces
+    .venv/bin/python bench/autoscale.py --trace my.csv --format plain --rate-scale 4 --window 0:3600
+                                                        # everything on your own trace (docs/simulator.md)
     .venv/bin/python bench/autoscale.py --docs          # also copy the plots to docs/img/
 """
 
@@ -46,10 +53,12 @@ sys.path.insert(0, str(ROOT / "operator"))
 from tandem.autoscale.knobs import KNOBS, Knobs  # noqa: E402
 from tandem.perf import kv_cache_tokens, load_profile  # noqa: E402
 from tandem.sim import SLO, SimConfig, simulate  # noqa: E402
-from tandem.sim.advise import layout_of_spec, load_trace  # noqa: E402
+from tandem.sim.advise import layout_of_spec, load_trace, trace_format  # noqa: E402
 from tandem.sim.baselines import (  # noqa: E402
     HPAConfig,
     HPAPolicy,
+    LoadPlannerConfig,
+    LoadPlannerPolicy,
     PlannerConfig,
     PlannerPolicy,
     SearchResult,
@@ -60,11 +69,21 @@ from tandem.sim.baselines import (  # noqa: E402
 )
 from tandem.sim.layout import Layout  # noqa: E402
 from tandem.sim.policy import Policy  # noqa: E402
-from tandem.sim.report import DYNAMO_180, STATIC_PEAK, Row, plot_trace, table  # noqa: E402
+from tandem.sim.report import (  # noqa: E402
+    DYNAMO_180,
+    STATIC_PEAK,
+    CurvePoint,
+    DerivedRow,
+    Row,
+    gpu_hours_at,
+    plot_trace,
+    table,
+)
 from tandem.sim.requests import Request  # noqa: E402
 from tandem.sim.results import Summary, TickSample  # noqa: E402
 from tandem.sim.tandem_policy import TandemPolicy, autoscaled_spec  # noqa: E402
-from tandem.sim.traces import scale_time, servegen  # noqa: E402
+from tandem.sim.traces import TraceError, scale_time, servegen  # noqa: E402
+from tandem.sim.traces.readers import numbered_lines  # noqa: E402
 
 OUT = ROOT / ".tandem" / "bench" / "autoscale"
 DOCS_IMG = ROOT / "docs" / "img"
@@ -76,10 +95,28 @@ ATTAINMENT = 0.95
 STATIC_COLOCATED = "static colocated"
 TANDEM = "tandem"
 HPA = "hpa"
-DYNAMIC = (HPA, DYNAMO_180, "dynamo-180s-trend", TANDEM)
+DYNAMO_LOAD = "dynamo-load"  # Dynamo's load-based loop alone, every 5 s
+DYNAMO_BOTH = "dynamo-180s+load"  # the load-based loop with the 180-s throughput planner as its floor
+DYNAMIC = (HPA, DYNAMO_180, "dynamo-180s-trend", DYNAMO_LOAD, DYNAMO_BOTH, TANDEM)
 ALL_POLICIES = (STATIC_PEAK, STATIC_COLOCATED, *DYNAMIC)
 EXTRA_POLICIES = ("dynamo-60s", "dynamo-60s-trend")  # on request only (--policies)
-PLOTTED = (STATIC_PEAK, HPA, DYNAMO_180, TANDEM)
+PLOTTED = (STATIC_PEAK, HPA, DYNAMO_180, DYNAMO_LOAD, TANDEM)
+# The fair planner baseline: each planner in SWEPT given TTFT/ITL targets = SLO x factor (`tightness`),
+# each factor one run; with factor 1 (the plain row) they draw the planner's curve of GPU-hours against
+# attainment. From 0.8 of the SLO down to a quarter of it (at a fifth the 30-ms ITL target, 6 ms, is under
+# one decode step of the profile, 6.7 ms: the throughput planner would fall back to one decode replica);
+# `--planner-factors` changes them, the quick run has one.
+PLANNER_FACTORS = (0.8, 0.6, 0.45, 0.3, 0.25)
+QUICK_PLANNER_FACTORS = (0.5,)
+SWEPT = (DYNAMO_180, DYNAMO_BOTH)  # the policies the factors apply to
+
+
+def swept_name(policy: str, factor: float) -> str:
+    return f"{policy}@{factor:g}"
+
+
+def at_tandem_name(policy: str) -> str:
+    return f"{policy} @ tandem's attainment"
 
 
 @dataclass(frozen=True)
@@ -96,7 +133,9 @@ class Case:
     tuned: bool  # the policies were tuned on it (Azure); the others are held out
     seconds: float | None = None  # replay only this much of the trace (None: all of it)
     start: float = 0.0
-    compress: float = 1.0  # virtual time = trace time / compress (only ServeGen's day; see CASES)
+    compress: float = 1.0  # virtual time = trace time / compress (ServeGen's day, or --compression)
+    path: str = ""  # a trace file (loader "file"): --trace
+    fmt: str = ""  # its format: azure, mooncake, plain or servegen
 
 
 # Rate scales put static peak at 8 GPUs or more (the evaluation's rule); the SLOs are per trace (Mooncake's
@@ -161,11 +200,60 @@ def _servegen(case: Case) -> list[Request]:
     return scale_time(day, 1.0 / case.compress) if case.compress != 1 else day
 
 
+TRACE_FORMATS = ("azure", "mooncake", "plain", "servegen")
+SERVEGEN_DEFAULT_SECONDS = 86400.0  # a ServeGen curve spans 14 days: without --window, its first day
+
+
+def servegen_lengths_path(rates: Path) -> Path:
+    """A ServeGen rates file's lengths file: `<tag>_client_rates.csv[.gz]` -> `<tag>_client_lengths...`
+    in the same folder (both as `traces/servegen-alibaba/` has them)."""
+    if "client_rates" not in rates.name:
+        raise TraceError(
+            f"{rates}: a ServeGen trace is given by its rates file, named <tag>_client_rates.csv[.gz], "
+            "with <tag>_client_lengths.csv[.gz] beside it"
+        )
+    stem = rates.name.replace("client_rates", "client_lengths")
+    for name in (stem, stem.removesuffix(".gz"), stem + ".gz"):
+        if (rates.parent / name).exists():
+            return rates.parent / name
+    raise TraceError(f"{rates}: no lengths file {stem} beside it (ServeGen needs both)")
+
+
+def detect_format(path: Path) -> str:
+    """azure, mooncake, servegen or plain, from the first non-blank line (as `advise.trace_format`)."""
+    for _, line in numbered_lines(path):
+        if line.strip().startswith("client_id,window_start_s,rate_rps"):
+            return "servegen"
+        if line.strip():
+            break
+    return trace_format(path)
+
+
+def _file(case: Case) -> list[Request]:
+    """A trace the bench does not know (`--trace`): read in its format, the window [start, start +
+    seconds) re-based to 0, its rate x `rate_scale` (`advise.load_trace`: copies superposed, the duration
+    kept; for ServeGen each client's rate), then time compressed `compress` times."""
+    path = Path(case.path)
+    if case.fmt == "servegen":
+        data = servegen.load(path, servegen_lengths_path(path))
+        requests = servegen.generate(
+            data,
+            start=case.start,
+            duration=case.seconds or SERVEGEN_DEFAULT_SECONDS,
+            rate_scale=case.rate_scale,
+            seed=SEED,
+        )
+    else:
+        requests = load_trace(path, case.fmt, case.rate_scale, case.start, case.seconds, SEED)
+    return scale_time(requests, 1.0 / case.compress) if case.compress != 1 else requests
+
+
 LOADERS: dict[str, Callable[[Case], list[Request]]] = {
     "azure-code": _azure("code"),
     "azure-conv": _azure("conv"),
     "mooncake": _mooncake,
     "servegen-day": _servegen,
+    "file": _file,
 }
 
 
@@ -221,7 +309,7 @@ def setup_of(case: Case, initial: dict[str, int] | None = None) -> Setup:
     )
 
 
-def planner_config(case: Case, interval: float, predictor: str) -> PlannerConfig:
+def planner_config(case: Case, interval: float, predictor: str, tightness: float = 1.0) -> PlannerConfig:
     profile = load_profile(MODEL, GPU, TP)
     return PlannerConfig(
         prefill_profile=profile,
@@ -232,6 +320,21 @@ def planner_config(case: Case, interval: float, predictor: str) -> PlannerConfig
         adjustment_interval_seconds=interval,
         predictor=predictor,  # type: ignore[arg-type]
         max_gpu_budget=case.max_gpus,
+        tightness=tightness,
+    )
+
+
+def load_planner_config(case: Case, with_throughput: bool, tightness: float = 1.0) -> LoadPlannerConfig:
+    profile = load_profile(MODEL, GPU, TP)
+    return LoadPlannerConfig(
+        prefill_profile=profile,
+        decode_profile=profile,
+        ttft_seconds=case.ttft_ms / 1e3,
+        itl_seconds=case.tpot_ms / 1e3,
+        decode_kv_capacity_tokens=kv_cache_tokens(profile),
+        max_gpu_budget=case.max_gpus,
+        tightness=tightness,
+        throughput=planner_config(case, 180.0, "constant", tightness) if with_throughput else None,
     )
 
 
@@ -252,11 +355,17 @@ def make_policy(name: str, setup: Setup, knobs: Knobs = KNOBS, hpa: HPAConfig | 
         return HPAPolicy(
             hpa or HPAConfig(), gpus_per_replica={"prefill": TP, "decode": TP}, max_gpus=case.max_gpus
         )
+    name, _, factor = name.partition("@")
+    tightness = float(factor) if factor else 1.0
+    if name in (DYNAMO_LOAD, DYNAMO_BOTH):
+        config = load_planner_config(case, name == DYNAMO_BOTH, tightness)
+        return LoadPlannerPolicy(config, setup.config.window_seconds)
     if name.startswith("dynamo-"):
         parts = name.split("-")
         interval = float(parts[1].rstrip("s"))
         predictor = "trend" if name.endswith("-trend") else "constant"
-        return PlannerPolicy(planner_config(case, interval, predictor), setup.config.window_seconds)
+        config = planner_config(case, interval, predictor, tightness)
+        return PlannerPolicy(config, setup.config.window_seconds)
     raise ValueError(f"unknown policy {name!r}")
 
 
@@ -424,12 +533,62 @@ def _progress(outcome: Outcome) -> None:
     )
 
 
+def planner_curve(case: Case, outcomes: Sequence[Outcome], policy: str) -> list[CurvePoint]:
+    """A swept planner's runs on one trace (factor 1 is its plain row) as points of its curve."""
+    points = []
+    for o in outcomes:
+        if o.case != case.name or o.summary is None:
+            continue
+        if o.policy == policy:
+            points.append(CurvePoint("1", o.summary.attainment, o.summary.gpu_hours))
+        elif o.policy.startswith(policy + "@"):
+            label = o.policy.partition("@")[2]
+            points.append(CurvePoint(label, o.summary.attainment, o.summary.gpu_hours))
+    return sorted(points, key=lambda p: -float(p.label))
+
+
+def planner_at_tandem(case: Case, outcomes: Sequence[Outcome], policy: str) -> DerivedRow | None:
+    """The row "<planner> @ tandem's attainment": the swept planner's GPU-hours at tandem's attainment,
+    read off its curve (`report.gpu_hours_at`), and tandem's ratio to them; None without both."""
+    tandem = next((o for o in outcomes if o.case == case.name and o.policy == TANDEM), None)
+    points = planner_curve(case, outcomes, policy)
+    if tandem is None or tandem.summary is None or len(points) < 2:
+        return None
+    target = tandem.summary.attainment
+    at = gpu_hours_at(points, target)
+    curve = ", ".join(f"x{p.label}: {p.attainment:.1%} {p.gpu_hours:.1f}" for p in points)
+    if at.gpu_hours is None:
+        best = at.between[0] if at.between else None
+        reach = f"best x{best.label} {best.attainment:.1%}" if best else "no point"
+        note = f"not reached ({reach}); curve {curve}"
+    else:
+        first = at.between[0]
+        if at.how == "interpolated":
+            how = f"between x{first.label} and x{at.between[1].label}"
+        elif at.how == "at most":
+            how = f"at most: x{first.label} already reaches {first.attainment:.1%}"
+        else:
+            how = f"at x{first.label}"
+        note = f"tandem / planner = {tandem.summary.gpu_hours / at.gpu_hours:.2f} ({how}); curve {curve}"
+    return DerivedRow(case.name, at_tandem_name(policy), target, at.gpu_hours, note, case.tuned)
+
+
 def report(cases: Sequence[Case], outcomes: Sequence[Outcome], out: Path, docs: bool) -> str:
-    rows = []
+    rows: list[Row | DerivedRow] = []
+    derived: dict[str, dict[str, Any]] = {}
     for case in cases:
         for o in outcomes:
             if o.case == case.name:
                 rows.append(Row(case.name, o.policy, o.summary, o.note, case.tuned, o.wall_seconds))
+        for policy in SWEPT:
+            extra = planner_at_tandem(case, outcomes, policy)
+            if extra is not None:
+                rows.append(extra)
+                derived.setdefault(case.name, {})[policy] = {
+                    "attainment": extra.attainment,
+                    "gpu_hours": extra.gpu_hours,
+                    "note": extra.note,
+                }
     text = table(rows)
     out.mkdir(parents=True, exist_ok=True)
     for case in cases:
@@ -449,6 +608,7 @@ def report(cases: Sequence[Case], outcomes: Sequence[Outcome], out: Path, docs: 
             DOCS_IMG.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, DOCS_IMG / f"autoscale-{case.name}.png")
     (out / "table.md").write_text(text + "\n", encoding="utf-8")
+    (out / "planner_at_tandem.json").write_text(json.dumps(derived, indent=1), encoding="utf-8")
     (out / "results.json").write_text(
         json.dumps(
             [
@@ -517,11 +677,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="KNOB=V1,V2",
         help="tandem with autoscale.Knobs overridden, on the chosen traces (repeatable; proposals only)",
     )
+    parser.add_argument(
+        "--planner-factors",
+        default=None,
+        metavar="F1,F2",
+        help="the planner's targets as shares of the SLO, one run each besides factor 1 (default "
+        f"{_listed(PLANNER_FACTORS)}; quick {_listed(QUICK_PLANNER_FACTORS)}; empty: no sweep)",
+    )
+    mine = parser.add_argument_group("your own trace (docs/simulator.md, 'Your own trace')")
+    mine.add_argument("--trace", default=None, metavar="FILE", help="run the whole comparison on this trace")
+    mine.add_argument(
+        "--format",
+        default=None,
+        choices=TRACE_FORMATS,
+        help="its format (default: recognised from its first line)",
+    )
+    mine.add_argument("--rate-scale", type=float, default=1.0, help="arrival rate x this (default 1)")
+    mine.add_argument(
+        "--window",
+        default=None,
+        metavar="START:SECONDS",
+        help="replay only [START, START+SECONDS) of the trace, in its own seconds (ServeGen default 0:86400)",
+    )
+    mine.add_argument(
+        "--compression",
+        type=float,
+        default=1.0,
+        help="virtual time = trace time / this, after the rate scale (default 1: the trace's own pace)",
+    )
+    mine.add_argument("--ttft-ms", type=int, default=1000, help="the SLO's TTFT (default 1000)")
+    mine.add_argument("--tpot-ms", type=int, default=30, help="the SLO's TPOT (default 30)")
+    mine.add_argument("--max-gpus", type=int, default=48, help="the GPU budget (default 48)")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     started = time.perf_counter()
-    if args.quick:
-        cases: list[Case] = [QUICK]
-        policies = [STATIC_PEAK, HPA, DYNAMO_180, TANDEM]
+    factors = _factors(parser, args.planner_factors, QUICK_PLANNER_FACTORS if args.quick else PLANNER_FACTORS)
+    if args.trace is not None:
+        if args.traces:
+            parser.error("--trace runs one file; leave out --traces")
+        cases = [_file_case(parser, args)]
+    elif args.quick:
+        cases = [QUICK]
     else:
         names = [n for n in args.traces.split(",") if n]
         cases = [c for c in CASES if not names or c.name in names]
@@ -541,20 +736,43 @@ def main(argv: Sequence[str] | None = None) -> int:
                 else c
                 for c in cases
             ]
+    if args.quick:
+        policies = [STATIC_PEAK, HPA, DYNAMO_180, DYNAMO_LOAD, DYNAMO_BOTH, TANDEM]
+    else:
         policies = [p for p in args.policies.split(",") if p] or list(ALL_POLICIES)
         unknown = [p for p in policies if p not in (*ALL_POLICIES, *EXTRA_POLICIES)]
         if unknown:
             parser.error(f"unknown policy {unknown}; known: {', '.join((*ALL_POLICIES, *EXTRA_POLICIES))}")
+    for swept in SWEPT:
+        if swept in policies:
+            at = policies.index(swept) + 1
+            policies[at:at] = [swept_name(swept, f) for f in factors]
+    if args.trace is not None:
+        try:
+            requests_of(cases[0])
+        except (TraceError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if args.tune_hpa:
         return tune_hpa(args.jobs)
     if args.tune_tandem:
         return tune_tandem(cases, args.tune_tandem)
     print(f"seed {SEED}; model {MODEL} on {GPU} TP{TP}, model load 120 s; attainment target {ATTAINMENT:.0%}")
+    swept = [p for p in SWEPT if p in policies and factors]
+    if swept:
+        print(f"  planner sweep: {', '.join(swept)}, TTFT/ITL targets = SLO x {_listed((1, *factors), ', ')}")
     for case in cases:
         n = len(requests_of(case))
         held = "tuned on" if case.tuned else "NOT tuned on (held out)"
         span = requests_of(case)[-1].arrival / 3600
         pace = f", time compressed {case.compress:g}x" if case.compress != 1 else ""
+        if case.loader == "file":
+            window = (
+                f"[{case.start:g}, {case.start + case.seconds:g}) s"
+                if case.seconds
+                else f"from {case.start:g} s"
+            )
+            pace += f"; {case.fmt} trace {case.path}, window {window}"
         print(
             f"  {case.name}: {n:,} requests over {span:.2f} h, rate x{case.rate_scale:g}{pace}, "
             f"SLO TTFT {case.ttft_ms} ms / TPOT {case.tpot_ms} ms, budget {case.max_gpus} GPUs; "
@@ -577,6 +795,67 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"simulator speed: {speed_figure()}")
     print(f"whole bench: {time.perf_counter() - started:.0f} s wall")
     return 0
+
+
+def _listed(values: Sequence[float], sep: str = ",") -> str:
+    return sep.join(f"{v:g}" for v in values)
+
+
+def _factors(parser: argparse.ArgumentParser, text: str | None, default: tuple[float, ...]) -> list[float]:
+    if text is None:
+        return list(default)
+    factors = []
+    for item in (t for t in text.split(",") if t.strip()):
+        try:
+            value = float(item)
+        except ValueError:
+            parser.error(f"--planner-factors: {item!r} is not a number")
+        if not 0 < value < 1:
+            parser.error(f"--planner-factors: {item} is not within (0, 1) (1 is the plain planner's row)")
+        factors.append(value)
+    return sorted(set(factors), reverse=True)
+
+
+def _file_case(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Case:
+    """The `--trace` options as a Case (loader "file")."""
+    path = Path(args.trace).resolve()
+    if not args.rate_scale > 0 or not args.compression > 0:
+        parser.error("--rate-scale and --compression must be positive")
+    if args.ttft_ms < 1 or args.tpot_ms < 1 or args.max_gpus < 2:
+        parser.error("--ttft-ms and --tpot-ms must be >= 1 and --max-gpus >= 2")
+    start, seconds = 0.0, None
+    if args.window is not None:
+        first, sep, length = args.window.partition(":")
+        try:
+            start, seconds = float(first), float(length)
+        except ValueError:
+            parser.error(f"--window must be START:SECONDS (e.g. 0:600), got {args.window!r}")
+        if not sep or start < 0 or not seconds > 0:
+            parser.error(
+                f"--window must be START:SECONDS with START >= 0 and SECONDS > 0, got {args.window!r}"
+            )
+    try:
+        fmt = args.format or detect_format(path)
+    except TraceError as exc:
+        parser.error(str(exc))
+    if fmt == "servegen" and seconds is None:
+        seconds = SERVEGEN_DEFAULT_SECONDS
+    name = path.name.split(".")[0]
+    return Case(
+        name,
+        f"{path.name} ({fmt})",
+        "file",
+        args.rate_scale,
+        args.ttft_ms,
+        args.tpot_ms,
+        args.max_gpus,
+        tuned=False,
+        seconds=seconds,
+        start=start,
+        compress=args.compression,
+        path=str(path),
+        fmt=fmt,
+    )
 
 
 HPA_GRID = {"prefill": (1024.0, 2048.0, 4096.0), "decode": (0.2, 0.3, 0.4, 0.5)}

@@ -11,9 +11,13 @@ defines them. Pure: no clock (time is an argument) and no I/O.
   prompt-token demand over one replica's prefill throughput at the TTFT target, decode as output-token
   demand over one replica's decode throughput at the ITL target, both derived from the same `perf`
   profile tandem uses the way Dynamo's pre-deployment profiler measures them; no headroom, averages,
-  no queue term (its published behaviour).
+  no queue term (its published behaviour). `PlannerConfig.tightness` gives it targets tighter than the
+  SLO (the fair baseline's sweep: its cost at an attainment, `report.gpu_hours_at`).
+- `LoadPlannerPolicy`: Dynamo's load-based loop (every 5 s, +1/-1 per pool on active prefill tokens and
+  active decode KV against thresholds solved at the TTFT/ITL targets), alone or with a throughput
+  planner's sizes as its floor.
 
-Both policies follow the simulator's policy protocol: `interval_seconds` and
+The policies follow the simulator's policy protocol: `interval_seconds` and
 `decide(snapshot, now) -> {role: replicas}`; a role left out keeps its size.
 """
 
@@ -495,8 +499,19 @@ def decode_replica_tokens_per_second(
     return batch / profile.decode_step_seconds(batch, math.ceil(batch * context))
 
 
+def check_tightness(tightness: float) -> None:
+    """A planner's tightness is a share of the SLO: within (0, 1]."""
+    if not 0 < tightness <= 1 or not math.isfinite(tightness):
+        raise ValueError(f"a planner's tightness must be within (0, 1], got {tightness}")
+
+
 @dataclass(frozen=True, slots=True)
 class PlannerConfig:
+    """The throughput planner's settings. `ttft_seconds` and `itl_seconds` are the SLO; the planner is
+    given `tightness` x them as its targets (`ttft_target_seconds`, `itl_target_seconds`): 1 is the SLO
+    itself (Dynamo's configuration when its targets are the SLO), less is the headroom an operator buys
+    by telling the planner a tighter SLO than the one the requests are scored on."""
+
     prefill_profile: Profile
     decode_profile: Profile
     ttft_seconds: float
@@ -508,6 +523,18 @@ class PlannerConfig:
     max_num_seqs: int = 1024
     min_endpoint: int = 1
     max_gpu_budget: int | None = None
+    tightness: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_tightness(self.tightness)
+
+    @property
+    def ttft_target_seconds(self) -> float:
+        return self.ttft_seconds * self.tightness
+
+    @property
+    def itl_target_seconds(self) -> float:
+        return self.itl_seconds * self.tightness
 
 
 @dataclass(frozen=True, slots=True)
@@ -594,13 +621,13 @@ class PlannerPolicy:
         prefill_demand = load.num_req * load.isl / interval  # prompt tokens/s
         decode_demand = load.num_req * load.osl / interval  # output tokens/s
         p_rate = prefill_replica_tokens_per_second(
-            cfg.prefill_profile, load.isl, cfg.ttft_seconds, cfg.max_num_batched_tokens
+            cfg.prefill_profile, load.isl, cfg.ttft_target_seconds, cfg.max_num_batched_tokens
         )
         d_rate = decode_replica_tokens_per_second(
             cfg.decode_profile,
             load.isl,
             load.osl,
-            cfg.itl_seconds,
+            cfg.itl_target_seconds,
             cfg.decode_kv_capacity_tokens,
             cfg.max_num_seqs,
         )
@@ -651,3 +678,189 @@ def peak_size(
             best[role] = max(best[role], size)
         start = end
     return best
+
+
+# --- Dynamo's load-based planner loop --------------------------------------------------------------------
+
+LOAD_ADJUSTMENT_INTERVAL_SECONDS = 5.0  # Dynamo's `loadbased_adjustment_interval` default
+LOAD_SCALING_DOWN_SENSITIVITY = 0.8  # `loadbased_scaling_down_sensitivity` default, 80 (%)
+
+
+def prefill_seconds_for_tokens(
+    profile: Profile, tokens: float, isl: float, max_num_batched_tokens: int = 8192
+) -> float:
+    """Time one prefill replica takes to compute `tokens` prompt tokens made of prompts of `isl` tokens:
+    steps of the token budget (linear ops of each step) plus each prompt's attention once."""
+    if tokens <= 0:
+        return 0.0
+    budget = max(1, max_num_batched_tokens)
+    full, rest = divmod(math.ceil(tokens), budget)
+    linear = full * profile.prefill_linear_seconds(budget) + (
+        profile.prefill_linear_seconds(rest) if rest else 0.0
+    )
+    prompt = max(1, round(isl))
+    return linear + tokens / prompt * profile.prefill_attention_seconds(0, prompt)
+
+
+def prefill_tokens_at_ttft(
+    profile: Profile, isl: float, ttft_seconds: float, max_num_batched_tokens: int = 8192, most: int = 1 << 26
+) -> int:
+    """The most prompt tokens (queued work plus the new prompt) a prefill replica computes within
+    `ttft_seconds`: the `x_sla` Dynamo's load-based planner solves from its regression of TTFT on
+    active prefill tokens + ISL, here from the profile (a perfect fit). 0 if not even one token fits."""
+
+    def fits(tokens: int) -> bool:
+        return prefill_seconds_for_tokens(profile, tokens, isl, max_num_batched_tokens) <= ttft_seconds
+
+    found = _smallest(1, most, lambda n: not fits(n))
+    return most if found is None else found - 1
+
+
+def decode_tokens_at_itl(profile: Profile, context: float, itl_seconds: float, max_num_seqs: int) -> float:
+    """The most KV tokens of active sequences (each of `context` tokens) a decode replica holds with its
+    step within `itl_seconds`: Dynamo's `x_sla` from its regression of ITL on active decode blocks, here
+    from the profile; 0 if even one sequence misses."""
+    context = max(1.0, context)
+    return decode_batch_at_tpot(profile, itl_seconds, context, max_batch=max_num_seqs) * context
+
+
+@dataclass(frozen=True, slots=True)
+class LoadPlannerConfig:
+    """Dynamo's load-based planner (its SLA mode's reactive loop), per pool every 5 s. `tightness` as in
+    `PlannerConfig`. With `throughput` set, that throughput planner runs alongside and its sizes are a lower
+    bound on the load-based proposals (Dynamo with both modes enabled)."""
+
+    prefill_profile: Profile
+    decode_profile: Profile
+    ttft_seconds: float
+    itl_seconds: float
+    decode_kv_capacity_tokens: int
+    adjustment_interval_seconds: float = LOAD_ADJUSTMENT_INTERVAL_SECONDS
+    scaling_down_sensitivity: float = LOAD_SCALING_DOWN_SENSITIVITY
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 1024
+    min_endpoint: int = 1
+    max_gpu_budget: int | None = None
+    tightness: float = 1.0
+    throughput: PlannerConfig | None = None
+
+    def __post_init__(self) -> None:
+        check_tightness(self.tightness)
+        if not 0 < self.scaling_down_sensitivity <= 1:
+            raise ValueError("scaling_down_sensitivity must be within (0, 1]")
+        if not self.adjustment_interval_seconds > 0:
+            raise ValueError("adjustment_interval_seconds must be positive")
+
+
+class LoadPlannerPolicy:
+    """Dynamo's load-based scaling loop (`planner_core._load_loop`, `prefill_planner` and `decode_planner`'s
+    `loadbased_plan_adjustment`), every `adjustment_interval_seconds`, each pool on its own:
+
+    - prefill: `x_sla` = the most tokens a replica computes within the TTFT target (`prefill_tokens_at_ttft`
+      at the window's mean ISL); target active tokens = `x_sla - ISL`; the pool's active prefill tokens per
+      replica (queued prompt tokens, including those of prompts being computed) above it: +1; below
+      `target x (N-1)/N x sensitivity` (N > min_endpoint): -1;
+    - decode: `x_sla` = the most KV tokens a replica holds within the ITL target at context ISL + OSL/2
+      (`decode_tokens_at_itl`); the active decode tokens per replica (KV in use, plus ISL per waiting
+      request: the router counts a request's blocks from the moment it routes it) above it: +1; below
+      `x_sla x (N-1)/N x sensitivity`: -1;
+    - one step per pool per tick; none while the pool is changing (Dynamo scales blocking, waiting for
+      the deployment to be ready, and skips a tick whose reporting workers differ from the deployment's);
+      none without the window's ISL (no traffic: Dynamo's regression has no observation);
+    - with a throughput planner configured, its latest sizes are a floor applied to each proposal;
+    - growth beyond the GPU budget is cut as for the other policies (`cap_to_budget`).
+    Dynamo steps when *every* worker is above (below) its threshold; the snapshot holds pool sums, so the
+    per-worker value is the pool's mean, which steps at least as readily both ways (the same when the
+    workers are balanced).
+    """
+
+    def __init__(self, config: LoadPlannerConfig, window_seconds: float = 60.0) -> None:
+        self.config = config
+        self.interval_seconds = config.adjustment_interval_seconds
+        self.throughput = (
+            PlannerPolicy(config.throughput, window_seconds) if config.throughput is not None else None
+        )
+        self.window_seconds = window_seconds
+        self._fed_at = 0.0
+        self.floors: dict[str, int] = {}
+        self.last_figures: dict[str, dict[str, float]] = {}
+        self.gpus_per_replica = {
+            "prefill": config.prefill_profile.tensor_parallel_size,
+            "decode": config.decode_profile.tensor_parallel_size,
+        }
+
+    def _feed_throughput(self, snapshot: Snapshot, now: float) -> None:
+        """The throughput planner reads windows that tile time: one snapshot per `window_seconds`, from
+        the first full window on."""
+        if self.throughput is None or now + 1e-9 < self._fed_at + self.window_seconds:
+            return
+        self._fed_at = now
+        self.floors.update(self.throughput.decide(snapshot, now))
+
+    def decide(self, snapshot: Snapshot, now: float) -> dict[str, int]:
+        if not snapshot.has_data:
+            return {}
+        self._feed_throughput(snapshot, now)
+        desired: dict[str, int] = {}
+        for role in ("prefill", "decode"):
+            proposal = self.propose(role, snapshot)
+            if proposal is None:
+                continue
+            if role in self.floors:
+                proposal = max(proposal, self.floors[role])
+            if proposal != snapshot.sizes[role].replicas:
+                desired[role] = proposal
+        return cap_to_budget(desired, snapshot, self.gpus_per_replica, self.config.max_gpu_budget)
+
+    def propose(self, role: str, snapshot: Snapshot) -> int | None:
+        """The pool's next size, or None (hold): +1, -1 or its size, as described in the class."""
+        cfg = self.config
+        size = snapshot.sizes.get(role)
+        signals = snapshot.pools.get(role)
+        if size is None or signals is None:
+            return None
+        n = size.replicas
+        if n <= 0 or size.ready != n or signals.scraped_pods != n:
+            return None  # scaling in progress, or workers not all reporting
+        isl, osl = _lengths(snapshot)
+        if isl <= 0:
+            return None
+        if role == "prefill":
+            x_sla = prefill_tokens_at_ttft(
+                cfg.prefill_profile, isl, cfg.ttft_seconds * cfg.tightness, cfg.max_num_batched_tokens
+            )
+            target = x_sla - isl
+            active = signals.queued_prompt_tokens / n
+        else:
+            context = isl + osl / 2
+            target = decode_tokens_at_itl(
+                cfg.decode_profile, context, cfg.itl_seconds * cfg.tightness, cfg.max_num_seqs
+            )
+            active = (
+                signals.kv_usage_mean * cfg.decode_kv_capacity_tokens
+            ) + signals.waiting_requests / n * isl
+        boundary = target * (n - 1) / n * cfg.scaling_down_sensitivity
+        self.last_figures[role] = {"active_per_replica": active, "target": target, "down_below": boundary}
+        if target <= 0:
+            return None  # the SLA is out of reach at this ISL: Dynamo skips
+        if active > target:
+            return n + 1
+        if n > cfg.min_endpoint and active < boundary:
+            return n - 1
+        return n
+
+
+def _lengths(snapshot: Snapshot) -> tuple[float, float]:
+    """The window's mean ISL (requests finished at prefill, else arrivals) and mean OSL (finished)."""
+    isl = osl = 0.0
+    prefill = snapshot.pools.get("prefill")
+    decode = snapshot.pools.get("decode")
+    if prefill is not None and prefill.mean_prompt_tokens > 0:
+        isl = prefill.mean_prompt_tokens
+    elif decode is not None and decode.mean_prompt_tokens > 0:
+        isl = decode.mean_prompt_tokens
+    elif snapshot.arrivals is not None:
+        isl = snapshot.arrivals.mean_prompt_tokens
+    if decode is not None:
+        osl = decode.mean_output_tokens
+    return isl, osl

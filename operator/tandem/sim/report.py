@@ -6,10 +6,12 @@ replicas per pool per policy, p90 TTFT and TPOT against the SLO). Used by `bench
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from tandem.sim.results import Summary, TickSample
 
@@ -27,6 +29,77 @@ class Row:
     wall_seconds: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class DerivedRow:
+    """A row computed from others (no simulation of its own): attainment and GPU-hours, '-' where None."""
+
+    trace: str
+    policy: str
+    attainment: float | None
+    gpu_hours: float | None
+    note: str = ""
+    tuned: bool = False
+
+
+# --- a policy's curve of GPU-hours against attainment ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CurvePoint:
+    """One run of a swept policy: its label (the swept value), attainment (0..1) and GPU-hours."""
+
+    label: str
+    attainment: float
+    gpu_hours: float
+
+
+Reached = Literal["exact", "interpolated", "at most", "not reached"]
+
+
+@dataclass(frozen=True, slots=True)
+class AtAttainment:
+    """GPU-hours a swept policy needs for an attainment, read off its curve (`gpu_hours_at`):
+    - "exact": a point of the envelope has that attainment;
+    - "interpolated": linear between the two envelope points around it (`between`);
+    - "at most": below the curve's range: its cheapest point already does better, at `gpu_hours` (an
+      upper bound; nothing is extrapolated below it);
+    - "not reached": above every point: `gpu_hours` is None (nothing is extrapolated above it)."""
+
+    gpu_hours: float | None
+    how: Reached
+    between: tuple[CurvePoint, ...] = ()
+
+
+def envelope(points: Sequence[CurvePoint]) -> list[CurvePoint]:
+    """The curve's monotone lower envelope: the points no other point beats on both attainment (higher
+    or equal) and GPU-hours (fewer or equal), by attainment; GPU-hours then rise strictly with it. A
+    point that costs more for less attainment says nothing about the cost of attainment, so it goes."""
+    ordered = sorted(points, key=lambda p: (-p.attainment, p.gpu_hours))
+    kept: list[CurvePoint] = []
+    for point in ordered:  # from the highest attainment down: keep a point only if it is cheaper
+        if not kept or point.gpu_hours < kept[-1].gpu_hours:
+            kept.append(point)
+    return kept[::-1]
+
+
+def gpu_hours_at(points: Sequence[CurvePoint], attainment: float) -> AtAttainment:
+    """GPU-hours on the envelope of `points` at `attainment` (0..1), linear between envelope points."""
+    curve = envelope(points)
+    if not curve or attainment > curve[-1].attainment:
+        return AtAttainment(None, "not reached", tuple(curve[-1:]))
+    if attainment <= curve[0].attainment:
+        how: Reached = "exact" if attainment == curve[0].attainment else "at most"
+        return AtAttainment(curve[0].gpu_hours, how, (curve[0],))
+    for low, high in itertools.pairwise(curve):
+        if attainment == high.attainment:
+            return AtAttainment(high.gpu_hours, "exact", (high,))
+        if low.attainment < attainment < high.attainment:
+            share = (attainment - low.attainment) / (high.attainment - low.attainment)
+            hours = low.gpu_hours + share * (high.gpu_hours - low.gpu_hours)
+            return AtAttainment(hours, "interpolated", (low, high))
+    raise AssertionError("unreachable: the attainment lies within the envelope's range")
+
+
 def ratio(value: float | None, reference: float | None) -> float | None:
     if value is None or reference is None or reference <= 0:
         return None
@@ -39,12 +112,15 @@ def _num(value: float | None, digits: int = 2) -> str:
     return f"{value:.{digits}f}"
 
 
-def table(rows: Sequence[Row], reference_policies: tuple[str, str] = (STATIC_PEAK, DYNAMO_180)) -> str:
+def table(
+    rows: Sequence[Row | DerivedRow], reference_policies: tuple[str, str] = (STATIC_PEAK, DYNAMO_180)
+) -> str:
     """A Markdown table; the ratio columns divide each row's GPU-hours by the same trace's static-peak
-    and Dynamo-style (180 s, constant) rows."""
+    and Dynamo-style (180 s, constant) rows. A `DerivedRow` shows its attainment and GPU-hours only."""
     by_trace: dict[str, dict[str, Row]] = {}
     for row in rows:
-        by_trace.setdefault(row.trace, {})[row.policy] = row
+        if isinstance(row, Row):
+            by_trace.setdefault(row.trace, {})[row.policy] = row
 
     def hours(trace: str, policy: str) -> float | None:
         row = by_trace[trace].get(policy)
@@ -56,8 +132,16 @@ def table(rows: Sequence[Row], reference_policies: tuple[str, str] = (STATIC_PEA
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows:
-        s = row.summary
         trace = row.trace + (" (tuned)" if row.tuned else "")
+        if isinstance(row, DerivedRow):
+            share = "-" if row.attainment is None else f"{row.attainment:.1%}"
+            lines.append(
+                f"| {trace} | {row.policy} | {share} | {_num(row.gpu_hours, 1)} | - | - | - | "
+                f"{_num(ratio(row.gpu_hours, hours(row.trace, reference_policies[0])))} | "
+                f"{_num(ratio(row.gpu_hours, hours(row.trace, reference_policies[1])))} | {row.note} |"
+            )
+            continue
+        s = row.summary
         if s is None:
             lines.append(f"| {trace} | {row.policy} | - | - | - | - | - | - | - | {row.note} |")
             continue

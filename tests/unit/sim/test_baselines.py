@@ -14,14 +14,19 @@ from tandem.signals import ArrivalSignals, PathSignals, PoolSignals, PoolSize, S
 from tandem.sim.baselines import (
     HPAConfig,
     HPAPolicy,
+    LoadPlannerConfig,
+    LoadPlannerPolicy,
     PlannerConfig,
     PlannerObservation,
     PlannerPolicy,
     StaticLayout,
     decode_replica_tokens_per_second,
+    decode_tokens_at_itl,
     hpa_replicas,
     predict,
     prefill_replica_tokens_per_second,
+    prefill_seconds_for_tokens,
+    prefill_tokens_at_ttft,
     prefill_ttft_alone,
     search_static_colocated,
     search_static_pd,
@@ -438,3 +443,233 @@ def test_peak_size_is_the_planners_arithmetic_on_the_busiest_window() -> None:
     size = peak_size(planner.config, quiet + busy)
     assert size == planner.size(PlannerObservation(12_000, 1000, 200))
     assert peak_size(planner.config, quiet) == planner.size(PlannerObservation(60, 1000, 200))
+
+
+# --- the planner's tightness -----------------------------------------------------------------------------
+
+
+def _config(tightness: float = 1.0, **kwargs: object) -> PlannerConfig:
+    profile = load_profile(LLAMA_8B, "H100", 1)
+    return PlannerConfig(
+        prefill_profile=profile,
+        decode_profile=profile,
+        ttft_seconds=1.0,
+        itl_seconds=0.03,
+        decode_kv_capacity_tokens=kv_cache_tokens(profile),
+        tightness=tightness,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize("tightness", [0.0, -0.5, 1.01, math.nan, math.inf])
+def test_a_tightness_outside_zero_to_one_is_refused(tightness: float) -> None:
+    with pytest.raises(ValueError, match="tightness"):
+        _config(tightness)
+
+
+@pytest.mark.parametrize(
+    ("tightness", "ttft", "itl"),
+    [(1.0, 1.0, 0.03), (0.5, 0.5, 0.015), (0.25, 0.25, 0.0075)],
+)
+def test_tightness_scales_the_targets_not_the_slo(tightness: float, ttft: float, itl: float) -> None:
+    config = _config(tightness)
+    assert (config.ttft_seconds, config.itl_seconds) == (1.0, 0.03)  # what requests are scored on
+    assert config.ttft_target_seconds == pytest.approx(ttft)
+    assert config.itl_target_seconds == pytest.approx(itl)
+
+
+def test_a_tighter_planner_sizes_decode_at_the_tighter_itl() -> None:
+    load = PlannerObservation(num_req=36_000, isl=1000, osl=200)
+    profile = load_profile(LLAMA_8B, "H100", 1)
+    kv = kv_cache_tokens(profile)
+    sizes = {}
+    for tightness in (1.0, 0.6, 0.3):
+        sizes[tightness] = PlannerPolicy(_config(tightness)).size(load)
+        d_rate = decode_replica_tokens_per_second(profile, 1000, 200, 0.03 * tightness, kv, 1024)
+        assert sizes[tightness]["decode"] == math.ceil(36_000 * 200 / 180 / d_rate)
+    assert sizes[1.0]["decode"] <= sizes[0.6]["decode"] < sizes[0.3]["decode"]
+    # prefill at batch 1 is ISL / TTFT alone (23 ms for 1000 tokens): any target above it gives the same
+    # throughput per replica, so tightening the TTFT target does not change prefill (Dynamo's profile)
+    assert sizes[1.0]["prefill"] == sizes[0.6]["prefill"] == sizes[0.3]["prefill"]
+    # ...until one prompt alone misses it: 32k tokens alone take 1.43 s, over 0.6 x 1 s: the latency floor
+    long = PlannerObservation(num_req=1800, isl=32768, osl=200)
+    assert (
+        PlannerPolicy(_config(0.6)).size(long)["prefill"] > PlannerPolicy(_config(1.0)).size(long)["prefill"]
+    )
+
+
+# --- Dynamo's load-based loop ---------------------------------------------------------------------------
+
+
+def test_prefill_tokens_at_ttft_is_the_most_that_fit() -> None:
+    profile = load_profile(LLAMA_8B, "H100", 1)
+    for isl, ttft in [(1000, 1.0), (1000, 0.5), (4000, 1.0), (300, 0.2)]:
+        x = prefill_tokens_at_ttft(profile, isl, ttft)
+        assert (
+            prefill_seconds_for_tokens(profile, x, isl)
+            <= ttft
+            < prefill_seconds_for_tokens(profile, x + 1, isl)
+        )
+    # one 8192-token step (179.6 ms of linear ops) plus 8.2 prompts' attention (0.66 ms each) fits 0.2 s
+    assert prefill_seconds_for_tokens(profile, 8192, 1000) == pytest.approx(0.1795856 + 8.192 * 0.00066)
+    assert prefill_tokens_at_ttft(profile, 1000, 0.001) == 0  # under one step's floor: nothing fits
+
+
+def test_decode_tokens_at_itl_is_the_batch_at_the_target_times_the_context() -> None:
+    profile = load_profile(LLAMA_8B, "H100", 1)
+    assert (
+        decode_tokens_at_itl(profile, 1100.0, 0.03, 1024)
+        == decode_batch_at_tpot(profile, 0.03, 1100.0) * 1100.0
+    )
+    assert decode_tokens_at_itl(profile, 1100.0, 0.005, 1024) == 0  # under the 6.7-ms step: unreachable
+
+
+def _load_planner(
+    tightness: float = 1.0, budget: int | None = None, throughput: PlannerConfig | None = None
+) -> LoadPlannerPolicy:
+    profile = load_profile(LLAMA_8B, "H100", 1)
+    return LoadPlannerPolicy(
+        LoadPlannerConfig(
+            prefill_profile=profile,
+            decode_profile=profile,
+            ttft_seconds=1.0,
+            itl_seconds=0.03,
+            decode_kv_capacity_tokens=kv_cache_tokens(profile),
+            tightness=tightness,
+            max_gpu_budget=budget,
+            throughput=throughput,
+        )
+    )
+
+
+def _load_snapshot(
+    prefill: tuple[int, int, int, float],
+    decode: tuple[int, int, int, float, float],
+    isl: float = 1000.0,
+    osl: float = 200.0,
+    now: float = 5.0,
+    arrived: float = 0.0,
+) -> Snapshot:
+    """prefill: (replicas, ready, scraped pods, queued prompt tokens in total); decode: (replicas, ready,
+    scraped pods, mean KV usage, waiting requests in total); isl/osl: the window's finished requests'."""
+    return Snapshot(
+        observed_at=now,
+        window_seconds=60.0,
+        sizes={"prefill": PoolSize(prefill[0], prefill[1]), "decode": PoolSize(decode[0], decode[1])},
+        pools={
+            "prefill": PoolSignals(
+                scraped_pods=prefill[2], queued_prompt_tokens=prefill[3], mean_prompt_tokens=isl
+            ),
+            "decode": PoolSignals(
+                scraped_pods=decode[2],
+                kv_usage_mean=decode[3],
+                waiting_requests=decode[4],
+                mean_prompt_tokens=isl,
+                mean_output_tokens=osl,
+                request_rate=arrived / 60.0,
+            ),
+        },
+        paths={"disaggregated": PathSignals(request_rate=1.0, within_slo_rate=1.0)},
+        arrivals=ArrivalSignals(arrived / 60.0, isl),
+    )
+
+
+def _targets(tightness: float = 1.0) -> tuple[float, float]:
+    """(prefill target active tokens per replica, decode target KV tokens per replica) at ISL 1000/OSL 200."""
+    profile = load_profile(LLAMA_8B, "H100", 1)
+    prefill = prefill_tokens_at_ttft(profile, 1000, 1.0 * tightness) - 1000
+    decode = decode_tokens_at_itl(profile, 1100.0, 0.03 * tightness, 1024)
+    return prefill, decode
+
+
+KV = kv_cache_tokens(load_profile(LLAMA_8B, "H100", 1))
+P_TARGET, D_TARGET = _targets()
+
+
+@pytest.mark.parametrize(
+    ("name", "prefill", "decode", "expected"),
+    [
+        # 3 prefill replicas over the target each: +1; decode in the hold band: kept
+        ("prefill over", (3, 3, 3, 3 * (P_TARGET + 1)), (2, 2, 2, 0.6 * D_TARGET / KV, 0), {"prefill": 4}),
+        # under target x (N-1)/N x 0.8 = x 0.533 at N=3: -1
+        ("prefill under", (3, 3, 3, 3 * 0.5 * P_TARGET), (2, 2, 2, 0.6 * D_TARGET / KV, 0), {"prefill": 2}),
+        ("prefill in band", (3, 3, 3, 3 * 0.6 * P_TARGET), (2, 2, 2, 0.6 * D_TARGET / KV, 0), {}),
+        # one replica never goes (min_endpoint)
+        ("prefill at one", (1, 1, 1, 0.0), (2, 2, 2, 0.6 * D_TARGET / KV, 0), {}),
+        # a replica still loading: the pool waits (Dynamo scales blocking)
+        ("prefill starting", (4, 3, 3, 4 * 2 * P_TARGET), (2, 2, 2, 0.6 * D_TARGET / KV, 0), {}),
+        # a draining replica still reports: counts differ, the tick is skipped
+        ("prefill mismatch", (3, 3, 4, 3 * 2 * P_TARGET), (2, 2, 2, 0.6 * D_TARGET / KV, 0), {}),
+        # decode: KV in use over the target: +1
+        ("decode over", (2, 2, 2, 2 * 0.6 * P_TARGET), (2, 2, 2, (D_TARGET + 1100) / KV, 0), {"decode": 3}),
+        # waiting requests count at ISL each: 0.9 of target in KV + 200 waiting x 1000 / 2 replicas
+        (
+            "decode waiting",
+            (2, 2, 2, 2 * 0.6 * P_TARGET),
+            (2, 2, 2, 0.9 * D_TARGET / KV, 200),
+            {"decode": 3} if 0.9 * D_TARGET + 100_000 > D_TARGET else {},
+        ),
+        # under x_sla x 1/2 x 0.8 at N=2: -1
+        ("decode under", (2, 2, 2, 2 * 0.6 * P_TARGET), (2, 2, 2, 0.3 * D_TARGET / KV, 0), {"decode": 1}),
+        (
+            "both over",
+            (2, 2, 2, 2 * 2 * P_TARGET),
+            (2, 2, 2, 1.1 * D_TARGET / KV, 0),
+            {"prefill": 3, "decode": 3},
+        ),
+    ],
+)
+def test_load_planner_steps_one_replica_on_its_thresholds(
+    name: str,
+    prefill: tuple[int, int, int, float],
+    decode: tuple[int, int, int, float, float],
+    expected: dict[str, int],
+) -> None:
+    planner = _load_planner()
+    assert planner.interval_seconds == 5.0
+    assert planner.decide(_load_snapshot(prefill, decode), 5.0) == expected, name
+
+
+def test_load_planner_tightness_lowers_its_thresholds() -> None:
+    tight_p, tight_d = _targets(0.5)
+    assert tight_p < P_TARGET
+    assert tight_d < D_TARGET
+    between = ((2, 2, 2, 2 * (tight_p + P_TARGET) / 2), (2, 2, 2, (tight_d + D_TARGET) / 2 / KV, 0))
+    assert _load_planner(1.0).decide(_load_snapshot(*between), 5.0) == {}
+    assert _load_planner(0.5).decide(_load_snapshot(*between), 5.0) == {"prefill": 3, "decode": 3}
+
+
+def test_load_planner_holds_without_lengths_or_data() -> None:
+    planner = _load_planner()
+    busy = ((2, 2, 2, 4 * P_TARGET), (2, 2, 2, 0.9, 0))
+    assert planner.decide(_load_snapshot(*busy, isl=0.0), 5.0) == {}
+    missing = Snapshot(observed_at=5.0, window_seconds=0.0, missing=("no scrape window yet",))
+    assert planner.decide(missing, 5.0) == {}
+
+
+def test_load_planner_caps_growth_at_the_budget() -> None:
+    planner = _load_planner(budget=4)
+    assert planner.decide(_load_snapshot((2, 2, 2, 4 * P_TARGET), (2, 2, 2, 1.0, 0)), 5.0) == {
+        "prefill": 2,
+        "decode": 2,
+    }
+
+
+def test_load_planner_with_throughput_floor() -> None:
+    """The throughput planner reads one snapshot per window (60 s) and acts every 180 s; its sizes then
+    floor every load-based proposal (Dynamo with both modes on), and only proposals: a hold stays."""
+    planner = _load_planner(throughput=_config(adjustment_interval_seconds=180.0))
+    quiet = ((3, 3, 3, 0.0), (3, 3, 3, 0.0, 0))
+    for now in range(5, 180, 5):
+        planner.decide(_load_snapshot(*quiet, now=float(now), arrived=12_000), float(now))
+    assert planner.floors == {}
+    assert planner.throughput is not None
+    assert planner.throughput.history == []
+    # at 180 s the throughput planner has three windows of 12,000 arrivals: 200 req/s, 5 prefill replicas
+    floor = planner.throughput.size(PlannerObservation(36_000, 1000, 200))
+    got = planner.decide(_load_snapshot(*quiet, now=180.0, arrived=12_000), 180.0)
+    assert len(planner.throughput.history) == 1
+    assert planner.floors == floor
+    assert floor["prefill"] == 5
+    # the load loop proposed 3 -> 2 for both pools; the floor lifts each proposal
+    assert got == {role: n for role, n in floor.items() if n != 3}

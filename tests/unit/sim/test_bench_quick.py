@@ -1,5 +1,7 @@
 """The autoscaler bench's small fixed-seed run (`bench/autoscale.py --quick`): ten minutes of the Azure
-conversation trace through static peak, HPA, the Dynamo-style planner and tandem. The whole bench is not
+conversation trace through static peak, HPA, the Dynamo-style planners (the 180-s throughput planner and
+one tighter factor of it, the 5-s load-based loop alone and with the throughput floor, and its tighter
+factor) and tandem, with the row "planner @ tandem's attainment" per swept planner. The whole bench is not
 part of `make test`; this run is, so the bench cannot rot."""
 
 from __future__ import annotations
@@ -30,17 +32,25 @@ def test_quick_bench_runs_every_policy_and_writes_the_report(
     assert "rate x" in out
     assert "whole bench:" in out
     table = (tmp_path / "table.md").read_text()
-    for policy in ("static peak", "hpa", "dynamo-180s", "tandem"):
+    dynamic = ("hpa", "dynamo-180s", "dynamo-180s@0.5", "dynamo-load", "dynamo-180s+load", "tandem")
+    for policy in ("static peak", *dynamic, "dynamo-180s+load@0.5"):
         assert f"| {policy} |" in table
+    for swept in ("dynamo-180s", "dynamo-180s+load"):
+        assert f"| {swept} @ tandem's attainment |" in table
+    assert "planner sweep: dynamo-180s, dynamo-180s+load, TTFT/ITL targets = SLO x 1, 0.5" in out
+    derived = json.loads((tmp_path / "planner_at_tandem.json").read_text())[bench.QUICK.name]
     results = {r["policy"]: r for r in json.loads((tmp_path / "results.json").read_text())}
+    for swept, row in derived.items():
+        assert row["attainment"] == results["tandem"]["summary"]["attainment"]
+        assert row["gpu_hours"] is None or row["gpu_hours"] > 0, swept
     peak = results["static peak"]
     assert peak["summary"]["attainment"] >= 0.95
     assert peak["summary"]["scale_actions"] == 0
-    for policy in ("hpa", "dynamo-180s", "tandem"):
+    for policy in dynamic:
         summary = results[policy]["summary"]
         assert 0.0 <= summary["attainment"] <= 1.0
         assert summary["gpu_hours"] > 0
         assert summary["requests"] == peak["summary"]["requests"]  # the same requests for every policy
     # every policy started from static peak's layout
-    assert {results[p]["note"] for p in ("hpa", "dynamo-180s", "tandem")} == {f"from {peak['note']}"}
+    assert {results[p]["note"] for p in dynamic} == {f"from {peak['note']}"}
     assert (tmp_path / f"{bench.QUICK.name}.png").stat().st_size > 10_000
