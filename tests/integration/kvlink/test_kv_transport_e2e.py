@@ -38,6 +38,7 @@ from tandem.devcluster.testing import OperatorProcess, scratch_namespace
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(400)]
 
 NAME = "kvlink"
+POOLS = ("prefill", "decode")
 INTERVAL = 5
 LOAD = Phase(2.0, 1100, 4, "steady")
 LINK_GBPS = 10
@@ -60,9 +61,17 @@ def manifest(prometheus_url: str) -> dict[str, Any]:
                 ],
             },
             "kvTransfer": {"connector": "NixlConnector", "bandwidthGbps": LINK_GBPS},
-            "prefill": harness.pool(1),
-            "decode": harness.pool(1),
-            "autoscaling": {"intervalSeconds": INTERVAL, "prometheus": {"url": prometheus_url}},
+            # Autoscaled with an SLO the healthy link meets (TTFT ~0.25 s: a 115 ms pull) and the slow
+            # one misses (a 1.15 s pull): the miss is the KV transfer's, so no pool may grow for it.
+            "prefill": harness.pool(1, (1, 3)),
+            "decode": harness.pool(1, (1, 3)),
+            "slo": {"ttftMs": 800, "tpotMs": 200, "attainmentPercent": 95},
+            "autoscaling": {
+                "enabled": True,
+                "intervalSeconds": INTERVAL,
+                "prometheus": {"url": prometheus_url},
+                "scaleDown": {"stabilizationSeconds": 600, "maxStep": 1},
+            },
         },
     )
     return doc
@@ -146,7 +155,7 @@ def test_a_slow_link_sets_kv_transport_degraded_and_healing_it_clears_it(link: L
     assert before["judgedTransfers"] >= 5
     print(f"\nhealthy after {time.monotonic() - began:.0f}s: {healthy['message']}")
 
-    injected = time.monotonic()
+    injected, injected_at = time.monotonic(), time.time()
     link.fault({"kv_bandwidth_factor": SLOW_FACTOR})
     degraded = link.wait("True", "BandwidthBelowThreshold", timeout=BOUND_S)
     took = time.monotonic() - injected
@@ -168,6 +177,18 @@ def test_a_slow_link_sets_kv_transport_degraded_and_healing_it_clears_it(link: L
     ready = shown.condition("Ready")
     assert ready.get("status") == "True", ready
     assert "KVTransportDegraded: effective KV bandwidth" in ready.get("message", ""), ready
+    # The slow pulls make TTFT miss; the autoscaler charges the miss to the KV transfer (its parts from
+    # the router's legs and the engines' NIXL read times), grows no pool for it, and says so.
+    bound = link.watch.wait(
+        "AutoscalingActive KVTransferBound",
+        lambda seen: seen if seen.condition("AutoscalingActive").get("reason") == "KVTransferBound" else None,
+        90,
+    )
+    message = bound.condition("AutoscalingActive").get("message", "")
+    print(f"autoscaler: {message}")
+    assert "is the KV transfer's, not a pool's" in message
+    assert "kvTransfer.bandwidthGbps 10" in message
+    assert all(seen.desired(role) in (None, 1) for seen in link.watch.since(injected_at) for role in POOLS)
 
     healed = time.monotonic()
     link.fault(None)
