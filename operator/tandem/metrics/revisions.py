@@ -23,7 +23,6 @@ from typing import Final
 
 from tandem.api.models import PDDeploymentSpec
 from tandem.metrics.kv_transport import read_kv_transport
-from tandem.metrics.prometheus import PrometheusReader
 from tandem.metrics.queries import (
     DEFAULT_QUANTILE,
     LABEL_PDD,
@@ -37,6 +36,7 @@ from tandem.metrics.queries import (
     router_selector,
     selector,
 )
+from tandem.metrics.reader import QueryRunner
 from tandem.rollout.judge import ArmWindow, Window
 
 LEGACY_LABEL: Final = "legacy"  # the router's revision label value for the legacy revision
@@ -155,7 +155,7 @@ def build_revision_window(
 
 
 def _kv(
-    reader: PrometheusReader,
+    reader: QueryRunner,
     spec: PDDeploymentSpec | None,
     namespace: str,
     pdd_name: str,
@@ -176,7 +176,7 @@ def _kv(
 
 
 def read_revision_window(
-    reader: PrometheusReader,
+    reader: QueryRunner,
     namespace: str,
     pdd_name: str,
     *,

@@ -19,7 +19,6 @@ from typing import Final
 
 from tandem.api.models import PDDeploymentSpec
 from tandem.metrics.kv_transport import read_kv_transport
-from tandem.metrics.prometheus import PrometheusReader
 from tandem.metrics.queries import (
     LABEL_PDD,
     LABEL_ROLE,
@@ -33,6 +32,7 @@ from tandem.metrics.queries import (
     router_selector,
     selector,
 )
+from tandem.metrics.reader import QueryRunner
 from tandem.rollout.judge import ArmWindow, Window
 from tandem.signals import PATH_COLOCATED, PATH_DISAGGREGATED
 
@@ -144,7 +144,7 @@ def build_window(
 
 
 def _kv_reading(
-    reader: PrometheusReader, spec: PDDeploymentSpec, namespace: str, pdd_name: str, window: float, now: float
+    reader: QueryRunner, spec: PDDeploymentSpec, namespace: str, pdd_name: str, window: float, now: float
 ) -> tuple[float | None, float | None]:
     """(failure rate, bandwidth ratio) of the KV transport over the window (`metrics/kv_transport.py`).
 
@@ -157,7 +157,7 @@ def _kv_reading(
 
 
 def read_window(
-    reader: PrometheusReader,
+    reader: QueryRunner,
     spec: PDDeploymentSpec,
     namespace: str,
     pdd_name: str,
