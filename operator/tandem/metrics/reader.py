@@ -16,7 +16,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from tandem.api.models import SLOSpec
-from tandem.metrics.queries import PodLoad, Result
+from tandem.metrics.queries import (
+    PodLoad,
+    Result,
+    build_pod_loads,
+    build_snapshot,
+    pod_load_queries,
+    quantile_of,
+    snapshot_queries,
+)
 from tandem.signals import PoolSize, Snapshot
 
 
@@ -53,3 +61,51 @@ class MetricsReader(QueryRunner, Protocol):
 
 
 ReaderFactory = Callable[[str, float], MetricsReader]  # (url, timeout seconds) -> the reader
+
+
+# -- the two direct reads, over any runner (`PrometheusReader`'s, and the recorded one of the tests) --
+
+
+def read_snapshot(
+    runner: QueryRunner,
+    namespace: str,
+    pdd_name: str,
+    slo: SLOSpec | None,
+    window_seconds: float,
+    now: float,
+    *,
+    sizes: Mapping[str, PoolSize] | None = None,
+    scrape_interval: float | None = None,
+) -> Snapshot:
+    """`MetricsReader.snapshot` by `runner`'s queries. With `sizes` (by role, from the cluster), a
+    pool with ready pods but no engine series is reported missing, and the sizes are carried into
+    the snapshot; `scrape_interval` (seconds) sets the staleness limit (unset: estimated per series)."""
+    quantile = quantile_of(slo.attainment_percent if slo is not None else None)
+    results, errors = runner.run(snapshot_queries(namespace, pdd_name, window_seconds, quantile), now)
+    return build_snapshot(
+        results,
+        errors,
+        now=now,
+        window_seconds=window_seconds,
+        slo_set=slo is not None,
+        sizes=sizes,
+        scrape_interval=scrape_interval,
+    )
+
+
+def read_pod_loads(
+    runner: QueryRunner,
+    namespace: str,
+    pods: Sequence[str],
+    now: float,
+    *,
+    scrape_interval: float | None = None,
+) -> dict[str, PodLoad]:
+    """`MetricsReader.pod_load` by `runner`'s queries; raises `RuntimeError` when a query failed (the
+    caller keeps waiting for the drain)."""
+    if not pods:
+        return {}
+    results, errors = runner.run(pod_load_queries(namespace, pods), now)
+    if errors:
+        raise RuntimeError("; ".join(f"{name}: {error}" for name, error in sorted(errors.items())))
+    return build_pod_loads(results, pods, scrape_interval)
