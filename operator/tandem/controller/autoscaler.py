@@ -38,6 +38,7 @@ from tandem.api.times import rfc3339
 from tandem.autoscale.bounds import autoscaled_roles
 from tandem.controller import drain, metrics, replicas
 from tandem.kube.rest import POD, KubeError, KubeRest, Obj
+from tandem.metrics import MetricsReader, PrometheusReader, ReaderFactory
 from tandem.rollout.arms import Bound, bounded_spec
 from tandem.signals import PoolSize, Snapshot
 from tandem.status.derive import AutoscalingView, ConditionValue, autoscaling_condition, measured_slo
@@ -81,10 +82,15 @@ class Outcome:
 class Autoscaler:
     """The I/O around `decide()` and the drain plan; one per operator, shared by the workers."""
 
-    def __init__(self, kube: KubeRest, prometheus_url: str | None = None) -> None:
+    def __init__(
+        self, kube: KubeRest, prometheus_url: str | None = None, reader_for: ReaderFactory = PrometheusReader
+    ) -> None:
+        """`reader_for(url, timeout)` makes the reader of a Prometheus (`PrometheusReader`; tests give
+        one answering recorded queries); one is made per URL and timeout and shared."""
         self.kube = kube
         self.prometheus_url = prometheus_url or None
-        self._readers: dict[tuple[str, float], Any] = {}
+        self._reader_for = reader_for
+        self._readers: dict[tuple[str, float], MetricsReader] = {}
         self._advice: dict[tuple[str, str, str], int] = {}  # last advice per pool (Advisory events)
 
     # -- Prometheus ------------------------------------------------------------------------------
@@ -92,13 +98,11 @@ class Autoscaler:
     def url(self, spec: PDDeploymentSpec) -> str | None:
         return spec.autoscaling.prometheus.url or self.prometheus_url
 
-    def reader(self, url: str, timeout: float) -> Any:
-        """The shared PrometheusReader for `url` (the rollout and KV-transport steps read through it)."""
+    def reader(self, url: str, timeout: float) -> MetricsReader:
+        """The shared reader for `url` (the rollout, revision and KV-transport steps read through it)."""
         reader = self._readers.get((url, timeout))
         if reader is None:
-            from tandem.metrics import PrometheusReader  # the only importer of prometheus_api_client
-
-            reader = self._readers[(url, timeout)] = PrometheusReader(url, timeout)
+            reader = self._readers[(url, timeout)] = self._reader_for(url, timeout)
         return reader
 
     def _snapshot(self, pdd: PDDeployment, url: str, now: float, sizes: Mapping[str, PoolSize]) -> Snapshot:

@@ -30,17 +30,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 from tandem.api.models import PDDeployment, PDDeploymentSpec, ServingMode
 from tandem.api.status import Condition, ConditionType, KVTransportMeasurement, PDDeploymentStatus
 from tandem.controller import metrics
+from tandem.metrics import ReaderFactory
+from tandem.metrics.kv_transport import KvTransportReading, read_kv_transport
 from tandem.status.derive import ConditionValue
-
-if TYPE_CHECKING:
-    from tandem.metrics.kv_transport import KvTransportReading
 
 log = logging.getLogger(__name__)
 
@@ -179,8 +176,8 @@ def _events(prior: Condition | None, condition: ConditionValue) -> list[tuple[st
 class KvTransportCheck:
     """The I/O around `evaluate()`; one per operator, shared by the workers."""
 
-    def __init__(self, prometheus_url: str | None, reader_for: Callable[[str, float], Any]) -> None:
-        """`reader_for(url, timeout)` gives the `PrometheusReader` for a Prometheus: the autoscaler's
+    def __init__(self, prometheus_url: str | None, reader_for: ReaderFactory) -> None:
+        """`reader_for(url, timeout)` gives the reader of a Prometheus: the autoscaler's
         (`Autoscaler.reader`), so both share one per Prometheus."""
         self.prometheus_url = prometheus_url or None
         self._reader = reader_for
@@ -202,8 +199,6 @@ class KvTransportCheck:
             last = max(measured.observed_at if measured else 0.0, self._last_read.get(key, 0.0))
             return KvOutcome(measured, None, requeue_after=max(1.0, last + interval - now))
         self._last_read[key] = now
-        from tandem.metrics.kv_transport import read_kv_transport
-
         started = time.monotonic()
         try:
             reader = self._reader(url, spec.autoscaling.prometheus.timeout_seconds)

@@ -35,6 +35,7 @@ from tandem.controller.leader import LeaderElector
 from tandem.controller.reconcile import Reconciler
 from tandem.controller.workqueue import WorkQueue
 from tandem.kube.rest import PDDEPLOYMENT, KubeError, KubeRest, load_api_client
+from tandem.metrics import PrometheusReader
 from tandem.status.derive import UNSCHEDULABLE_GRACE_SECONDS
 
 log = logging.getLogger("tandem.operator")
@@ -54,7 +55,7 @@ class Runtime:
         self.args = args
         # One connection per thread that may call at once: passes, their parallel calls, leases.
         self.kube = KubeRest(load_api_client(pool_size=args.workers + args.api_parallelism + 4))
-        self.autoscaler = Autoscaler(self.kube, args.prometheus_url)
+        self.autoscaler = Autoscaler(self.kube, args.prometheus_url, reader_for=PrometheusReader)
         self.api_pool = ThreadPoolExecutor(max_workers=args.api_parallelism, thread_name_prefix="tandem-api")
         self.reconciler = Reconciler(
             self.kube,

@@ -34,18 +34,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from tandem.api import meta
 from tandem.api.models import PDDeployment
 from tandem.api.status import Condition, ConditionStatus, RevisionRecord, RevisionsStatus
 from tandem.kube.rest import Obj
+from tandem.metrics.queries import quantile_of
+from tandem.metrics.revisions import pod_revision_label, read_revision_window, revision_label
 from tandem.render.revision import name_prefix, revision_id
 from tandem.rollout.config import RolloutConfig
 from tandem.rollout.judge import Verdict
 from tandem.rollout.machine import Command, Observed, Transition, parse_command, promoted
 from tandem.rollout.machine import step as machine_step
 from tandem.rollout.state import Phase, RollbackStage, RolloutState, start
+
+if TYPE_CHECKING:
+    from tandem.controller.autoscaler import Autoscaler
 
 DEFAULT_DRAIN_SECONDS: Final = 30.0  # the old pair's fixed drain before it went by idleness (e2e bound)
 # The old pair is judged idle only this long after its weight went to 0: the routers have the weight
@@ -536,7 +541,7 @@ def step(
     return outcome
 
 
-def loads_reader(autoscaler: Any, pdd: PDDeployment) -> LoadsFor:
+def loads_reader(autoscaler: Autoscaler, pdd: PDDeployment) -> LoadsFor:
     """`loads_for` through the autoscaler's Prometheus reader; None when it cannot be read."""
 
     def read(names: list[str]) -> Mapping[str, Any] | None:
@@ -556,15 +561,13 @@ def loads_reader(autoscaler: Any, pdd: PDDeployment) -> LoadsFor:
     return read
 
 
-def verdict_reader(autoscaler: Any, pdd: PDDeployment, now: float) -> VerdictFor:
+def verdict_reader(autoscaler: Autoscaler, pdd: PDDeployment, now: float) -> VerdictFor:
     """`verdict_for` reading the routers' per-revision counters through the autoscaler's Prometheus
     reader, at most once per analysis period (as the mode rollout does); never raises."""
 
     def read(state: RolloutState, new: RevisionRecord, old: RevisionRecord) -> Verdict | None:
         from tandem.controller import metrics as operator_metrics
         from tandem.controller.rollout import analysis_period, rollout_config
-        from tandem.metrics.queries import quantile_of
-        from tandem.metrics.revisions import pod_revision_label, read_revision_window, revision_label
         from tandem.rollout.judge import ArmWindow, Window, judge
 
         spec = pdd.spec

@@ -43,6 +43,7 @@ from tandem.api.status import (
 from tandem.autoscale.bounds import autoscaled_roles
 from tandem.controller import metrics
 from tandem.kube.rest import Obj
+from tandem.metrics.rollout import read_window
 from tandem.rollout.arms import (
     ARMS,
     DISAGGREGATED,
@@ -231,8 +232,6 @@ class RolloutController:
             )
             return Window(now - window, now, target=_EMPTY_ARM, metrics_missing=missing)
         try:
-            from tandem.metrics.rollout import read_window
-
             reader = self.autoscaler.reader(url, spec.autoscaling.prometheus.timeout_seconds)
             result: Window = read_window(
                 reader, spec, pdd.metadata.namespace, pdd.metadata.name, target, window, now

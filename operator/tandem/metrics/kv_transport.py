@@ -48,8 +48,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from tandem.api.models import EngineType, KVTransferSpec, PDDeploymentSpec
-from tandem.metrics.prometheus import PrometheusReader
 from tandem.metrics.queries import Result, kv_transport_queries
+from tandem.metrics.reader import QueryRunner
 
 MIN_JUDGED_TRANSFERS: Final = 5  # large transfers a window needs before its bandwidth is judged
 _BITS_PER_GBIT: Final = 1e9 / 8.0
@@ -247,7 +247,7 @@ def reference_link_gbps(spec: PDDeploymentSpec) -> float:
 
 
 def read_kv_transport(
-    reader: PrometheusReader,
+    reader: QueryRunner,
     namespace: str,
     pdd_name: str,
     window_seconds: float,

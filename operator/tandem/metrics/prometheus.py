@@ -22,15 +22,8 @@ from prometheus_api_client import PrometheusConnect
 from urllib3.util.retry import Retry
 
 from tandem.api.models import SLOSpec
-from tandem.metrics.queries import (
-    PodLoad,
-    Result,
-    build_pod_loads,
-    build_snapshot,
-    pod_load_queries,
-    quantile_of,
-    snapshot_queries,
-)
+from tandem.metrics.queries import PodLoad, Result
+from tandem.metrics.reader import read_pod_loads, read_snapshot
 from tandem.signals import PoolSize, Snapshot
 
 log = logging.getLogger(__name__)
@@ -131,15 +124,13 @@ class PrometheusReader:
         With `sizes` (by role, from the cluster), a pool with ready pods but no engine series is
         reported missing, and the sizes are carried into the snapshot.
         """
-        quantile = quantile_of(slo.attainment_percent if slo is not None else None)
-        queries = snapshot_queries(namespace, pdd_name, window_seconds, quantile)
-        results, errors = self.run(queries, now)
-        return build_snapshot(
-            results,
-            errors,
-            now=now,
-            window_seconds=window_seconds,
-            slo_set=slo is not None,
+        return read_snapshot(
+            self,
+            namespace,
+            pdd_name,
+            slo,
+            window_seconds,
+            now,
             sizes=sizes,
             scrape_interval=self.scrape_interval,
         )
@@ -169,12 +160,9 @@ class PrometheusReader:
 
         Raises `RuntimeError` when a query failed (the caller keeps waiting for the drain).
         """
-        if not pods:
-            return {}
-        results, errors = self.run(pod_load_queries(namespace, pods), time.time() if now is None else now)
-        if errors:
-            raise RuntimeError("; ".join(f"{name}: {error}" for name, error in sorted(errors.items())))
-        return build_pod_loads(results, pods, self.scrape_interval)
+        return read_pod_loads(
+            self, namespace, pods, time.time() if now is None else now, scrape_interval=self.scrape_interval
+        )
 
     async def pod_load_async(
         self, namespace: str, pods: Sequence[str], now: float | None = None

@@ -5,7 +5,9 @@ pods run on loopback IPs and Prometheus scrapes them every 2 s. Requests go thro
 pod IP; the reader must then see them on the disaggregated path, within SLO, with engine series
 for both pools; after a quiet spell, zero rates and nothing missing. No part of Prometheus is
 mocked. Set TANDEM_RECORD_PROMETHEUS_ANSWERS=PATH to save the answers the unit tests parse
-(tests/unit/metrics/data/snapshot_answers.json).
+(tests/unit/metrics/data/snapshot_answers.json), and next to it the answers to the rollout's and the
+revision rollout's window queries and their KV reads, by PromQL (window_answers.json: the unit tests'
+recorded Prometheus, `tandem.metrics.testing.RecordedPrometheus`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.testing import OperatorProcess, eventually, pods
 from tandem.metrics import PrometheusReader
 from tandem.metrics.kv_transport import KvTransportReading, read_kv_transport
-from tandem.metrics.queries import build_snapshot, quantile_of, snapshot_queries
+from tandem.metrics.queries import build_snapshot, kv_transport_queries, quantile_of, snapshot_queries
+from tandem.metrics.revisions import revision_queries
+from tandem.metrics.rollout import rollout_queries
 from tandem.signals import PoolSize, Snapshot
 
 PDD = "metrics"
@@ -207,6 +211,7 @@ def test_snapshot_of_a_live_deployment(cluster: ClusterHandle, deployed: Deploye
             > 0
         )
         Path(record).write_text(json.dumps({"now": now, "window_seconds": 60, "results": results}, indent=1))
+        record_windows(reader, deployed.namespace, Path(record).with_name("window_answers.json"))
 
     # The TTFT's parts, from the router's leg timings and the engines' queue and KV read histograms:
     # the legs fit in the client's TTFT, and the sim engines export both engine-side parts.
@@ -243,6 +248,27 @@ def test_snapshot_of_a_live_deployment(cluster: ClusterHandle, deployed: Deploye
         assert (load.running, load.waiting) == (0, 0)
     assert loads[deployed.name("prefill")].kv_blocks_held == 0  # every prefill's KV was pulled
     reader.close()
+
+
+def record_windows(reader: PrometheusReader, namespace: str, path: Path) -> None:
+    """The answers to a 60 s analysis window of both kinds of rollout (paths; revisions, where every
+    P/D request is the legacy revision's) and to the KV reads they make (the whole deployment's, the
+    legacy pods'), by PromQL, at one time."""
+    now, quantile = time.time(), quantile_of(SLO.attainment_percent)
+    answers: dict[str, Any] = {}
+    for queries in (
+        rollout_queries(namespace, PDD, 60, quantile),
+        revision_queries(namespace, PDD, 60, quantile),
+        kv_transport_queries(namespace, PDD, 60),
+        kv_transport_queries(namespace, PDD, 60, revision=""),
+    ):
+        results, errors = reader.run(queries, now)
+        assert not errors
+        answers |= {queries[name]: result for name, result in results.items()}
+    requests = answers[rollout_queries(namespace, PDD, 60, quantile)["rollout_requests"]]
+    assert [s["metric"].get("path") for s in requests if float(s["value"][1]) > 0] == ["disaggregated"]
+    record = {"now": now, "namespace": namespace, "name": PDD, "window_seconds": 60, "answers": answers}
+    path.write_text(json.dumps(record, indent=1))
 
 
 def closed_port() -> int:

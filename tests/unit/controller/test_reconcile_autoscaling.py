@@ -178,10 +178,15 @@ class World:
         self.kube = FakeKube()
         self.kube.objects[("PDDeployment", NS, NAME)] = doc
         self.reader = ScriptedReader()
-        autoscaler = Autoscaler(self.kube, "http://127.0.0.1:9090")  # type: ignore[arg-type]
-        autoscaler._readers[("http://127.0.0.1:9090", 5.0)] = self.reader
+        kube: Any = self.kube
+        autoscaler = Autoscaler(kube, "http://127.0.0.1:9090", reader_for=self.reader_for)
         self.reconciler = Reconciler(self.kube, EventRecorder(self.kube), autoscaler)  # type: ignore[arg-type]
         self.now = T0
+
+    def reader_for(self, url: str, timeout: float) -> Any:
+        """The operator's `ReaderFactory`: the scripted reader for the operator's Prometheus."""
+        assert (url, timeout) == ("http://127.0.0.1:9090", 5.0)
+        return self.reader
 
     def settle(self) -> None:
         """StatefulSets reach their replicas with ready pods; pods beyond them go."""

@@ -92,14 +92,16 @@ def manifest(mode: str = "Colocated", **rollout: Any) -> dict[str, Any]:
 
 class World(world_module.World):  # type: ignore[misc]
     def __init__(self, doc: dict[str, Any]) -> None:
-        super().__init__(doc)
         self.traffic = Traffic()
-        self.reconciler.autoscaler._readers[(URL, 5.0)] = Reader(self.traffic)
+        super().__init__(doc)
+
+    def reader_for(self, url: str, timeout: float) -> Reader:
+        assert (url, timeout) == (URL, 5.0)
+        return Reader(self.traffic)
 
     def restart(self) -> None:
         """A new operator process: nothing in memory but the reader."""
-        autoscaler = world_module.Autoscaler(self.kube, URL)
-        autoscaler._readers[(URL, 5.0)] = Reader(self.traffic)
+        autoscaler = world_module.Autoscaler(self.kube, URL, reader_for=self.reader_for)
         self.reconciler = Reconciler(self.kube, EventRecorder(self.kube), autoscaler)
 
     def set_mode(self, mode: str) -> None:
