@@ -340,6 +340,9 @@ class RouterMetrics:
         for code in STATUS_CLASSES:
             self.child(self.revision_requests, revision, code)
         self.child(self.revision_within_slo, revision)
+        # the latency histograms too: a revision rollout's verdict reads their quantiles with rate()
+        self.child(self.revision_ttft, revision)
+        self.child(self.revision_tpot, revision)
 
     def set_slo(self, targets: SloTargets | None) -> None:
         """Starts (or stops) counting within-SLO requests; the series exist only with an SLO."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from prometheus_client import generate_latest
 
 from tandem.router.metrics import OTHER, LabelBound, LengthBuckets, RouterMetrics, length_labels
 from tandem.router.sse import DONE_EVENT, scan
@@ -114,3 +115,19 @@ def test_the_spec_sets_the_router_buckets_and_bad_ones_keep_the_old() -> None:
     state.on_pdd(pdd_info_from({"metadata": {"name": "llm"}, "spec": {}}))  # unset: the defaults
     assert list(state.metrics.input_buckets.bounds) == [1024, 4096, 16384]
     assert state.metrics.output_buckets.bounds == (128, 512, 2048)
+
+
+def test_series_rate_reads_exist_from_zero() -> None:
+    """A series born with its first requests shows no increase to rate(): the successful prefill legs
+    (the autoscaler's TTFT breakdown) and a known revision's counters and latency histograms (a revision
+    rollout's verdict) are exported at 0 before any request."""
+    m = RouterMetrics()
+    m.know_revision("r1")
+    text = generate_latest(m.registry).decode()
+    for line in (
+        'tandem_router_prefill_leg_seconds_count{outcome="ok"} 0.0',
+        'tandem_router_revision_time_to_first_token_seconds_count{revision="r1"} 0.0',
+        'tandem_router_revision_time_per_output_token_seconds_count{revision="r1"} 0.0',
+        'tandem_router_revision_requests_within_slo_total{revision="r1"} 0.0',
+    ):
+        assert line in text, line
