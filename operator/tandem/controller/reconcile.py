@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from tandem.api import meta
 from tandem.api.models import PDDeployment
 from tandem.api.status import PDDeploymentStatus
+from tandem.autoscale.budget import fit_budget
 from tandem.controller import commands, handover, metrics, revisions
 from tandem.controller.api_keys import api_keys_problems
 from tandem.controller.autoscaler import Autoscaler, Outcome
@@ -31,7 +32,6 @@ from tandem.controller.rollout import PREVIOUS, RolloutController, budget_order
 from tandem.kube.rest import PDDEPLOYMENT, POD, Kind, KubeError, KubeRest, Obj
 from tandem.render import CHILD_KINDS, names, render
 from tandem.render.revision import revision_id
-from tandem.rollout.arms import fit_budget
 from tandem.status.derive import (
     UNSCHEDULABLE_GRACE_SECONDS,
     Observed,
