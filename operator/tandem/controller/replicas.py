@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from enum import StrEnum
 
+from tandem import sizing
 from tandem.api import meta
 from tandem.api.models import AutoscalingMode, PDDeploymentSpec, PoolAutoscaling
 from tandem.api.status import (
@@ -27,6 +28,8 @@ from tandem.api.status import (
 )
 
 SEED_AGE_SECONDS = 0.001
+is_external = sizing.is_external  # who sizes which pool: one definition, the sizing chain's
+autoscaled_roles = sizing.autoscaled_roles
 
 
 class Mode(StrEnum):
@@ -50,30 +53,13 @@ def bounds(spec: PDDeploymentSpec, role: str) -> PoolAutoscaling | None:
     return spec.pool(role).autoscaling
 
 
-def is_external(spec: PDDeploymentSpec, role: str) -> bool:
-    block = bounds(spec, role)
-    return block is not None and block.external
-
-
-def autoscaled_roles(spec: PDDeploymentSpec) -> list[str]:
-    """Pools the SLO autoscaler decides for (bounds set, not external, autoscaling enabled)."""
-    if not spec.autoscaling.enabled:
-        return []
-    return [
-        role for role in meta.POOL_ROLES if bounds(spec, role) is not None and not is_external(spec, role)
-    ]
-
-
 def clamp(replicas: int, block: PoolAutoscaling) -> int:
     return max(block.min_replicas, min(block.max_replicas, replicas))
 
 
 def source(spec: PDDeploymentSpec, role: str, paused: bool) -> ReplicaSource:
-    if is_external(spec, role):
-        return ReplicaSource.external
-    if role in autoscaled_roles(spec) and mode(spec, paused) is not Mode.Advisory:
-        return ReplicaSource.autoscaler
-    return ReplicaSource.spec
+    """`tandem.sizing.source` (a pause does not change who sizes a pool)."""
+    return sizing.source(spec, role)
 
 
 def prepare_state(
@@ -128,20 +114,9 @@ def prepare_state(
 
 
 def pool_sizes(spec: PDDeploymentSpec, state: AutoscalingStatus | None) -> dict[str, int | None]:
-    """The size each pool should have by the decision (before any drain holds a scale-down back).
-
-    `None` for external pools: their StatefulSets are rendered without `spec.replicas`.
-    """
-    sizes: dict[str, int | None] = {}
-    for role in meta.POOL_ROLES:
-        held = getattr(state.pools, role).desired_replicas if state is not None else None
-        if is_external(spec, role):
-            sizes[role] = None
-        elif role in autoscaled_roles(spec) and held is not None:  # in Advisory, the spec's size clamped
-            sizes[role] = held
-        else:
-            sizes[role] = spec.pool(role).replicas
-    return sizes
+    """The size each pool should have by the decision (before any drain holds a scale-down back):
+    the sizing chain's first stage, `tandem.sizing.decided_sizes`. `None` for external pools."""
+    return sizing.decided_sizes(spec, state)
 
 
 def decision_due(
