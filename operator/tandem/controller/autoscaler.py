@@ -1,16 +1,18 @@
-"""The autoscaling step of a reconcile pass: decide when due, drain before shrinking, report.
+"""The autoscaling step of a reconcile pass: decide when due, carry out the drains, report.
 
 Runs inside the reconcile pass (a worker thread, on the leader only), before rendering, so one pass
-computes everything the status says and one status write records it: the pool sizes the
-StatefulSets get, `status.autoscaling` (sizes, stabilization history, capacity correction, drains),
-`status.slo` and the AutoscalingActive condition. State lives only in status, so a restart or a
-fail-over resumes where the last leader stopped.
+computes everything the status says and one status write records it: `decide()` makes the
+decision; the sizing chain (`tandem.sizing`) turns it into the pool sizes the StatefulSets get;
+`outcome()` and `mark()` report them and mark the drained pods: `status.autoscaling` (sizes,
+stabilization history, capacity correction, drains), `status.slo` and the AutoscalingActive
+condition. State lives only in status, so a restart or a fail-over resumes where the last leader
+stopped.
 
 A decision is due once per `spec.autoscaling.intervalSeconds` (`status.autoscaling.lastEvaluated`)
 and at once after a spec change; the pass asks to be requeued when the next one is due. The
 Prometheus reads (`tandem.metrics`) block this thread for at most the spec's timeout; an error is
 "no data" to `decide()`, which holds every size. Pods are drained before a pool shrinks
-(`drain.py`); the drained pods' loads are read only while a drain waits on them.
+(`sizing/drain.py`); the drained pods' loads are read only while a drain waits on them.
 """
 
 from __future__ import annotations

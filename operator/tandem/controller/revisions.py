@@ -51,7 +51,7 @@ from tandem.sizing import pair_sizes as pair_sizes
 
 DEFAULT_DRAIN_SECONDS: Final = 30.0  # the old pair's fixed drain before it went by idleness (e2e bound)
 # The old pair is judged idle only this long after its weight went to 0: the routers have the weight
-# and Prometheus has scraped a request sent just before (as a draining pod: controller/drain.py).
+# and Prometheus has scraped a request sent just before (as a draining pod: sizing/drain.py).
 SETTLE_SECONDS: Final = 10.0
 REQUEUE_SECONDS: Final = 5.0
 # Kinds of a revision's per-role objects (all named <prefix>-<role>).
@@ -393,7 +393,7 @@ LoadsFor = Callable[[list[str]], "Mapping[str, Any] | None"]
 
 
 def idle_check(pods: list[Obj], record: RevisionRecord | None, loads_for: LoadsFor | None) -> IdleCheck:
-    """Reads whether every pod of `record`'s pair is idle (controller/drain.idle), when asked."""
+    """Reads whether every pod of `record`'s pair is idle (sizing/drain.idle), when asked."""
 
     def check() -> bool | None:
         from tandem.controller.drain import idle
