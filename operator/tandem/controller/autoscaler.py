@@ -1,16 +1,18 @@
-"""The autoscaling step of a reconcile pass: decide when due, drain before shrinking, report.
+"""The autoscaling step of a reconcile pass: decide when due, carry out the drains, report.
 
 Runs inside the reconcile pass (a worker thread, on the leader only), before rendering, so one pass
-computes everything the status says and one status write records it: the pool sizes the
-StatefulSets get, `status.autoscaling` (sizes, stabilization history, capacity correction, drains),
-`status.slo` and the AutoscalingActive condition. State lives only in status, so a restart or a
-fail-over resumes where the last leader stopped.
+computes everything the status says and one status write records it: `decide()` makes the
+decision; the sizing chain (`tandem.sizing`) turns it into the pool sizes the StatefulSets get;
+`outcome()` and `mark()` report them and mark the drained pods: `status.autoscaling` (sizes,
+stabilization history, capacity correction, drains), `status.slo` and the AutoscalingActive
+condition. State lives only in status, so a restart or a fail-over resumes where the last leader
+stopped.
 
 A decision is due once per `spec.autoscaling.intervalSeconds` (`status.autoscaling.lastEvaluated`)
 and at once after a spec change; the pass asks to be requeued when the next one is due. The
 Prometheus reads (`tandem.metrics`) block this thread for at most the spec's timeout; an error is
 "no data" to `decide()`, which holds every size. Pods are drained before a pool shrinks
-(`drain.py`); the drained pods' loads are read only while a drain waits on them.
+(`sizing/drain.py`); the drained pods' loads are read only while a drain waits on them.
 """
 
 from __future__ import annotations
@@ -23,24 +25,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tandem import sizing
 from tandem.api import meta
 from tandem.api.models import PDDeployment, PDDeploymentSpec
 from tandem.api.status import (
-    AutoscalingPoolsStatus,
     AutoscalingStatus,
     ConditionType,
     PDDeploymentStatus,
-    PoolAutoscalingStatus,
     ReplicaSource,
     SLOStatus,
 )
 from tandem.api.times import rfc3339
 from tandem.autoscale.bounds import autoscaled_roles
-from tandem.controller import drain, metrics, replicas
+from tandem.controller import metrics, replicas
 from tandem.kube.rest import POD, KubeError, KubeRest, Obj
 from tandem.metrics import MetricsReader, PrometheusReader, ReaderFactory
 from tandem.rollout.arms import Bound, bounded_spec
 from tandem.signals import PoolSize, Snapshot
+from tandem.sizing import drain
 from tandem.status.derive import AutoscalingView, ConditionValue, autoscaling_condition, measured_slo
 
 if TYPE_CHECKING:
@@ -75,6 +77,20 @@ class Outcome:
     state: AutoscalingStatus | None
     slo: SLOStatus | None
     condition: ConditionValue | None  # None: leave AutoscalingActive as it is
+    requeue_after: float | None = None
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+
+
+@dataclass
+class Decided:
+    """The autoscaler's part of a pass before the sizing chain runs: its state after the decision."""
+
+    state: AutoscalingStatus | None
+    live: dict[str, int | None]  # the StatefulSets' spec.replicas (None: not created yet)
+    slo: SLOStatus | None
+    loads: dict[str, Mapping[str, drain.Load] | None] = field(default_factory=dict)  # drained pods'
+    decision_condition: ConditionValue | None = None  # the decision's AutoscalingActive, if one ran
+    condition: ConditionValue | None = None
     requeue_after: float | None = None
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
 
@@ -136,18 +152,18 @@ class Autoscaler:
 
     # -- the step --------------------------------------------------------------------------------
 
-    def step(
+    def decide(
         self,
         pdd: PDDeployment,
         body: Mapping[str, Any],
         previous: PDDeploymentStatus | None,
         statefulsets: Mapping[str, Obj | None],
-        pods: Sequence[Obj],
         now: float,
         bounds: Mapping[str, Bound] | None = None,
-    ) -> Outcome:
-        """`bounds` (from the rollout step) clamp each pool's decided size: an arm sized for its share
-        of the traffic, or scaled to zero once traffic has left it."""
+    ) -> Decided:
+        """The decision when one is due, within `bounds` (from the rollout step: an arm sized for its
+        share of the traffic, or scaled to zero once traffic has left it), and the loads of the pods a
+        drain waits on; the sizing chain (`tandem.sizing`) then sizes the pools."""
         spec = pdd.spec
         paused = is_paused(body)
         live: dict[str, int | None] = {
@@ -155,10 +171,7 @@ class Autoscaler:
         }
         state = replicas.prepare_state(spec, previous.autoscaling if previous else None, live, paused, now)
         url = self.url(spec)
-        slo = previous.slo if previous else None
-        outcome_events: list[tuple[str, str, str]] = []
-        decision_condition: ConditionValue | None = None
-        requeue: float | None = None
+        decided = Decided(state=state, live=live, slo=previous.slo if previous else None)
         interval = float(spec.autoscaling.interval_seconds)
 
         if state is not None and autoscaled_roles(spec) and url:
@@ -172,91 +185,115 @@ class Autoscaler:
             )
             decided_generation = prior.observed_generation if prior is not None else None
             if replicas.decision_due(state, interval, now, pdd.metadata.generation, decided_generation):
-                started = time.monotonic()
-                sizes_now = _sizes(spec, state, statefulsets)
-                snapshot = dataclasses.replace(self._snapshot(pdd, url, now, sizes_now), sizes=sizes_now)
-                decision = _decide(bounded_spec(spec, bounds or {}), snapshot, state, now, paused)
-                metrics.DECISION_SECONDS.observe(time.monotonic() - started)
-                outcome_events += self._decision_events(pdd, state, decision)
-                state = decision.state
-                decision_condition = decision.condition
-                slo = measured_slo(snapshot, rfc3339(snapshot.observed_at)) or slo
-            requeue = (
+                self._decide(pdd, decided, statefulsets, now, paused, bounds or {})
+                state = decided.state
+            assert state is not None
+            decided.requeue_after = (
                 max(1.0, replicas.seconds_until_due(state, interval, now))
                 if state.last_evaluated
                 else interval
             )
+        timeout = float(spec.autoscaling.drain_timeout_seconds)
+        for role in autoscaled_roles(spec):
+            record = getattr(state.pools, role).draining if state is not None else None
+            due = record is not None and drain.loads_needed(record, now, timeout)
+            if sizing.source(spec, role) is ReplicaSource.autoscaler and url and record is not None and due:
+                decided.loads[role] = self._loads(pdd, url, record.pods or [record.pod])
+        decided.condition = autoscaling_condition(
+            pdd, AutoscalingView(url, decided.decision_condition), previous.conditions if previous else []
+        )
+        return decided
 
-        sizes = replicas.pool_sizes(spec, state)
-        for role, bound in (bounds or {}).items():
-            size = sizes.get(role)
-            if size is not None:
-                sizes[role] = bound.apply(size)
-        sources: dict[str, ReplicaSource] = {
-            role: replicas.source(spec, role, paused) for role in meta.POOL_ROLES
-        }
-        applied: dict[str, int | None] = dict(sizes)
+    def _decide(
+        self,
+        pdd: PDDeployment,
+        decided: Decided,
+        statefulsets: Mapping[str, Obj | None],
+        now: float,
+        paused: bool,
+        bounds: Mapping[str, Bound],
+    ) -> None:
+        """One decision: the snapshot, `decide()` on the spec within the rollout's bounds, its Events."""
+        state = decided.state
+        url = self.url(pdd.spec)
+        assert state is not None
+        assert url
+        started = time.monotonic()
+        sizes_now = _sizes(pdd.spec, state, statefulsets)
+        snapshot = dataclasses.replace(self._snapshot(pdd, url, now, sizes_now), sizes=sizes_now)
+        decision = _decide(bounded_spec(pdd.spec, bounds), snapshot, state, now, paused)
+        metrics.DECISION_SECONDS.observe(time.monotonic() - started)
+        decided.events += self._decision_events(pdd, state, decision)
+        decided.state = decision.state
+        decided.decision_condition = decision.condition
+        decided.slo = measured_slo(snapshot, rfc3339(snapshot.observed_at)) or decided.slo
+
+    def sizing_input(
+        self,
+        pdd: PDDeployment,
+        decided: Decided,
+        previous: PDDeploymentStatus | None,
+        pods: Sequence[Obj],
+        now: float,
+        bounds: Mapping[str, Bound] | None = None,
+    ) -> sizing.ServingInput:
+        """The sizing chain's first stages' input: the decision, the arms' bounds, the pools' pods."""
         name = pdd.metadata.name
-        for role in meta.POOL_ROLES:
-            sts_name = f"{name}-{role}"
-            views = drain.pod_views([p for p in pods if _role(p) == role], sts_name)
-            size = sizes[role]
-            if sources[role] is ReplicaSource.autoscaler and size is not None and state is not None:
-                pool: PoolAutoscalingStatus = getattr(state.pools, role)
-                loads = None
-                timeout = float(spec.autoscaling.drain_timeout_seconds)
-                if url and pool.draining is not None and drain.loads_needed(pool.draining, now, timeout):
-                    loads = self._loads(pdd, url, pool.draining.pods or [pool.draining.pod])
-                plan = drain.plan(
-                    role=role,
-                    statefulset=sts_name,
-                    desired=size,
-                    applied=live[role],
-                    drain=pool.draining,
-                    pods=views,
-                    loads=loads,
-                    now=now,
-                    timeout=timeout,
-                )
-                started_at = plan.drain.started_at if plan.drain is not None else now
-                self._mark(pdd, plan.annotate, rfc3339(started_at))
-                self._mark(pdd, plan.unannotate, None)
-                state = _with_drain(state, role, plan.drain)
-                applied[role] = plan.replicas
-                outcome_events += _drain_events(role, pool.draining, plan, live[role], now)
-                if plan.drain is not None:
-                    requeue = min(requeue or drain.DRAIN_POLL_SECONDS, drain.DRAIN_POLL_SECONDS)
-            elif size is None and live[role] is None:  # a new external pool starts at the spec's size
-                applied[role] = spec.pool(role).replicas  # (handed over on the next pass)
-            else:  # no drain for pools the autoscaler does not size: lift the marks of one it left
-                recorded = _recorded_drain(previous, role)
-                keep = [
-                    v.name
-                    for v in views
-                    if v.draining and v.name in recorded and (size is None or v.ordinal < size)
-                ]
-                self._mark(pdd, keep, None)
-                if state is not None and getattr(state.pools, role).draining is not None:
-                    state = _with_drain(state, role, None)
+        return sizing.ServingInput(
+            spec=pdd.spec,
+            name=name,
+            state=decided.state,
+            bounds=dict(bounds or {}),
+            live=decided.live,
+            now=now,
+            drain_timeout=float(pdd.spec.autoscaling.drain_timeout_seconds),
+            pods={
+                role: tuple(drain.pod_views([p for p in pods if _role(p) == role], f"{name}-{role}"))
+                for role in meta.POOL_ROLES
+            },
+            loads=decided.loads,
+            recorded={role: frozenset(_recorded_drain(previous, role)) for role in meta.POOL_ROLES},
+        )
 
-        for pool_name, count in sizes.items():
-            if count is not None:
+    def outcome(self, pdd: PDDeployment, decided: Decided, served: sizing.Serving, now: float) -> Outcome:
+        """What the autoscaling step reports once the chain sized the pools: the drain Events, when to
+        check a drain again, the desired-size gauges."""
+        events = list(decided.events)
+        requeue = decided.requeue_after
+        for role, pool in served.pools.items():
+            plan = pool.drain.plan
+            if plan is None:
+                continue
+            events += _drain_events(role, pool.drain.before, plan, decided.live[role], now)
+            if plan.drain is not None:
+                requeue = min(requeue or drain.DRAIN_POLL_SECONDS, drain.DRAIN_POLL_SECONDS)
+        for role, pool in served.pools.items():
+            if pool.desired is not None:
                 metrics.DESIRED_REPLICAS.labels(
-                    namespace=pdd.metadata.namespace, pddeployment=name, pool=pool_name
-                ).set(count)
-        condition = autoscaling_condition(
-            pdd, AutoscalingView(url, decision_condition), previous.conditions if previous else []
-        )
+                    namespace=pdd.metadata.namespace, pddeployment=pdd.metadata.name, pool=role
+                ).set(pool.desired)
         return Outcome(
-            replicas=applied,
-            desired=dict(sizes),
-            sources=sources,
-            state=state,
-            slo=slo,
-            condition=condition,
+            replicas=served.replicas,
+            desired={role: pool.desired for role, pool in served.pools.items()},
+            sources={role: pool.source for role, pool in served.pools.items()},
+            state=served.state,
+            slo=decided.slo,
+            condition=decided.condition,
             requeue_after=requeue,
-            events=outcome_events,
+            events=events,
         )
+
+    def mark(self, pdd: PDDeployment, served: sizing.Serving, now: float) -> None:
+        """The drain stage's marks on the pods: draining pods annotated (with the drain's start), pods
+        that stay unmarked, the marks of a drain a pool left lifted."""
+        for pool in served.pools.values():
+            plan = pool.drain.plan
+            if plan is None:
+                self._mark(pdd, pool.drain.lift, None)
+                continue
+            started_at = plan.drain.started_at if plan.drain is not None else now
+            self._mark(pdd, plan.annotate, rfc3339(started_at))
+            self._mark(pdd, plan.unannotate, None)
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop a deleted PDDeployment's gauges and advice."""
@@ -346,12 +383,6 @@ def _sizes(
                 replicas=spec.pool(role).replicas if count is None else count, ready=_ready(sts)
             )
     return sizes
-
-
-def _with_drain(state: AutoscalingStatus, role: str, record: Any) -> AutoscalingStatus:
-    pools: dict[str, PoolAutoscalingStatus] = {r: getattr(state.pools, r) for r in meta.POOL_ROLES}
-    pools[role] = pools[role].model_copy(update={"draining": record})
-    return state.model_copy(update={"pools": AutoscalingPoolsStatus(**pools)})
 
 
 def _drain_events(

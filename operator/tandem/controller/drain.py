@@ -1,135 +1,32 @@
-"""Drain-aware scale-down of one pool (pure: pods, loads and time come in, a plan comes out).
+"""Moved to `tandem.sizing.drain` (the drain stage of the sizing chain); the names stay importable here."""
 
-A StatefulSet removes its highest ordinals first. Before it may, those pods are annotated
-`tandem.dev/draining` (the router sends them no new work) and the drain is recorded in
-`status.autoscaling.pools.<role>.draining`; the StatefulSet keeps its replicas until every drained
-pod is idle (no running or waiting requests, and for prefill no KV blocks a decode pod has yet to
-pull) or the drain timeout passed. A scale-up during a drain cancels it: the annotations go and the
-pods stay. Idleness counts only once the router has had time to see the annotation and Prometheus
-to scrape a request it sent just before (`DRAIN_SETTLE_SECONDS`).
-"""
-
-from __future__ import annotations
-
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
-
-from tandem.api import meta
-from tandem.api.status import DrainStatus
-
-DRAIN_SETTLE_SECONDS = 10.0  # the routers' pod watch and a couple of Prometheus scrapes
-DRAIN_POLL_SECONDS = 5.0  # how often a pass checks a drain's pods
-
-
-class Load(Protocol):
-    """A pod's load as `tandem.metrics` reads it (PodLoad)."""
-
-    @property
-    def running(self) -> float: ...
-    @property
-    def waiting(self) -> float: ...
-    @property
-    def kv_blocks_held(self) -> float: ...
-
-
-@dataclass(frozen=True, slots=True)
-class PodView:
-    """The part of a pool's pod a drain needs."""
-
-    name: str
-    ordinal: int
-    serving: bool  # Running with an IP: it may hold requests
-    draining: bool  # carries the draining annotation
-
-
-@dataclass(frozen=True, slots=True)
-class DrainPlan:
-    replicas: int  # the StatefulSet's replicas for this pass
-    drain: DrainStatus | None  # the drain to record in status (None: none in progress)
-    annotate: tuple[str, ...] = ()  # pods to mark draining
-    unannotate: tuple[str, ...] = ()  # pods that stay: remove their mark
-    finished: str = ""  # "idle" or "timeout" when the pool shrinks in this pass
-    cancelled: bool = False  # a drain in progress was called off (scale-up)
-
-
-def pod_views(pods: Sequence[Mapping[str, Any]], statefulset: str) -> list[PodView]:
-    """The pods of one StatefulSet (by name: `<statefulset>-<ordinal>`), from API objects."""
-    views = []
-    for pod in pods:
-        md = pod.get("metadata") or {}
-        name = str(md.get("name", ""))
-        prefix, _, ordinal = name.rpartition("-")
-        if prefix != statefulset or not ordinal.isdigit():
-            continue
-        status = pod.get("status") or {}
-        annotations = md.get("annotations") or {}
-        views.append(
-            PodView(
-                name=name,
-                ordinal=int(ordinal),
-                serving=status.get("phase") == "Running" and bool(status.get("podIP")),
-                draining=meta.ANNOTATION_DRAINING in annotations,
-            )
-        )
-    return sorted(views, key=lambda v: v.ordinal)
-
-
-def drained_names(statefulset: str, target: int, current: int) -> list[str]:
-    """The pods a StatefulSet deletes going from `current` to `target` replicas."""
-    return [f"{statefulset}-{i}" for i in range(target, current)]
-
-
-def idle(load: Load | None, role: str) -> bool:
-    """Known to hold no work; no figures, or NaN ones (vLLM's unpulled KV), mean wait (up to the timeout)."""
-    if load is None:
-        return False
-    if not (load.running <= 0 and load.waiting <= 0):
-        return False
-    return role != "prefill" or load.kv_blocks_held <= 0
-
-
-def loads_needed(drain: DrainStatus | None, now: float, timeout: float) -> bool:
-    """Whether this pass should read the drained pods' loads (settled, not yet timed out)."""
-    if drain is None:
-        return False
-    elapsed = now - drain.started_at
-    return min(DRAIN_SETTLE_SECONDS, timeout) <= elapsed < timeout
-
-
-def plan(
-    *,
-    role: str,
-    statefulset: str,
-    desired: int,
-    applied: int | None,
-    drain: DrainStatus | None,
-    pods: Sequence[PodView],
-    loads: Mapping[str, Load] | None,
-    now: float,
-    timeout: float,
-) -> DrainPlan:
-    """What this pass does about a pool whose decided size is `desired`.
-
-    `applied` is the StatefulSet's `spec.replicas` (None before it exists), `drain` the drain in
-    status, `pods` the StatefulSet's pods, `loads` their loads by pod name (None when not read).
-    """
-    if applied is None or desired >= applied:
-        keep = [p.name for p in pods if p.draining and p.ordinal < desired]
-        return DrainPlan(replicas=desired, drain=None, unannotate=tuple(keep), cancelled=drain is not None)
-
-    names = drained_names(statefulset, desired, applied)
-    fresh = drain is None or desired < drain.target_replicas  # new pods join: they get the full time
-    started = now if fresh or drain is None else drain.started_at
-    record = DrainStatus(pod=names[0], pods=names, started_at=started, target_replicas=desired)
-    leaving = [p for p in pods if desired <= p.ordinal < applied]
-    annotate = tuple(p.name for p in leaving if not p.draining)
-    unannotate = tuple(p.name for p in pods if p.draining and p.ordinal < desired)
-    elapsed = now - started
-    if elapsed >= timeout:
-        return DrainPlan(desired, None, annotate, unannotate, finished="timeout")
-    settled = elapsed >= min(DRAIN_SETTLE_SECONDS, timeout) and not annotate
-    loads = loads or {}
-    if settled and all(not p.serving or idle(loads.get(p.name), role) for p in leaving):
-        return DrainPlan(desired, None, annotate, unannotate, finished="idle")
-    return DrainPlan(applied, record, annotate, unannotate)
+from tandem.sizing.drain import (
+    DRAIN_POLL_SECONDS as DRAIN_POLL_SECONDS,
+)
+from tandem.sizing.drain import (
+    DRAIN_SETTLE_SECONDS as DRAIN_SETTLE_SECONDS,
+)
+from tandem.sizing.drain import (
+    DrainPlan as DrainPlan,
+)
+from tandem.sizing.drain import (
+    Load as Load,
+)
+from tandem.sizing.drain import (
+    PodView as PodView,
+)
+from tandem.sizing.drain import (
+    drained_names as drained_names,
+)
+from tandem.sizing.drain import (
+    idle as idle,
+)
+from tandem.sizing.drain import (
+    loads_needed as loads_needed,
+)
+from tandem.sizing.drain import (
+    plan as plan,
+)
+from tandem.sizing.drain import (
+    pod_views as pod_views,
+)

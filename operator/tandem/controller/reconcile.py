@@ -16,22 +16,22 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from tandem import sizing
 from tandem.api import meta
 from tandem.api.models import PDDeployment
-from tandem.api.status import PDDeploymentStatus
+from tandem.api.status import PDDeploymentStatus, RevisionsStatus
 from tandem.api.times import parse_rfc3339
 from tandem.controller import commands, handover, metrics, revisions
 from tandem.controller.api_keys import api_keys_problems
 from tandem.controller.autoscaler import Autoscaler, Outcome
 from tandem.controller.drift import is_subset
 from tandem.controller.events import EventRecorder
-from tandem.controller.kv_transport import KvTransportCheck
+from tandem.controller.kv_transport import KvOutcome, KvTransportCheck
 from tandem.controller.replicas import is_external
-from tandem.controller.rollout import PREVIOUS, RolloutController, budget_order
+from tandem.controller.rollout import RolloutController, RolloutOutcome
 from tandem.kube.rest import PDDEPLOYMENT, POD, Kind, KubeError, KubeRest, Obj
 from tandem.render import CHILD_KINDS, names, render
 from tandem.render.revision import revision_id
-from tandem.rollout.arms import fit_budget
 from tandem.status.derive import (
     UNSCHEDULABLE_GRACE_SECONDS,
     Observed,
@@ -79,6 +79,62 @@ class PassResult:
     def requeue(self, delay: float | None) -> None:
         if delay is not None:
             self.requeue_after = delay if self.requeue_after is None else min(self.requeue_after, delay)
+
+
+@dataclass(frozen=True)
+class PassContext:
+    """What the read step found; every later step reads it, none changes it."""
+
+    body: Obj
+    now: str  # RFC 3339, for status
+    epoch: float  # the same instant in seconds
+    pdd: PDDeployment
+    previous: PDDeploymentStatus | None
+    existing: Mapping[tuple[str, str], Obj]  # owned children by (kind, name)
+    pods: list[Obj]
+    statefulsets: Mapping[str, Obj | None]  # the serving revision's, by role
+    routed: commands.Routed  # the command annotation, routed to one rollout
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.pdd.metadata.namespace, self.pdd.metadata.name
+
+    @property
+    def stored_revisions(self) -> RevisionsStatus | None:
+        return self.previous.revisions if self.previous is not None else None
+
+    @property
+    def revision_change(self) -> bool:
+        """Two pairs serve, or the spec names a new revision (not one held back after a rollback)."""
+        stored = self.stored_revisions
+        return stored is not None and (
+            stored.previous is not None
+            or (stored.current.id != revision_id(self.pdd.spec) and stored.rollout is None)
+        )
+
+
+@dataclass(frozen=True)
+class Desired:
+    """What the desire step decided: each step's outcome, the sizes, the objects to apply."""
+
+    rollout: RolloutOutcome
+    scaling: Outcome
+    kv: KvOutcome
+    revs: revisions.RevisionOutcome
+    served: sizing.Serving  # the sizing chain's stages 1-3 (the drain's marks)
+    sizes: sizing.Sizes  # every size of the pass
+    objects: list[Obj]  # rendered, less a pair kept as it is
+
+
+@dataclass
+class Applied:
+    """What the apply step did."""
+
+    live: dict[tuple[str, str], Obj] = field(default_factory=dict)  # children as the API now has them
+    applied: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    terminating: bool = False  # the namespace is being deleted: the pass stops here
 
 
 def merge_patch(old: Any, new: Any) -> Any:
@@ -187,28 +243,45 @@ class Reconciler:
         )
 
     def reconcile(self, body: Obj, now: str, epoch: float | None = None) -> PassResult:
-        """One pass; `now` is the RFC 3339 time for status, `epoch` the same instant in seconds."""
-        result = PassResult()
+        """One pass; `now` is the RFC 3339 time for status, `epoch` the same instant in seconds.
+
+        The steps, each with one result: read (`PassContext`), desire (`Desired`: every step's
+        decision, the sizes, the objects to render), apply (`Applied`), derive (the status), write
+        (`PassResult`: the status patch, Events, when to come back)."""
+        ctx = self._read(body, now, epoch)
+        if isinstance(ctx, PassResult):  # a spec the models refuse: reported, nothing else to do
+            return ctx
+        desired = self._desire(ctx)
+        applied = self._apply(ctx, desired)
+        if applied.terminating:
+            # The namespace controller is deleting everything in it, this PDDeployment too: a child
+            # cannot be created, and a Stalled status or a Warning would only report the deletion.
+            log.info("%s/%s: the namespace is being deleted; the pass stops after its applies", *ctx.key)
+            return PassResult(applied=list(applied.applied))
+        status = self._derive(ctx, desired, applied)
+        return self._write(ctx, desired, applied, status)
+
+    # -- read --------------------------------------------------------------------------------------
+
+    def _read(self, body: Obj, now: str, epoch: float | None) -> PassContext | PassResult:
+        """The spec, the previous status, the owned children and the pods: everything a pass reads
+        from the API before it decides."""
         try:
             pdd = PDDeployment.from_object(body)
         except ValidationError as exc:
             # Locations start at the object's top level (spec..., metadata...): the message names the field.
             self._report_invalid(body, _errors(exc), now)
-            result.phase = "Degraded"
-            return result
+            return PassResult(phase="Degraded")
         except Exception as exc:  # a validator that raised something pydantic does not wrap: a bug,
             # but the object is still reported, not retried pass after pass with no status
             log.exception("reading the spec of %s", body.get("metadata", {}).get("name"))
             self._report_invalid(
                 body, f"spec: the operator could not read it: {type(exc).__name__}: {exc}", now
             )
-            result.phase = "Degraded"
-            return result
+            return PassResult(phase="Degraded")
         ns, name = pdd.metadata.namespace, pdd.metadata.name
-        epoch = _epoch(now) if epoch is None else epoch
         selector = f"{meta.LABEL_PDD}={name}"
         previous = _previous_status(body)
-
         existing: dict[tuple[str, str], Obj] = {}
         # The reads of a pass are independent: at once, on the API pool (`api_parallelism`).
         *listed, pods = self._each(lambda kind: self.kube.list(kind, ns, selector), [*KINDS.values(), POD])
@@ -216,102 +289,102 @@ class Reconciler:
             for obj in objs:
                 if _owned_by(obj, pdd.metadata.uid):
                     existing[_key(obj)] = obj
-
-        stored_revisions = previous.revisions if previous is not None else None
-        serving = stored_revisions.current if stored_revisions is not None else None
-        statefulsets: dict[str, Obj | None] = {
-            role: existing.get(("StatefulSet", names.child_name(pdd, role, serving)))
-            for role in meta.POOL_ROLES
-        }
-        # Two pairs serve, or the spec names a new revision (not one held back after a rollback).
-        changing = stored_revisions is not None and (
-            stored_revisions.previous is not None
-            or (stored_revisions.current.id != revision_id(pdd.spec) and stored_revisions.rollout is None)
-        )
+        stored = previous.revisions if previous is not None else None
+        serving = stored.current if stored is not None else None
         # One command annotation, two rollouts that may read it: each command goes to one of them.
         command_value = ((body.get("metadata") or {}).get("annotations") or {}).get(
             meta.ANNOTATION_ROLLOUT_COMMAND
         )
-        routed = commands.route(
-            command_value if isinstance(command_value, str) else None,
-            previous.rollout if previous is not None else None,
-            stored_revisions.rollout if stored_revisions is not None else None,
+        return PassContext(
+            body=body,
+            now=now,
+            epoch=_epoch(now) if epoch is None else epoch,
+            pdd=pdd,
+            previous=previous,
+            existing=existing,
+            pods=pods,
+            statefulsets={
+                role: existing.get(("StatefulSet", names.child_name(pdd, role, serving)))
+                for role in meta.POOL_ROLES
+            },
+            routed=commands.route(
+                command_value if isinstance(command_value, str) else None,
+                previous.rollout if previous is not None else None,
+                stored.rollout if stored is not None else None,
+            ),
         )
+
+    # -- desire ------------------------------------------------------------------------------------
+
+    def _desire(self, ctx: PassContext) -> Desired:
+        """Every decision of the pass (rollout, autoscaler, KV check, revisions), each pool's size from
+        the sizing chain (`tandem.sizing`), and the objects to apply."""
+        pdd, previous, epoch = ctx.pdd, ctx.previous, ctx.epoch
         rollout = self.rollouts.step(
             pdd,
-            body,
+            ctx.body,
             previous,
-            statefulsets,
-            pods,
+            ctx.statefulsets,
+            ctx.pods,
             epoch,
-            revision_change=changing,
-            command_value=routed.mode,
-            command_problem=routed.problem,
+            revision_change=ctx.revision_change,
+            command_value=ctx.routed.mode,
+            command_problem=ctx.routed.problem,
         )
-        scaling = self.autoscaler.step(pdd, body, previous, statefulsets, pods, epoch, rollout.bounds)
+        decided = self.autoscaler.decide(pdd, ctx.body, previous, ctx.statefulsets, epoch, rollout.bounds)
         kv = self.kv_transport.step(pdd, previous, epoch)
+        served = sizing.serving(
+            self.autoscaler.sizing_input(pdd, decided, previous, ctx.pods, epoch, rollout.bounds)
+        )
+        scaling = self.autoscaler.outcome(pdd, decided, served, epoch)
         revs = revisions.step(
             pdd,
-            stored_revisions,
-            statefulsets,
-            scaling.replicas,
+            ctx.stored_revisions,
+            ctx.statefulsets,
+            served.replicas,
             epoch,
-            pods=pods,
-            command_value=routed.revision,
+            pods=ctx.pods,
+            command_value=ctx.routed.revision,
             verdict_for=revisions.verdict_reader(self.autoscaler, pdd, epoch),
             loads_for=revisions.loads_reader(self.autoscaler, pdd),
         )
-        # During a revision rollout each pair is sized for its share of the P/D requests.
-        rollout_steps = [st.weight for st in pdd.spec.rollout.steps] if pdd.spec.rollout is not None else []
-        sizes = revisions.pair_sizes(revs.status, scaling.replicas, rollout_steps)
-        replicas: dict[str, int | None] = {
-            **scaling.replicas,
-            **sizes.current,
-            "router": pdd.spec.router.replicas,
-        }
         kept = revs.status.previous
-        previous_sizes = dict(sizes.previous)
-        order = budget_order(rollout.status, revs.status) if pdd.spec.max_gpus is not None else None
-        if order is not None and pdd.spec.max_gpus is not None:
-            # A change in progress holds both sides: keep the total within spec.maxGPUs, the side
-            # that gives way shrinking first (never below a replica per pool).
-            budget: dict[str, int] = {r: n for r, n in replicas.items() if r != "router" and n is not None}
-            gpus = {r: pdd.spec.pool(r).tensor_parallel_size for r in budget}
-            if kept is not None:
-                for pd_role in meta.REVISIONED_ROLES:
-                    sts = existing.get(("StatefulSet", f"{kept.prefix}-{pd_role}"))
-                    size = previous_sizes.get(pd_role)
-                    if size is None and sts is not None:
-                        size = int((sts.get("spec") or {}).get("replicas", 1))
-                    if size is not None:
-                        budget[PREVIOUS + pd_role] = size
-                        gpus[PREVIOUS + pd_role] = pdd.spec.pool(pd_role).tensor_parallel_size
-            fitted = fit_budget(budget, gpus, order, pdd.spec.max_gpus)
-            for pool_key, n in fitted.items():
-                if pool_key.startswith(PREVIOUS):
-                    if n != budget[pool_key]:
-                        previous_sizes[pool_key.removeprefix(PREVIOUS)] = n
-                elif n != budget[pool_key]:
-                    replicas[pool_key] = n
-                    sizes.current[pool_key] = n
-        desired = [
+        change = sizing.Change(
+            revisions=revs.status,
+            mode_rollout=rollout.status,
+            step_weights=[st.weight for st in pdd.spec.rollout.steps] if pdd.spec.rollout is not None else [],
+            previous_live={
+                role: _replicas_or_one(ctx.existing.get(("StatefulSet", f"{kept.prefix}-{role}")))
+                for role in meta.REVISIONED_ROLES
+            }
+            if kept is not None
+            else {},
+        )
+        sizes = sizing.finish(pdd.spec, served, change)
+        objects = [
             obj
-            for obj in render(pdd, replicas, revs.status.current)
+            for obj in render(pdd, sizes.replicas, revs.status.current)
             if (obj["kind"], obj["metadata"]["name"]) not in revs.frozen  # a pair kept as it is
         ]
+        return Desired(rollout, scaling, kv, revs, served, sizes, objects)
 
-        live: dict[tuple[str, str], Obj] = {}
-        apply_errors: list[str] = []
+    # -- apply -------------------------------------------------------------------------------------
+
+    def _apply(self, ctx: PassContext, desired: Desired) -> Applied:
+        """The drain marks, every child that differs from its live object, the kept pair's shares,
+        and the prune of children no longer rendered."""
+        self.autoscaler.mark(ctx.pdd, desired.served, ctx.epoch)
+        out = Applied()
         changes: list[tuple[Obj, Obj | None, handover.Step]] = []
-        for obj in desired:
+        for obj in desired.objects:
             key = _key(obj)
-            current = existing.get(key)
+            current = ctx.existing.get(key)
             role = obj["metadata"]["labels"].get(meta.LABEL_ROLE, "")
             transfer: handover.Step = "none"
             if obj["kind"] == "StatefulSet":
-                transfer = handover.step(current, is_external(pdd.spec, role))
+                transfer = handover.step(current, is_external(ctx.pdd.spec, role))
             if transfer == "none" and current is not None and is_subset(obj, current):
-                live[key] = current
+                out.live[key] = current
                 continue
             changes.append((obj, current, transfer))
         # Children differ independently: applied at once (each one's hand-over steps stay in order),
@@ -320,56 +393,64 @@ class Reconciler:
         for (obj, _, _), outcome in zip(changes, outcomes, strict=True):
             key = _key(obj)
             if isinstance(outcome, KubeError):
-                apply_errors.append(f"{key[0]}/{key[1]}: {outcome.message}")
+                out.errors.append(f"{key[0]}/{key[1]}: {outcome.message}")
             else:
-                live[key] = outcome
-                result.applied.append(f"{key[0]}/{key[1]}")
+                out.live[key] = outcome
+                out.applied.append(f"{key[0]}/{key[1]}")
         if any(isinstance(outcome, KubeError) and outcome.namespace_terminating for outcome in outcomes):
-            # The namespace controller is deleting everything in it, this PDDeployment too: a child
-            # cannot be created, and a Stalled status or a Warning would only report the deletion.
-            log.info("%s/%s: the namespace is being deleted; the pass stops after its applies", ns, name)
-            return result
-        for role, size in previous_sizes.items():
-            if kept is None:
-                break
-            sts = existing.get(("StatefulSet", f"{kept.prefix}-{role}"))
+            out.terminating = True
+            return out
+        self._apply_shares(ctx, desired, out)
+        wanted = {_key(obj) for obj in desired.objects}
+        for key, obj in ctx.existing.items():
+            if key not in wanted and key not in desired.revs.keep:  # the previous revision's pair drains
+                try:
+                    self.kube.delete(
+                        KINDS[key[0]], ctx.pdd.metadata.namespace, key[1], obj["metadata"].get("uid")
+                    )
+                    out.deleted.append(f"{key[0]}/{key[1]}")
+                except KubeError as exc:
+                    out.errors.append(f"delete {key[0]}/{key[1]}: {exc.message}")
+        return out
+
+    def _apply_shares(self, ctx: PassContext, desired: Desired, out: Applied) -> None:
+        """The kept previous pair's StatefulSets at the sizes the chain gave them (replicas only)."""
+        kept = desired.revs.status.previous
+        if kept is None:
+            return
+        for role, size in desired.sizes.previous.items():
+            sts = ctx.existing.get(("StatefulSet", f"{kept.prefix}-{role}"))
             if sts is None or int((sts.get("spec") or {}).get("replicas", 1)) == size:
                 continue
-            config = revisions.share_config(kept.prefix, role, ns, size)
+            config = revisions.share_config(kept.prefix, role, ctx.pdd.metadata.namespace, size)
             try:
                 self.kube.apply(KINDS["StatefulSet"], config, revisions.SHARE_MANAGER)
-                result.applied.append(f"StatefulSet/{kept.prefix}-{role} (replicas {size})")
+                out.applied.append(f"StatefulSet/{kept.prefix}-{role} (replicas {size})")
             except KubeError as exc:
-                apply_errors.append(f"StatefulSet/{kept.prefix}-{role}: {exc.message}")
-        wanted = {_key(obj) for obj in desired}
-        for key, obj in existing.items():
-            if key not in wanted and key not in revs.keep:  # the previous revision's pair drains
-                try:
-                    self.kube.delete(KINDS[key[0]], ns, key[1], obj["metadata"].get("uid"))
-                    result.deleted.append(f"{key[0]}/{key[1]}")
-                except KubeError as exc:
-                    apply_errors.append(f"delete {key[0]}/{key[1]}: {exc.message}")
+                out.errors.append(f"StatefulSet/{kept.prefix}-{role}: {exc.message}")
 
+    # -- derive ------------------------------------------------------------------------------------
+
+    def _derive(self, ctx: PassContext, desired: Desired, applied: Applied) -> PDDeploymentStatus:
+        """The status from what the pass decided and what the API now holds."""
+        pdd, previous = ctx.pdd, ctx.previous
+        rollout, scaling, revs = desired.rollout, desired.scaling, desired.revs
         workloads = {
             obj["metadata"]["labels"][meta.LABEL_ROLE]: _workload_state(obj)
-            for (kind, _), obj in live.items()
+            for (kind, _), obj in applied.live.items()
             if kind in ("StatefulSet", "Deployment")
         }
-        problems = missing_secrets(self.kube, pdd) + pod_problems(pods)
         observed = Observed(
             workloads=workloads,
-            desired_replicas={
-                **_status_replicas(pdd, scaling, live),
-                **{role: n for role, n in sizes.current.items() if n is not None},  # the pair's share
-            },
-            pod_problems=problems,
-            apply_errors=apply_errors,
+            desired_replicas=_status_replicas(pdd, desired.sizes, applied.live),
+            pod_problems=missing_secrets(self.kube, pdd) + pod_problems(ctx.pods),
+            apply_errors=applied.errors,
             sources=scaling.sources,
             autoscaling=scaling.state,
             slo=scaling.slo,
             autoscaling_condition=scaling.condition,
-            kv_measured=kv.measured,
-            kv_condition=kv.condition,
+            kv_measured=desired.kv.measured,
+            kv_condition=desired.kv.condition,
             mode=rollout.mode,
             rollout=rollout.status,
             rollout_conditions=(
@@ -381,9 +462,19 @@ class Reconciler:
             ),
             revisions=revs.status,
         )
-        status = derive_status(
-            pdd, observed, previous.conditions if previous else [], now, self.unschedulable_grace_seconds
+        return derive_status(
+            pdd, observed, previous.conditions if previous else [], ctx.now, self.unschedulable_grace_seconds
         )
+
+    # -- write -------------------------------------------------------------------------------------
+
+    def _write(
+        self, ctx: PassContext, desired: Desired, applied: Applied, status: PDDeploymentStatus
+    ) -> PassResult:
+        """The status patch (when it changed), the pass's Events, and when to come back."""
+        body, previous = ctx.body, ctx.previous
+        ns, name = ctx.key
+        result = PassResult(applied=list(applied.applied), deleted=list(applied.deleted))
         result.phase = status.phase.value
         metrics.observe_status(ns, name, _dump(status))
         if previous is None or _dump(previous) != _dump(status):
@@ -399,16 +490,15 @@ class Reconciler:
                 return result
             result.status_written = True
         self._record_events(body, result, previous, status)
-        for event_type, reason, message in [*rollout.events, *scaling.events, *kv.events, *revs.events]:
+        steps = (desired.rollout, desired.scaling, desired.kv, desired.revs)
+        for event_type, reason, message in [event for step in steps for event in step.events]:
             self.events.post(body, event_type, reason, message)
         if status.phase.value == "Degraded":
             result.requeue(REQUEUE_STALLED_SECONDS)
         elif status.phase.value != "Healthy":
             result.requeue(REQUEUE_PROGRESSING_SECONDS)
-        result.requeue(scaling.requeue_after)
-        result.requeue(rollout.requeue_after)
-        result.requeue(kv.requeue_after)
-        result.requeue(revs.requeue_after)
+        for step in steps:
+            result.requeue(step.requeue_after)
         return result
 
     def _each(self, call: Callable[[_In], _Out], items: Sequence[_In]) -> list[_Out]:
@@ -419,11 +509,11 @@ class Reconciler:
 
     def _try_apply(self, change: tuple[Obj, Obj | None, handover.Step]) -> Obj | KubeError:
         try:
-            return self._apply(*change)
+            return self._apply_child(*change)
         except KubeError as exc:
             return exc
 
-    def _apply(self, obj: Obj, current: Obj | None, transfer: handover.Step) -> Obj:
+    def _apply_child(self, obj: Obj, current: Obj | None, transfer: handover.Step) -> Obj:
         """Server-side apply of one child; for a StatefulSet, with the replicas hand-over or hand-back."""
         kind = KINDS[obj["kind"]]
         if transfer == "hand-over" and current is not None:
@@ -505,17 +595,23 @@ def _cond(kind: str, status: str, reason: str, message: str, md: Mapping[str, An
 
 
 def _status_replicas(
-    pdd: PDDeployment, scaling: Outcome, live: Mapping[tuple[str, str], Obj]
+    pdd: PDDeployment, sizes: sizing.Sizes, live: Mapping[tuple[str, str], Obj]
 ) -> dict[str, int]:
-    """status.pools.<role>.desiredReplicas: the decided size; for an external pool, the count its
-    controller set on the StatefulSet."""
-    counts: dict[str, int] = {"router": pdd.spec.router.replicas}
-    for role, size in scaling.desired.items():
+    """status.pools.<role>.desiredReplicas: the size the chain gave the pool; for an external pool,
+    the count its controller set on the StatefulSet."""
+    counts: dict[str, int] = {"router": sizes.router}
+    for role, pool in sizes.pools.items():
+        size = pool.desired
         if size is None:
             sts = live.get(("StatefulSet", f"{pdd.metadata.name}-{role}"))
             size = int(((sts or {}).get("spec") or {}).get("replicas", 1)) if sts is not None else 0
         counts[role] = size
     return counts
+
+
+def _replicas_or_one(sts: Obj | None) -> int | None:
+    """A StatefulSet's spec.replicas (the API's default 1 when unset); None when there is none."""
+    return int((sts.get("spec") or {}).get("replicas", 1)) if sts is not None else None
 
 
 def _epoch(now: str) -> float:

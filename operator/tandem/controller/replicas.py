@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from enum import StrEnum
 
+from tandem import sizing
 from tandem.api import meta
 from tandem.api.models import AutoscalingMode, PDDeploymentSpec, PoolAutoscaling
 from tandem.api.status import (
@@ -25,9 +26,10 @@ from tandem.api.status import (
     Recommendation,
     ReplicaSource,
 )
-from tandem.autoscale.bounds import autoscaled_roles, clamp
+from tandem.autoscale.bounds import clamp
 
 SEED_AGE_SECONDS = 0.001
+is_external = sizing.is_external  # who sizes which pool: one definition, the sizing chain's
 
 
 class Mode(StrEnum):
@@ -51,17 +53,9 @@ def bounds(spec: PDDeploymentSpec, role: str) -> PoolAutoscaling | None:
     return spec.pool(role).autoscaling
 
 
-def is_external(spec: PDDeploymentSpec, role: str) -> bool:
-    block = bounds(spec, role)
-    return block is not None and block.external
-
-
 def source(spec: PDDeploymentSpec, role: str, paused: bool) -> ReplicaSource:
-    if is_external(spec, role):
-        return ReplicaSource.external
-    if role in autoscaled_roles(spec) and mode(spec, paused) is not Mode.Advisory:
-        return ReplicaSource.autoscaler
-    return ReplicaSource.spec
+    """`tandem.sizing.source` (a pause does not change who sizes a pool)."""
+    return sizing.source(spec, role)
 
 
 def prepare_state(
@@ -116,20 +110,9 @@ def prepare_state(
 
 
 def pool_sizes(spec: PDDeploymentSpec, state: AutoscalingStatus | None) -> dict[str, int | None]:
-    """The size each pool should have by the decision (before any drain holds a scale-down back).
-
-    `None` for external pools: their StatefulSets are rendered without `spec.replicas`.
-    """
-    sizes: dict[str, int | None] = {}
-    for role in meta.POOL_ROLES:
-        held = getattr(state.pools, role).desired_replicas if state is not None else None
-        if is_external(spec, role):
-            sizes[role] = None
-        elif role in autoscaled_roles(spec) and held is not None:  # in Advisory, the spec's size clamped
-            sizes[role] = held
-        else:
-            sizes[role] = spec.pool(role).replicas
-    return sizes
+    """The size each pool should have by the decision (before any drain holds a scale-down back):
+    the sizing chain's first stage, `tandem.sizing.decided_sizes`. `None` for external pools."""
+    return sizing.decided_sizes(spec, state)
 
 
 def decision_due(

@@ -48,13 +48,15 @@ from tandem.rollout.judge import Verdict
 from tandem.rollout.machine import Command, Observed, Transition, parse_command, promoted
 from tandem.rollout.machine import step as machine_step
 from tandem.rollout.state import Phase, RollbackStage, RolloutState, start
+from tandem.sizing import PairSizes as PairSizes  # the pairs' shares moved to the sizing chain (stage 4)
+from tandem.sizing import pair_sizes as pair_sizes
 
 if TYPE_CHECKING:
     from tandem.controller.autoscaler import Autoscaler
 
 DEFAULT_DRAIN_SECONDS: Final = 30.0  # the old pair's fixed drain before it went by idleness (e2e bound)
 # The old pair is judged idle only this long after its weight went to 0: the routers have the weight
-# and Prometheus has scraped a request sent just before (as a draining pod: controller/drain.py).
+# and Prometheus has scraped a request sent just before (as a draining pod: sizing/drain.py).
 SETTLE_SECONDS: Final = 10.0
 REQUEUE_SECONDS: Final = 5.0
 # Kinds of a revision's per-role objects (all named <prefix>-<role>).
@@ -360,59 +362,6 @@ def rollout_conditions(status: RevisionsStatus, had: Sequence[Condition]) -> lis
     return conditions_for(state, f"revision {record.target}", had, record.reason, source=f"revision {old.id}")
 
 
-@dataclass(frozen=True)
-class PairSizes:
-    """Replicas of the two pairs during a revision change under spec.rollout (empty: as decided)."""
-
-    current: dict[str, int | None] = field(default_factory=dict)  # rendered with the current pair
-    previous: dict[str, int] = field(default_factory=dict)  # set on the kept previous pair
-
-
-def pair_sizes(
-    status: RevisionsStatus, decided: Mapping[str, int | None], step_weights: Sequence[int]
-) -> PairSizes:
-    """Each pair sized for the share of P/D requests it gets (capacity traded, not doubled), as the
-    arms of a mode rollout are (`rollout.arms.share_of`): the size decided for the pool (the spec's,
-    or the autoscaler's for the whole P/D load) times the pair's share, rounded up, and at least one
-    replica per pool while the pair carries (or is about to carry, or still drains) weight. Only under
-    spec.rollout (a cut-over moves every request at once, so the new pair starts at its full size):
-    - Preparing: the new pair at the first step's share, the old one at its full size;
-    - Shifting, Paused: the new pair at the weight's share, the old one at the rest;
-    - RollingBack: the new pair at the step it left, the old one back to its full size;
-    - Promoted: the new pair at its full size; the old one is left as it is until it goes (idle).
-    A pool decided externally (None) is left to its controller."""
-    from tandem.rollout.arms import share_of
-
-    record = status.rollout
-    if status.previous is None or record is None or record.target != status.current.id:
-        return PairSizes()
-    step = step_weights[min(record.step, len(step_weights) - 1)] if step_weights else 100
-    phase = record.phase
-    if phase in ("Shifting", "Paused"):
-        new_pct, old_pct = status.weight, 100 - status.weight
-    elif phase == "Preparing":
-        new_pct, old_pct = step_weights[0] if step_weights else 100, 100
-    elif phase == "RollingBack":
-        new_pct, old_pct = step, 100
-    else:  # Promoted
-        new_pct, old_pct = 100, -1
-
-    def size(role: str, pct: int) -> int | None:
-        base = decided.get(role)
-        if base is None:
-            return None
-        return max(share_of(base, pct), 1) if base > 0 else 0
-
-    current: dict[str, int | None] = {str(role): size(role, new_pct) for role in meta.REVISIONED_ROLES}
-    previous: dict[str, int] = {}
-    if old_pct >= 0:
-        for role in meta.REVISIONED_ROLES:
-            n = size(role, old_pct)
-            if n is not None:
-                previous[str(role)] = n
-    return PairSizes(current=current, previous=previous)
-
-
 SHARE_MANAGER: Final = "tandem-revision-share"  # the field manager that sizes a kept previous pair
 
 
@@ -449,7 +398,7 @@ LoadsFor = Callable[[list[str]], "Mapping[str, Any] | None"]
 
 
 def idle_check(pods: list[Obj], record: RevisionRecord | None, loads_for: LoadsFor | None) -> IdleCheck:
-    """Reads whether every pod of `record`'s pair is idle (controller/drain.idle), when asked."""
+    """Reads whether every pod of `record`'s pair is idle (sizing/drain.idle), when asked."""
 
     def check() -> bool | None:
         from tandem.controller.drain import idle

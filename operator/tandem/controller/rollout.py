@@ -37,7 +37,6 @@ from tandem.api.status import (
     ConditionStatus,
     ConditionType,
     PDDeploymentStatus,
-    RevisionsStatus,
     RolloutStatus,
 )
 from tandem.autoscale.bounds import autoscaled_roles
@@ -53,12 +52,13 @@ from tandem.rollout.arms import (
     effective_mode,
     other,
     pool_bounds,
-    yield_order,
 )
 from tandem.rollout.config import RolloutConfig
 from tandem.rollout.judge import ArmWindow, Result, Verdict, Window, judge
 from tandem.rollout.machine import Command, Observed, Transition, fall_back, parse_command, promoted, step
 from tandem.rollout.state import Phase, RolloutState, clip, start
+from tandem.sizing import PREVIOUS as PREVIOUS  # who gives way under maxGPUs: the sizing chain's stage 5
+from tandem.sizing import budget_order as budget_order
 
 if TYPE_CHECKING:
     from tandem.controller.autoscaler import Autoscaler
@@ -364,7 +364,7 @@ class RolloutController:
         source_ready = all(ready[role] >= 1 for role in source_roles)
         before = pool_bounds(target, state, config, full, autoscaled, now, source_ready)
         # Ready at the size the first step needs, or at what was applied when spec.maxGPUs held it
-        # lower (a change trades capacity within the budget: rollout.arms.fit_budget).
+        # lower (a change trades capacity within the budget: the sizing chain, tandem.sizing).
         need = {role: max(1, before[role].low) for role in target_roles}
         for role in target_roles:
             applied = _live(statefulsets.get(role))
@@ -537,29 +537,6 @@ class RolloutController:
             events=events,
             requeue_after=REQUEUE_ACTIVE_SECONDS,
         )
-
-
-PREVIOUS: Final = "previous/"  # budget keys of the previous revision's pair: previous/prefill, ...
-
-
-def budget_order(
-    mode_rollout: RolloutStatus | None, revisions: RevisionsStatus | None
-) -> list[list[str]] | None:
-    """Who gives way first when a change holds more than `spec.maxGPUs` (`rollout.arms.fit_budget`);
-    None when no change trades capacity (nothing to fit: the autoscaler keeps the budget, and a
-    cut-over keeps the old side whole until the new one is ready). Pool keys are the roles, and
-    `previous/<role>` for the previous revision's pair."""
-    if revisions is not None and revisions.previous is not None:
-        record = revisions.rollout
-        if record is None or record.target != revisions.current.id:
-            return None
-        old = [PREVIOUS + role for role in ARMS[DISAGGREGATED]]
-        order = yield_order(record.phase, revisions.weight, ARMS[DISAGGREGATED], old)
-        return [*order, list(ARMS[other(DISAGGREGATED)])]
-    if mode_rollout is None or mode_rollout.target not in ARMS:
-        return None
-    target = mode_rollout.target
-    return yield_order(mode_rollout.phase, mode_rollout.weight, ARMS[target], ARMS[other(target)])
 
 
 def echo_kind(transition: Transition, before: RolloutState, kind: str) -> Transition:

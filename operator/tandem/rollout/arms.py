@@ -198,34 +198,9 @@ def bounded_spec(spec: PDDeploymentSpec, bounds: Mapping[str, Bound]) -> PDDeplo
     return spec.model_copy(update=pools) if pools else spec
 
 
-def fit_budget(
-    sizes: Mapping[str, int],
-    gpus_each: Mapping[str, int],
-    order: Sequence[Sequence[str]],
-    max_gpus: int,
-) -> dict[str, int]:
-    """`sizes` (replicas by pool key) made to fit `max_gpus` (capacity traded, not doubled): the pools
-    of the first group in `order` give up replicas first, one at a time, the one holding the most GPUs
-    first, then the next group's; never below one replica (a pool at 0 stays 0, one at 1 keeps its
-    pod: an arm or pair that carries, or is about to carry, weight keeps a replica per pool). Sizes
-    that cannot fit even so are returned as far as they could go (admission refuses such budgets)."""
-    out = dict(sizes)
-
-    def total() -> int:
-        return sum(n * gpus_each.get(key, 1) for key, n in out.items())
-
-    for group in order:
-        while total() > max_gpus:
-            movable = [key for key in group if out.get(key, 0) > 1]
-            if not movable:
-                break
-            key = max(movable, key=lambda k: (out[k] * gpus_each.get(k, 1), k))
-            out[key] -= 1
-    return out
-
-
 def yield_order(phase: str, weight: int, first: Sequence[str], second: Sequence[str]) -> list[list[str]]:
-    """Which side gives way first when a change holds more GPUs than maxGPUs: `first` is the side the
+    """Which side gives way first when a change holds more GPUs than maxGPUs (the sizing chain fits them
+    with `autoscale.budget.fit_budget`): `first` is the side the
     change moves to (a mode rollout's target arm, a revision rollout's new pair), `second` the side it
     leaves. Before traffic moves (Preparing) and on the way back (RollingBack, RolledBack) the side
     moved to; once promoted the side left (it has no traffic); while shifting, the one with the smaller

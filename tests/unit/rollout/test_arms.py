@@ -7,13 +7,13 @@ import dataclasses
 
 import pytest
 
+from tandem.autoscale.budget import fit_budget
 from tandem.rollout.arms import (
     COLOCATED,
     DISAGGREGATED,
     Bound,
     cutover_bounds,
     effective_mode,
-    fit_budget,
     pd_share,
     pool_bounds,
     share_of,
