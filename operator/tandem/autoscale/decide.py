@@ -36,6 +36,7 @@ from tandem.api.status import (
 )
 from tandem.api.times import rfc3339 as _rfc3339
 from tandem.autoscale import stabilize
+from tandem.autoscale.attribution import Attribution
 from tandem.autoscale.bounds import autoscaled_roles
 from tandem.autoscale.bounds import clamp as _clamp
 from tandem.autoscale.budget import Claim, arbitrate
@@ -301,6 +302,9 @@ def _active(
     stepped: dict[str, _Stage] = {}
     histories: dict[str, list[Recommendation]] = {}
     partials: dict[str, bool] = {}
+    # One TTFT attribution per pass: prefill, decode and the condition read the same one.
+    pd_roles = {"prefill", "decode"} & set(currents)
+    attribution = ttft_attribution(spec, snapshot, knobs) if pd_roles else None
     for role, current in currents.items():
         old = _pool_state(state, role)
         bounds = _bounds(spec, role)
@@ -312,6 +316,7 @@ def _active(
             current,
             old.capacity_correction,
             knobs,
+            attribution=attribution,
             scaled_up_within_window=(
                 last_up is not None
                 and now - last_up < 2 * snapshot.window_seconds
@@ -418,7 +423,8 @@ def _active(
             history=histories[role],
             correction=sizing.correction,
         )
-    condition = _condition(spec, pools, advisory, budget_note, _kv_note(spec, snapshot, currents, knobs))
+    kv_note = _kv_note(spec, snapshot, currents, attribution) if attribution is not None else ""
+    condition = _condition(spec, pools, advisory, budget_note, kv_note)
     new_state = _new_state(state, now, rules.mode.value, updates)
     return Decision(pools=pools, state=new_state, condition=condition, held=False)
 
@@ -453,7 +459,9 @@ def _fixed_gpus(spec: PDDeploymentSpec, snapshot: Snapshot, autoscaled: list[str
     return total
 
 
-def _kv_note(spec: PDDeploymentSpec, snapshot: Snapshot, roles: Mapping[str, int], knobs: Knobs) -> str:
+def _kv_note(
+    spec: PDDeploymentSpec, snapshot: Snapshot, roles: Mapping[str, int], attribution: Attribution
+) -> str:
     """Why no pool grows for a P/D TTFT miss charged to the KV transfer ("" when there is none)."""
     if "prefill" not in roles and "decode" not in roles:
         return ""
@@ -466,7 +474,6 @@ def _kv_note(spec: PDDeploymentSpec, snapshot: Snapshot, roles: Mapping[str, int
         return ""
     if attainment >= slo.attainment_percent / 100.0:
         return ""
-    attribution = ttft_attribution(spec, snapshot, knobs)
     if attribution.charged is not None:
         return ""
     return (

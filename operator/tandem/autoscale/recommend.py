@@ -283,8 +283,11 @@ def recommend(
     knobs: Knobs,
     *,
     scaled_up_within_window: bool = False,
+    attribution: Attribution | None = None,
 ) -> Sizing:
     """The replicas `role` needs now (see the module docstring); `spec.slo` must be set.
+    `attribution`: the pass's `ttft_attribution` (computed here when not given; one per pass serves
+    every pool).
     `scaled_up_within_window`: the pool grew within two of the snapshot's windows (its new pods load,
     then drain the backlog, then a window passes), so its latency quantile may still hold requests
     that queued before that (a prefill miss then counts only with a queue now)."""
@@ -293,13 +296,15 @@ def recommend(
         raise ValueError("recommend() needs spec.slo")
     model = pool_model(spec, role)
     obs = _observe(spec, role, snapshot, current, knobs, slo)
-    if role == "prefill":
+    if role in ("prefill", "decode") and attribution is None:
         attribution = ttft_attribution(spec, snapshot, knobs)
+    if role == "prefill":
+        assert attribution is not None
         return _prefill(
             spec, model, obs, snapshot, current, correction, knobs, slo, attribution, scaled_up_within_window
         )
     if role == "decode":
-        attribution = ttft_attribution(spec, snapshot, knobs)
+        assert attribution is not None
         return _decode(model, obs, snapshot, current, correction, knobs, slo, attribution)
     return _colocated(model, obs, snapshot, current, correction, knobs, slo)
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tandem.api.status import AutoscalingPoolsStatus, AutoscalingStatus, PoolAutoscalingStatus
 from tandem.autoscale.attribution import PARTS, Floors, attribute_ttft, split
 from tandem.autoscale.decide import decide
-from tandem.signals import PathSignals, Snapshot, TtftBreakdown
+from tandem.signals import Snapshot, TtftBreakdown
 
 if TYPE_CHECKING:
     from conftest import Kit
@@ -237,7 +237,3 @@ def test_a_tpot_miss_is_decodes_whatever_the_ttft_breakdown(kit: Kit) -> None:
     assert decision.pools["decode"].target == 3
     assert decision.pools["decode"].cause == "tpot"
     assert decision.pools["prefill"].target == 2
-
-
-def test_path_signals_default_to_no_breakdown() -> None:
-    assert PathSignals().ttft_breakdown is None
