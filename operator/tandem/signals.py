@@ -84,6 +84,9 @@ class TtftBreakdown:
     decode_first_token: float  # decode leg sent until its first token: its queue, the KV read, a step
     prefill_queue: float | None = None  # in the prefill engines' queue (None: not exported)
     kv_transfer: float | None = None  # one KV read on the decode side (None: no NIXL metrics)
+    # The decode engines' own TTFT (`vllm:time_to_first_token_seconds` on decode): the KV read, the
+    # wait for room and the first step, timed in the same scrape as the KV read (None: not exported).
+    decode_engine_first_token: float | None = None
 
     @property
     def router_queue(self) -> float:

@@ -15,7 +15,10 @@ its excess, and the miss is charged to the part with the largest excess:
 - `kvTransfer`, reads beyond the modelled time at `kvTransfer.bandwidthGbps` (a slow or lossy link),
   charged to no pool: more replicas do not speed the link;
 - `decodeWait`, the decode leg's first token beyond the read and one step (waiting for KV blocks or a
-  slot), charged to decode.
+  slot), charged to decode. Where the decode engines export their own TTFT, the wait is that TTFT
+  less their KV read (one scrape of the same pods), and the rest of the leg (the network to the
+  engine) counts with the KV transfer: the router's leg and the engines' reads are scraped apart, so
+  their difference alone misreads a link that just slowed as decode's wait.
 
 The prefill queue and compute are one part when charging (the same pool); the breakdown still shows
 which of the two dominates (`cause`). Without any excess the miss is the compute floor itself (prompts
@@ -121,6 +124,15 @@ def split(breakdown: TtftBreakdown, floors: Floors) -> tuple[dict[Part, float], 
     kv = breakdown.kv_transfer
     kv_seconds = min(first, max(0.0, kv if kv is not None else floors.kv_transfer))
     wait = first - kv_seconds
+    engine_first = breakdown.decode_engine_first_token
+    if engine_first is not None:
+        # Decode's wait as its engines time it, against the KV read of the same scrape. The router's
+        # leg comes from another target, scraped up to an interval apart: while the link changes, one
+        # window can hold slow reads the other does not yet, and their difference would charge decode
+        # for the link. The leg's time outside the decode engine (the network to it) goes with the
+        # KV transfer: no replica count shortens either.
+        wait = min(wait, max(0.0, min(first, engine_first) - kv_seconds))
+        kv_seconds = first - wait
     seconds: dict[Part, float] = {
         "routerQueue": breakdown.router_queue,
         "prefillQueue": queue,
@@ -168,5 +180,6 @@ def attribute_ttft(
 
 def _usable(breakdown: TtftBreakdown) -> bool:
     values = [breakdown.ttft, breakdown.prefill_leg, breakdown.decode_first_token]
-    values += [v for v in (breakdown.prefill_queue, breakdown.kv_transfer) if v is not None]
+    optional = (breakdown.prefill_queue, breakdown.kv_transfer, breakdown.decode_engine_first_token)
+    values += [v for v in optional if v is not None]
     return all(math.isfinite(v) and v >= 0 for v in values) and breakdown.ttft > 0

@@ -188,6 +188,13 @@ ENGINE_QUERIES: Final[tuple[Query, ...]] = (
         " / sum by (tandem_dev_role) (rate(vllm:nixl_xfer_time_seconds_count SEL [WINDOW]))",
         "mean duration of one KV read, on the engines that read (decode; absent without NIXL metrics)",
     ),
+    Query(
+        "engine_ttft_seconds_mean",
+        "sum by (tandem_dev_role) (rate(vllm:time_to_first_token_seconds_sum SEL [WINDOW]))"
+        " / sum by (tandem_dev_role) (rate(vllm:time_to_first_token_seconds_count SEL [WINDOW]))",
+        "mean TTFT as the engines time it (on decode: the KV read, the wait for room and the first step,"
+        " in the same scrape as the KV read's histogram)",
+    ),
 )
 
 ROUTER_QUERIES: Final[tuple[Query, ...]] = (
@@ -303,7 +310,7 @@ KV_QUERIES: Final[tuple[Query, ...]] = (
 )
 
 # The engine queries answered by role (the rest are about freshness, or the TTFT breakdown's).
-_BREAKDOWN_ENGINE: Final = ("queue_seconds_mean", "kv_read_seconds_mean")
+_BREAKDOWN_ENGINE: Final = ("queue_seconds_mean", "kv_read_seconds_mean", "engine_ttft_seconds_mean")
 _POOL_SIGNALS: Final = tuple(
     q.name
     for q in ENGINE_QUERIES
@@ -594,7 +601,7 @@ def build_snapshot(
 def ttft_breakdown(results: Mapping[str, Result]) -> TtftBreakdown | None:
     """The P/D path's TTFT parts over the window (`autoscale.attribution`): None unless the routers
     timed the TTFT, successful prefill legs and decode legs to their first token; the engines' prefill
-    queue and KV read means are optional (None: not exported, or no request in the window)."""
+    queue, KV read and decode TTFT means are optional (None: not exported, or no request in the window)."""
     ttft = _latency(by_label(results.get("path_ttft_mean") or [], "path").get(PATH_DISAGGREGATED))
     leg = _latency(by_label(results.get("prefill_leg_mean") or [], "outcome").get("ok"))
     first = _latency(by_label(results.get("decode_first_token_mean") or [], "path").get(PATH_DISAGGREGATED))
@@ -602,7 +609,10 @@ def ttft_breakdown(results: Mapping[str, Result]) -> TtftBreakdown | None:
         return None
     queue = _latency(by_label(results.get("queue_seconds_mean") or [], LABEL_ROLE).get("prefill"))
     kv = _latency(by_label(results.get("kv_read_seconds_mean") or [], LABEL_ROLE).get("decode"))
-    return TtftBreakdown(ttft, leg, first, prefill_queue=queue, kv_transfer=kv)
+    engine_first = _latency(by_label(results.get("engine_ttft_seconds_mean") or [], LABEL_ROLE).get("decode"))
+    return TtftBreakdown(
+        ttft, leg, first, prefill_queue=queue, kv_transfer=kv, decode_engine_first_token=engine_first
+    )
 
 
 @dataclass(frozen=True, slots=True)

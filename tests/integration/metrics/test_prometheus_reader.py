@@ -214,7 +214,7 @@ def test_snapshot_of_a_live_deployment(cluster: ClusterHandle, deployed: Deploye
         record_windows(reader, deployed.namespace, Path(record).with_name("window_answers.json"))
 
     # The TTFT's parts, from the router's leg timings and the engines' queue and KV read histograms:
-    # the legs fit in the client's TTFT, and the sim engines export both engine-side parts.
+    # the legs fit in the client's TTFT, and the sim engines export the engine-side parts.
     parts = pd.ttft_breakdown
     assert parts is not None
     assert 0 < parts.prefill_leg + parts.decode_first_token <= parts.ttft * 1.05
@@ -222,6 +222,9 @@ def test_snapshot_of_a_live_deployment(cluster: ClusterHandle, deployed: Deploye
     assert 0 <= parts.prefill_queue <= parts.prefill_leg
     assert parts.kv_transfer is not None
     assert 0 < parts.kv_transfer <= parts.decode_first_token
+    # The decode engines' own TTFT holds their KV read (both from one scrape of the same pods).
+    assert parts.decode_engine_first_token is not None
+    assert parts.kv_transfer <= parts.decode_engine_first_token
 
     # Quiet: a 10 s window with no request in it reads zero, and zero is data, not a gap. The router
     # and the engines are scraped on their own schedules, so the router's window may empty a scrape

@@ -79,6 +79,27 @@ CASES: list[tuple[str, TtftBreakdown, str, str | None]] = [
         "prefill",
     ),
     (
+        # The kvlink e2e's first window after the link slowed (CI, stop 28): the routers' scrape held
+        # four 1.15 s reads of twenty, the decode engines' not yet. The leg less the read looked like
+        # 0.2 s of decode wait; the engines' own TTFT, in the read's scrape, shows none.
+        "link-slowed-between-scrapes",
+        TtftBreakdown(0.52, 0.15, 0.35, prefill_queue=0.0, kv_transfer=0.115, decode_engine_first_token=0.13),
+        "kvTransfer",
+        None,
+    ),
+    (
+        "router-leg-alone-would-charge-decode",  # the same window without the engines' TTFT: decode
+        TtftBreakdown(0.52, 0.15, 0.35, prefill_queue=0.0, kv_transfer=0.115),
+        "decodeWait",
+        "decode",
+    ),
+    (
+        "decode-waits-in-its-engine",  # the engines' own TTFT shows the 2 s wait too: decode's
+        TtftBreakdown(3.0, 0.9, 2.05, prefill_queue=0.05, kv_transfer=0.02, decode_engine_first_token=2.04),
+        "decodeWait",
+        "decode",
+    ),
+    (
         "prefill-queue-beats-a-slower-link",  # the link is 0.3 s slow, the queue holds 3 s
         TtftBreakdown(4.2, 3.8, 0.35, prefill_queue=3.0, kv_transfer=0.32),
         "prefillQueue",
@@ -126,13 +147,25 @@ seconds = st.floats(min_value=0.0, max_value=100.0, allow_nan=False)
     first=seconds,
     queue=st.none() | seconds,
     kv=st.none() | seconds,
+    engine_first=st.none() | seconds,
     floors=st.builds(Floors, seconds, seconds, seconds),
 )
 def test_parts_are_never_negative_and_excess_never_exceeds_its_part(
-    ttft: float, leg: float, first: float, queue: float | None, kv: float | None, floors: Floors
+    ttft: float,
+    leg: float,
+    first: float,
+    queue: float | None,
+    kv: float | None,
+    engine_first: float | None,
+    floors: Floors,
 ) -> None:
-    breakdown = TtftBreakdown(ttft, leg, first, prefill_queue=queue, kv_transfer=kv)
+    breakdown = TtftBreakdown(
+        ttft, leg, first, prefill_queue=queue, kv_transfer=kv, decode_engine_first_token=engine_first
+    )
     parts, excess = split(breakdown, floors)
+    without_engine, _ = split(dataclasses.replace(breakdown, decode_engine_first_token=None), floors)
+    # The engines' own TTFT only ever moves time from decode's wait to the KV transfer.
+    assert parts["decodeWait"] <= without_engine["decodeWait"] + 1e-9
     assert all(v >= 0 for v in parts.values())
     assert all(0 <= excess[p] <= parts[p] + 1e-9 for p in PARTS)
     # The legs' parts add up to the legs; with the router's queue, to the TTFT when the legs fit in it.

@@ -171,19 +171,20 @@ def test_the_ttft_breakdown_comes_from_the_legs_and_the_engines() -> None:
             **legs,
             queue_seconds_mean=[sample(0.4, **{role: "prefill"}), sample(0.01, **{role: "decode"})],
             kv_read_seconds_mean=[sample(0.02, **{role: "decode"})],
+            engine_ttft_seconds_mean=[sample(0.7, **{role: "prefill"}), sample(0.14, **{role: "decode"})],
         )
     )
     parts = snap.paths["disaggregated"].ttft_breakdown
     assert parts is not None
     assert (parts.ttft, parts.prefill_leg, parts.decode_first_token) == (0.9, 0.7, 0.15)
-    assert (parts.prefill_queue, parts.kv_transfer) == (0.4, 0.02)
+    assert (parts.prefill_queue, parts.kv_transfer, parts.decode_engine_first_token) == (0.4, 0.02, 0.14)
     assert parts.router_queue == pytest.approx(0.05)
     assert snap.paths["colocated"].ttft_breakdown is None  # the colocated path has no legs to split
     # Engines without the queue or NIXL histograms: those parts are unknown, the legs still split.
     bare = snapshot(fresh_answers(**legs, queue_seconds_mean=[sample("NaN", **{role: "prefill"})]))
     parts = bare.paths["disaggregated"].ttft_breakdown
     assert parts is not None
-    assert (parts.prefill_queue, parts.kv_transfer) == (None, None)
+    assert (parts.prefill_queue, parts.kv_transfer, parts.decode_engine_first_token) == (None, None, None)
     # No timed prefill leg in the window (or routers that do not time it): no breakdown at all.
     no_legs = snapshot(fresh_answers(**{**legs, "prefill_leg_mean": [sample(5.0, outcome="timeout")]}))
     assert no_legs.paths["disaggregated"].ttft_breakdown is None
