@@ -32,6 +32,7 @@ from tandem.controller.rollout import RolloutController, RolloutOutcome
 from tandem.kube.rest import PDDEPLOYMENT, POD, Kind, KubeError, KubeRest, Obj
 from tandem.render import CHILD_KINDS, names, render
 from tandem.render.revision import revision_id
+from tandem.status.container_error import error_line
 from tandem.status.derive import (
     UNSCHEDULABLE_GRACE_SECONDS,
     Observed,
@@ -178,7 +179,9 @@ def _workload_state(obj: Obj) -> WorkloadState:
 
 
 def pod_problems(pods: list[Obj]) -> list[PodProblem]:
-    """Unschedulable pods and containers stuck on images or config, from the pods' own status."""
+    """Unschedulable pods and containers stuck on images or config, from the pods' own status. A
+    container in CrashLoopBackOff is quoted with the error line of its last exit's log tail (the
+    engines' `FallbackToLogsOnError`)."""
     problems = []
     for pod in pods:
         name = pod["metadata"]["name"]
@@ -199,9 +202,16 @@ def pod_problems(pods: list[Obj]) -> list[PodProblem]:
             waiting = (cs.get("state") or {}).get("waiting") or {}
             reason = _WAITING_PROBLEMS.get(waiting.get("reason", ""))
             if reason:
-                problems.append(
-                    PodProblem(name, role, reason, f"{waiting['reason']}: {waiting.get('message', '')}")
+                message = f"{waiting['reason']}: {waiting.get('message', '')}"
+                failed = (
+                    ((cs.get("lastState") or {}).get("terminated") or {})
+                    if reason == "CrashLoopBackOff"
+                    else {}
                 )
+                why = error_line(str(failed.get("message") or ""))
+                if why:
+                    message += f"; last exit {failed.get('exitCode', '?')}: {why}"
+                problems.append(PodProblem(name, role, reason, message))
     return problems
 
 

@@ -6,7 +6,8 @@ with Ready=False; the runner then starts the container's command as a local proc
 `tandem`, `$(VAR)`s expanded, the container's env plus KUBECONFIG for the loopback apiserver and
 TANDEM_POD_IP), probes the pod's readinessProbe on the pod IP and writes Ready and
 containerStatuses like a kubelet. A process that exits is shown on the pod (restartCount,
-lastState, CrashLoopBackOff) and restarted with backoff per restartPolicy. An image whose
+lastState, CrashLoopBackOff; a failed container's last log lines as its termination message under
+FallbackToLogsOnError) and restarted with backoff per restartPolicy. An image whose
 registry host is under `.invalid` is never pulled: the pod shows ErrImagePull, then
 ImagePullBackOff. When the pod is deleted the process gets SIGTERM, SIGKILL after the grace period,
 and the runner removes the pod.
@@ -22,6 +23,7 @@ between probes. Logs: one file per pod under `<cluster dir>/pods/`.
 from __future__ import annotations
 
 import base64
+import collections
 import contextlib
 import datetime as dt
 import logging
@@ -44,6 +46,7 @@ from kubernetes.client.exceptions import ApiException
 from tandem.api.times import parse_rfc3339, rfc3339
 from tandem.devcluster import expand, kube, layout, procs, realvllm
 from tandem.devcluster.layout import ClusterDir
+from tandem.status.container_error import FALLBACK_MAX_LINES, fallback_message
 
 log = logging.getLogger("tandem.devcluster.runner")
 
@@ -167,6 +170,9 @@ class PodWorker(threading.Thread):
         # (reason, message, restarts) of the waiting state last written; None after any other write.
         self._waiting_written: tuple[str, str, int] | None = None
         self._last_state: dict[str, Any] | None = None
+        # The running process's last lines of output, for FallbackToLogsOnError.
+        self._tail: collections.deque[str] = collections.deque(maxlen=FALLBACK_MAX_LINES)
+        self._relay: threading.Thread | None = None
 
     # --- called from the watch thread -----------------------------------------------------------
     def update(self, pod: dict[str, Any]) -> None:
@@ -238,14 +244,16 @@ class PodWorker(threading.Thread):
             ran = time.monotonic() - started
             if ran >= BACKOFF_RESET_AFTER:
                 backoff = BACKOFF_INITIAL
-            self._last_state = {
-                "terminated": {
-                    "exitCode": code,
-                    "reason": "Completed" if code == 0 else "Error",
-                    "startedAt": started_at,
-                    "finishedAt": _now(),
-                }
+            terminated: dict[str, Any] = {
+                "exitCode": code,
+                "reason": "Completed" if code == 0 else "Error",
+                "startedAt": started_at,
+                "finishedAt": _now(),
             }
+            message = self._termination_message(code)
+            if message:
+                terminated["message"] = message
+            self._last_state = {"terminated": terminated}
             restart = policy == "Always" or (policy == "OnFailure" and code != 0)
             if not restart:
                 self._patch_finished(code)
@@ -305,14 +313,19 @@ class PodWorker(threading.Thread):
             proc.wait()
             self._wake.set()
 
+        tail = self._tail
+        tail.clear()
+
         def relay() -> None:
             assert proc.stdout is not None
             with proc.stdout:
                 for line in iter(proc.stdout.readline, b""):
                     self._write_log(line)
+                    tail.append(line.decode(errors="replace").rstrip("\n"))
 
         threading.Thread(target=wake_on_exit, daemon=True).start()
-        threading.Thread(target=relay, daemon=True).start()
+        self._relay = threading.Thread(target=relay, daemon=True)
+        self._relay.start()
         log.info("started %s/%s pid %d", self.namespace, self.pod_name, proc.pid)
 
     def _supervise(self, started_at: str) -> int | None:
@@ -453,6 +466,15 @@ class PodWorker(threading.Thread):
         log.info("stopped %s/%s pid %d", self.namespace, self.pod_name, proc.pid)
 
     # --- logs -----------------------------------------------------------------------------------
+    def _termination_message(self, code: int) -> str:
+        """As a kubelet under `terminationMessagePolicy: FallbackToLogsOnError` (no container here
+        writes a termination-log file): the end of the log of a container that failed; nothing else."""
+        if code == 0 or self.container.get("terminationMessagePolicy") != "FallbackToLogsOnError":
+            return ""
+        if self._relay is not None:
+            self._relay.join(timeout=5.0)  # the output's last lines, still being read after the exit
+        return fallback_message(list(self._tail))
+
     def _write_log(self, line: bytes) -> None:
         """One line of output in the CRI log format, which `kubectl logs` reads through KWOK."""
         stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ").encode()

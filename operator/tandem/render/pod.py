@@ -141,6 +141,9 @@ def container(pdd: PDDeployment, role: Role, revision: RevisionRecord | None = N
         "resources": resources(pdd, role),
         "volumeMounts": mounts,
         "lifecycle": {"preStop": {"sleep": {"seconds": lifecycle.prestop_seconds(role)}}},
+        # vLLM writes no termination message: a container that fails shows the end of its log (its own
+        # error line) in lastState.terminated.message, which the status's CrashLoopBackOff quotes.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         **lifecycle.engine_probes(spec.pool(role).tensor_parallel_size, downloads=source.downloads),
     }
     if uses_rdma(pdd, role):

@@ -74,6 +74,7 @@ def _container(pdd: PDDeployment) -> dict[str, Any]:
         "readinessProbe": _probe("/ready", 5),
         "livenessProbe": _probe("/health", 10),
         "lifecycle": {"preStop": {"sleep": {"seconds": lifecycle.PRESTOP_SECONDS}}},
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,

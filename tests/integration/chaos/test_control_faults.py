@@ -695,6 +695,8 @@ def test_pods_that_cannot_start_show_in_status_and_recover(stack: Stack, tmp_pat
     stack.patch({"decode": {"engineArgs": ["--no-such-flag"]}}, FAULTY)
     stalled = eventually(_stalled(stack, "CrashLoopBackOff"), timeout=120, what="Stalled CrashLoopBackOff")
     assert f"pod {FAULTY}-decode-0 (decode)" in stalled["message"], stalled
+    # The engine's own error line, from the end of its log (FallbackToLogsOnError, as a kubelet).
+    assert "error: unrecognized arguments: --no-such-flag" in stalled["message"], stalled
     fixed = time.monotonic()
     generation = stack.patch({"decode": {"engineArgs": None}}, FAULTY)
     stack.wait_converged("Ready without the bad flag", FAULTY, generation, timeout=120)
