@@ -389,6 +389,13 @@ class EngineCore:
             self._wake.set()
         return freed
 
+    def release_unclaimed(self, job: Job) -> int:
+        """Frees the KV a finished prefill holds when its handle never reached the caller (the
+        client left as the prefill finished); returns the blocks freed (0: nothing held)."""
+        if job.kv_transfer_params is None or not job.seq.finished:
+            return 0
+        return self.release_held([job.internal_id])
+
     async def _release_remote(self, remote: RemotePrefill) -> None:
         answer = await send_simple(
             remote.remote_host,

@@ -259,7 +259,16 @@ class EngineServer:
         try:
             if req.stream:
                 return await self._stream(request, req, job, response_id, headers)
-            return await self._complete(req, job, response_id, headers)
+            answer = await self._complete(req, job, response_id, headers)
+            if request.transport is None or request.transport.is_closing():
+                # The caller left as the prefill finished: nobody will read its KV handle.
+                self.core.release_unclaimed(job)
+            return answer
+        except asyncio.CancelledError:
+            # The caller left (handler cancellation) after the prefill finished and held its KV:
+            # the handle never reached it, so no decode pull or release would come before the lease.
+            self.core.release_unclaimed(job)
+            raise
         finally:
             if not job.seq.finished:
                 self.core.abort(job)
