@@ -131,7 +131,7 @@ def within_share(cluster: Cluster, judged: Sequence[int]) -> float:
     return within / len(judged)
 
 
-def _unfinished(cluster: Cluster, low: int, stop: int) -> list[int]:
+def unfinished(cluster: Cluster, low: int, stop: int) -> list[int]:
     """Requests in [low, stop) still in flight. With a ready replica in each pool (the oracle's grid
     starts at one) the router refuses only a request longer than the model length the pools hold,
     whose record stays NaN forever: it is judged in its own interval, as a miss, and not again."""
@@ -213,7 +213,7 @@ def cheapest(
 
 
 @dataclass
-class _Interval:
+class IntervalSearch:
     """One interval's search: its inherited state, judged requests and cache of shares by layout."""
 
     state: Cluster
@@ -231,6 +231,17 @@ class _Interval:
             cluster.advance(math.inf, self.stop, until_idle=True)
         return cluster
 
+    @classmethod
+    def open(
+        cls, state: Cluster, bounds: Sequence[int], k: int, interval: float, low: int
+    ) -> tuple[IntervalSearch, int]:
+        """Interval k from `state` (the simulation at its start): judged are its arrivals and the
+        requests from `low` on still in flight; also the new `low` (every request below it is done)."""
+        lo, hi = bounds[k], bounds[k + 1]
+        inherited = unfinished(state, low, lo)
+        search = cls(state, k * interval, (k + 1) * interval, hi, [*inherited, *range(lo, hi)])
+        return search, inherited[0] if inherited else lo
+
     def share(self, p: int, d: int) -> float:
         key = (p, d)
         if key not in self.shares:
@@ -244,6 +255,13 @@ def search_layout(base: Layout, prefill: int, decode: int) -> Layout:
     pools["prefill"] = PoolSpec(replica=base.pools["prefill"].replica, replicas=prefill)
     pools["decode"] = PoolSpec(replica=base.pools["decode"].replica, replicas=decode)
     return base.model_copy(update={"pools": pools})
+
+
+def empty_cluster(requests: Sequence[Request], layout: Layout, config: SimConfig) -> Cluster:
+    """The oracle's simulation before its first interval: `layout`'s pools, no replica yet."""
+    state = Cluster(requests, search_layout(layout, 0, 0), config, None)
+    state.begin()
+    return state
 
 
 def hindsight_schedule(
@@ -261,18 +279,13 @@ def hindsight_schedule(
 
     interval = grid.interval_seconds
     bounds = interval_starts(requests, interval)
-    state = Cluster(requests, search_layout(layout, 0, 0), config, None)
-    state.begin()
+    state = empty_cluster(requests, layout, config)
     choices: list[IntervalChoice] = []
     simulations = 0
     previous = (1, 1)
     low = 0  # every request below it is finished (or refused)
     for k in range(len(bounds) - 1):
-        start, end = k * interval, (k + 1) * interval
-        lo, hi = bounds[k], bounds[k + 1]
-        inherited = _unfinished(state, low, lo)
-        low = inherited[0] if inherited else lo
-        current = _Interval(state, start, end, hi, [*inherited, *range(lo, hi)])
+        current, low = IntervalSearch.open(state, bounds, k, interval, low)
         goal = min(1.0, grid.target + grid.margin)
         picked = cheapest(current.share, grid, gpus, previous, goal)
         feasible = picked is not None
@@ -283,7 +296,7 @@ def hindsight_schedule(
             picked = (grid.max_prefill, grid.max_decode)
         choices.append(
             IntervalChoice(
-                start=start,
+                start=current.start,
                 prefill=picked[0],
                 decode=picked[1],
                 judged=len(current.judged),
