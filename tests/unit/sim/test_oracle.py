@@ -36,6 +36,7 @@ from tandem.sim.oracle import (
     schedule_sizes,
     within_share,
 )
+from tandem.sim.report import beats_oracle, oracle_cost_verdict
 
 if TYPE_CHECKING:
     from conftest import SimKit
@@ -216,3 +217,31 @@ def test_the_greedy_oracle_against_every_schedule_on_the_grid(
     assert replays[120.0].attainment >= grid.target
     assert replays[0.0].attainment >= grid.target
     assert replays[120.0].gpu_hours > replays[0.0].gpu_hours
+
+
+@pytest.mark.parametrize(
+    ("hours", "attainment", "oracle", "flagged"),
+    [
+        (9.0, 0.96, 10.0, True),  # 10% under the oracle at the target: flagged
+        (9.9, 0.96, 10.0, False),  # 1% under: within the tolerance
+        (9.0, 0.90, 10.0, False),  # cheaper but missing the target: not a contradiction
+        (11.0, 0.99, 10.0, False),
+        (9.79, 0.95, 10.0, True),  # exactly at the target counts as meeting it
+    ],
+)
+def test_a_policy_beating_the_oracle_beyond_noise_is_flagged(
+    hours: float, attainment: float, oracle: float, flagged: bool
+) -> None:
+    assert beats_oracle(hours, attainment, oracle, 0.95) is flagged
+
+
+@pytest.mark.parametrize(
+    ("hours", "oracle", "verdict"),
+    [
+        (10.0, 10.0, "1.00x the oracle's GPU-hours (target <= 1.2x): met"),
+        (12.0, 10.0, "1.20x the oracle's GPU-hours (target <= 1.2x): met"),
+        (15.0, 10.0, "1.50x the oracle's GPU-hours (target <= 1.2x): missed by 25%"),
+    ],
+)
+def test_the_cost_target_says_by_how_much_it_is_missed(hours: float, oracle: float, verdict: str) -> None:
+    assert oracle_cost_verdict(hours, oracle) == verdict
