@@ -14,7 +14,12 @@ H100, TP1, model load 120 s), SLO and GPU budget:
   curves of GPU-hours against attainment, and per trace a row "<planner> @ tandem's attainment": the
   planner's GPU-hours read off its curve at tandem's attainment and tandem's ratio to them
   (`docs/simulator.md`, "The fair planner baseline"); the load-based loop alone is `dynamo-load`;
-- tandem: `autoscale.decide()` itself, with its state carried as the operator carries it.
+- tandem: `autoscale.decide()` itself, with its state carried as the operator carries it;
+- the hindsight oracle (`tandem.sim.oracle`, issue 25): per 60-s interval the cheapest P/D layout on the
+  grid that keeps the target for that interval's requests (greedy forward, knowing the future), replayed
+  in the same simulator with each replica ordered one model load ahead ("oracle") and with no load time
+  ("oracle-instant"); every row's GPU-hours are also given as a ratio to "oracle", an online policy
+  meeting the target more than 2% under it is flagged, and tandem's ratio is checked against 1.2x.
 Dynamic policies start from the same size: the static-peak layout (provisioned for the trace; the
 question is what each policy does from there).
 
@@ -97,6 +102,7 @@ from tandem.sim.results import SimResult, Summary, TickSample  # noqa: E402
 from tandem.sim.tandem_policy import TandemPolicy, autoscaled_spec  # noqa: E402
 from tandem.sim.traces import TraceError, scale_time, servegen  # noqa: E402
 from tandem.sim.traces.readers import numbered_lines  # noqa: E402
+from tandem.sim.traces.reasoning import reasoning_mix  # noqa: E402
 
 OUT = ROOT / ".tandem" / "bench" / "autoscale"
 DOCS_IMG = ROOT / "docs" / "img"
@@ -184,6 +190,19 @@ CASES: tuple[Case, ...] = (
         seconds=86400.0,
         compress=4.0,
     ),
+    # Decode-heavy (issue 25, item 4): the conversation trace's arrivals and prompts, outputs drawn
+    # log-uniform in 1k-8k tokens (`traces.reasoning`); x2 puts static peak at 9 GPUs (1P+8D on its
+    # first 10 minutes), decode-bound.
+    Case(
+        "azure-conv-reasoning",
+        "Azure conversation arrivals, reasoning outputs 1k-8k tokens (1 h)",
+        "azure-conv-reasoning",
+        2.0,
+        1000,
+        30,
+        48,
+        tuned=False,
+    ),
 )
 QUICK = Case(
     "azure-conv-quick", "Azure conversation, 10 min (quick)", "azure-conv", 8.0, 1000, 30, 16, True, 600.0
@@ -203,6 +222,11 @@ def _azure(kind: str) -> Callable[[Case], list[Request]]:
         return load_trace(path, "azure", case.rate_scale, case.start, case.seconds, SEED)
 
     return load
+
+
+def _reasoning(case: Case) -> list[Request]:
+    """The Azure conversation trace with reasoning-length outputs (`traces.reasoning.reasoning_mix`)."""
+    return reasoning_mix(_azure("conv")(case), seed=SEED)
 
 
 def _mooncake(case: Case) -> list[Request]:
@@ -273,6 +297,7 @@ def _file(case: Case) -> list[Request]:
 LOADERS: dict[str, Callable[[Case], list[Request]]] = {
     "azure-code": _azure("code"),
     "azure-conv": _azure("conv"),
+    "azure-conv-reasoning": _reasoning,
     "mooncake": _mooncake,
     "servegen-day": _servegen,
     "file": _file,
