@@ -191,8 +191,8 @@ CASES: tuple[Case, ...] = (
         compress=4.0,
     ),
     # Decode-heavy (issue 25, item 4): the conversation trace's arrivals and prompts, outputs drawn
-    # log-uniform in 1k-8k tokens (`traces.reasoning`); x2 puts static peak at 9 GPUs (1P+8D on its
-    # first 10 minutes), decode-bound.
+    # log-uniform in 1k-8k tokens (`traces.reasoning`); at x2 static peak is 1P+13D (14 GPUs) over
+    # the hour, decode-bound.
     Case(
         "azure-conv-reasoning",
         "Azure conversation arrivals, reasoning outputs 1k-8k tokens (1 h)",
