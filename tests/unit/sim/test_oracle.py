@@ -245,3 +245,20 @@ def test_a_policy_beating_the_oracle_beyond_noise_is_flagged(
 )
 def test_the_cost_target_says_by_how_much_it_is_missed(hours: float, oracle: float, verdict: str) -> None:
     assert oracle_cost_verdict(hours, oracle) == verdict
+
+
+def test_a_replica_added_by_the_replay_is_paid_from_its_order(kit: SimKit) -> None:
+    """Interval 3 (180-240 s) needs a second prefill replica: ordered at 60 s (one 120-s load ahead), so
+    the replay pays 180 GPU-seconds for it (60 to 240 s, its drain at 240 s immediate on this light
+    load), and with no load time 60 (180 to 240 s)."""
+    requests = [Request(0.5 * i, 200, 4) for i in range(600)]  # 300 s, 2 short requests per second
+    sizes = [{"prefill": p, "decode": 1} for p in (1, 1, 1, 2, 1)]
+    layout = kit.pd()
+    config = kit.config()
+    for load, extra in ((120.0, 180.0), (0.0, 60.0)):
+        policy = SchedulePolicy(sizes, 60.0, load)
+        summary = simulate(requests, replay_layout(layout, policy), config, policy).summary
+        base = 2 * summary.duration_seconds  # one prefill and one decode replica throughout
+        assert summary.gpu_hours * 3600 == pytest.approx(base + extra, abs=1.0), load
+        assert summary.peak_gpus == 3
+        assert summary.attainment == 1.0
