@@ -28,7 +28,9 @@ policies were tuned on, the whole bench's wall time and the simulator's speed (1
 `bench/sim_speed.py`); writes a time-series PNG per trace under `.tandem/bench/autoscale/` and the
 table as JSON there.
 
-    .venv/bin/python bench/autoscale.py                 # everything (47 min measured on two busy cores)
+    .venv/bin/python bench/autoscale.py                 # everything (47 min measured on two busy cores
+                                                        # before the oracle, which adds 35-125 s per
+                                                        # hour-long trace and ~30 min for the 4x day)
     .venv/bin/python bench/autoscale.py --quick         # a small fixed-seed run (tests/unit/sim)
     .venv/bin/python bench/autoscale.py --traces azure-conv --policies tandem,hpa
     .venv/bin/python bench/autoscale.py --tune-hpa      # the HPA targets' grid on the Azure traces
