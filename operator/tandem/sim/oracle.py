@@ -30,9 +30,12 @@ simulator the policies run in, and the replay's attainment, not the search's, is
 **Search cost.** Per interval: per pool its least size reaching the target with the other pool at its
 cap (galloping from the previous interval's size, then bisecting; a layout meeting the target needs at
 least both, if more replicas never lower the share), then layouts by increasing GPUs from those minima
-until one meets the target. Shares are cached per interval. An interval no grid layout saves (the cap
-misses the target: an inherited backlog, a prompt too long to meet the TTFT alone) gets the cheapest
-layout within `BEST_EFFORT_SLACK` of the cap's share, and is counted (`OracleSchedule.infeasible`).
+until one meets the target. Shares are cached per interval, and a layout is not simulated where one
+already simulated settles it by that assumption (a smaller one meets the target, a larger one misses);
+the previous interval's layout is simulated first, as it usually settles most of them. An interval no
+grid layout saves (the cap misses the target: an inherited backlog, a prompt too long to meet the TTFT
+alone) gets the cheapest layout within `BEST_EFFORT_SLACK` of the cap's share, and is counted
+(`OracleSchedule.infeasible`).
 """
 
 from __future__ import annotations
@@ -184,19 +187,20 @@ def min_size(ok: Callable[[int], bool], low: int, high: int, hint: int | None = 
 
 
 def cheapest(
-    share: Callable[[int, int], float],
+    meets: Callable[[int, int], bool],
     grid: OracleGrid,
     gpus: Callable[[int, int], int],
     previous: tuple[int, int],
-    goal: float,
 ) -> tuple[int, int] | None:
-    """The layout with the fewest GPUs whose share reaches `goal`, searched from each pool's least size
-    (the other at its cap; a layout reaching the goal needs at least both, if more replicas never lower
-    the share); among equal GPUs, the nearest to `previous`. None: not even the cap reaches it."""
-    p_min = min_size(lambda p: share(p, grid.max_decode) >= goal, 1, grid.max_prefill, previous[0])
+    """The layout with the fewest GPUs that `meets` the goal, searched from each pool's least size (the
+    other at its cap; a layout meeting the goal needs at least both, if more replicas never turn a layout
+    that meets it into one that misses); among equal GPUs, the nearest to `previous`. None: not even
+    the cap meets it. With `meets` inferring from layouts already simulated (`IntervalSearch.meets`),
+    the layout returned was simulated itself: a smaller one that settled it would come first."""
+    p_min = min_size(lambda p: meets(p, grid.max_decode), 1, grid.max_prefill, previous[0])
     if p_min is None:
         return None
-    d_min = min_size(lambda d: share(grid.max_prefill, d) >= goal, 1, grid.max_decode, previous[1])
+    d_min = min_size(lambda d: meets(grid.max_prefill, d), 1, grid.max_decode, previous[1])
     if d_min is None:
         return None
     candidates = [
@@ -207,7 +211,7 @@ def cheapest(
     ]
     candidates.sort(key=lambda pd: (gpus(*pd), abs(pd[0] - previous[0]) + abs(pd[1] - previous[1]), pd))
     for p, d in candidates:
-        if share(p, d) >= goal:
+        if meets(p, d):
             return p, d
     return None
 
@@ -248,6 +252,20 @@ class IntervalSearch:
             self.shares[key] = within_share(self.run(p, d, drain=True), self.judged)
         return self.shares[key]
 
+    def meets(self, p: int, d: int, goal: float) -> bool:
+        """share(p, d) >= goal, inferred without a simulation where a layout already simulated settles it
+        (one no larger in both pools meets the goal, or one no smaller in both misses it: the search's
+        monotonicity assumption)."""
+        for (q, e), value in self.shares.items():
+            if q <= p and e <= d and value >= goal:
+                return True
+            if q >= p and e >= d and value < goal:
+                return False
+        return self.share(p, d) >= goal
+
+    def meeting(self, goal: float) -> Callable[[int, int], bool]:
+        return lambda p, d: self.meets(p, d, goal)
+
 
 def search_layout(base: Layout, prefill: int, decode: int) -> Layout:
     """`base` with its P/D pools at these sizes (ready at the start)."""
@@ -287,13 +305,15 @@ def hindsight_schedule(
     for k in range(len(bounds) - 1):
         current, low = IntervalSearch.open(state, bounds, k, interval, low)
         goal = min(1.0, grid.target + grid.margin)
-        picked = cheapest(current.share, grid, gpus, previous, goal)
+        current.share(*previous)  # usually the answer or next to it: it settles many layouts unsimulated
+        picked = cheapest(current.meeting(goal), grid, gpus, previous)
         feasible = picked is not None
         if picked is None:  # no layout on the grid reaches it: the best the cap does, less the slack
             goal = current.share(grid.max_prefill, grid.max_decode) - BEST_EFFORT_SLACK
-            picked = cheapest(current.share, grid, gpus, previous, goal)
+            picked = cheapest(current.meeting(goal), grid, gpus, previous)
         if picked is None:  # the share is not monotone near the cap: the cap itself
             picked = (grid.max_prefill, grid.max_decode)
+        assert picked in current.shares  # the pick is simulated, never only inferred (see `cheapest`)
         choices.append(
             IntervalChoice(
                 start=current.start,
