@@ -262,3 +262,40 @@ def test_a_replica_added_by_the_replay_is_paid_from_its_order(kit: SimKit) -> No
         assert summary.gpu_hours * 3600 == pytest.approx(base + extra, abs=1.0), load
         assert summary.peak_gpus == 3
         assert summary.attainment == 1.0
+
+
+class _Known(IntervalSearch):
+    """An interval search over a table of shares instead of simulations, counting what it simulates."""
+
+    def __init__(self, shares: dict[tuple[int, int], float], table: dict[tuple[int, int], float]) -> None:
+        super().__init__(None, 0.0, 60.0, 0, [], dict(shares))  # type: ignore[arg-type]
+        self.table = table
+        self.simulated: list[tuple[int, int]] = []
+
+    def share(self, p: int, d: int) -> float:
+        if (p, d) not in self.shares:
+            self.simulated.append((p, d))
+            self.shares[(p, d)] = self.table[(p, d)]
+        return self.shares[(p, d)]
+
+
+@pytest.mark.parametrize(
+    ("known", "layout", "meets", "simulated"),
+    [
+        ({(2, 2): 0.97}, (3, 2), True, False),  # a smaller layout meets: so does this one
+        ({(2, 2): 0.97}, (2, 5), True, False),
+        ({(4, 4): 0.90}, (3, 4), False, False),  # a larger one misses: so does this one
+        ({(4, 4): 0.90}, (1, 1), False, False),
+        ({(2, 2): 0.97}, (1, 5), False, True),  # neither settles it: simulated (the table says 0.5)
+        ({(4, 1): 0.90, (1, 4): 0.99}, (2, 3), False, True),
+        ({}, (2, 2), True, True),
+    ],
+)
+def test_a_layout_settled_by_one_already_simulated_is_not_simulated(
+    known: dict[tuple[int, int], float], layout: tuple[int, int], meets: bool, simulated: bool
+) -> None:
+    table = {(p, d): 0.5 if p == 1 else 0.96 for p in range(1, 6) for d in range(1, 6)}
+    table[(2, 3)] = 0.94
+    search = _Known(known, table)
+    assert search.meets(*layout, 0.95) is meets
+    assert (search.simulated == [layout]) is simulated
