@@ -34,6 +34,7 @@ from tandem.sim.report import Row, plot_trace, table
 from tandem.sim.requests import Request
 from tandem.sim.tandem_policy import TandemPolicy
 from tandem.sim.traces import TraceError
+from tandem.sim.traces.reasoning import reasoning_mix
 
 EXIT_BAD_INPUT = 2
 POLICIES = (
@@ -302,6 +303,13 @@ def advise_main(argv: Sequence[str]) -> int:
     parser.add_argument("--decode-tp", type=int, default=1)
     parser.add_argument("--colocated-tp", type=int, default=None, help="default: --decode-tp")
     _add_trace_args(parser, required=False)
+    parser.add_argument(
+        "--reasoning-outputs",
+        default=None,
+        metavar="LOW:HIGH",
+        help="with --trace: its outputs replaced by lengths drawn log-uniform in [LOW, HIGH] tokens "
+        "(decode-heavy traffic on the trace's arrivals; e.g. 1024:8192)",
+    )
     lengths = parser.add_argument_group("or a length distribution (lognormal, Poisson arrivals)")
     lengths.add_argument("--input-tokens", type=float, default=None, help="mean input length")
     lengths.add_argument("--output-tokens", type=float, default=None, help="mean output length")
@@ -346,6 +354,17 @@ def advise_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def _token_range(text: str) -> tuple[int, int]:
+    low, sep, high = text.partition(":")
+    try:
+        values = (int(low), int(high))
+    except ValueError:
+        values = (0, 0)
+    if not sep or not 1 <= values[0] <= values[1]:
+        raise CliError(f"--reasoning-outputs must be LOW:HIGH tokens with 1 <= LOW <= HIGH, got {text!r}")
+    return values
+
+
 def _advise_request(args: argparse.Namespace) -> adv.AdviseRequest:
     info = adv.resolve_model(args.model, args.kv_bytes_per_token)
     if args.ttft_ms <= 0 or args.tpot_ms <= 0:
@@ -359,6 +378,12 @@ def _advise_request(args: argparse.Namespace) -> adv.AdviseRequest:
             raise CliError("give either --trace or --input-tokens/--output-tokens/--rate, not both")
         requests = load_requests(args)
         described = f"{Path(args.trace).name} x{args.rate_scale:g}, {len(requests):,} requests"
+        if args.reasoning_outputs is not None:
+            low, high = _token_range(args.reasoning_outputs)
+            requests = reasoning_mix(requests, low, high, args.seed)
+            described += f", outputs log-uniform in {low}-{high} tokens (seed {args.seed})"
+    elif args.reasoning_outputs is not None:
+        raise CliError("--reasoning-outputs replaces a trace's outputs: give --trace")
     else:
         missing = [f for f in ("input_tokens", "output_tokens", "rate") if getattr(args, f) is None]
         if missing:

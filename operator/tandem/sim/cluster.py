@@ -20,6 +20,7 @@ gone when its work is done). A replica counts its GPUs from request until gone.
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from array import array
@@ -84,6 +85,7 @@ class Cluster:
         self.outstanding = 0
         self.next_arrival = 0  # index of the next request to arrive
         self.last_event = 0.0
+        self.started = False  # `begin` has run
         caps = {role: pool.replica.kv_capacity_tokens for role, pool in layout.pools.items()}
         self.longest_pd = min(caps.get("prefill", 0) + 1, caps.get("decode", 0))
         self.longest_colocated = caps.get("colocated", 0)
@@ -328,6 +330,31 @@ class Cluster:
                     self.ready[role].remove(replica)
                 replica.drain(now)
 
+    def resize_now(self, desired: Mapping[Role, int], now: float) -> None:
+        """Resizes pools to `desired` with added replicas ready at `now` (their load done before it, as
+        the hindsight oracle orders them one load time ahead); removed ones drain as in `apply`."""
+        for role, want in desired.items():
+            active = [r for r in self.pools[role] if r.state in (STARTING, READY)]
+            if want == len(active):
+                continue
+            self.scale_actions += 1
+            for _ in range(want - len(active)):
+                self._add_replica(role, now, ready=True)
+            for replica in reversed(active[want:]):
+                if replica.state == READY:
+                    self.ready[role].remove(replica)
+                replica.drain(now)
+
+    def fork(self) -> Cluster:
+        """An independent copy of this simulation's state (replicas, queues, heap, windows, records),
+        sharing only what never changes: the requests, the layout and config, the replicas' specs."""
+        memo: dict[int, object] = {id(self.requests): self.requests, id(self.layout): self.layout}
+        memo[id(self.config)] = self.config
+        memo[id(self.policy)] = self.policy
+        for pool in self.layout.pools.values():
+            memo[id(pool.replica)] = pool.replica
+        return copy.deepcopy(self, memo)
+
     # --- scrapes and policy ticks ---------------------------------------------------------------------
     def _gauges(self, now: float) -> dict[Role, PoolGauges]:
         gauges: dict[Role, PoolGauges] = {}
@@ -387,22 +414,41 @@ class Cluster:
 
     # --- the loop -------------------------------------------------------------------------------------
     def run(self) -> SimResult:
-        heap = self.heap
-        requests = self.requests
-        n = len(requests)
-        scrape_every = self.config.scrape_interval_seconds
+        self.begin()
+        self.advance(math.inf, len(self.requests))
+        return self._result()
+
+    def begin(self) -> None:
+        """The first scrape and the scrape and policy ticks' first events (once, before `advance`)."""
+        if self.started:
+            return
+        self.started = True
         self.scrape(0.0)
         self.order += 1
-        heappush(heap, (scrape_every, self.order, _SCRAPE, None, 0))
+        heappush(self.heap, (self.config.scrape_interval_seconds, self.order, _SCRAPE, None, 0))
         if self.policy is not None:
             self.order += 1
-            heappush(heap, (self.policy.interval_seconds, self.order, _POLICY, None, 0))
-        i = 0
+            heappush(self.heap, (self.policy.interval_seconds, self.order, _POLICY, None, 0))
+
+    def advance(self, until: float, stop: int, *, until_idle: bool = False) -> None:
+        """Runs events and arrivals up to virtual time `until` (events at `until` included), admitting
+        only requests whose index is below `stop`; with `until_idle`, stops as soon as every request
+        admitted so far is done and none is left below `stop` (the hindsight oracle's look at one
+        interval). `run` is `begin` then `advance(inf, len(requests))`."""
+        heap = self.heap
+        requests = self.requests
+        stop = min(stop, len(requests))
+        scrape_every = self.config.scrape_interval_seconds
+        i = self.next_arrival
         inf = math.inf
-        next_time = requests[0].arrival
-        previous = -inf
+        next_time = requests[i].arrival if i < stop else inf
+        previous = requests[i - 1].arrival if i else -inf
         while True:
+            if until_idle and i >= stop and not self.outstanding:
+                break
             if heap and heap[0][0] <= next_time:
+                if heap[0][0] > until:
+                    break
                 time, _, kind, obj, version = heappop(heap)
                 if kind == _STEP:
                     if obj.version == version:  # type: ignore[attr-defined]
@@ -423,7 +469,7 @@ class Cluster:
                         ready.sort(key=self.all_replicas.index)
                 elif kind == _SCRAPE:
                     self.scrape(time)
-                    if i >= n and self.outstanding and all(e[2] >= _SCRAPE for e in heap):
+                    if i >= stop and self.outstanding and all(e[2] >= _SCRAPE for e in heap):
                         raise RuntimeError(
                             f"simulation stuck at {time:.3f}s with {self.outstanding} requests"
                         )
@@ -438,7 +484,9 @@ class Cluster:
                         heappush(heap, (time + self.policy.interval_seconds, self.order, _POLICY, None, 0))
                 if kind <= _PULL:
                     self.last_event = time
-            elif i < n:
+            elif i < stop:
+                if next_time > until:
+                    break
                 request = requests[i]
                 if request.arrival < previous:
                     raise ValueError(f"requests are not sorted by arrival (request {i})")
@@ -447,10 +495,9 @@ class Cluster:
                 self.next_arrival = i
                 self._arrive(i - 1, request, request.arrival)
                 self.last_event = request.arrival
-                next_time = requests[i].arrival if i < n else inf
+                next_time = requests[i].arrival if i < stop else inf
             else:
                 break
-        return self._result()
 
     def _result(self) -> SimResult:
         end = self.last_event

@@ -33,8 +33,12 @@ def test_quick_bench_runs_every_policy_and_writes_the_report(
     assert "whole bench:" in out
     table = (tmp_path / "table.md").read_text()
     dynamic = ("hpa", "dynamo-180s", "dynamo-180s@0.5", "dynamo-load", "dynamo-180s+load", "tandem")
-    for policy in ("static peak", *dynamic, "dynamo-180s+load@0.5"):
+    for policy in ("static peak", *dynamic, "dynamo-180s+load@0.5", "oracle", "oracle-instant"):
         assert f"| {policy} |" in table
+    assert "| vs oracle |" in table
+    assert "oracle replay" in out
+    assert f"  {bench.QUICK.name}: tandem " in out
+    assert "the oracle's GPU-hours (target <= 1.2x)" in out
     for swept in ("dynamo-180s", "dynamo-180s+load"):
         assert f"| {swept} @ tandem's attainment |" in table
     assert "planner sweep: dynamo-180s, dynamo-180s+load, TTFT/ITL targets = SLO x 1, 0.5" in out
@@ -51,6 +55,11 @@ def test_quick_bench_runs_every_policy_and_writes_the_report(
         assert 0.0 <= summary["attainment"] <= 1.0
         assert summary["gpu_hours"] > 0
         assert summary["requests"] == peak["summary"]["requests"]  # the same requests for every policy
+    oracle, instant = results["oracle"], results["oracle-instant"]
+    assert oracle["summary"]["attainment"] >= 0.95  # the schedule replayed in the full simulator
+    assert oracle["summary"]["requests"] == peak["summary"]["requests"]
+    assert instant["summary"]["gpu_hours"] <= oracle["summary"]["gpu_hours"]  # load time costs
+    assert len(oracle["schedule"]) == 10  # ten 60-s intervals
     # every policy started from static peak's layout
     assert {results[p]["note"] for p in dynamic} == {f"from {peak['note']}"}
     assert (tmp_path / f"{bench.QUICK.name}.png").stat().st_size > 10_000

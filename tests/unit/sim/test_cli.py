@@ -248,3 +248,38 @@ def test_sim_runs_each_policy_on_an_autoscaled_deployment(
         assert code == 0, err
         assert f"| t.csv | {label} |" in out
     _bad(["sim", "-f", str(deployment), "--trace", str(trace), "--policy", "magic"], capsys, "unknown policy")
+
+
+@pytest.mark.parametrize("value", ["1024", "8192:1024", "0:10", "a:b"])
+def test_advise_reasoning_outputs_need_a_range(
+    value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = _plain_trace(tmp_path / "t.csv")
+    argv = ["advise", "--model", LLAMA_8B, "--trace", str(trace), "--ttft-ms", "1000", "--tpot-ms", "50"]
+    _bad([*argv, "--reasoning-outputs", value], capsys, "--reasoning-outputs must be LOW:HIGH")
+
+
+def test_advise_reasoning_outputs_need_a_trace(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["advise", "--model", LLAMA_8B, *SMALL_LOAD, "--ttft-ms", "1000", "--tpot-ms", "50"]
+    _bad([*argv, "--reasoning-outputs", "1024:8192"], capsys, "give --trace")
+
+
+def test_advise_on_decode_heavy_traffic_says_whether_colocated_beats_pd(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = _plain_trace(tmp_path / "t.csv", rate=1.0, seconds=120.0)
+    argv = ["advise", "--model", LLAMA_8B, "--trace", str(trace), "--ttft-ms", "1000", "--tpot-ms", "30"]
+    code, out, err = _run([*argv, "--reasoning-outputs", "1024:8192", "--max-gpus", "8"], capsys)
+    assert code == 0, err
+    assert "outputs log-uniform in 1024-8192 tokens (seed 0)" in out
+    lines = out.splitlines()
+    pd = next(line for line in lines if line.startswith("  P/D "))
+    colocated = next(line for line in lines if line.startswith("  colocated "))
+    gpus = {name: int(line.split("GPUs")[0].split()[-1]) for name, line in (("pd", pd), ("co", colocated))}
+    verdict = next(line for line in lines if line.startswith("recommendation: "))
+    if gpus["co"] <= gpus["pd"]:
+        assert verdict.startswith("recommendation: colocated")
+        assert "P/D does not pay here" in verdict
+    else:
+        assert verdict.startswith("recommendation: P/D")
+        assert f"colocated needs {gpus['co']}" in verdict
