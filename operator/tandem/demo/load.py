@@ -36,11 +36,12 @@ async def one_request(
     req: TraceRequest,
     label: str = "",
     request_id: str = "",
+    vocab_size: int | None = None,
 ) -> Sample:
     """One streamed completion, measured; never raises for a failed request (the sample says why).
     With `request_id`, it is sent as `X-Request-Id` (the router's path draw) and kept in the sample."""
     sent_at = time.time()
-    sample = await _stream(session, base_url, model, index, req, request_id)
+    sample = await _stream(session, base_url, model, index, req, request_id, vocab_size)
     return dataclasses.replace(sample, sent_at=sent_at, label=label, request_id=request_id)
 
 
@@ -51,10 +52,11 @@ async def _stream(
     index: int,
     req: TraceRequest,
     request_id: str = "",
+    vocab_size: int | None = None,
 ) -> Sample:
     body = {
         "model": model,
-        "prompt": prompt_ids(index, req.input_tokens),
+        "prompt": prompt_ids(index, req.input_tokens, vocab_size),
         "max_tokens": req.output_tokens,
         "ignore_eos": True,
         "stream": True,
@@ -156,8 +158,10 @@ class BackgroundLoad:
         max_in_flight: int = MAX_IN_FLIGHT,
         request_timeout: float = REQUEST_TIMEOUT_S,
         first_index: int = 0,
+        vocab_size: int | None = None,
     ) -> None:
         self.base_url = base_url
+        self.vocab_size = vocab_size
         self.model = model
         self.max_requests = max_requests
         self.max_seconds = max_seconds
@@ -225,7 +229,13 @@ class BackgroundLoad:
                     self.tally.in_flight += 1
                     try:
                         sample = await one_request(
-                            session, self.base_url, self.model, index, req, phase.label
+                            session,
+                            self.base_url,
+                            self.model,
+                            index,
+                            req,
+                            phase.label,
+                            vocab_size=self.vocab_size,
                         )
                         self.tally.add(sample)
                     finally:

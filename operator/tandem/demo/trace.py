@@ -96,6 +96,8 @@ def surge(
     return out
 
 
-def prompt_ids(index: int, length: int) -> list[int]:
-    """A deterministic token-id prompt of `length` tokens, different for every request index."""
-    return [1 + (index * 7919 + i * 104729) % 32000 for i in range(length)]
+def prompt_ids(index: int, length: int, vocab_size: int | None = None) -> list[int]:
+    """A deterministic token-id prompt of `length` tokens, different for every request index: ids in
+    [1, 32000], or in [1, vocab_size) for a small model's vocabulary (the real-vLLM tests' tiny one)."""
+    modulus = 32000 if vocab_size is None else vocab_size - 1
+    return [1 + (index * 7919 + i * 104729) % modulus for i in range(length)]
