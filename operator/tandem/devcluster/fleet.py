@@ -28,6 +28,9 @@ OPERATOR_RESOURCES = frozenset(
         "serviceaccounts", "roles", "rolebindings", "networkpolicies", "events",
     }
 )  # fmt: skip
+# What the operator reads: PDDeployments, their children, their pods, the Secrets a spec names.
+OPERATOR_READS = (OPERATOR_RESOURCES - {"events"}) | {"pods", "secrets"}
+READ_VERBS = frozenset({"GET", "LIST"})
 MAX_NODES = (250 - 16) * 16
 
 
@@ -142,14 +145,24 @@ def pddeployment(name: str, namespace: str) -> dict[str, Any]:
     }
 
 
-def apiserver_writes(metrics_text: str, resources: frozenset[str] = OPERATOR_RESOURCES) -> Counter[str]:
-    """Write requests an apiserver served (its own `apiserver_request_total`, every client), by
-    verb and resource[/subresource], for `resources`."""
+def apiserver_requests(metrics_text: str, verbs: frozenset[str], resources: frozenset[str]) -> Counter[str]:
+    """Requests an apiserver served (its own `apiserver_request_total`, every client: the metric has
+    no user-agent label), by verb and resource[/subresource], for `verbs` and `resources`."""
     totals: Counter[str] = Counter()
     for line in metrics_text.splitlines():
         if line.startswith("apiserver_request_total{"):
             labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
-            if labels.get("verb") in WRITE_VERBS and labels.get("resource") in resources:
+            if labels.get("verb") in verbs and labels.get("resource") in resources:
                 sub = f"/{labels['subresource']}" if labels.get("subresource") else ""
                 totals[f"{labels['verb']} {labels['resource']}{sub}"] += int(float(line.rsplit(" ", 1)[1]))
     return totals
+
+
+def apiserver_writes(metrics_text: str, resources: frozenset[str] = OPERATOR_RESOURCES) -> Counter[str]:
+    """Write requests an apiserver served for `resources` (every client)."""
+    return apiserver_requests(metrics_text, WRITE_VERBS, resources)
+
+
+def apiserver_reads(metrics_text: str, resources: frozenset[str] = OPERATOR_READS) -> Counter[str]:
+    """GET and LIST requests an apiserver served for `resources` (every client; watches apart)."""
+    return apiserver_requests(metrics_text, READ_VERBS, resources)

@@ -6,7 +6,10 @@ nodes, 10 vLLM PDDeployments in two namespaces, the operator resyncing every 5 s
 PDDeployment reaches Ready=True at its generation, and that a steady state of 15 s (two resyncs and
 more: every PDDeployment passes at least twice) makes no write at all, by the apiserver's own
 `apiserver_request_total` (every client, PDDeployments, their child kinds and Events) and by the
-operator's own write counter.
+operator's own write counter; and no read either: the passes read the watch caches
+(`tandem.kube.informer`): the operator's own request counter shows no GET but its leader lease's,
+and the apiserver serves no GET or LIST of the children or pods in the window (every client: the
+metric has no user-agent label, so this bounds the operator's) and fewer reads than passes in all.
 """
 
 from __future__ import annotations
@@ -100,6 +103,14 @@ def fleet_operator(
         operator.stop()
 
 
+def _own_reads(metrics: str) -> float:
+    """The operator's GETs (gets and lists) but its leader lease's, by its own request counter."""
+    name = "tandem_operator_api_requests_total"
+    return metric_total(metrics, name, method="GET") - metric_total(
+        metrics, name, method="GET", resource="leases"
+    )
+
+
 def test_converges_and_then_writes_nothing(
     fleet_cluster: ClusterHandle, fleet_operator: OperatorProcess
 ) -> None:
@@ -118,9 +129,12 @@ def test_converges_and_then_writes_nothing(
     metrics = fleet_operator.metrics()
     passes_before = metric_total(metrics, "tandem_operator_reconciles_total")
     own_before = metric_total(metrics, "tandem_operator_api_writes_total")
-    writes_before = fleet.apiserver_writes(fleet_cluster.kubectl("get", "--raw", "/metrics").stdout)
+    own_reads_before = _own_reads(metrics)
+    text = fleet_cluster.kubectl("get", "--raw", "/metrics").stdout
+    writes_before, reads_before = fleet.apiserver_writes(text), fleet.apiserver_reads(text)
     time.sleep(STEADY_SECONDS)
-    writes_after = fleet.apiserver_writes(fleet_cluster.kubectl("get", "--raw", "/metrics").stdout)
+    text = fleet_cluster.kubectl("get", "--raw", "/metrics").stdout
+    writes_after, reads_after = fleet.apiserver_writes(text), fleet.apiserver_reads(text)
     metrics = fleet_operator.metrics()
     passes = metric_total(metrics, "tandem_operator_reconciles_total") - passes_before
     own = metric_total(metrics, "tandem_operator_api_writes_total") - own_before
@@ -128,6 +142,17 @@ def test_converges_and_then_writes_nothing(
     assert own == 0, f"the operator wrote {own:.0f} times in a steady state"
     delta = writes_after - writes_before
     assert not delta, f"apiserver writes in a steady state: {dict(delta)}"
+    reads = reads_after - reads_before
+    own_reads = _own_reads(metrics) - own_reads_before
+    print(f"steady: {passes:.0f} passes, apiserver reads {dict(reads) or 0}, operator's own {own_reads:.0f}")
+    assert own_reads == 0, f"the operator read {own_reads:.0f} times (GET, not its lease) in a steady state"
+    # The apiserver's count is every client's. GETs of PDDeployments were seen in this window from
+    # another client than the operator (its own counter had none): most likely the garbage
+    # collector checking the children's owners, for a CRD its discovery had not yet picked up. The
+    # children and pods, which each pass used to list, must see no read at all.
+    children = {k: v for k, v in reads.items() if not k.endswith(" pddeployments")}
+    assert not children, f"apiserver reads of children or pods in a steady state: {children}"
+    assert sum(reads.values()) < passes, f"more apiserver reads than passes: {dict(reads)}"
     assert "Traceback" not in fleet_operator.log_text()
 
 
