@@ -153,7 +153,7 @@ def code_uses() -> dict[Grant, list[str]]:
                     uses[(group, resource, verb)].append(f"{where} {func.attr}")
     for kind in (PDDEPLOYMENT, *CHILD_WATCHES):  # the informers: `KubeRest.list_with_version`, `watch`
         for verb in ("list", "watch"):
-            uses[(_group(kind.api_version), kind.plural, verb)].append("informer (controller.main.build_cache)")
+            uses[(_group(kind.api_version), kind.plural, verb)].append("informer (main.build_cache)")
     for handler in build_registry(None)._watching.get_all_handlers():  # type: ignore[arg-type]
         selector = handler.selector
         assert selector is not None
