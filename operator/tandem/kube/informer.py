@@ -122,13 +122,16 @@ class Store:
         with self._lock:
             return self._drop((namespace, name))
 
-    def replace(self, items: Iterable[Obj]) -> list[tuple[EventType, Obj]]:
-        """The store becomes `items` (a fresh list); what changed, as events: objects gone since the
-        last view are DELETED, new ones ADDED, others at another version MODIFIED."""
+    def replace(self, items: Iterable[Obj], namespace: str | None = None) -> list[tuple[EventType, Obj]]:
+        """The store's objects in `namespace` (all of them: None) become `items` (a fresh list of
+        that namespace; one store holds a kind's informers of every watched namespace); what changed,
+        as events: objects gone since the last view are DELETED, new ones ADDED, others at another
+        version MODIFIED."""
         fresh = {self.key_of(obj): obj for obj in items}
         changes: list[tuple[EventType, Obj]] = []
         with self._lock:
-            for key in [k for k in self._objects if k not in fresh]:
+            scope = [k for k in self._objects if namespace is None or k[0] == namespace]
+            for key in [k for k in scope if k not in fresh]:
                 old = self._drop(key)
                 if old is not None:
                     changes.append(("DELETED", old))
@@ -207,7 +210,7 @@ class Informer:
 
     def _list(self) -> str:
         items, version = self.kube.list_with_version(self.kind, self.namespace, self.label_selector)
-        for event_type, obj in self.store.replace(items):
+        for event_type, obj in self.store.replace(items, self.namespace):
             self._emit(event_type, obj)
         self.synced.set()
         return version
@@ -259,6 +262,8 @@ class Informer:
                 version = self._watch(version)
                 delay = self.backoff[0]
             except KubeError as exc:
+                if self._stop.is_set():
+                    return
                 if exc.status == 410:
                     version = None
                     continue
@@ -266,6 +271,8 @@ class Informer:
                 self._stop.wait(delay)
                 delay = min(delay * 2, self.backoff[1])
             except Exception as exc:  # connection refused, reset, a timeout: keep the cache, retry
+                if self._stop.is_set():
+                    return
                 log.warning("informer %s: %s: %s; again in %.1fs", self.name, type(exc).__name__, exc, delay)
                 self._stop.wait(delay)
                 delay = min(delay * 2, self.backoff[1])

@@ -23,11 +23,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tandem.api.meta import LABEL_PDD
+from tandem.controller.main import CHILD_WATCHES, build_cache
 from tandem.devcluster import cluster as devcluster
 from tandem.devcluster import fleet, kube
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.layout import ClusterDir
 from tandem.devcluster.testing import OperatorProcess, eventually, metric_total
+from tandem.kube.rest import PDDEPLOYMENT, Kind, KubeRest
 
 pytestmark = pytest.mark.cluster
 
@@ -36,6 +39,7 @@ DEPLOYMENTS = 10
 NAMESPACES = ("scale-a", "scale-b")
 RESYNC_SECONDS = 5
 STEADY_SECONDS = 15.0
+PDB = Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
 CRD = Path(__file__).parents[3] / "crds" / "pddeployment.yaml"
 
 
@@ -171,3 +175,46 @@ def test_children_edited_or_deleted_by_hand_are_restored(
         return bool(sts["spec"]["replicas"] == 1 and svc.returncode == 0)
 
     eventually(restored, timeout=120, interval=2, what="the StatefulSet and Service restored")
+
+
+def test_namespaced_caches_hold_what_the_api_lists(
+    fleet_cluster: ClusterHandle, fleet_operator: OperatorProcess
+) -> None:
+    """The operator's informers as a namespace-scoped operator builds them (one per kind and
+    namespace, one store per kind) against the real apiserver: once synced, each kind's store holds
+    exactly what a list of each namespace returns, and a child deleted by hand leaves the cache by
+    its watch event."""
+    api = fleet_cluster.api_client()
+    rest = KubeRest(api)
+    events: list[tuple[str, str]] = []
+    cache = build_cache(rest, list(NAMESPACES), lambda kind, t, o: events.append((t, o["metadata"]["name"])))
+    cache.start()
+    try:
+        assert cache.wait_synced(60), "the caches did not list"
+        for kind in (PDDEPLOYMENT, *CHILD_WATCHES):
+            selector = "" if kind == PDDEPLOYMENT else LABEL_PDD
+            listed = sorted(
+                (o["metadata"]["namespace"], o["metadata"]["name"])
+                for ns in NAMESPACES
+                for o in rest.list(kind, ns, selector)
+            )
+            assert cache.stores[kind.plural].names() == listed, kind.plural
+        ns = NAMESPACES[1]
+        name = next(n for space, n in cache.stores[PDB.plural].names() if space == ns)
+        fleet_cluster.kubectl("delete", "-n", ns, f"poddisruptionbudget/{name}", "--wait=false")
+        eventually(
+            lambda: ("DELETED", name) in events,
+            timeout=60,
+            interval=1,
+            what="the deletion's watch event",
+        )
+        # The operator restores it (its own informers saw the same event): the cache follows.
+        eventually(
+            lambda: cache.get(PDB, ns, name) is not None,
+            timeout=120,
+            interval=2,
+            what="the PodDisruptionBudget restored and back in the cache",
+        )
+    finally:
+        cache.stop()
+        kube.close(api)

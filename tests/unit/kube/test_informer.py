@@ -81,6 +81,17 @@ def test_replace_reports_what_changed_while_disconnected() -> None:
     assert store.by_label("ns", "a")[0]["metadata"]["resourceVersion"] == "7"
 
 
+def test_replace_of_one_namespace_leaves_the_others() -> None:
+    """A namespace-scoped operator watching several namespaces: one store per kind, one informer
+    per namespace; one informer's (re)list must not drop the other namespaces' objects."""
+    store = Store(LABEL)
+    store.upsert(obj("x", "1", ns="team-a"))
+    store.upsert(obj("y", "2", ns="team-b"))
+    changes = store.replace([obj("z", "3", ns="team-b")], "team-b")
+    assert sorted((t, o["metadata"]["name"]) for t, o in changes) == [("ADDED", "z"), ("DELETED", "y")]
+    assert store.names() == [("team-a", "x"), ("team-b", "z")]
+
+
 def test_transform_drops_managed_fields() -> None:
     store = Store(LABEL, strip_managed_fields)
     store.upsert(obj("p", "1") | {"metadata": {"name": "p", "namespace": "ns", "managedFields": [{}]}})
