@@ -37,7 +37,7 @@ from tandem.controller.events import EventRecorder
 from tandem.controller.leader import LeaderElector
 from tandem.controller.reconcile import Reconciler
 from tandem.controller.workqueue import WorkQueue
-from tandem.kube.informer import Cache, EventType, strip_managed_fields
+from tandem.kube.informer import Cache, EventType, Handler, strip_managed_fields
 from tandem.kube.rest import PDDEPLOYMENT, POD, Kind, KubeError, KubeRest, Obj, load_api_client
 from tandem.metrics import PrometheusReader
 from tandem.render.desired import CHILD_KINDS
@@ -57,7 +57,7 @@ CACHE_SYNC_RETRY_SECONDS = 1.0  # a key popped before the caches' first lists: a
 CHILD_WATCHES: tuple[Kind, ...] = (*(Kind(*child) for child in CHILD_KINDS), POD)
 
 
-def build_cache(kube: KubeRest, namespaces: Sequence[str | None], on_event: Any) -> Cache:
+def build_cache(kube: KubeRest, namespaces: Sequence[str | None], on_event: Handler | None) -> Cache:
     """The informers of the operator's objects (not started), in every watched namespace (or all)."""
     cache = Cache()
     cache.add(kube, PDDEPLOYMENT, namespaces, on_event)
