@@ -9,7 +9,9 @@ more: every PDDeployment passes at least twice) makes no write at all, by the ap
 operator's own write counter; and no read either: the passes read the watch caches
 (`tandem.kube.informer`): the operator's own request counter shows no GET but its leader lease's,
 and the apiserver serves no GET or LIST of the children or pods in the window (every client: the
-metric has no user-agent label, so this bounds the operator's) and fewer reads than passes in all.
+metric has no user-agent label, so this bounds the operator's) and fewer reads than passes in all;
+the apiserver's audit log (`up(audit=True)`), which records each request's user agent, shows no
+request from the operator's process in the window but its Lease's and watches re-opened.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from tandem.devcluster import fleet, kube
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.layout import ClusterDir
 from tandem.devcluster.testing import OperatorProcess, eventually, metric_total
-from tandem.kube.rest import PDDEPLOYMENT, Kind, KubeRest
+from tandem.kube.rest import PDDEPLOYMENT, USER_AGENT, Kind, KubeRest
 
 pytestmark = pytest.mark.cluster
 
@@ -47,7 +49,7 @@ CRD = Path(__file__).parents[3] / "crds" / "pddeployment.yaml"
 def fleet_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]:
     cdir = ClusterDir(tmp_path_factory.mktemp("fleet-cluster"))
     try:
-        state = devcluster.up(cdir, pod_runner=False, owner_pid=os.getpid())
+        state = devcluster.up(cdir, pod_runner=False, owner_pid=os.getpid(), audit=True)
     except devcluster.ClusterError as e:
         pytest.fail(f"dev cluster did not start: {e}", pytrace=False)
     try:
@@ -134,6 +136,8 @@ def test_converges_and_then_writes_nothing(
     passes_before = metric_total(metrics, "tandem_operator_reconciles_total")
     own_before = metric_total(metrics, "tandem_operator_api_writes_total")
     own_reads_before = _own_reads(metrics)
+    audit_log = ClusterDir(fleet_cluster.dir).audit_log
+    audit_from = fleet.audit_offset(audit_log)
     text = fleet_cluster.kubectl("get", "--raw", "/metrics").stdout
     writes_before, reads_before = fleet.apiserver_writes(text), fleet.apiserver_reads(text)
     time.sleep(STEADY_SECONDS)
@@ -148,6 +152,20 @@ def test_converges_and_then_writes_nothing(
     assert not delta, f"apiserver writes in a steady state: {dict(delta)}"
     reads = reads_after - reads_before
     own_reads = _own_reads(metrics) - own_reads_before
+    # The apiserver's audit log has each request's user agent: the operator's REST client
+    # (informers included) and kopf's (its PDDeployment watch), in the operator's process.
+    by_operator = fleet.audit_requests(audit_log, audit_from, USER_AGENT)
+    by_kopf = fleet.audit_requests(audit_log, audit_from, "kopf")
+    print(f"audited in the window: operator {dict(by_operator)}, kopf {dict(by_kopf)}")
+    # Watches are audited when they end (each informer's every 300 s): a fixed cost, not a pass's.
+    not_lease = {
+        k: v
+        for k, v in (by_operator + by_kopf).items()
+        if not k.endswith(" leases") and not k.startswith("watch ")
+    }
+    assert not not_lease, (
+        f"the operator's requests in a steady state, as the apiserver audited them: {not_lease}"
+    )
     print(f"steady: {passes:.0f} passes, apiserver reads {dict(reads) or 0}, operator's own {own_reads:.0f}")
     assert own_reads == 0, f"the operator read {own_reads:.0f} times (GET, not its lease) in a steady state"
     # The apiserver's count is every client's. GETs of PDDeployments were seen in this window from
