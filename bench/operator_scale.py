@@ -21,6 +21,9 @@ replica each, 12 child objects) spread over `--namespaces` namespaces, and print
   operator's kinds (every client: the metric has no user-agent label), per resync, and the
   operator's own request counter (`tandem_operator_api_requests_total`: its REST layer, informers
   included; kopf's PDDeployment watch is not in it);
+- the same window in the apiserver's audit log (`devcluster.up(audit=True)`), which has each
+  request's user agent: the operator's process (its REST client, `tandem-operator/...`, and kopf's
+  PDDeployment watch) reads and writes but its Lease's, per resync;
 - a profile of steady-state passes: after the steady window, every PDDeployment reconciled once in
   this process (the operator's `Reconciler` over its watch caches, `controller.main.build_cache`),
   each step timed (read, desire, apply, derive, write) and the top functions by cProfile;
@@ -66,7 +69,7 @@ from tandem.devcluster import fleet, kube
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.layout import ClusterDir
 from tandem.devcluster.testing import OperatorProcess
-from tandem.kube.rest import PDDEPLOYMENT, KubeRest, load_api_client
+from tandem.kube.rest import PDDEPLOYMENT, USER_AGENT, KubeRest, load_api_client
 from tandem.render import render
 
 REPO = Path(__file__).parents[1]
@@ -363,6 +366,8 @@ def run_once(cluster: ClusterHandle, api: Any, args: argparse.Namespace, number:
             )
         report_phase("converging", idle, converged)
         time.sleep(args.settle_seconds)  # the last passes' writes, the garbage collector's owner checks
+        audit_log = ClusterDir(cluster.dir).audit_log
+        audit_from = fleet.audit_offset(audit_log)
         before_text = cluster.kubectl("get", "--raw", "/metrics").stdout
         before_writes, before_events = apiserver_writes(cluster), event_counts(cluster)
         before = Snapshot.take(operator)
@@ -373,6 +378,9 @@ def run_once(cluster: ClusterHandle, api: Any, args: argparse.Namespace, number:
         delta = after_writes - before_writes
         reads = fleet.apiserver_reads(after_text) - fleet.apiserver_reads(before_text)
         new_events = sum(n - before_events.get(uid, 0) for uid, n in after_events.items())
+        audited = fleet.audit_requests(audit_log, audit_from, USER_AGENT) + fleet.audit_requests(
+            audit_log, audit_from, "kopf"
+        )
         resyncs = args.steady_seconds / 30
         report_phase(f"steady state ({args.steady_seconds:.0f} s, resync every 30 s)", before, after)
         own = after.requests - before.requests
@@ -386,12 +394,27 @@ def run_once(cluster: ClusterHandle, api: Any, args: argparse.Namespace, number:
             f"{sum(reads.values())} ({sum(reads.values()) / resyncs:.1f} per resync) {dict(reads)}; "
             f"the operator's own GETs but its lease's: {own_reads} ({own_reads / resyncs:.1f} per resync)"
         )
+        audited_reads = sum(
+            v for k, v in audited.items() if k.split()[0] in ("get", "list") and "leases" not in k
+        )
+        audited_writes = sum(
+            v
+            for k, v in audited.items()
+            if k.split()[0] not in ("get", "list", "watch") and "leases" not in k
+        )
+        print(
+            f"  the operator's process (user agents {USER_AGENT}, kopf) by the apiserver's audit log: "
+            f"{dict(audited)}; reads but its Lease's {audited_reads} ({audited_reads / resyncs:.1f} per "
+            f"resync), writes but its Lease's {audited_writes}"
+        )
         print(f"operator RSS peak while converging (sampled): {peak_rss:.0f} MB; log: {log}")
         figures.update(
             rss_peak_mb=after.hwm_mb,
             steady_writes=float(sum(delta.values())),
             steady_reads_per_resync=sum(reads.values()) / resyncs,
             own_reads_per_resync=own_reads / resyncs,
+            audited_reads_per_resync=audited_reads / resyncs,
+            audited_writes=float(audited_writes),
         )
     finally:
         operator.stop()
@@ -470,7 +493,7 @@ def main() -> int:
         return run(ClusterHandle.from_kubeconfig(args.kubeconfig), args)
     with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:
         cdir = ClusterDir(Path(tmp))
-        devcluster.up(cdir, pod_runner=False, owner_pid=os.getpid())
+        devcluster.up(cdir, pod_runner=False, owner_pid=os.getpid(), audit=True)
         try:
             return run(ClusterHandle.from_dir(cdir.path, owned=True), args)
         finally:
