@@ -21,7 +21,6 @@ own last write, which would re-apply it (a write loop) or patch status with a st
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -52,6 +51,16 @@ def is_older(candidate: str, stored: str) -> bool:
         return int(candidate) <= int(stored)
     except ValueError:
         return False
+
+
+def copy_tree(value: Any) -> Any:
+    """A copy of a JSON tree (dicts, lists, scalars), as `copy.deepcopy` makes one, about five
+    times faster: no memo, no other types. A steady pass spent most of its time in deepcopy."""
+    if isinstance(value, dict):
+        return {key: copy_tree(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [copy_tree(item) for item in value]
+    return value
 
 
 def strip_managed_fields(obj: Obj) -> Obj:
@@ -149,13 +158,13 @@ class Store:
     def get(self, namespace: str, name: str) -> Obj | None:
         with self._lock:
             obj = self._objects.get((namespace, name))
-            return copy.deepcopy(obj) if obj is not None else None
+            return copy_tree(obj) if obj is not None else None
 
     def by_label(self, namespace: str, value: str) -> list[Obj]:
         """Objects in `namespace` whose index label has `value`, in name order."""
         with self._lock:
             names = sorted(self._index.get((namespace, value), ()))
-            return [copy.deepcopy(self._objects[(namespace, n)]) for n in names]
+            return [copy_tree(self._objects[(namespace, n)]) for n in names]
 
     def names(self) -> list[Key]:
         """Every stored object's (namespace, name), sorted."""
@@ -329,7 +338,7 @@ class Cache:
         if store is not None and obj.get("metadata"):
             obj.setdefault("apiVersion", kind.api_version)
             obj.setdefault("kind", kind.kind)
-            store.upsert(copy.deepcopy(obj))
+            store.upsert(copy_tree(obj))
 
     def deleted(self, kind: Kind, namespace: str, name: str) -> None:
         store = self.stores.get(kind.plural)

@@ -3,6 +3,7 @@ the watch stream's parsing, and an informer's list/watch/relist against a script
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from collections.abc import Iterator
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tandem.kube.informer import Cache, EventType, Informer, Store, is_older, strip_managed_fields
+from tandem.kube.informer import Cache, EventType, Informer, Store, copy_tree, is_older, strip_managed_fields
 from tandem.kube.rest import Kind, KubeError, Obj, WatchEvent, parse_watch_lines
 
 STS = Kind("apps/v1", "StatefulSet", "statefulsets")
@@ -90,6 +91,16 @@ def test_replace_of_one_namespace_leaves_the_others() -> None:
     changes = store.replace([obj("z", "3", ns="team-b")], "team-b")
     assert sorted((t, o["metadata"]["name"]) for t, o in changes) == [("ADDED", "z"), ("DELETED", "y")]
     assert store.names() == [("team-a", "x"), ("team-b", "z")]
+
+
+def test_copy_tree_copies_as_deepcopy_does() -> None:
+    tree = {"a": [{"b": 1}, [2, "c"]], "d": None, "e": {"f": 1.5, "g": True}}
+    copied = copy_tree(tree)
+    assert copied == copy.deepcopy(tree)
+    copied["a"][0]["b"] = 9
+    copied["a"][1].append(3)
+    copied["e"]["f"] = 0
+    assert tree == {"a": [{"b": 1}, [2, "c"]], "d": None, "e": {"f": 1.5, "g": True}}
 
 
 def test_transform_drops_managed_fields() -> None:
