@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
@@ -268,8 +269,13 @@ class Informer:
                         self.relists += 1
                         log.info("informer %s: relisting", self.name)
                     version = self._list()
+                opened = time.monotonic()
                 version = self._watch(version)
-                delay = self.backoff[0]
+                if time.monotonic() - opened < 1.0:  # ended at once (an apiserver shutting down):
+                    self._stop.wait(delay)  # not a tight loop of watch requests
+                    delay = min(delay * 2, self.backoff[1])
+                else:
+                    delay = self.backoff[0]
             except KubeError as exc:
                 if self._stop.is_set():
                     return
