@@ -1,5 +1,10 @@
 """The operator at fleet scale: many PDDeployments on many fake GPU nodes, no pod processes.
 
+Each of `--runs` runs, on the same cluster and fleet, in namespaces of its own: first the floor, the
+same child objects (`tandem.render.render` of each spec, without owner references) created by a bare
+client (server-side apply, 16 at a time) and timed until every StatefulSet and Deployment is ready;
+then the operator on the same specs. The operator's time is printed as a ratio of the floor's.
+
 Starts a dev cluster without the pod runner (KWOK makes every pod Ready at once, the routers'
 too: `devcluster.up(pod_runner=False)`), creates `--nodes` fake 8-GPU nodes
 (`tandem.devcluster.fleet`), runs `tandem operator` as a process, creates `--deployments`
@@ -12,6 +17,16 @@ replica each, 12 child objects) spread over `--namespaces` namespaces, and print
   /proc/<pid>/stat), while converging and over the steady window;
 - reconcile pass latency p50/p99 (interpolated in `tandem_operator_reconcile_duration_seconds`
   buckets, as Prometheus' histogram_quantile does);
+- reads in the steady state: the apiserver's own `apiserver_request_total` GET/LIST of the
+  operator's kinds (every client: the metric has no user-agent label), per resync, and the
+  operator's own request counter (`tandem_operator_api_requests_total`: its REST layer, informers
+  included; kopf's PDDeployment watch is not in it);
+- the same window in the apiserver's audit log (`devcluster.up(audit=True)`), which has each
+  request's user agent: the operator's process (its REST client, `tandem-operator/...`, and kopf's
+  PDDeployment watch) reads and writes but its Lease's, per resync;
+- a profile of steady-state passes: after the steady window, every PDDeployment reconciled once in
+  this process (the operator's `Reconciler` over its watch caches, `controller.main.build_cache`),
+  each step timed (read, desire, apply, derive, write) and the top functions by cProfile;
 - writes in a steady state of `--steady-seconds`: the apiserver's own `apiserver_request_total` for
   PDDeployments and the child kinds (every client), Events posted about anything but Nodes (the
   node controller posts the fleet's RegisteredNode Events for minutes), and the operator's own
@@ -19,14 +34,17 @@ replica each, 12 child objects) spread over `--namespaces` namespaces, and print
   The operator runs with `--resync-seconds 30`, so the window holds full resyncs.
 
     nice -n 10 .venv/bin/python bench/operator_scale.py [--nodes 1000] [--deployments 100] \\
-        [--namespaces 4] [--steady-seconds 60] [--workers N] [--child-event-delay S]
+        [--namespaces 4] [--steady-seconds 60] [--runs 3] [--workers N] [--child-event-delay S]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
 import re
 import signal
 import sys
@@ -41,11 +59,18 @@ from typing import Any
 import yaml
 from kubernetes import client
 
+from tandem.api.models import PDDeployment
+from tandem.api.times import rfc3339
+from tandem.controller.events import EventRecorder
+from tandem.controller.main import build_cache
+from tandem.controller.reconcile import KINDS, Reconciler
 from tandem.devcluster import cluster as devcluster
 from tandem.devcluster import fleet, kube
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.layout import ClusterDir
 from tandem.devcluster.testing import OperatorProcess
+from tandem.kube.rest import PDDEPLOYMENT, USER_AGENT, KubeRest, load_api_client
+from tandem.render import render
 
 REPO = Path(__file__).parents[1]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -161,23 +186,133 @@ def report_phase(title: str, before: Snapshot, after: Snapshot) -> None:
     )
 
 
-def run(cluster: ClusterHandle, args: argparse.Namespace) -> int:
-    api = cluster.api_client()
-    started = time.monotonic()
-    fleet.create(api, fleet.fleet_nodes(args.nodes, _octet(cluster)))
-    while fleet.ready_count(api) < args.nodes:
-        if time.monotonic() - started > 600:
-            print(f"only {fleet.ready_count(api)} of {args.nodes} nodes Ready after 600 s")
-            return 1
-        fleet.untaint(api)
-        time.sleep(2)
-    print(f"{args.nodes} fake GPU nodes created, Ready and untainted in {time.monotonic() - started:.1f} s")
-    kube.apply_crd(api, yaml.safe_load((REPO / "crds" / "pddeployment.yaml").read_text()), timeout=300)
-    namespaces = [f"scale-{i}" for i in range(args.namespaces)]
+def specs(args: argparse.Namespace, prefix: str) -> dict[str, list[dict[str, Any]]]:
+    """The run's PDDeployments by namespace: `--deployments` spread over `--namespaces`."""
+    namespaces = [f"{prefix}-{i}" for i in range(args.namespaces)]
+    docs: dict[str, list[dict[str, Any]]] = {ns: [] for ns in namespaces}
+    for i in range(args.deployments):
+        ns = namespaces[i % len(namespaces)]
+        docs[ns].append(fleet.pddeployment(f"scale-{i}", ns))
+    return docs
+
+
+def workloads_ready(cluster: ClusterHandle, namespaces: list[str]) -> tuple[int, int]:
+    """(ready, all) StatefulSets and Deployments in `namespaces`: ready when every replica is."""
+    out = cluster.kubectl("get", "statefulsets,deployments", "-A", "-o", "json", check=False)
+    if out.returncode != 0:
+        return 0, -1
+    items = [i for i in json.loads(out.stdout)["items"] if i["metadata"]["namespace"] in namespaces]
+    ready = sum(
+        1
+        for i in items
+        if int((i.get("status") or {}).get("readyReplicas", 0))
+        == int((i.get("spec") or {}).get("replicas", 1))
+    )
+    return ready, len(items)
+
+
+def floor(cluster: ClusterHandle, api: Any, args: argparse.Namespace, prefix: str) -> float | None:
+    """The bare client's time: every child object of the run's specs, server-side applied 16 at a
+    time (`KubeRest.apply`: one request each, no reads, no logic), until every workload is ready."""
+    docs = specs(args, prefix)
+    objects = []
+    for ns, items in docs.items():
+        cluster.kubectl("create", "namespace", ns, check=False)
+        for doc in items:
+            stored = {**doc, "metadata": {**doc["metadata"], "uid": "00000000-0000-0000-0000-000000000000"}}
+            for obj in render(PDDeployment.from_object(stored)):
+                obj["metadata"].pop("ownerReferences", None)  # no owner: the GC would delete them
+                objects.append(obj)
+    rest = KubeRest(api, field_manager="bench-floor")
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        list(pool.map(lambda o: rest.apply(KINDS[o["kind"]], o), objects))
+    created = time.monotonic() - t0
+    namespaces = list(docs)
+    while time.monotonic() - t0 < args.timeout:
+        ready, total = workloads_ready(cluster, namespaces)
+        if total > 0 and ready == total:
+            took = time.monotonic() - t0
+            print(
+                f"floor: {len(objects)} objects created in {created:.1f} s, "
+                f"{total} workloads ready in {took:.1f} s"
+            )
+            return took
+        time.sleep(max(1.0, args.deployments / 200))
+    print(f"floor: NOT ready after {args.timeout:.0f} s")
+    return None
+
+
+def profile_passes(cluster: ClusterHandle, namespaces: list[str]) -> None:
+    """Every PDDeployment of the run reconciled once here, over watch caches of our own, each step
+    timed; then the top functions of those passes by cumulative time."""
+    os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
+    kube_rest = KubeRest(load_api_client(pool_size=64))
+    cache = build_cache(kube_rest, namespaces, None)
+    cache.start()
+    if not cache.wait_synced(120):
+        print("profile: the caches did not sync")
+        return
+    reconciler = Reconciler(kube_rest, EventRecorder(kube_rest), cache=cache)
+    steps: Counter[str] = Counter()
+
+    def timed(step: str, method: Any) -> Any:
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return method(*a, **k)
+            finally:
+                steps[step] += time.perf_counter() - t
+
+        return wrapper
+
+    for step in ("_read", "_desire", "_apply", "_derive", "_write"):
+        setattr(reconciler, step, timed(step.strip("_"), getattr(reconciler, step)))
+    keys = cache.stores[PDDEPLOYMENT.plural].names()
+    requests_before = sum(kube_rest.requests.values())
+    profiler = cProfile.Profile()
+    t0 = time.perf_counter()
+    profiler.enable()
+    for ns, name in keys:
+        body = cache.get(PDDEPLOYMENT, ns, name)
+        if body is not None:
+            reconciler.reconcile(body, rfc3339(time.time()), time.time())
+    profiler.disable()
+    wall = time.perf_counter() - t0
+    cache.stop()
+    requests = sum(kube_rest.requests.values()) - requests_before
+    print(
+        f"profile: {len(keys)} steady passes in {wall:.2f} s "
+        f"({1000 * wall / max(1, len(keys)):.1f} ms a pass; "
+        f"{requests} API requests, {sum(kube_rest.writes.values())} writes)"
+    )
+    print("  per pass: " + ", ".join(f"{k} {1000 * v / max(1, len(keys)):.2f} ms" for k, v in steps.items()))
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(18)
+    print("\n".join("  " + line for line in text.getvalue().splitlines() if line.strip())[-4000:])
+
+
+def run_once(cluster: ClusterHandle, api: Any, args: argparse.Namespace, number: int) -> dict[str, float]:
+    """One run: the floor, then the operator on the same specs; its figures."""
+    figures: dict[str, float] = {}
+    floor_s = floor(cluster, api, args, f"r{number}-floor")
+    if floor_s is not None:
+        figures["floor_s"] = floor_s
+    docs = specs(args, f"r{number}-scale")
+    namespaces = list(docs)
     for ns in namespaces:
         cluster.kubectl("create", "namespace", ns, check=False)
     log = Path(tempfile.mkdtemp(prefix="tandem-bench-scale-")) / "operator.log"
-    flags = ["--lease-namespace", "default", "--resync-seconds", "30"]
+    flags = [
+        "--lease-namespace",
+        "default",
+        "--lease-name",
+        f"tandem-bench-{number}",
+        "--resync-seconds",
+        "30",
+    ]
+    for ns in namespaces:
+        flags += ["--namespace", ns]
     if args.workers:
         flags += ["--workers", str(args.workers)]
     if args.api_parallelism:
@@ -188,10 +323,6 @@ def run(cluster: ClusterHandle, args: argparse.Namespace) -> int:
     try:
         operator.wait_leader(timeout=120)
         idle = Snapshot.take(operator)
-        docs: dict[str, list[dict[str, Any]]] = {ns: [] for ns in namespaces}
-        for i in range(args.deployments):
-            ns = namespaces[i % len(namespaces)]
-            docs[ns].append(fleet.pddeployment(f"scale-{i}", ns))
         custom = client.CustomObjectsApi(api)
 
         def create(doc: dict[str, Any]) -> None:
@@ -209,7 +340,11 @@ def run(cluster: ClusterHandle, args: argparse.Namespace) -> int:
         while time.monotonic() - t0 < args.timeout:
             out = cluster.kubectl("get", "pdd", "-A", "-o", "json", check=False)
             if out.returncode == 0:
-                ready = sum(1 for item in json.loads(out.stdout)["items"] if ready_at_generation(item))
+                ready = sum(
+                    1
+                    for item in json.loads(out.stdout)["items"]
+                    if item["metadata"]["namespace"] in namespaces and ready_at_generation(item)
+                )
             peak_rss = max(peak_rss, Snapshot.take(operator).rss_mb)
             if ready >= args.deployments:
                 converged_at = time.monotonic() - t0
@@ -223,25 +358,104 @@ def run(cluster: ClusterHandle, args: argparse.Namespace) -> int:
         if converged_at is None:
             print(f"NOT converged: {ready} of {args.deployments} Ready after {args.timeout:.0f} s")
         else:
-            print(f"first create -> every PDDeployment Ready=True at its generation: {converged_at:.1f} s")
+            figures["ready_s"] = converged_at
+            ratio = f" = {converged_at / floor_s:.2f}x the floor ({floor_s:.1f} s)" if floor_s else ""
+            print(
+                f"first create -> every PDDeployment Ready=True at its generation: "
+                f"{converged_at:.1f} s{ratio}"
+            )
         report_phase("converging", idle, converged)
-        time.sleep(5)  # the last passes' status writes settle
+        time.sleep(args.settle_seconds)  # the last passes' writes, the garbage collector's owner checks
+        audit_log = ClusterDir(cluster.dir).audit_log
+        audit_from = fleet.audit_offset(audit_log)
+        before_text = cluster.kubectl("get", "--raw", "/metrics").stdout
         before_writes, before_events = apiserver_writes(cluster), event_counts(cluster)
         before = Snapshot.take(operator)
         time.sleep(args.steady_seconds)
         after_writes, after = apiserver_writes(cluster), Snapshot.take(operator)
+        after_text = cluster.kubectl("get", "--raw", "/metrics").stdout
         after_events = event_counts(cluster)
         delta = after_writes - before_writes
+        reads = fleet.apiserver_reads(after_text) - fleet.apiserver_reads(before_text)
         new_events = sum(n - before_events.get(uid, 0) for uid, n in after_events.items())
+        audited = fleet.audit_requests(audit_log, audit_from, USER_AGENT) + fleet.audit_requests(
+            audit_log, audit_from, "kopf"
+        )
+        resyncs = args.steady_seconds / 30
         report_phase(f"steady state ({args.steady_seconds:.0f} s, resync every 30 s)", before, after)
+        own = after.requests - before.requests
+        own_reads = sum(v for k, v in own.items() if k.startswith("GET ") and k != "GET leases")
         print(
             f"  apiserver writes to PDDeployments and child kinds, all clients: {sum(delta.values())} "
             f"{dict(delta)}; Events posted about anything but Nodes: {new_events}"
         )
+        print(
+            f"  apiserver reads (GET/LIST) of PDDeployments, children, pods, Secrets, all clients: "
+            f"{sum(reads.values())} ({sum(reads.values()) / resyncs:.1f} per resync) {dict(reads)}; "
+            f"the operator's own GETs but its lease's: {own_reads} ({own_reads / resyncs:.1f} per resync)"
+        )
+        audited_reads = sum(
+            v for k, v in audited.items() if k.split()[0] in ("get", "list") and "leases" not in k
+        )
+        audited_writes = sum(
+            v
+            for k, v in audited.items()
+            if k.split()[0] not in ("get", "list", "watch") and "leases" not in k
+        )
+        print(
+            f"  the operator's process (user agents {USER_AGENT}, kopf) by the apiserver's audit log: "
+            f"{dict(audited)}; reads but its Lease's {audited_reads} ({audited_reads / resyncs:.1f} per "
+            f"resync), writes but its Lease's {audited_writes}"
+        )
         print(f"operator RSS peak while converging (sampled): {peak_rss:.0f} MB; log: {log}")
-        return 0 if converged_at is not None else 1
+        figures.update(
+            rss_peak_mb=after.hwm_mb,
+            steady_writes=float(sum(delta.values())),
+            steady_reads_per_resync=sum(reads.values()) / resyncs,
+            own_reads_per_resync=own_reads / resyncs,
+            audited_reads_per_resync=audited_reads / resyncs,
+            audited_writes=float(audited_writes),
+        )
     finally:
         operator.stop()
+    if args.profile:
+        profile_passes(cluster, namespaces)
+    return figures
+
+
+def run(cluster: ClusterHandle, args: argparse.Namespace) -> int:
+    api = cluster.api_client()
+    try:
+        started = time.monotonic()
+        fleet.create(api, fleet.fleet_nodes(args.nodes, _octet(cluster)))
+        while fleet.ready_count(api) < args.nodes:
+            if time.monotonic() - started > 600:
+                print(f"only {fleet.ready_count(api)} of {args.nodes} nodes Ready after 600 s")
+                return 1
+            fleet.untaint(api)
+            time.sleep(2)
+        print(
+            f"{args.nodes} fake GPU nodes created, Ready and untainted in {time.monotonic() - started:.1f} s"
+        )
+        kube.apply_crd(api, yaml.safe_load((REPO / "crds" / "pddeployment.yaml").read_text()), timeout=300)
+        results = []
+        for number in range(args.runs):
+            print(f"--- run {number + 1} of {args.runs} (load average {os.getloadavg()[0]:.1f})")
+            results.append(run_once(cluster, api, args, number))
+        print("--- summary")
+        for number, figures in enumerate(results):
+            ratio = (
+                f"{figures['ready_s'] / figures['floor_s']:.2f}x"
+                if "ready_s" in figures and "floor_s" in figures
+                else "-"
+            )
+            print(
+                f"run {number + 1}: "
+                + ", ".join(f"{k} {v:.1f}" for k, v in figures.items())
+                + f"; ratio {ratio}"
+            )
+        return 0 if all("ready_s" in f for f in results) else 1
+    finally:
         kube.close(api)
 
 
@@ -256,6 +470,9 @@ def main() -> int:
     parser.add_argument("--deployments", type=int, default=100)
     parser.add_argument("--namespaces", type=int, default=4)
     parser.add_argument("--steady-seconds", type=float, default=60.0)
+    parser.add_argument("--settle-seconds", type=float, default=30.0, help="wait before the steady window")
+    parser.add_argument("--runs", type=int, default=1, help="floor + operator runs on the same fleet")
+    parser.add_argument("--profile", action="store_true", help="profile one steady pass of each PDDeployment")
     parser.add_argument("--timeout", type=float, default=900.0, help="give up converging after this")
     parser.add_argument("--workers", type=int, default=0, help="operator --workers (0: its default)")
     parser.add_argument(
@@ -276,7 +493,7 @@ def main() -> int:
         return run(ClusterHandle.from_kubeconfig(args.kubeconfig), args)
     with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:
         cdir = ClusterDir(Path(tmp))
-        devcluster.up(cdir, pod_runner=False, owner_pid=os.getpid())
+        devcluster.up(cdir, pod_runner=False, owner_pid=os.getpid(), audit=True)
         try:
             return run(ClusterHandle.from_dir(cdir.path, owned=True), args)
         finally:

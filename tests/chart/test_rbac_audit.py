@@ -9,7 +9,8 @@ What the code issues is derived from the code, not written down here:
 - every call of those methods in `tandem.controller` (the operator; `probe.py` is `tandem probe`,
   the helm-test hook under its own ServiceAccount), with the Kind it passes: a module constant
   `X = Kind(...)`, or the reconciler's `kind` loop variable over `render.desired.CHILD_KINDS`;
-- kopf's watches, from the operator's handler registry (list and watch each watched resource);
+- the operator's watch caches (`tandem.controller.main.CHILD_WATCHES` and PDDeployments: list and
+  watch each) and kopf's watches, from the operator's handler registry (list and watch each);
 - the router's Role the operator renders: RBAC lets the operator grant only what it holds itself.
 kopf's own cluster scans (CRDs; namespaces when namespaced) are the only hand-written entries.
 
@@ -28,7 +29,8 @@ from typing import Any
 import pytest
 
 from tandem.api.models import PDDeployment
-from tandem.controller.main import build_registry
+from tandem.controller.main import CHILD_WATCHES, build_registry
+from tandem.kube.rest import PDDEPLOYMENT
 from tandem.render import router
 from tandem.render.desired import CHILD_KINDS
 
@@ -38,7 +40,7 @@ Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
 PACKAGE = REPO / "operator" / "tandem"
 OPERATOR_CODE = sorted(p for p in (PACKAGE / "controller").glob("*.py") if p.name != "probe.py")
 HTTP_VERBS = {("GET", "path"): "get", ("GET", "collection"): "list", "PATCH": "patch", "DELETE": "delete",
-              "POST": "create", "PUT": "update"}  # fmt: skip
+              "POST": "create", "PUT": "update", "WATCH": "watch"}  # fmt: skip
 # kopf (not tandem's code) lists and watches CRDs to notice a watched CRD reinstalled, and in
 # namespaced mode lists and watches namespaces to match its namespace list. `get` on CRDs: kopf reads
 # the CRD of each watched custom resource at startup.
@@ -90,12 +92,12 @@ def _method_verbs() -> dict[str, set[tuple[str, str]]]:
             if not (
                 isinstance(call, ast.Call)
                 and isinstance(call.func, ast.Attribute)
-                and call.func.attr == "request"
+                and call.func.attr in ("request", "_stream")
                 and call.args
                 and isinstance(call.args[0], ast.Constant)
             ):
                 continue
-            http = str(call.args[0].value)
+            http = "WATCH" if call.func.attr == "_stream" else str(call.args[0].value)
             target = ast.unparse(call.args[1])
             shape = "collection" if ".collection(" in target else "path"
             sub = "status" if "/status" in target else ""
@@ -149,6 +151,9 @@ def code_uses() -> dict[Grant, list[str]]:
                 for verb, sub in pairs:
                     resource = f"{plural}/{sub}" if sub else plural
                     uses[(group, resource, verb)].append(f"{where} {func.attr}")
+    for kind in (PDDEPLOYMENT, *CHILD_WATCHES):  # the informers: `KubeRest.list_with_version`, `watch`
+        for verb in ("list", "watch"):
+            uses[(_group(kind.api_version), kind.plural, verb)].append("informer (main.build_cache)")
     for handler in build_registry(None)._watching.get_all_handlers():  # type: ignore[arg-type]
         selector = handler.selector
         assert selector is not None

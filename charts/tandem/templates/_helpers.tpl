@@ -79,26 +79,26 @@ the code and fails on a grant without a use, or a use without a grant. */ -}}
 - apiGroups: [tandem.dev]
   resources: [pddeployments/status]
   verbs: [patch]
-# Children of a PDDeployment: listed each pass, server-side applied (a patch that may create) and
-# pruned; StatefulSets and Deployments are also watched.
+# Children of a PDDeployment: listed and watched into the operator's caches (tandem.kube.informer),
+# server-side applied (a patch that may create) and pruned.
 - apiGroups: [apps]
   resources: [statefulsets, deployments]
   verbs: [list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [services, serviceaccounts]
-  verbs: [list, create, patch, delete]
+  verbs: [list, watch, create, patch, delete]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [list, create, patch, delete]
+  verbs: [list, watch, create, patch, delete]
 # The engines' NetworkPolicy (spec.network.policy.enabled).
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
-  verbs: [list, create, patch, delete]
+  verbs: [list, watch, create, patch, delete]
 # The router's Role and RoleBinding (RBAC lets the operator grant only what it holds itself:
 # get/list/watch on pods and pddeployments, and get on the API keys Secret by name).
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
-  verbs: [list, create, patch, delete]
+  verbs: [list, watch, create, patch, delete]
 # Pod status for readiness and problems (unschedulable, image pulls, crash loops); patch: the
 # autoscaler's draining annotation on a pod about to be removed.
 - apiGroups: [""]

@@ -1,10 +1,13 @@
-"""`tandem operator`: kopf watches feed a keyed work queue; the leader reconciles from it.
+"""`tandem operator`: watch caches feed a keyed work queue; the leader reconciles from it.
 
-kopf watches PDDeployments and the StatefulSets, Deployments and Pods that carry a PDDeployment's
-label, and only enqueues the owning PDDeployment's key (no kopf-stored state, no finalizers, so
-uninstalling the operator never leaves objects stuck). A worker pops keys, reads the object fresh
-and runs one `Reconciler` pass in a thread. A resync enqueues every PDDeployment periodically, and
-on winning leadership. Passes that are not yet converged ask to be requeued after a delay, and so
+Informers (`tandem.kube.informer`) list and watch PDDeployments and every child kind and the Pods
+that carry a PDDeployment's label, keep them in memory, and enqueue the owning PDDeployment's key on
+each change (no stored state of the operator's own, no finalizers, so uninstalling the operator never
+leaves objects stuck). A worker pops keys, takes the object from the cache and runs one
+`Reconciler` pass in a thread, which reads the children from the caches too: a steady-state pass
+makes no request. kopf runs the process and watches PDDeployments only to forget a deleted one's
+queued key. A resync enqueues every cached PDDeployment periodically, and on winning leadership.
+Passes that are not yet converged ask to be requeued after a delay, and so
 do autoscaled PDDeployments, for their next decision (`spec.autoscaling.intervalSeconds`) or to
 check a drain: the autoscaler runs inside the pass, so only the leader decides.
 """
@@ -18,7 +21,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
@@ -34,8 +37,10 @@ from tandem.controller.events import EventRecorder
 from tandem.controller.leader import LeaderElector
 from tandem.controller.reconcile import Reconciler
 from tandem.controller.workqueue import WorkQueue
-from tandem.kube.rest import PDDEPLOYMENT, KubeError, KubeRest, load_api_client
+from tandem.kube.informer import Cache, EventType, Handler, strip_managed_fields
+from tandem.kube.rest import PDDEPLOYMENT, POD, Kind, KubeError, KubeRest, Obj, load_api_client
 from tandem.metrics import PrometheusReader
+from tandem.render.desired import CHILD_KINDS
 from tandem.status.derive import UNSCHEDULABLE_GRACE_SECONDS
 
 log = logging.getLogger("tandem.operator")
@@ -46,6 +51,29 @@ MAX_ERROR_BACKOFF_SECONDS = 300.0
 CHILD_EVENT_DELAY_SECONDS = 1.0  # --child-event-delay-seconds' default
 MAX_CHILD_EVENT_DELAY_SECONDS = 60.0
 MAX_UNSCHEDULABLE_GRACE_SECONDS = 86400.0
+CACHE_SYNC_RETRY_SECONDS = 1.0  # a key popped before the caches' first lists: again this much later
+# What the operator watches into its caches: the PDDeployments, and the children and pods that carry
+# a PDDeployment's label (`tandem.dev/pddeployment`), indexed by it.
+CHILD_WATCHES: tuple[Kind, ...] = (*(Kind(*child) for child in CHILD_KINDS), POD)
+
+
+def build_cache(kube: KubeRest, namespaces: Sequence[str | None], on_event: Handler | None) -> Cache:
+    """The informers of the operator's objects (not started), in every watched namespace (or all)."""
+    cache = Cache()
+    cache.add(kube, PDDEPLOYMENT, namespaces, on_event)
+    for kind in CHILD_WATCHES:
+        cache.add(
+            kube,
+            kind,
+            namespaces,
+            on_event,
+            label_selector=meta.LABEL_PDD,
+            index_label=meta.LABEL_PDD,
+            transform=strip_managed_fields if kind == POD else None,  # nothing reads a pod's
+        )
+    kube.on_written = cache.written
+    kube.on_deleted = cache.deleted
+    return cache
 
 
 class Runtime:
@@ -53,8 +81,13 @@ class Runtime:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        # One connection per thread that may call at once: passes, their parallel calls, leases.
-        self.kube = KubeRest(load_api_client(pool_size=args.workers + args.api_parallelism + 4))
+        namespaces = self.namespaces()
+        watches = len(namespaces) * (1 + len(CHILD_WATCHES))
+        # One connection per thread that may call at once: passes, their parallel calls, leases,
+        # and one per informer's open watch.
+        self.kube = KubeRest(load_api_client(pool_size=args.workers + args.api_parallelism + 4 + watches))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.cache = build_cache(self.kube, namespaces, self._cache_event)
         self.autoscaler = Autoscaler(self.kube, args.prometheus_url, reader_for=PrometheusReader)
         self.api_pool = ThreadPoolExecutor(max_workers=args.api_parallelism, thread_name_prefix="tandem-api")
         self.reconciler = Reconciler(
@@ -63,6 +96,7 @@ class Runtime:
             self.autoscaler,
             api_pool=self.api_pool,
             unschedulable_grace_seconds=args.unschedulable_grace_seconds,
+            cache=self.cache,
         )
         self.queue: WorkQueue[Key] = WorkQueue()
         self.failures: dict[Key, int] = {}
@@ -81,6 +115,30 @@ class Runtime:
 
     def namespaces(self) -> list[str | None]:
         return list(self.args.namespace) or [None]
+
+    def start_cache(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.cache.start()
+
+    def _cache_event(self, kind: Kind, event_type: EventType, obj: Obj) -> None:
+        """An informer's event (from its thread): the owning PDDeployment's key to the queue."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._enqueue_owner, kind, event_type, obj)
+
+    def _enqueue_owner(self, kind: Kind, event_type: EventType, obj: Obj) -> None:
+        md = obj.get("metadata") or {}
+        namespace, name = md.get("namespace"), md.get("name")
+        if kind == PDDEPLOYMENT:
+            if event_type == "DELETED":
+                if namespace and name:
+                    self.queue.forget((namespace, name))
+            else:
+                self.enqueue(namespace, name)
+            return
+        # A PDDeployment's pods and workloads change in bursts (created, scheduled, running, ready;
+        # their controllers' status): one pass a little later sees the whole burst.
+        owner = (md.get("labels") or {}).get(meta.LABEL_PDD)
+        self.enqueue(namespace, owner, self.args.child_event_delay_seconds)
 
     def _export_writes(self) -> None:
         for (verb, kind), count in list(self.kube.writes.items()):
@@ -109,8 +167,11 @@ class Runtime:
     async def _pass(self, key: Key) -> None:
         namespace, name = key
         started = time.monotonic()
+        if not self.cache.synced():  # popped before the first lists: the cache cannot answer yet
+            self.queue.add(key, CACHE_SYNC_RETRY_SECONDS)
+            return
         try:
-            body = await asyncio.to_thread(self.kube.get, PDDEPLOYMENT, namespace, name)
+            body = self.cache.get(PDDEPLOYMENT, namespace, name)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 self.failures.pop(key, None)
                 self.autoscaler.forget(namespace, name)
@@ -157,14 +218,11 @@ class Runtime:
             self.health.beat()
             if not self.elector.is_leader:
                 continue
-            for namespace in self.namespaces():
-                try:
-                    items = await asyncio.to_thread(self.kube.list, PDDEPLOYMENT, namespace)
-                except KubeError as exc:
-                    log.warning("resync list failed: %s", exc)
-                    continue
-                for item in items:
-                    self.enqueue(item["metadata"]["namespace"], item["metadata"]["name"])
+            # From the cache: its informers relist whenever a watch cannot resume (410 Gone).
+            if not self.cache.synced():
+                log.warning("resync: the caches have not listed everything yet")
+            for namespace, name in self.cache.stores[PDDEPLOYMENT.plural].names():
+                self.enqueue(namespace, name)
             if self.elector.became_leader.is_set():
                 self.elector.became_leader.clear()
 
@@ -181,24 +239,10 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
 
     @kopf.on.event(meta.GROUP, meta.VERSION, meta.PLURAL, registry=registry)  # type: ignore[arg-type]
     async def pddeployment_event(event: dict[str, Any], namespace: str, name: str, **_: Any) -> None:
+        # Enqueueing is the informers' (`Runtime._enqueue_owner`): a pass started from this watch
+        # could find the cache one version behind. A deleted object's queued key is forgotten.
         if event.get("type") == "DELETED":
             runtime.queue.forget((namespace, name))
-            return
-        runtime.enqueue(namespace, name)
-
-    async def child_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
-        # A PDDeployment's pods and workloads change in bursts (created, scheduled, running, ready;
-        # their controllers' status): one pass a little later sees the whole burst.
-        runtime.enqueue(namespace, labels.get(meta.LABEL_PDD), runtime.args.child_event_delay_seconds)
-
-    for group, version, plural in (
-        ("apps", "v1", "statefulsets"),
-        ("apps", "v1", "deployments"),
-        ("", "v1", "pods"),
-    ):
-        kopf.on.event(group, version, plural, labels={meta.LABEL_PDD: kopf.PRESENT}, registry=registry)(
-            child_event
-        )
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -280,6 +324,7 @@ async def run(args: argparse.Namespace) -> None:
         ThreadPoolExecutor(max_workers=args.workers + 4, thread_name_prefix="tandem-pass")
     )
     runtime = Runtime(args)
+    runtime.start_cache()
     registry = build_registry(runtime)
     app = metrics.make_app(runtime.health)
     web_runner = web.AppRunner(app, access_log=None)
@@ -299,6 +344,7 @@ async def run(args: argparse.Namespace) -> None:
             namespaces=list(args.namespace),
         )
     finally:
+        runtime.cache.stop()
         for task in tasks:
             task.cancel()
         await web_runner.cleanup()

@@ -29,6 +29,7 @@ from tandem.controller.events import EventRecorder
 from tandem.controller.kv_transport import KvOutcome, KvTransportCheck
 from tandem.controller.replicas import is_external
 from tandem.controller.rollout import RolloutController, RolloutOutcome
+from tandem.kube.informer import Cache
 from tandem.kube.rest import PDDEPLOYMENT, POD, Kind, KubeError, KubeRest, Obj
 from tandem.render import CHILD_KINDS, names, render
 from tandem.render.revision import revision_id
@@ -241,8 +242,12 @@ class Reconciler:
         kv_transport: KvTransportCheck | None = None,
         api_pool: Executor | None = None,
         unschedulable_grace_seconds: float = UNSCHEDULABLE_GRACE_SECONDS,
+        cache: Cache | None = None,
     ) -> None:
         self.kube = kube
+        # Watch caches of the children and pods (the operator's): a pass reads them instead of
+        # listing each kind; None: it lists (tests without informers).
+        self.cache = cache
         self.events = events
         self.unschedulable_grace_seconds = unschedulable_grace_seconds
         self._pool = api_pool  # where a pass's independent API calls run at once; None: in turn
@@ -293,8 +298,14 @@ class Reconciler:
         selector = f"{meta.LABEL_PDD}={name}"
         previous = _previous_status(body)
         existing: dict[tuple[str, str], Obj] = {}
-        # The reads of a pass are independent: at once, on the API pool (`api_parallelism`).
-        *listed, pods = self._each(lambda kind: self.kube.list(kind, ns, selector), [*KINDS.values(), POD])
+        kinds = [*KINDS.values(), POD]
+        if self.cache is not None:
+            # From the watch caches (`tandem.kube.informer`): no request at all.
+            cache = self.cache
+            *listed, pods = [cache.by_label(kind, ns, name) for kind in kinds]
+        else:
+            # The reads of a pass are independent: at once, on the API pool (`api_parallelism`).
+            *listed, pods = self._each(lambda kind: self.kube.list(kind, ns, selector), kinds)
         for objs in listed:
             for obj in objs:
                 if _owned_by(obj, pdd.metadata.uid):

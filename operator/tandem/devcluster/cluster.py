@@ -237,6 +237,7 @@ def up(
     owner_pid: int = 0,
     pod_runner: bool = True,
     vllm: realvllm.EngineSetup | None = None,
+    audit: bool = False,
 ) -> State:
     """Starts the cluster in `cdir`, or returns the state of the one already running there.
 
@@ -248,6 +249,9 @@ def up(
     With `vllm` (tests/real/), the pod runner also runs pods whose command is `vllm serve`, with the
     CPU build of vLLM that `vllm` names (`tandem.devcluster.realvllm`); otherwise such pods take
     KWOK's fast lifecycle and no process runs for them.
+    With `audit`, the apiserver writes an audit log (`ClusterDir.audit_log`, `AUDIT_POLICY`): every
+    request for tandem's kinds, pods, Secrets and Leases with its user agent, which
+    `apiserver_request_total` does not carry (`fleet.audit_requests` counts them by client).
     """
     if is_running(cdir):
         state = load_state(cdir)
@@ -330,6 +334,8 @@ def up(
         fcntl.flock(lock, fcntl.LOCK_UN)
         wait("etcd /health", lambda: _http_ok(f"{etcd_url}/health"), "etcd")
 
+        if audit:
+            cdir.audit_policy.write_text(AUDIT_POLICY)
         start("kube-apiserver", _apiserver_argv(cdir, state, certs))
         wait(
             "kube-apiserver /readyz",
@@ -501,7 +507,42 @@ def _apiserver_argv(cdir: ClusterDir, state: State, certs: pki.Pki) -> list[str]
         "--kubelet-preferred-address-types=InternalIP",
         f"--kubelet-certificate-authority={certs.ca_crt}",
         "--v=0",
+        *(
+            [
+                f"--audit-policy-file={cdir.audit_policy}",
+                f"--audit-log-path={cdir.audit_log}",
+                "--audit-log-format=json",
+                "--audit-log-maxsize=0",  # no rotation: readers window it by byte offset
+            ]
+            if cdir.audit_policy.exists()
+            else []
+        ),
     ]
+
+
+# Metadata (who, verb, resource, user agent; no bodies) of the requests an operator makes: its
+# kinds, pods, Secrets and Leases (KWOK's node leases are renewed every 10 min in a fleet cluster).
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived, ResponseStarted]
+rules:
+  - level: Metadata
+    resources:
+      - group: tandem.dev
+      - group: apps
+        resources: [statefulsets, deployments]
+      - group: policy
+        resources: [poddisruptionbudgets]
+      - group: rbac.authorization.k8s.io
+        resources: [roles, rolebindings]
+      - group: networking.k8s.io
+        resources: [networkpolicies]
+      - group: coordination.k8s.io
+        resources: [leases]
+      - group: ""
+        resources: [pods, services, serviceaccounts, secrets]
+  - level: None
+"""
 
 
 CONTROL_PLANE = ("etcd", "kube-apiserver")

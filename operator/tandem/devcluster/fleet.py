@@ -9,9 +9,11 @@ loopback addresses, more than the pods a node takes here), clear of the e2e node
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -28,6 +30,9 @@ OPERATOR_RESOURCES = frozenset(
         "serviceaccounts", "roles", "rolebindings", "networkpolicies", "events",
     }
 )  # fmt: skip
+# What the operator reads: PDDeployments, their children, their pods, the Secrets a spec names.
+OPERATOR_READS = (OPERATOR_RESOURCES - {"events"}) | {"pods", "secrets"}
+READ_VERBS = frozenset({"GET", "LIST"})
 MAX_NODES = (250 - 16) * 16
 
 
@@ -142,14 +147,50 @@ def pddeployment(name: str, namespace: str) -> dict[str, Any]:
     }
 
 
-def apiserver_writes(metrics_text: str, resources: frozenset[str] = OPERATOR_RESOURCES) -> Counter[str]:
-    """Write requests an apiserver served (its own `apiserver_request_total`, every client), by
-    verb and resource[/subresource], for `resources`."""
+def apiserver_requests(metrics_text: str, verbs: frozenset[str], resources: frozenset[str]) -> Counter[str]:
+    """Requests an apiserver served (its own `apiserver_request_total`, every client: the metric has
+    no user-agent label), by verb and resource[/subresource], for `verbs` and `resources`."""
     totals: Counter[str] = Counter()
     for line in metrics_text.splitlines():
         if line.startswith("apiserver_request_total{"):
             labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
-            if labels.get("verb") in WRITE_VERBS and labels.get("resource") in resources:
+            if labels.get("verb") in verbs and labels.get("resource") in resources:
                 sub = f"/{labels['subresource']}" if labels.get("subresource") else ""
                 totals[f"{labels['verb']} {labels['resource']}{sub}"] += int(float(line.rsplit(" ", 1)[1]))
+    return totals
+
+
+def apiserver_writes(metrics_text: str, resources: frozenset[str] = OPERATOR_RESOURCES) -> Counter[str]:
+    """Write requests an apiserver served for `resources` (every client)."""
+    return apiserver_requests(metrics_text, WRITE_VERBS, resources)
+
+
+def apiserver_reads(metrics_text: str, resources: frozenset[str] = OPERATOR_READS) -> Counter[str]:
+    """GET and LIST requests an apiserver served for `resources` (every client; watches apart)."""
+    return apiserver_requests(metrics_text, READ_VERBS, resources)
+
+
+def audit_offset(path: Path) -> int:
+    """Where an audit log ends now: the start of a window for `audit_requests`."""
+    return path.stat().st_size if path.exists() else 0
+
+
+def audit_requests(path: Path, offset: int, user_agent: str) -> Counter[str]:
+    """Requests in an apiserver's audit log (`devcluster.up(audit=True)`) after byte `offset`, by
+    clients whose user agent starts with `user_agent`: "verb resource[/subresource]" -> count."""
+    totals: Counter[str] = Counter()
+    if not path.exists():
+        return totals
+    with path.open("rb") as log:
+        log.seek(offset)
+        for line in log:
+            try:
+                event = json.loads(line)
+            except ValueError:  # a line being written
+                continue
+            if not str(event.get("userAgent", "")).startswith(user_agent):
+                continue
+            ref = event.get("objectRef") or {}
+            sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
+            totals[f"{event.get('verb', '')} {ref.get('resource', '')}{sub}"] += 1
     return totals

@@ -76,6 +76,16 @@ class ClusterDir:
         return self.path / "logs"
 
     @property
+    def audit_policy(self) -> Path:
+        """The apiserver's audit policy; the apiserver audits only when it exists (`up(audit=True)`)."""
+        return self.path / "audit-policy.yaml"
+
+    @property
+    def audit_log(self) -> Path:
+        """The apiserver's audit log (JSON lines), when it audits."""
+        return self.logs / "audit.log"
+
+    @property
     def pod_logs(self) -> Path:
         return self.path / "pods"
 

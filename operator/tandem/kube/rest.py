@@ -14,6 +14,7 @@ import os
 import re
 import threading
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -23,6 +24,7 @@ import kubernetes
 from tandem.api import meta
 
 Obj = dict[str, Any]
+Objs = list[Obj]  # a name that the method `KubeRest.list` does not shadow
 
 USER_AGENT = "tandem-operator/0.1.0"
 
@@ -131,6 +133,29 @@ def decode_body(status: int, raw: bytes) -> Obj:
     raise KubeError(status, "InvalidResponse", f"the response is not a JSON object: {start!r}")
 
 
+@dataclass
+class WatchEvent:
+    """One event of a watch: ADDED, MODIFIED, DELETED, BOOKMARK or ERROR, and its object."""
+
+    type: str
+    object: Obj
+
+
+def parse_watch_lines(chunks: Iterable[bytes]) -> Iterator[WatchEvent]:
+    """Watch events from a response body's chunks: one JSON object a line, split anywhere."""
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if line.strip():
+                data = json.loads(line)
+                yield WatchEvent(str(data.get("type", "")), data.get("object") or {})
+    if pending.strip():
+        data = json.loads(pending)
+        yield WatchEvent(str(data.get("type", "")), data.get("object") or {})
+
+
 class KubeRest:
     """Generic, thread-safe calls against one apiserver."""
 
@@ -140,6 +165,10 @@ class KubeRest:
         self._lock = threading.Lock()
         self.writes: Counter[tuple[str, str]] = Counter()  # (verb, kind) -> count
         self.requests: Counter[tuple[str, str]] = Counter()  # (method, resource) -> count
+        # Write-through to watch caches (`tandem.kube.informer.Cache`): every object a write
+        # returns, and every object deleted.
+        self.on_written: Callable[[Kind, Obj], None] | None = None
+        self.on_deleted: Callable[[Kind, str, str], None] | None = None
 
     def request(
         self,
@@ -186,6 +215,42 @@ class KubeRest:
         with self._lock:
             self.writes[(verb, kind)] += 1
 
+    def _written(self, kind: Kind, obj: Obj) -> Obj:
+        if self.on_written is not None:
+            self.on_written(kind, obj)
+        return obj
+
+    def _stream(self, method: str, path: str, query: dict[str, str], timeout: float) -> Iterator[bytes]:
+        """A streamed response's body, chunk by chunk (a watch)."""
+        with self._lock:
+            self.requests[("WATCH", resource_of(path))] += 1
+        url_path = f"{path}?{urlencode(query)}"
+        headers = {"Accept": "application/json"}
+        _m, url, header_params, _b, _p = self._client.param_serialize(
+            method=method, resource_path=url_path, header_params=headers, auth_settings=["BearerToken"]
+        )
+        try:
+            response = self._client.call_api(
+                method, url, header_params=header_params, _request_timeout=(10, timeout)
+            )
+        except kubernetes.client.exceptions.ApiException as exc:
+            raw = exc.body or b""
+            data = decode_body(int(exc.status or 0), raw if isinstance(raw, bytes) else str(raw).encode())
+            raise KubeError(
+                int(exc.status or 0), str(data.get("reason", "")), str(data.get("message", ""))
+            ) from exc
+        except Exception as exc:  # connection refused, TLS failure, timeout
+            raise KubeError(0, type(exc).__name__, str(exc)) from exc
+        raw_response = response.response
+        status = int(response.status)
+        try:
+            if status >= 400:
+                data = decode_body(status, raw_response.read())
+                raise KubeError(status, str(data.get("reason", "")), str(data.get("message", "")))
+            yield from raw_response.stream(amt=None, decode_content=False)
+        finally:
+            raw_response.release_conn()
+
     def get(self, kind: Kind, namespace: str, name: str) -> Obj | None:
         try:
             return self.request("GET", kind.path(namespace, name))
@@ -202,6 +267,25 @@ class KubeRest:
             item.setdefault("kind", kind.kind)
         return items
 
+    def list_with_version(
+        self, kind: Kind, namespace: str | None, label_selector: str = ""
+    ) -> tuple[Objs, str]:
+        """A list and its resourceVersion, from which a watch starts (`watch`)."""
+        query = {"labelSelector": label_selector} if label_selector else None
+        data = self.request("GET", kind.collection(namespace), query)
+        items: Objs = data.get("items") or []
+        for item in items:
+            item.setdefault("apiVersion", kind.api_version)
+            item.setdefault("kind", kind.kind)
+        return items, str((data.get("metadata") or {}).get("resourceVersion") or "")
+
+    def watch(
+        self, kind: Kind, namespace: str | None, query: dict[str, str], timeout: float
+    ) -> Iterator[WatchEvent]:
+        """The events of a watch of `kind` (`query`: resourceVersion, labelSelector, timeoutSeconds...),
+        as `WatchEvent`s, until the apiserver ends it."""
+        yield from parse_watch_lines(self._stream("GET", kind.collection(namespace), query, timeout))
+
     def apply(self, kind: Kind, obj: Obj, field_manager: str | None = None) -> Obj:
         """Server-side apply, taking over conflicting fields.
 
@@ -212,19 +296,25 @@ class KubeRest:
         md = obj["metadata"]
         query = {"fieldManager": field_manager or self._field_manager, "force": "true"}
         body = apply_body(obj)
-        return self.request(
-            "PATCH", kind.path(md["namespace"], md["name"]), query, body, "application/apply-patch+yaml"
+        return self._written(
+            kind,
+            self.request(
+                "PATCH", kind.path(md["namespace"], md["name"]), query, body, "application/apply-patch+yaml"
+            ),
         )
 
     def annotate(self, kind: Kind, namespace: str, name: str, annotations: dict[str, str | None]) -> Obj:
         """Merge-patch an object's annotations; a `None` value removes that annotation."""
         self._count("patch", kind.kind)
-        return self.request(
-            "PATCH",
-            kind.path(namespace, name),
-            {"fieldManager": self._field_manager},
-            {"metadata": {"annotations": annotations}},
-            "application/merge-patch+json",
+        return self._written(
+            kind,
+            self.request(
+                "PATCH",
+                kind.path(namespace, name),
+                {"fieldManager": self._field_manager},
+                {"metadata": {"annotations": annotations}},
+                "application/merge-patch+json",
+            ),
         )
 
     def delete(self, kind: Kind, namespace: str, name: str, uid: str | None = None) -> None:
@@ -238,6 +328,10 @@ class KubeRest:
         except KubeError as exc:
             if exc.status not in (404, 409):
                 raise
+            if exc.status == 409:  # another object of that name now (the uid precondition)
+                return
+        if self.on_deleted is not None:
+            self.on_deleted(kind, namespace, name)
 
     def patch_status(
         self, kind: Kind, namespace: str, name: str, status: Obj, resource_version: str | None = None
@@ -251,12 +345,15 @@ class KubeRest:
         body: Obj = {"status": status}
         if resource_version:
             body["metadata"] = {"resourceVersion": resource_version}
-        return self.request(
-            "PATCH",
-            kind.path(namespace, name) + "/status",
-            {"fieldManager": self._field_manager},
-            body,
-            "application/merge-patch+json",
+        return self._written(
+            kind,
+            self.request(
+                "PATCH",
+                kind.path(namespace, name) + "/status",
+                {"fieldManager": self._field_manager},
+                body,
+                "application/merge-patch+json",
+            ),
         )
 
     def create_event(self, namespace: str, event: Obj) -> None:

@@ -6,7 +6,12 @@ nodes, 10 vLLM PDDeployments in two namespaces, the operator resyncing every 5 s
 PDDeployment reaches Ready=True at its generation, and that a steady state of 15 s (two resyncs and
 more: every PDDeployment passes at least twice) makes no write at all, by the apiserver's own
 `apiserver_request_total` (every client, PDDeployments, their child kinds and Events) and by the
-operator's own write counter.
+operator's own write counter; and no read either: the passes read the watch caches
+(`tandem.kube.informer`): the operator's own request counter shows no GET but its leader lease's,
+and the apiserver serves no GET or LIST of the children or pods in the window (every client: the
+metric has no user-agent label, so this bounds the operator's) and fewer reads than passes in all;
+the apiserver's audit log (`up(audit=True)`), which records each request's user agent, shows no
+request from the operator's process in the window but its Lease's and watches re-opened.
 """
 
 from __future__ import annotations
@@ -20,11 +25,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tandem.api.meta import LABEL_PDD
+from tandem.controller.main import CHILD_WATCHES, build_cache
 from tandem.devcluster import cluster as devcluster
 from tandem.devcluster import fleet, kube
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.layout import ClusterDir
 from tandem.devcluster.testing import OperatorProcess, eventually, metric_total
+from tandem.kube.rest import PDDEPLOYMENT, USER_AGENT, Kind, KubeRest
 
 pytestmark = pytest.mark.cluster
 
@@ -33,6 +41,7 @@ DEPLOYMENTS = 10
 NAMESPACES = ("scale-a", "scale-b")
 RESYNC_SECONDS = 5
 STEADY_SECONDS = 15.0
+PDB = Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
 CRD = Path(__file__).parents[3] / "crds" / "pddeployment.yaml"
 
 
@@ -40,7 +49,7 @@ CRD = Path(__file__).parents[3] / "crds" / "pddeployment.yaml"
 def fleet_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]:
     cdir = ClusterDir(tmp_path_factory.mktemp("fleet-cluster"))
     try:
-        state = devcluster.up(cdir, pod_runner=False, owner_pid=os.getpid())
+        state = devcluster.up(cdir, pod_runner=False, owner_pid=os.getpid(), audit=True)
     except devcluster.ClusterError as e:
         pytest.fail(f"dev cluster did not start: {e}", pytrace=False)
     try:
@@ -100,6 +109,14 @@ def fleet_operator(
         operator.stop()
 
 
+def _own_reads(metrics: str) -> float:
+    """The operator's GETs (gets and lists) but its leader lease's, by its own request counter."""
+    name = "tandem_operator_api_requests_total"
+    return metric_total(metrics, name, method="GET") - metric_total(
+        metrics, name, method="GET", resource="leases"
+    )
+
+
 def test_converges_and_then_writes_nothing(
     fleet_cluster: ClusterHandle, fleet_operator: OperatorProcess
 ) -> None:
@@ -118,9 +135,14 @@ def test_converges_and_then_writes_nothing(
     metrics = fleet_operator.metrics()
     passes_before = metric_total(metrics, "tandem_operator_reconciles_total")
     own_before = metric_total(metrics, "tandem_operator_api_writes_total")
-    writes_before = fleet.apiserver_writes(fleet_cluster.kubectl("get", "--raw", "/metrics").stdout)
+    own_reads_before = _own_reads(metrics)
+    audit_log = ClusterDir(fleet_cluster.dir).audit_log
+    audit_from = fleet.audit_offset(audit_log)
+    text = fleet_cluster.kubectl("get", "--raw", "/metrics").stdout
+    writes_before, reads_before = fleet.apiserver_writes(text), fleet.apiserver_reads(text)
     time.sleep(STEADY_SECONDS)
-    writes_after = fleet.apiserver_writes(fleet_cluster.kubectl("get", "--raw", "/metrics").stdout)
+    text = fleet_cluster.kubectl("get", "--raw", "/metrics").stdout
+    writes_after, reads_after = fleet.apiserver_writes(text), fleet.apiserver_reads(text)
     metrics = fleet_operator.metrics()
     passes = metric_total(metrics, "tandem_operator_reconciles_total") - passes_before
     own = metric_total(metrics, "tandem_operator_api_writes_total") - own_before
@@ -128,6 +150,31 @@ def test_converges_and_then_writes_nothing(
     assert own == 0, f"the operator wrote {own:.0f} times in a steady state"
     delta = writes_after - writes_before
     assert not delta, f"apiserver writes in a steady state: {dict(delta)}"
+    reads = reads_after - reads_before
+    own_reads = _own_reads(metrics) - own_reads_before
+    # The apiserver's audit log has each request's user agent: the operator's REST client
+    # (informers included) and kopf's (its PDDeployment watch), in the operator's process.
+    by_operator = fleet.audit_requests(audit_log, audit_from, USER_AGENT)
+    by_kopf = fleet.audit_requests(audit_log, audit_from, "kopf")
+    print(f"audited in the window: operator {dict(by_operator)}, kopf {dict(by_kopf)}")
+    # Watches are audited when they end (each informer's every 300 s): a fixed cost, not a pass's.
+    not_lease = {
+        k: v
+        for k, v in (by_operator + by_kopf).items()
+        if not k.endswith(" leases") and not k.startswith("watch ")
+    }
+    assert not not_lease, (
+        f"the operator's requests in a steady state, as the apiserver audited them: {not_lease}"
+    )
+    print(f"steady: {passes:.0f} passes, apiserver reads {dict(reads) or 0}, operator's own {own_reads:.0f}")
+    assert own_reads == 0, f"the operator read {own_reads:.0f} times (GET, not its lease) in a steady state"
+    # The apiserver's count is every client's. It saw GETs of PDDeployments in this window (7 to 11
+    # in the runs so far) that the audit log attributes to kube-controller-manager (the garbage
+    # collector checking the children's owners, most likely), none to the operator. The children
+    # and pods, which each pass used to list, must see no read at all.
+    children = {k: v for k, v in reads.items() if not k.endswith(" pddeployments")}
+    assert not children, f"apiserver reads of children or pods in a steady state: {children}"
+    assert sum(reads.values()) < passes, f"more apiserver reads than passes: {dict(reads)}"
     assert "Traceback" not in fleet_operator.log_text()
 
 
@@ -146,3 +193,46 @@ def test_children_edited_or_deleted_by_hand_are_restored(
         return bool(sts["spec"]["replicas"] == 1 and svc.returncode == 0)
 
     eventually(restored, timeout=120, interval=2, what="the StatefulSet and Service restored")
+
+
+def test_namespaced_caches_hold_what_the_api_lists(
+    fleet_cluster: ClusterHandle, fleet_operator: OperatorProcess
+) -> None:
+    """The operator's informers as a namespace-scoped operator builds them (one per kind and
+    namespace, one store per kind) against the real apiserver: once synced, each kind's store holds
+    exactly what a list of each namespace returns, and a child deleted by hand leaves the cache by
+    its watch event."""
+    api = fleet_cluster.api_client()
+    rest = KubeRest(api)
+    events: list[tuple[str, str]] = []
+    cache = build_cache(rest, list(NAMESPACES), lambda kind, t, o: events.append((t, o["metadata"]["name"])))
+    cache.start()
+    try:
+        assert cache.wait_synced(60), "the caches did not list"
+        for kind in (PDDEPLOYMENT, *CHILD_WATCHES):
+            selector = "" if kind == PDDEPLOYMENT else LABEL_PDD
+            listed = sorted(
+                (o["metadata"]["namespace"], o["metadata"]["name"])
+                for ns in NAMESPACES
+                for o in rest.list(kind, ns, selector)
+            )
+            assert cache.stores[kind.plural].names() == listed, kind.plural
+        ns = NAMESPACES[1]
+        name = next(n for space, n in cache.stores[PDB.plural].names() if space == ns)
+        fleet_cluster.kubectl("delete", "-n", ns, f"poddisruptionbudget/{name}", "--wait=false")
+        eventually(
+            lambda: ("DELETED", name) in events,
+            timeout=60,
+            interval=1,
+            what="the deletion's watch event",
+        )
+        # The operator restores it (its own informers saw the same event): the cache follows.
+        eventually(
+            lambda: cache.get(PDB, ns, name) is not None,
+            timeout=120,
+            interval=2,
+            what="the PodDisruptionBudget restored and back in the cache",
+        )
+    finally:
+        cache.stop()
+        kube.close(api)
