@@ -50,6 +50,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "operator"))
 
+from tandem.api.models import ForecastSpec, PDDeploymentSpec  # noqa: E402
 from tandem.autoscale.knobs import KNOBS, Knobs  # noqa: E402
 from tandem.perf import kv_cache_tokens, load_profile  # noqa: E402
 from tandem.sim import SLO, SimConfig, simulate  # noqa: E402
@@ -99,7 +100,10 @@ DYNAMO_LOAD = "dynamo-load"  # Dynamo's load-based loop alone, every 5 s
 DYNAMO_BOTH = "dynamo-180s+load"  # the load-based loop with the 180-s throughput planner as its floor
 DYNAMIC = (HPA, DYNAMO_180, "dynamo-180s-trend", DYNAMO_LOAD, DYNAMO_BOTH, TANDEM)
 ALL_POLICIES = (STATIC_PEAK, STATIC_COLOCATED, *DYNAMIC)
-EXTRA_POLICIES = ("dynamo-60s", "dynamo-60s-trend")  # on request only (--policies)
+TANDEM_FORECAST = (
+    "tandem+forecast"  # tandem with spec.autoscaling.forecast on (docs/autoscaling.md, Forecast)
+)
+EXTRA_POLICIES = ("dynamo-60s", "dynamo-60s-trend", TANDEM_FORECAST)  # on request only (--policies)
 PLOTTED = (STATIC_PEAK, HPA, DYNAMO_180, DYNAMO_LOAD, TANDEM)
 # The fair planner baseline: each planner in SWEPT given TTFT/ITL targets = SLO x factor (`tightness`),
 # each factor one run; with factor 1 (the plain row) they draw the planner's curve of GPU-hours against
@@ -161,6 +165,38 @@ CASES: tuple[Case, ...] = (
         tuned=False,
         seconds=86400.0,
         compress=4.0,
+    ),
+)
+# On request only (--traces): ServeGen m-mid over three days each, for the forecast's seasonal profile (it
+# learns from earlier days). Compressed 24x (a day in one virtual hour) at the rate scale that keeps the
+# load per virtual second of `servegen-day` (0.039 x 4 / 24): 0.75M requests a day instead of 4.5M. Days 1-3
+# are tuned on, days 4-6 held out.
+SERVEGEN_DAYS = 3 * 86400.0
+EXTRA_CASES: tuple[Case, ...] = (
+    Case(
+        "servegen-d1-3",
+        "ServeGen language m-mid, days 1-3 compressed 24x into 3 h",
+        "servegen-day",
+        0.039 * 4 / 24,
+        1000,
+        30,
+        48,
+        tuned=True,
+        seconds=SERVEGEN_DAYS,
+        compress=24.0,
+    ),
+    Case(
+        "servegen-d4-6",
+        "ServeGen language m-mid, days 4-6 compressed 24x into 3 h",
+        "servegen-day",
+        0.039 * 4 / 24,
+        1000,
+        30,
+        48,
+        tuned=False,
+        seconds=SERVEGEN_DAYS,
+        start=SERVEGEN_DAYS,
+        compress=24.0,
     ),
 )
 QUICK = Case(
@@ -340,7 +376,7 @@ def load_planner_config(case: Case, with_throughput: bool, tightness: float = 1.
 
 def make_policy(name: str, setup: Setup, knobs: Knobs = KNOBS, hpa: HPAConfig | None = None) -> Policy:
     case = setup.case
-    if name == TANDEM:
+    if name in (TANDEM, TANDEM_FORECAST):
         spec = autoscaled_spec(
             MODEL,
             ttft_ms=case.ttft_ms,
@@ -350,6 +386,8 @@ def make_policy(name: str, setup: Setup, knobs: Knobs = KNOBS, hpa: HPAConfig | 
             gpu=GPU,
             tp=TP,
         )
+        if name == TANDEM_FORECAST:
+            spec = with_forecast(spec, case)
         return TandemPolicy(spec, knobs=knobs)
     if name == HPA:
         return HPAPolicy(
@@ -367,6 +405,14 @@ def make_policy(name: str, setup: Setup, knobs: Knobs = KNOBS, hpa: HPAConfig | 
         config = planner_config(case, interval, predictor, tightness)
         return PlannerPolicy(config, setup.config.window_seconds)
     raise ValueError(f"unknown policy {name!r}")
+
+
+def with_forecast(spec: PDDeploymentSpec, case: Case) -> PDDeploymentSpec:
+    """`spec` with the forecast on: a day's period in the case's virtual time, the model load (120 s) as
+    the horizon until the pools' start-to-ready time is measured."""
+    period = max(600, round(86400 / case.compress))
+    forecast = ForecastSpec(enabled=True, season_period_seconds=period, horizon_seconds=120)
+    return spec.model_copy(update={"autoscaling": spec.autoscaling.model_copy(update={"forecast": forecast})})
 
 
 # --- one job -----------------------------------------------------------------------------------------------
@@ -478,6 +524,8 @@ def run_job(
     if isinstance(instance, TandemPolicy):
         extra["decisions"] = len(instance.decisions)
         extra["held"] = instance.held
+        extra["forecast_drove"] = sum("one model load ahead" in e.reason for e in instance.decisions)
+        extra["down_sooner"] = sum("scale-down window x" in e.reason for e in instance.decisions)
     return Outcome(
         case.name, policy, result.summary, result.series, note, time.perf_counter() - started, 1, extra
     )
@@ -719,7 +767,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cases = [QUICK]
     else:
         names = [n for n in args.traces.split(",") if n]
-        cases = [c for c in CASES if not names or c.name in names]
+        cases = [c for c in (*CASES, *EXTRA_CASES) if c.name in names or (not names and c in CASES)]
         if names and len(cases) != len(names):
             parser.error(f"unknown trace in {args.traces!r}; known: {', '.join(c.name for c in CASES)}")
         if args.servegen_compress is not None:
