@@ -342,7 +342,8 @@ def _active(
                 watched, sizing.demand, now, rules.forecast.season_period_seconds, knobs
             )
             forecasts[role] = updated
-            shorter = _forecast_down_seconds(watched, updated, sizing.demand, now, ahead, knobs)
+            skipped = down_seconds * (1.0 - knobs.forecast_down_share)
+            shorter = _forecast_down_seconds(watched, updated, sizing.demand, now, ahead, skipped, knobs)
             if shorter is not None:
                 short_down[role] = shorter
                 down_seconds *= knobs.forecast_down_share
@@ -486,23 +487,30 @@ def _forecast_down_seconds(
     measured: float,
     now: float,
     ahead: Forecast | None,
+    skipped: float,
     knobs: Knobs,
 ) -> str | None:
     """Why the scale-down window may be shortened this pass (None: it may not): the forecast made
-    for now agreed with the measured demand within `forecast_agree_tolerance`, and the forecast one
-    model load ahead is no higher than that tolerance above it."""
+    for now agreed with the measured demand within `forecast_agree_tolerance`, and the forecast over
+    the part of the window skipped (at least one model load ahead) is no higher than that tolerance
+    above it: a load the profile expects back within the window keeps its pods."""
     expected = forecasting.predict(before, now, 0.0, knobs)
     tolerance = knobs.forecast_agree_tolerance
     if expected is None or ahead is None or measured <= 0:
         return None
     if abs(expected - measured) > tolerance * measured:
         return None
-    next_load = forecasting.predict(after, now, ahead.horizon_seconds, knobs)
+    horizon = max(ahead.horizon_seconds, skipped)
+    # the highest of the forecasts one load ahead, half-way through and at the end of the skipped part
+    points = [
+        forecasting.predict(after, now, h, knobs) for h in (ahead.horizon_seconds, horizon / 2, horizon)
+    ]
+    next_load = max((p for p in points if p is not None), default=None)
     if next_load is None or next_load > (1 + tolerance) * measured:
         return None
     return (
         f"; forecast {fmt(expected)}/s agreed with the {fmt(measured)}/s measured and stays at "
-        f"{fmt(next_load)}/s for the next {fmt(ahead.horizon_seconds)} s: scale-down window "
+        f"{fmt(next_load)}/s for the next {fmt(horizon)} s: scale-down window "
         f"x{knobs.forecast_down_share:g}"
     )
 

@@ -9,7 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from tandem.api.status import AutoscalingStatus
-from tandem.autoscale.decide import decide
+from tandem.autoscale.decide import Decision, decide
+from tandem.autoscale.knobs import KNOBS, Knobs
 
 if TYPE_CHECKING:
     from conftest import Kit, Loop
@@ -59,12 +60,27 @@ def test_the_slo_loop_stays_the_guard(kit: Kit, make_loop: type[Loop]) -> None:
     assert decision.pools["prefill"].target == current + 1
 
 
-def _first_down(loop: Loop, high: float, low: float) -> tuple[int, str]:
+SOONER = Knobs(forecast_down_share=0.5)
+
+
+def _step(loop: Loop, knobs: Knobs = SOONER, **load: float) -> Decision:
+    """`loop.step` with `knobs` (the sooner scale-down is a knob, off by default)."""
+    sizes = {role: (loop.size(role), loop.size(role)) for role in ("prefill", "decode")}
+    decision = decide(
+        loop.kit.spec, loop.kit.snapshot(loop.now, sizes=sizes, **load), loop.state, loop.now, knobs=knobs
+    )
+    loop.state = decision.state
+    loop.decisions.append(decision)
+    loop.now += loop.kit.spec.autoscaling.interval_seconds
+    return decision
+
+
+def _first_down(loop: Loop, high: float, low: float, knobs: Knobs = SOONER) -> tuple[int, str]:
     for _ in range(20):
-        loop.step(prefill=high, decode=1.0)
+        _step(loop, knobs, prefill=high, decode=1.0)
     start = loop.size("prefill")
     for i in range(30):
-        decision = loop.step(prefill=low, decode=1.0)
+        decision = _step(loop, knobs, prefill=low, decode=1.0)
         if decision.pools["prefill"].target < start:
             return i, decision.pools["prefill"].reason
     return 30, ""
@@ -73,8 +89,10 @@ def _first_down(loop: Loop, high: float, low: float) -> tuple[int, str]:
 def test_scale_down_sooner_when_forecast_and_load_agree(kit: Kit, make_loop: type[Loop]) -> None:
     on_pass, on_reason = _first_down(make_loop(kit.with_spec(**FORECAST)), 4.5, 2.5)
     off_pass, _ = _first_down(make_loop(kit), 4.5, 2.5)
+    default_pass, _ = _first_down(make_loop(kit.with_spec(**FORECAST)), 4.5, 2.5, KNOBS)
     assert off_pass * 30 >= 300  # the whole window without the forecast
-    assert 150 <= on_pass * 30 < 300  # half of it with (once the forecast has caught up)
+    assert default_pass >= off_pass  # never sooner at the default share (1: measured, docs/autoscaling.md)
+    assert 150 <= on_pass * 30 < 300  # half of it at share 0.5 (once the forecast has caught up)
     assert "scale-down window x0.5" in on_reason
 
 
@@ -83,7 +101,7 @@ def test_no_sooner_scale_down_while_the_forecast_rises(kit: Kit, make_loop: type
     constant is five), the forecast one load ahead is above the load, so the window stays whole."""
     loop = make_loop(kit.with_spec(**FORECAST, prefill={"replicas": 8}))
     for i in range(24):
-        loop.step(prefill=1.0 + 0.1 * i, decode=1.0)
+        _step(loop, prefill=1.0 + 0.1 * i, decode=1.0)
     later = [d.pools["prefill"] for d in loop.decisions[8:]]
     assert any(p.recommendation < p.current for p in later)  # a scale-down was wanted
     assert not any("scale-down window x0.5" in p.reason for p in later)
