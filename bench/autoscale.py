@@ -57,6 +57,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "operator"))
 
+from tandem.api.models import ForecastSpec, PDDeploymentSpec  # noqa: E402
 from tandem.autoscale.knobs import KNOBS, Knobs  # noqa: E402
 from tandem.perf import kv_cache_tokens, load_profile  # noqa: E402
 from tandem.sim import SLO, SimConfig, simulate  # noqa: E402
@@ -129,7 +130,10 @@ ORACLE_INTERVAL = 60.0
 # search follows each interval's requests with its layout held and no later arrivals, the replay does not),
 # the search runs again with the next margin. The row says which margin it took.
 ORACLE_MARGINS = (0.0, 0.01, 0.02)
-EXTRA_POLICIES = ("dynamo-60s", "dynamo-60s-trend")  # on request only (--policies)
+TANDEM_FORECAST = (
+    "tandem+forecast"  # tandem with spec.autoscaling.forecast on (docs/autoscaling.md, Forecast)
+)
+EXTRA_POLICIES = ("dynamo-60s", "dynamo-60s-trend", TANDEM_FORECAST)  # on request only (--policies)
 PLOTTED = (STATIC_PEAK, HPA, DYNAMO_180, DYNAMO_LOAD, TANDEM, ORACLE)
 # The fair planner baseline: each planner in SWEPT given TTFT/ITL targets = SLO x factor (`tightness`),
 # each factor one run; with factor 1 (the plain row) they draw the planner's curve of GPU-hours against
@@ -204,6 +208,38 @@ CASES: tuple[Case, ...] = (
         30,
         48,
         tuned=False,
+    ),
+)
+# On request only (--traces): ServeGen m-mid over three days each, for the forecast's seasonal profile (it
+# learns from earlier days). Compressed 24x (a day in one virtual hour) at the rate scale that keeps the
+# load per virtual second of `servegen-day` (0.039 x 4 / 24): 0.75M requests a day instead of 4.5M. Days 1-3
+# are tuned on, days 4-6 held out.
+SERVEGEN_DAYS = 3 * 86400.0
+EXTRA_CASES: tuple[Case, ...] = (
+    Case(
+        "servegen-d1-3",
+        "ServeGen language m-mid, days 1-3 compressed 24x into 3 h",
+        "servegen-day",
+        0.039 * 4 / 24,
+        1000,
+        30,
+        48,
+        tuned=True,
+        seconds=SERVEGEN_DAYS,
+        compress=24.0,
+    ),
+    Case(
+        "servegen-d4-6",
+        "ServeGen language m-mid, days 4-6 compressed 24x into 3 h",
+        "servegen-day",
+        0.039 * 4 / 24,
+        1000,
+        30,
+        48,
+        tuned=False,
+        seconds=SERVEGEN_DAYS,
+        start=SERVEGEN_DAYS,
+        compress=24.0,
     ),
 )
 QUICK = Case(
@@ -389,7 +425,7 @@ def load_planner_config(case: Case, with_throughput: bool, tightness: float = 1.
 
 def make_policy(name: str, setup: Setup, knobs: Knobs = KNOBS, hpa: HPAConfig | None = None) -> Policy:
     case = setup.case
-    if name == TANDEM:
+    if name in (TANDEM, TANDEM_FORECAST):
         spec = autoscaled_spec(
             MODEL,
             ttft_ms=case.ttft_ms,
@@ -399,6 +435,8 @@ def make_policy(name: str, setup: Setup, knobs: Knobs = KNOBS, hpa: HPAConfig | 
             gpu=GPU,
             tp=TP,
         )
+        if name == TANDEM_FORECAST:
+            spec = with_forecast(spec, case)
         return TandemPolicy(spec, knobs=knobs)
     if name == HPA:
         return HPAPolicy(
@@ -416,6 +454,14 @@ def make_policy(name: str, setup: Setup, knobs: Knobs = KNOBS, hpa: HPAConfig | 
         config = planner_config(case, interval, predictor, tightness)
         return PlannerPolicy(config, setup.config.window_seconds)
     raise ValueError(f"unknown policy {name!r}")
+
+
+def with_forecast(spec: PDDeploymentSpec, case: Case) -> PDDeploymentSpec:
+    """`spec` with the forecast on: a day's period in the case's virtual time, the model load (120 s) as
+    the horizon until the pools' start-to-ready time is measured."""
+    period = max(600, round(86400 / case.compress))
+    forecast = ForecastSpec(enabled=True, season_period_seconds=period, horizon_seconds=120)
+    return spec.model_copy(update={"autoscaling": spec.autoscaling.model_copy(update={"forecast": forecast})})
 
 
 # --- one job -----------------------------------------------------------------------------------------------
@@ -529,6 +575,8 @@ def run_job(
     if isinstance(instance, TandemPolicy):
         extra["decisions"] = len(instance.decisions)
         extra["held"] = instance.held
+        extra["forecast_drove"] = sum("one model load ahead" in e.reason for e in instance.decisions)
+        extra["down_sooner"] = sum("scale-down window x" in e.reason for e in instance.decisions)
     return Outcome(
         case.name, policy, result.summary, result.series, note, time.perf_counter() - started, 1, extra
     )
@@ -881,7 +929,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cases = [QUICK]
     else:
         names = [n for n in args.traces.split(",") if n]
-        cases = [c for c in CASES if not names or c.name in names]
+        cases = [c for c in (*CASES, *EXTRA_CASES) if c.name in names or (not names and c in CASES)]
         if names and len(cases) != len(names):
             parser.error(f"unknown trace in {args.traces!r}; known: {', '.join(c.name for c in CASES)}")
         if args.servegen_compress is not None:

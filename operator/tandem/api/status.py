@@ -154,6 +154,36 @@ class DrainStatus(ApiModel):
     ]
 
 
+FORECAST_BUCKETS = 96  # the seasonal profile's buckets over one period (15 min of a day)
+
+
+class ForecastStatus(ApiModel):
+    """A pool's demand forecast (`autoscale.forecast`): a Holt level and trend of its demand, a
+    seasonal profile learnt over earlier periods, and its measured start-to-ready time. About 1 KB."""
+
+    level: Annotated[float, Field(ge=0, description="Smoothed demand (prompt or output tokens/s).")] = 0.0
+    trend: Annotated[float, Field(description="Smoothed change of the demand, per second.")] = 0.0
+    updated_at: Annotated[float | None, Field(description="Unix time of the last observation.")] = None
+    first_at: Annotated[float | None, Field(description="Unix time of the first observation.")] = None
+    period_seconds: Annotated[int, Field(ge=0, description="The period the profile was learnt over.")] = 0
+    profile: Annotated[
+        list[float],
+        Field(
+            max_length=FORECAST_BUCKETS,
+            description="Mean demand per bucket of the period, learnt period over period; -1: not seen yet.",
+        ),
+    ] = []
+    bucket: Annotated[int | None, Field(description="The bucket (since the epoch) being accumulated.")] = None
+    bucket_sum: Annotated[float, Field(ge=0)] = 0.0
+    bucket_count: Annotated[int, Field(ge=0)] = 0
+    starting_since: Annotated[
+        float | None, Field(description="Unix time pods of the pool were first seen starting.")
+    ] = None
+    load_seconds: Annotated[
+        float | None, Field(ge=0, description="Measured start-to-ready time of the pool's pods (seconds).")
+    ] = None
+
+
 class PoolAutoscalingStatus(ApiModel):
     desired_replicas: Annotated[
         int | None, Field(ge=0, description="The size the autoscaler holds this pool at.")
@@ -166,6 +196,9 @@ class PoolAutoscalingStatus(ApiModel):
         Field(gt=0, description="Measured / profile capacity per replica, learnt from what pods sustained."),
     ] = 1.0
     draining: DrainStatus | None = None
+    forecast: Annotated[
+        ForecastStatus | None, Field(description="The demand forecast's state (spec.autoscaling.forecast).")
+    ] = None
 
 
 class AutoscalingPoolsStatus(ApiModel):

@@ -30,18 +30,20 @@ from tandem.api.models import AutoscalingMode, PDDeploymentSpec, PoolAutoscaling
 from tandem.api.status import (
     AutoscalingPoolsStatus,
     AutoscalingStatus,
+    ForecastStatus,
     PoolAutoscalingStatus,
     Recommendation,
     ScaleDecision,
 )
 from tandem.api.times import rfc3339 as _rfc3339
+from tandem.autoscale import forecast as forecasting
 from tandem.autoscale import stabilize
 from tandem.autoscale.attribution import Attribution
 from tandem.autoscale.bounds import autoscaled_roles
 from tandem.autoscale.bounds import clamp as _clamp
 from tandem.autoscale.budget import Claim, arbitrate
 from tandem.autoscale.knobs import KNOBS, Knobs
-from tandem.autoscale.recommend import ROLES, Sizing, fmt, recommend, ttft_attribution
+from tandem.autoscale.recommend import ROLES, Forecast, Sizing, fmt, recommend, ttft_attribution
 from tandem.signals import PATH_DISAGGREGATED, Snapshot
 
 LimitedBy = Literal["maxGPUs", "maxReplicas", "minReplicas", "maxStep", "stabilization", "deadBand"]
@@ -208,6 +210,7 @@ def _pool_status(
     now: float,
     history: list[Recommendation],
     correction: float,
+    forecast: ForecastStatus | None = None,
 ) -> PoolAutoscalingStatus:
     return PoolAutoscalingStatus(
         desired_replicas=desired,
@@ -216,6 +219,7 @@ def _pool_status(
         recommendations=history,
         capacity_correction=correction,
         draining=old.draining,
+        forecast=forecast,
     )
 
 
@@ -278,6 +282,7 @@ def _hold(
             now=now,
             history=stabilize.record(old.recommendations, now, current, _keep_seconds(spec)),
             correction=old.capacity_correction,
+            forecast=old.forecast if spec.autoscaling.forecast.enabled else None,
         )
     sizes = ", ".join(f"{role} {current}" for role, current in currents.items())
     if paused:
@@ -305,10 +310,14 @@ def _active(
     # One TTFT attribution per pass: prefill, decode and the condition read the same one.
     pd_roles = {"prefill", "decode"} & set(currents)
     attribution = ttft_attribution(spec, snapshot, knobs) if pd_roles else None
+    forecasts: dict[str, ForecastStatus | None] = {}
+    short_down: dict[str, str] = {}
     for role, current in currents.items():
         old = _pool_state(state, role)
         bounds = _bounds(spec, role)
         last_up = old.last_scale_time
+        watched = _watch_starting(spec, old.forecast, snapshot, role, now)
+        ahead = _forecast_ahead(spec, watched, now, knobs)
         sizing = recommend(
             spec,
             role,
@@ -323,8 +332,21 @@ def _active(
                 and old.last_decision is not None
                 and old.last_decision.to > old.last_decision.from_replicas
             ),
+            forecast=ahead,
         )
         sizings[role] = sizing
+        down_seconds = float(rules.scale_down.stabilization_seconds)
+        forecasts[role] = None
+        if watched is not None:
+            updated = forecasting.update(
+                watched, sizing.demand, now, rules.forecast.season_period_seconds, knobs
+            )
+            forecasts[role] = updated
+            skipped = down_seconds * (1.0 - knobs.forecast_down_share)
+            shorter = _forecast_down_seconds(watched, updated, sizing.demand, now, ahead, skipped, knobs)
+            if shorter is not None:
+                short_down[role] = shorter
+                down_seconds *= knobs.forecast_down_share
         signals = snapshot.pools.get(role)
         size = snapshot.sizes[role]
         # Fewer pods report than are ready, or every pod is still loading: the load is not all seen.
@@ -335,12 +357,16 @@ def _active(
         history = stabilize.record(old.recommendations, now, recorded, keep)
         histories[role] = history
         value = stabilize.stabilized(
+            history, now, current, rules.scale_up.stabilization_seconds, down_seconds
+        )
+        if role in short_down and value >= stabilize.stabilized(
             history,
             now,
             current,
             rules.scale_up.stabilization_seconds,
             rules.scale_down.stabilization_seconds,
-        )
+        ):
+            del short_down[role]  # the shorter window changed nothing: no need to say so
         if value != recorded:
             limited_by = "stabilization"
         limited = stabilize.limit_step(value, current, rules.scale_up.max_step, rules.scale_down.max_step)
@@ -395,6 +421,8 @@ def _active(
         if partials[role] and sizing.replicas < current:
             reason += "; not every pod reports (or none is ready yet): no scale-down"
         reason += _limit_text(stage.limited_by, target, spec, bounds, knobs)
+        if role in short_down:
+            reason += short_down[role]
         if target != current:
             reason += f"; {current} -> {target}"
         reason = reason[:MAX_REASON]
@@ -422,11 +450,69 @@ def _active(
             now=now,
             history=histories[role],
             correction=sizing.correction,
+            forecast=forecasts[role],
         )
     kv_note = _kv_note(spec, snapshot, currents, attribution) if attribution is not None else ""
     condition = _condition(spec, pools, advisory, budget_note, kv_note)
     new_state = _new_state(state, now, rules.mode.value, updates)
     return Decision(pools=pools, state=new_state, condition=condition, held=False)
+
+
+def _watch_starting(
+    spec: PDDeploymentSpec, state: ForecastStatus | None, snapshot: Snapshot, role: str, now: float
+) -> ForecastStatus | None:
+    """The forecast's state with this pass's starting pods seen (None: the forecast is off)."""
+    if not spec.autoscaling.forecast.enabled:
+        return None
+    size = snapshot.sizes.get(role)
+    starting = max(0, size.replicas - size.ready) if size is not None else 0
+    return forecasting.observe_starting(state, starting, now)
+
+
+def _forecast_ahead(
+    spec: PDDeploymentSpec, state: ForecastStatus | None, now: float, knobs: Knobs
+) -> Forecast | None:
+    """The pool's demand one model load ahead (its measured start-to-ready time, else the spec's
+    horizon), from the forecast's state before this pass's demand (None: off, or nothing seen yet)."""
+    if state is None:
+        return None
+    horizon = forecasting.horizon(state, float(spec.autoscaling.forecast.horizon_seconds))
+    predicted = forecasting.predict(state, now, horizon, knobs)
+    return None if predicted is None else Forecast(demand=predicted, horizon_seconds=horizon)
+
+
+def _forecast_down_seconds(
+    before: ForecastStatus | None,
+    after: ForecastStatus,
+    measured: float,
+    now: float,
+    ahead: Forecast | None,
+    skipped: float,
+    knobs: Knobs,
+) -> str | None:
+    """Why the scale-down window may be shortened this pass (None: it may not): the forecast made
+    for now agreed with the measured demand within `forecast_agree_tolerance`, and the forecast over
+    the part of the window skipped (at least one model load ahead) is no higher than that tolerance
+    above it: a load the profile expects back within the window keeps its pods."""
+    expected = forecasting.predict(before, now, 0.0, knobs)
+    tolerance = knobs.forecast_agree_tolerance
+    if expected is None or ahead is None or measured <= 0:
+        return None
+    if abs(expected - measured) > tolerance * measured:
+        return None
+    horizon = max(ahead.horizon_seconds, skipped)
+    # the highest of the forecasts one load ahead, half-way through and at the end of the skipped part
+    points = [
+        forecasting.predict(after, now, h, knobs) for h in (ahead.horizon_seconds, horizon / 2, horizon)
+    ]
+    next_load = max((p for p in points if p is not None), default=None)
+    if next_load is None or next_load > (1 + tolerance) * measured:
+        return None
+    return (
+        f"; forecast {fmt(expected)}/s agreed with the {fmt(measured)}/s measured and stays at "
+        f"{fmt(next_load)}/s for the next {fmt(horizon)} s: scale-down window "
+        f"x{knobs.forecast_down_share:g}"
+    )
 
 
 def _running(state: AutoscalingStatus, role: str) -> int:

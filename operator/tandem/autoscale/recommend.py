@@ -88,6 +88,16 @@ class Sizing:
     # charged to this pool (`autoscale.attribution.PARTS`, "decodeFull", "prefill"), or "ttft"
     # (colocated); None when met. A miss charged to another pool, or to none, is only in the reason.
     slo_cause: str | None = None
+    demand: float = 0.0  # the measured demand the load term sizes from (`autoscale.forecast`'s input)
+    forecast_drove: bool = False  # the forecast raised the recommendation above the measured load's
+
+
+@dataclass(frozen=True, slots=True)
+class Forecast:
+    """The demand expected one model load ahead (`autoscale.forecast`), in the pool's demand unit."""
+
+    demand: float
+    horizon_seconds: float
 
 
 def fmt(value: float) -> str:
@@ -284,8 +294,11 @@ def recommend(
     *,
     scaled_up_within_window: bool = False,
     attribution: Attribution | None = None,
+    forecast: Forecast | None = None,
 ) -> Sizing:
     """The replicas `role` needs now (see the module docstring); `spec.slo` must be set.
+    `forecast`: the demand one model load ahead; the load term then sizes for the larger of it and the
+    measured demand (prefill, colocated: prompt tokens/s; decode: output tokens/s).
     `attribution`: the pass's `ttft_attribution` (computed here when not given; one per pass serves
     every pool).
     `scaled_up_within_window`: the pool grew within two of the snapshot's windows (its new pods load,
@@ -300,13 +313,52 @@ def recommend(
         attribution = ttft_attribution(spec, snapshot, knobs)
     if role == "prefill":
         assert attribution is not None
-        return _prefill(
-            spec, model, obs, snapshot, current, correction, knobs, slo, attribution, scaled_up_within_window
+        sizing = _prefill(
+            spec,
+            model,
+            obs,
+            snapshot,
+            current,
+            correction,
+            knobs,
+            slo,
+            attribution,
+            scaled_up_within_window,
+            forecast,
         )
-    if role == "decode":
+    elif role == "decode":
         assert attribution is not None
-        return _decode(model, obs, snapshot, current, correction, knobs, slo, attribution)
-    return _colocated(model, obs, snapshot, current, correction, knobs, slo)
+        sizing = _decode(model, obs, snapshot, current, correction, knobs, slo, attribution, forecast)
+    else:
+        sizing = _colocated(model, obs, snapshot, current, correction, knobs, slo, forecast)
+    return sizing
+
+
+def _ahead(demand: float, forecast: Forecast | None, figures: dict[str, float]) -> float:
+    """The demand the load term sizes for: the measured one, or the forecast when that is higher."""
+    if forecast is None:
+        return demand
+    figures["forecastDemand"] = forecast.demand
+    figures["forecastHorizonSeconds"] = forecast.horizon_seconds
+    return max(demand, forecast.demand)
+
+
+def _forecast_note(
+    sizing: Sizing, measured_exact: float, forecast: Forecast | None, figures: dict[str, float]
+) -> Sizing:
+    """Say so when the forecast raised the recommendation (reason and `forecastDrove`)."""
+    if forecast is None:
+        return sizing
+    drove = math.ceil(sizing.exact - 1e-9) > math.ceil(measured_exact - 1e-9)
+    figures["forecastDrove"] = 1.0 if drove else 0.0
+    if not drove:
+        return sizing
+    note = (
+        f"; forecast {fmt(forecast.demand)}/s in {fmt(forecast.horizon_seconds)} s (one model load ahead) "
+        f"over {fmt(sizing.demand)}/s measured: {math.ceil(sizing.exact - 1e-9)} rather than "
+        f"{math.ceil(measured_exact - 1e-9)}"
+    )
+    return replace(sizing, reason=sizing.reason + note, forecast_drove=True)
 
 
 def _can_learn(obs: _Observed) -> bool:
@@ -348,6 +400,15 @@ def _queue_tokens(obs: _Observed) -> float:
     return max(0.0, queue)
 
 
+def _credited(total: float, base: float, obs: _Observed, current: int, knobs: Knobs) -> float:
+    """The replicas `total` needs after the starting-pod credit (as `_finish` applies it)."""
+    if obs.starting > 0:
+        return max(
+            base, min(total, float(current)) + knobs.starting_backlog_share * max(0.0, total - current)
+        )
+    return total
+
+
 def _finish(
     *,
     base: float,
@@ -365,11 +426,8 @@ def _finish(
     present: bool = True,
 ) -> Sizing:
     """Starting-pod credit, SLO floor, the miss/relax corrections, and the sentence."""
-    exact = total
-    if obs.starting > 0:  # the backlog is the loading pods' to serve: it may not add more (but a share)
-        exact = max(
-            base, min(total, float(current)) + knobs.starting_backlog_share * max(0.0, total - current)
-        )
+    # the backlog is the loading pods' to serve: it may not add more (but a share)
+    exact = _credited(total, base, obs, current, knobs)
     if activation and current == 0:
         exact = max(exact, 1.0)
     replicas = max(0, math.ceil(exact - 1e-9))
@@ -460,6 +518,7 @@ def _prefill(
     slo: SLOSpec,
     attribution: Attribution,
     scaled_up_within_window: bool = False,
+    forecast: Forecast | None = None,
 ) -> Sizing:
     uncached = obs.signals.uncached_fraction
     cap = prefill_capacity(
@@ -485,8 +544,10 @@ def _prefill(
         correction = _smooth(correction, computed / ready / cap.raw_tokens_per_second, knobs)
         learnt = True
     per_replica = max(cap.at_target * correction, 1e-9)
-    base = rate / per_replica
+    forecast_figures: dict[str, float] = {}
+    base = _ahead(rate, forecast, forecast_figures) / per_replica
     total = base + queue / obs.drain_seconds / per_replica
+    measured_total = (rate + queue / obs.drain_seconds) / per_replica
     model_exact_before = (rate + queue / obs.drain_seconds) / max(cap.at_target * before, 1e-9)
     slo_state = _slo_state("prefill", obs, slo, knobs, attribution)
     # Seconds the prompts queued now take at the ready replicas' busy rate. Right after a scale-up the
@@ -508,6 +569,7 @@ def _prefill(
         "capacityTokensPerSecond": per_replica,
         "ttftTargetSeconds": slo.ttft_ms / 1000.0,
         "queueWaitSeconds": wait_now,
+        **forecast_figures,
     }
     if uncached < 1.0:
         figures["uncachedPromptFraction"] = uncached
@@ -521,7 +583,7 @@ def _prefill(
         f"prompt tokens {fmt(rate)}/s + queue {fmt(queue)} over {fmt(obs.drain_seconds)} s",
         f"{fmt(per_replica)} tokens/s each",
     )
-    return _finish(
+    sizing = _finish(
         base=base,
         total=total,
         obs=obs,
@@ -536,6 +598,10 @@ def _prefill(
         attribution=attribution,
         present=present,
     )
+    sizing = replace(sizing, demand=rate)
+    return _forecast_note(
+        sizing, _credited(measured_total, rate / per_replica, obs, current, knobs), forecast, figures
+    )
 
 
 def _decode(
@@ -547,6 +613,7 @@ def _decode(
     knobs: Knobs,
     slo: SLOSpec,
     attribution: Attribution,
+    forecast: Forecast | None = None,
 ) -> Sizing:
     context = obs.prompt_tokens + obs.output_tokens / 2.0
     cap = decode_capacity(model, slo, context, knobs)
@@ -571,8 +638,11 @@ def _decode(
     generation = obs.signals.generation_tokens_rate
     arriving = _decode_arrivals(obs, snapshot)
     demand = max(generation, arriving)
-    base = max(running / per_replica, demand / tokens_each)
+    forecast_figures: dict[str, float] = {}
+    base = max(running / per_replica, _ahead(demand, forecast, forecast_figures) / tokens_each)
     total = max(base + waiting / per_replica, kv_exact)
+    measured_base = max(running / per_replica, demand / tokens_each)
+    measured_total = max(measured_base + waiting / per_replica, kv_exact)
     model_exact_before = max(
         (running + waiting) / max(seeded * before, 1e-9),
         demand / max(cap.tokens_per_second * before, 1e-9),
@@ -595,6 +665,7 @@ def _decode(
         "kvUsageMax": obs.signals.kv_usage_max,
         "kvReplicas": kv_exact,
         "tpotTargetSeconds": slo.tpot_ms / 1000.0,
+        **forecast_figures,
     }
     if tpot is not None:
         figures["tpotSeconds"] = tpot
@@ -606,7 +677,7 @@ def _decode(
         f"{fmt(tokens_each)} tokens/s or {fmt(per_replica)} sequences each ({fmt(cap.context_tokens)} "
         "context tokens)",
     )
-    return _finish(
+    sizing = _finish(
         base=base,
         total=total,
         obs=obs,
@@ -620,6 +691,9 @@ def _decode(
         activation=obs.path.request_rate > 0,
         attribution=attribution,
     )
+    sizing = replace(sizing, demand=demand)
+    measured_exact = _credited(measured_total, measured_base, obs, current, knobs)
+    return _forecast_note(sizing, measured_exact, forecast, figures)
 
 
 def _colocated(
@@ -630,6 +704,7 @@ def _colocated(
     correction: float,
     knobs: Knobs,
     slo: SLOSpec,
+    forecast: Forecast | None = None,
 ) -> Sizing:
     uncached = obs.signals.uncached_fraction
     prefill = prefill_capacity(
@@ -649,8 +724,15 @@ def _colocated(
     running, waiting = obs.signals.running_requests, obs.signals.waiting_requests
     generation = obs.signals.generation_tokens_rate
     kv_exact = obs.signals.kv_usage_mean * obs.signals.scraped_pods / knobs.kv_target_usage
-    base = rate / prompt_cap + max(running / seq_cap, generation / tokens_cap)
-    total = max(base + queue / obs.drain_seconds / prompt_cap + waiting / seq_cap, kv_exact)
+    measured_base = rate / prompt_cap + max(running / seq_cap, generation / tokens_cap)
+    forecast_figures: dict[str, float] = {}
+    # A replica's prompt and sequence shares grow together with the arrivals: the forecast of prompt
+    # tokens/s scales both.
+    growth = _ahead(rate, forecast, forecast_figures) / rate if rate > 0 else 1.0
+    base = measured_base * growth
+    backlog = queue / obs.drain_seconds / prompt_cap + waiting / seq_cap
+    total = max(base + backlog, kv_exact)
+    measured_total = max(measured_base + backlog, kv_exact)
     slo_state = _slo_state("colocated", obs, slo, knobs, None)
     figures: dict[str, float] = {
         "promptTokensPerSecond": rate,
@@ -666,6 +748,7 @@ def _colocated(
         "kvReplicas": kv_exact,
         "ttftTargetSeconds": slo.ttft_ms / 1000.0,
         "tpotTargetSeconds": slo.tpot_ms / 1000.0,
+        **forecast_figures,
     }
     if uncached < 1.0:
         figures["uncachedPromptFraction"] = uncached
@@ -676,16 +759,19 @@ def _colocated(
         f"{fmt(waiting)} sequences",
         f"{fmt(prompt_cap)} tokens/s or {fmt(seq_cap)} sequences each",
     )
-    return _finish(
+    sizing = _finish(
         base=base,
         total=total,
         obs=obs,
         current=current,
         slo_state=slo_state,
         correction=correction,
-        model_exact_before=total,
+        model_exact_before=measured_total,
         knobs=knobs,
         figures=figures,
         what=what,
         activation=obs.path.request_rate > 0,
     )
+    sizing = replace(sizing, demand=rate)
+    measured_exact = _credited(measured_total, measured_base, obs, current, knobs)
+    return _forecast_note(sizing, measured_exact, forecast, figures)

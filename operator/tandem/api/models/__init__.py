@@ -12,7 +12,13 @@ name is re-exported here, so `from tandem.api.models import X` reads the package
 
 from __future__ import annotations
 
-from tandem.api.models.autoscaling import AutoscalingMode, AutoscalingSpec, PrometheusSpec, ScalingRules
+from tandem.api.models.autoscaling import (
+    AutoscalingMode,
+    AutoscalingSpec,
+    ForecastSpec,
+    PrometheusSpec,
+    ScalingRules,
+)
 from tandem.api.models.common import (
     DATA_KEY_PATTERN,
     IMAGE_PATTERN,
@@ -117,6 +123,7 @@ __all__ = [
     "EnvVar",
     "EnvVarSource",
     "FieldRef",
+    "ForecastSpec",
     "ImagePullPolicy",
     "ImagePullSecrets",
     "KVConnector",

@@ -42,6 +42,36 @@ class ScalingRules(ApiModel):
     max_step: Annotated[int, Field(ge=1, le=1024, description="Most replicas added or removed at once.")]
 
 
+class ForecastSpec(ApiModel):
+    """The predictive part: order capacity one model load ahead of a forecast of each pool's demand."""
+
+    enabled: Annotated[
+        bool,
+        Field(
+            description=(
+                "Size each pool for the larger of its measured demand and the demand forecast one model "
+                "load ahead; the SLO feedback stays the guard."
+            )
+        ),
+    ] = False
+    season_period_seconds: Annotated[
+        int,
+        Field(
+            ge=600,
+            le=2678400,
+            description="Period of the seasonal demand profile (86400: a day), learnt over past periods.",
+        ),
+    ] = 86400
+    horizon_seconds: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=3600,
+            description="Forecast horizon until a pool's start-to-ready time has been measured (seconds).",
+        ),
+    ] = 180
+
+
 class AutoscalingMode(StrEnum):
     Active = "Active"
     Advisory = "Advisory"
@@ -75,3 +105,4 @@ class AutoscalingSpec(ApiModel):
             description="Longest wait for a draining pod's streams and unpulled KV before it is removed.",
         ),
     ] = 300
+    forecast: ForecastSpec = ForecastSpec()
