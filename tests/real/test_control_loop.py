@@ -8,8 +8,10 @@ the load goes through the router the operator deployed.
 
 Compressed settings: decisions every 5 s (rates over the operator's minimum window, 60 s), scale-in
 after 30 s of stability.
-`--max-num-seqs 2` makes one CPU engine queue what two streams cannot take: the step (2 requests/s
-of 200-token prompts and 120-token answers) keeps both of its sequences busy with more waiting. The
+`--max-num-seqs 2` makes one CPU engine queue what two streams cannot take: the step (4 requests/s
+of 200-token prompts and 300-token answers, at most 8 in flight) keeps both of its sequences busy
+with more waiting, on an idle machine or a busy one; once the scale-out is decided, a lighter load
+(0.5 requests/s, 120-token answers) goes on while the new engine starts and then serves. The
 autoscaler's profile knows neither the tiny model nor a CPU (it falls back to the sim's model on an
 H100, so its token rates say one engine is plenty, and the decision's figures say `profileFallback`),
 but it sizes a pool by sequences too, from the engine's own `--max-num-seqs`: the engine's running
@@ -46,7 +48,12 @@ MODEL = "tiny-llama"
 ROUTER_IMAGE = "ghcr.io/tandem-dev/tandem:0.1.0"
 INTERVAL = 5
 TTFT_MS = 2000
-STEP = Phase(2.0, 200, 120, "step")
+# The step is more than one engine can take whatever the machine's speed (an idle one runs a stream at
+# about 5 ms a token, a busy one at 20 or more), bounded by the client's 8 requests in flight so its
+# backlog stays small; once the second engine is decided, a lighter load both engines serve.
+STEP = Phase(4.0, 200, 300, "step")
+IN_FLIGHT = 8
+BOTH = Phase(0.5, 200, 120, "both")
 # After the step: long streams, one at a time, so the scale-in has streams in flight to drain.
 STREAMS = Phase(0.25, 50, 400, "streams")
 # Engines on CPU start in about a minute alone; with another engine serving and other work on two
@@ -137,7 +144,12 @@ def test_a_load_step_adds_a_real_engine_that_serves_and_the_scale_in_drains_stre
             lambda: router_if_ready(cluster, namespace), timeout=120, what="a Ready router pod"
         )
         load = BackgroundLoad(
-            router, MODEL, max_seconds=1500, request_timeout=600, vocab_size=tinymodel.VOCAB_SIZE
+            router,
+            MODEL,
+            max_seconds=1500,
+            max_in_flight=IN_FLIGHT,
+            request_timeout=600,
+            vocab_size=tinymodel.VOCAB_SIZE,
         )
 
         step = time.time()
@@ -162,6 +174,7 @@ def test_a_load_step_adds_a_real_engine_that_serves_and_the_scale_in_drains_stre
         assert figures["profileFallback"] == 1, figures  # no profile for the tiny model on a CPU
         assert "TTFT p90" in decision["reason"], decision
 
+        load.set(BOTH)
         ready = watch.wait(
             "the second engine Ready", lambda s: s if s.ready("colocated") >= 2 else None, START_TIMEOUT
         )

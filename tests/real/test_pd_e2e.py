@@ -434,7 +434,7 @@ ROOT = Path(__file__).resolve().parents[2]
 READERS = (
     "operator/tandem/metrics",
     "operator/tandem/dashboard",
-    "operator/tandem/autoscale/snapshot.py",
+    "operator/tandem/signals.py",
     "operator/tandem/router/kvwatch.py",
     "operator/tandem/controller/kv_transport.py",
     "charts/tandem/dashboards/tandem.json",
