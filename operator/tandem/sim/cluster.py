@@ -318,32 +318,27 @@ class Cluster:
                 raise ValueError(f"the policy sized pool {role_name!r}, which the layout does not have")
             if want < 0:
                 raise ValueError(f"the policy asked for {want} {role_name} replicas")
-            role = ROLES[ROLES.index(role_name)]
-            active = [r for r in self.pools[role] if r.state in (STARTING, READY)]
-            if want == len(active):
-                continue
-            self.scale_actions += 1
-            for _ in range(want - len(active)):
-                self._add_replica(role, now, ready=False)
-            for replica in reversed(active[want:]):  # the newest goes first, as a StatefulSet's
-                if replica.state == READY:
-                    self.ready[role].remove(replica)
-                replica.drain(now)
+            self._resize(ROLES[ROLES.index(role_name)], want, now, ready=False)
 
     def resize_now(self, desired: Mapping[Role, int], now: float) -> None:
         """Resizes pools to `desired` with added replicas ready at `now` (their load done before it, as
         the hindsight oracle orders them one load time ahead); removed ones drain as in `apply`."""
         for role, want in desired.items():
-            active = [r for r in self.pools[role] if r.state in (STARTING, READY)]
-            if want == len(active):
-                continue
-            self.scale_actions += 1
-            for _ in range(want - len(active)):
-                self._add_replica(role, now, ready=True)
-            for replica in reversed(active[want:]):
-                if replica.state == READY:
-                    self.ready[role].remove(replica)
-                replica.drain(now)
+            self._resize(role, want, now, ready=True)
+
+    def _resize(self, role: Role, want: int, now: float, *, ready: bool) -> None:
+        """`want` active (starting + ready) replicas of `role`: new ones added (`ready` at once, or
+        loading), the newest drained first, as a StatefulSet's."""
+        active = [r for r in self.pools[role] if r.state in (STARTING, READY)]
+        if want == len(active):
+            return
+        self.scale_actions += 1
+        for _ in range(want - len(active)):
+            self._add_replica(role, now, ready=ready)
+        for replica in reversed(active[want:]):
+            if replica.state == READY:
+                self.ready[role].remove(replica)
+            replica.drain(now)
 
     def fork(self) -> Cluster:
         """An independent copy of this simulation's state (replicas, queues, heap, windows, records),
