@@ -74,36 +74,50 @@ def apply(cluster: ClusterHandle, namespace: str, doc: dict[str, Any]) -> None:
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(doc))
 
 
-def test_an_unknown_flag_stalls_with_vllms_error_line(cluster: ClusterHandle, namespace: str) -> None:
-    apply(cluster, namespace, manifest(["--no-such-flag"], 2048, []))
+CASES = [
+    # id, pool engineArgs, maxModelLen, engine env, the status message's end, how long the failure takes
+    (
+        "unknown-flag",  # vLLM's parser exits at once
+        ["--no-such-flag"],
+        2048,
+        [],
+        "last exit 2: api_server.py: error: unrecognized arguments: --no-such-flag",
+        300,
+    ),
+    (
+        "max-model-len-beyond-the-kv-cache",  # the engine core fails after loading the model
+        [],
+        1_000_000,
+        [{"name": "VLLM_ALLOW_LONG_MAX_MODEL_LEN", "value": "1"}],
+        "last exit 1: RuntimeError: Engine core initialization failed. See root cause above."
+        " Failed core proc(s): {}",
+        600,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("engine_args", "max_model_len", "env", "quoted", "timeout"),
+    [c[1:] for c in CASES],
+    ids=[c[0] for c in CASES],
+)
+def test_a_pod_that_cannot_start_stalls_with_vllms_error_line(
+    cluster: ClusterHandle,
+    namespace: str,
+    engine_args: list[str],
+    max_model_len: int,
+    env: list[dict[str, str]],
+    quoted: str,
+    timeout: float,
+) -> None:
+    apply(cluster, namespace, manifest(engine_args, max_model_len, env))
     cond = eventually(
-        lambda: stalled(cluster, namespace, "error: unrecognized arguments: --no-such-flag"),
-        timeout=300,
+        lambda: stalled(cluster, namespace, quoted),
+        timeout=timeout,
         interval=2,
-        what="Stalled quoting vLLM's argparse error",
+        what=f"Stalled quoting {quoted!r}",
     )
     print(f"\nStalled: {cond['message']}")
     assert cond["reason"] == "CrashLoopBackOff"
     assert f"pod {NAME}-colocated-0 (colocated)" in cond["message"]
-    assert cond["message"].endswith(
-        "last exit 2: api_server.py: error: unrecognized arguments: --no-such-flag"
-    )
-
-
-def test_max_model_len_beyond_the_kv_cache_stalls_with_vllms_last_error_line(
-    cluster: ClusterHandle, namespace: str
-) -> None:
-    env = [{"name": "VLLM_ALLOW_LONG_MAX_MODEL_LEN", "value": "1"}]
-    apply(cluster, namespace, manifest([], 1_000_000, env))
-    cond = eventually(
-        lambda: stalled(cluster, namespace, "Engine core initialization failed"),
-        timeout=600,
-        interval=2,
-        what="Stalled quoting vLLM's engine-core failure",
-    )
-    print(f"\nStalled: {cond['message']}")
-    assert cond["reason"] == "CrashLoopBackOff"
-    assert (
-        "last exit 1: RuntimeError: Engine core initialization failed. See root cause above."
-        in cond["message"]
-    )
+    assert cond["message"].endswith(quoted)
