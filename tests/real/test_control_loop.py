@@ -7,11 +7,12 @@ router's series from the dev cluster's Prometheus, which scrapes the pods the op
 the load goes through the router the operator deployed.
 
 Compressed settings: decisions every 5 s (rates over the operator's minimum window, 60 s), scale-in
-after 30 s of stability.
+after 60 s of stability.
 `--max-num-seqs 2` makes one CPU engine queue what two streams cannot take: the step (4 requests/s
 of 200-token prompts and 300-token answers, at most 8 in flight) keeps both of its sequences busy
 with more waiting, on an idle machine or a busy one; once the scale-out is decided, a lighter load
-(0.5 requests/s, 120-token answers) goes on while the new engine starts and then serves. The
+(1 request/s, 300-token answers: more than two sequences at once on a busy machine, about two on an
+idle one) goes on while the new engine starts and then serves. The
 autoscaler's profile knows neither the tiny model nor a CPU (it falls back to the sim's model on an
 H100, so its token rates say one engine is plenty, and the decision's figures say `profileFallback`),
 but it sizes a pool by sequences too, from the engine's own `--max-num-seqs`: the engine's running
@@ -53,9 +54,13 @@ TTFT_MS = 2000
 # backlog stays small; once the second engine is decided, a lighter load both engines serve.
 STEP = Phase(4.0, 200, 300, "step")
 IN_FLIGHT = 8
-BOTH = Phase(0.5, 200, 120, "both")
+BOTH = Phase(1.0, 200, 300, "both")
 # After the step: long streams, one at a time, so the scale-in has streams in flight to drain.
 STREAMS = Phase(0.25, 50, 400, "streams")
+# Long enough that the pool does not shrink before the second engine has served: on a busy machine it
+# took 157 s to start, and with a lighter load while it started (0.5 requests/s of 120 tokens) the pool
+# was back at one engine, the new pod removed, before it answered a request.
+SCALE_IN_AFTER = 60
 # Engines on CPU start in about a minute alone; with another engine serving and other work on two
 # busy cores, longer.
 START_TIMEOUT = 600
@@ -83,7 +88,7 @@ def manifest(prometheus_url: str) -> dict[str, Any]:
             "intervalSeconds": INTERVAL,
             "prometheus": {"url": prometheus_url},
             "scaleUp": {"stabilizationSeconds": 0, "maxStep": 1},
-            "scaleDown": {"stabilizationSeconds": 30, "maxStep": 1},
+            "scaleDown": {"stabilizationSeconds": SCALE_IN_AFTER, "maxStep": 1},
         },
     }
     return {"apiVersion": meta.API_VERSION, "kind": meta.KIND, "metadata": {"name": NAME}, "spec": spec}

@@ -1,14 +1,24 @@
-"""P/D with real vLLM engines through the operator's router, against a colocated engine's answers.
+"""P/D with real vLLM engines through the operator's router: a gray rollout from one colocated
+engine, a killed decode that rolls it back, a retry that promotes, and answers equal token for token.
 
-On the dev cluster with the CPU build of vLLM and the tiny model (docs/real-vllm.md): first a
-Colocated PDDeployment (one engine) answers every request through its router and the answers are
-recorded; it is deleted (its engine stopped) before a Disaggregated one (one prefill, one decode,
-NixlConnector over loopback) answers the same requests through its router. At temperature 0 with
---dtype float32 the P/D answers must equal the colocated ones token for token: completions and
-chat, streamed and not, over PROMPTS prompts from 1 to about 1,300 tokens. The decode engine's
-counters must show the prompt's KV arrived by transfer, with no prompt token computed there, and
-the prefill engine's prefix cache must count a repeated prompt as hits. Prometheus scrapes the
-engines like any pod. At most two engines run at once.
+On the dev cluster with the CPU build of vLLM and the tiny model (docs/real-vllm.md), one
+PDDeployment with all three pools and `spec.rollout`:
+1. Colocated (one engine) answers every request through its router; the answers are recorded.
+2. `spec.serving.mode` goes to Disaggregated under a streamed load through the router: the P/D arm
+   (one prefill, one decode, NixlConnector over loopback) starts beside the colocated engine (three
+   engines at once, the most this phase allows) and takes 50% of the requests. The decode engine is
+   killed -9 mid-step (its whole process group, as a container's kill): the streams on it end with the
+   router's error event, the analysis reads the failures from Prometheus and the rollout rolls back,
+   weight first; no request fails before the kill or once the weight is back on colocated.
+3. `retry` starts the P/D arm again; it passes 50% and 100% and is promoted; colocated goes.
+4. The P/D answers must equal the colocated ones token for token (temperature 0, --dtype float32):
+   completions and chat, streamed and not, over PROMPTS prompts from 1 to about 1,300 tokens. The
+   decode engine's counters must show the prompt's KV arrived by transfer, with no prompt token
+   computed there, and the prefill engine's prefix cache must count a repeated prompt as hits.
+   Prometheus scrapes the engines like any pod; every series and query tandem reads answers.
+5. The prefill engine is killed -9 and restarted in the same pod (same IP and side-channel port) while
+   decode still holds its NIXL peer: vLLM gives the new process a new engine_id, the router passes it
+   to decode in `kv_transfer_params`, and decode handshakes again; the answers stay equal.
 """
 
 from __future__ import annotations
@@ -16,8 +26,10 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import os
 import random
 import re
+import signal
 import time
 import urllib.parse
 import urllib.request
@@ -32,6 +44,9 @@ import yaml
 from kubernetes import client
 
 from tandem.api import meta
+from tandem.demo import e2e as harness
+from tandem.demo.load import BackgroundLoad, Phase
+from tandem.demo.stats import Sample
 from tandem.devcluster import kube, tinymodel
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.testing import OperatorProcess, eventually, metric_total, scratch_namespace
@@ -47,6 +62,15 @@ PROMPTS = 24
 FORMS = (("completions", False), ("completions", True), ("chat", False), ("chat", True))
 # Engines on CPU start in about a minute alone; two at once on two busy cores take longer.
 READY_TIMEOUT = 900
+NAME = "tiny"
+# The analysis: windows of 20 s with at least 8 requests on the target arm (the load below sends 1.5
+# requests/s, so about 15 a window at 50%); steps advance as soon as a window passes.
+WINDOW = 20
+MIN_SAMPLES = 8
+GRAY_LOAD = Phase(1.5, 120, 32, "gray")
+# From the decode kill to the rollback's weight 0: the failures must reach Prometheus (scraped every
+# 2 s) and a judged window (read every 5 s); generous for a busy machine.
+ROLLBACK_TIMEOUT = 240
 
 
 def prompts() -> list[str]:
@@ -87,7 +111,22 @@ def prompts() -> list[str]:
     return out
 
 
-def manifest(name: str, mode: str) -> dict[str, Any]:
+def held_back_prompts() -> list[str]:
+    """Six prompts of 150 to 700 words the P/D engines see only after the prefill restart."""
+    rng = random.Random(13)
+    words = " ".join(tinymodel.corpus(17, lines=400)).split()
+    out = []
+    for n in (150, 250, 350, 450, 550, 700):
+        start = rng.randrange(len(words) - n)
+        out.append(" ".join(words[start : start + n]))
+    return out
+
+
+HELD_BACK_FORMS = (("completions", False), ("chat", True))
+
+
+def manifest(prometheus_url: str) -> dict[str, Any]:
+    """All three pools, serving colocated, with a gray rollout of two steps judged on short windows."""
     pool = {
         "replicas": 1,
         "tensorParallelSize": 1,
@@ -103,14 +142,26 @@ def manifest(name: str, mode: str) -> dict[str, Any]:
         "kvTransfer": {"connector": "NixlConnector"},
         "network": {"rdma": {"enabled": False}},
         "router": {"replicas": 1, "image": ROUTER_IMAGE},
-        "serving": {"mode": mode},
+        "serving": {"mode": "Colocated"},
+        "colocated": pool,
+        "prefill": pool,
+        "decode": pool,
+        # Loose targets: three CPU engines share two cores with the control plane, so only a fault,
+        # not the machine's speed, may fail a window.
+        "slo": {"ttftMs": 5000, "tpotMs": 1000, "attainmentPercent": 80},
+        "autoscaling": {"enabled": False, "prometheus": {"url": prometheus_url}},
+        "rollout": {
+            "steps": [{"weight": 50, "pauseSeconds": 0}, {"weight": 100, "pauseSeconds": 0}],
+            "analysis": {
+                "windowSeconds": WINDOW,
+                "minSamples": MIN_SAMPLES,
+                "maxAttainmentDrop": 0.3,
+                "inconclusivePauseSeconds": 600,
+            },
+            "scaleDownDelaySeconds": 5,
+        },
     }
-    if mode == "Colocated":
-        spec["colocated"] = pool
-    else:
-        spec["prefill"] = pool
-        spec["decode"] = pool
-    return {"apiVersion": meta.API_VERSION, "kind": meta.KIND, "metadata": {"name": name}, "spec": spec}
+    return {"apiVersion": meta.API_VERSION, "kind": meta.KIND, "metadata": {"name": NAME}, "spec": spec}
 
 
 @dataclass
@@ -194,11 +245,13 @@ def ask(router: str, endpoint: str, stream: bool, prompt: str) -> Answer:
     )
 
 
-def run_all(router: str) -> dict[tuple[int, str, bool], Answer]:
+def run_all(
+    router: str, asked: list[str] | None = None, forms: tuple[tuple[str, bool], ...] = FORMS
+) -> dict[tuple[int, str, bool], Answer]:
     """Every prompt in every form, one at a time (so batching is the same on both sides)."""
     out = {}
-    for i, prompt in enumerate(prompts()):
-        for endpoint, stream in FORMS:
+    for i, prompt in enumerate(prompts() if asked is None else asked):
+        for endpoint, stream in forms:
             started = time.monotonic()
             answer = ask(router, endpoint, stream, prompt)
             answer.seconds = time.monotonic() - started
@@ -252,28 +305,32 @@ class Deployed:
     def pod(self, role: str) -> dict[str, Any]:
         return next(p for p in self.pods() if p["metadata"]["labels"].get(meta.LABEL_ROLE) == role)
 
-    def pods(self) -> list[dict[str, Any]]:
+    def pods(self, role: str | None = None) -> list[dict[str, Any]]:
         with self.cluster.api_client() as api:
-            selector = f"{meta.LABEL_PDD}={self.name}"
+            selector = f"{meta.LABEL_PDD}={self.name}" + (f",{meta.LABEL_ROLE}={role}" if role else "")
             listed = client.CoreV1Api(api).list_namespaced_pod(
                 self.namespace, label_selector=selector, _preload_content=False
             )
             items: list[dict[str, Any]] = kube.raw(listed)["items"]
         return items
 
+    def restarts(self, role: str) -> int:
+        statuses = self.pod(role)["status"].get("containerStatuses") or []
+        return sum(int(s.get("restartCount") or 0) for s in statuses)
 
-def deploy(cluster: ClusterHandle, namespace: str, name: str, mode: str, roles: tuple[str, ...]) -> Deployed:
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest(name, mode)))
-    d = Deployed(cluster, namespace, name)
-    started = time.monotonic()
-    eventually(
-        lambda: all(d.ips(role) for role in (*roles, "router")),
-        timeout=READY_TIMEOUT,
-        interval=2,
-        what=f"{', '.join(roles)} and router pods of {name} Ready",
-    )
-    print(f"\n{name}: {', '.join(roles)} Ready {time.monotonic() - started:.0f} s after apply")
-    return d
+    def kill_9(self, role: str) -> None:
+        """SIGKILL to every process of the role's engine container, as a container runtime's kill:
+        the runner starts each container in its own process group, named by `tandem://PGID`."""
+        statuses = self.pod(role)["status"].get("containerStatuses") or []
+        os.killpg(int(statuses[0]["containerID"].removeprefix("tandem://")), signal.SIGKILL)
+
+    def set_mode(self, mode: str) -> None:
+        patch = json.dumps({"spec": {"serving": {"mode": mode}}})
+        self.cluster.kubectl("patch", "-n", self.namespace, "pdd", self.name, "--type", "merge", "-p", patch)
+
+    def command(self, value: str) -> None:
+        annotation = f"{meta.ANNOTATION_ROLLOUT_COMMAND}={value}"
+        self.cluster.kubectl("annotate", "-n", self.namespace, "pdd", self.name, annotation, "--overwrite")
 
 
 def undeploy(d: Deployed) -> None:
@@ -288,6 +345,8 @@ class Run:
     seconds: float
     before: dict[str, str]
     after: dict[str, str]
+    # Prompts P/D sees first after the prefill restart (so decode holds no cache of them).
+    held_back: dict[tuple[int, str, bool], Answer] = field(default_factory=dict)
 
 
 @pytest.fixture(scope="module")
@@ -297,30 +356,135 @@ def namespace(cluster: ClusterHandle) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def colocated(cluster: ClusterHandle, operator: OperatorProcess, namespace: str) -> Run:
-    """The reference: one colocated engine's answers, recorded, then the engine stopped."""
-    d = deploy(cluster, namespace, "tiny-colo", "Colocated", ("colocated",))
-    try:
-        before = {"colocated": d.metrics("colocated")}
-        started = time.monotonic()
-        answers = run_all(d.router())
-        seconds = time.monotonic() - started
-        after = {"colocated": d.metrics("colocated")}
-        print(f"colocated engine RSS {engine_rss(d.pod('colocated')):.2f} GB; latency {latency(answers)}")
-    finally:
-        undeploy(d)
-    return Run(answers, seconds, before, after)
-
-
-@pytest.fixture(scope="module")
-def pd(
-    cluster: ClusterHandle, operator: OperatorProcess, namespace: str, colocated: Run
-) -> Iterator[Deployed]:
-    d = deploy(cluster, namespace, "tiny-pd", "Disaggregated", ("prefill", "decode"))
+def deployed(cluster: ClusterHandle, operator: OperatorProcess, namespace: str) -> Iterator[Deployed]:
+    cluster.kubectl(
+        "apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest(cluster.prometheus_url))
+    )
+    d = Deployed(cluster, namespace, NAME)
+    started = time.monotonic()
+    eventually(
+        lambda: bool(d.ips("colocated") and d.ips("router")),
+        timeout=READY_TIMEOUT,
+        interval=2,
+        what=f"the colocated engine and the router of {NAME} Ready",
+    )
+    print(f"\n{NAME}: colocated engine Ready {time.monotonic() - started:.0f} s after apply")
     try:
         yield d
     finally:
         undeploy(d)
+
+
+@pytest.fixture(scope="module")
+def colocated(deployed: Deployed) -> Run:
+    """The reference: the colocated engine's answers, recorded before any rollout."""
+    before = {"colocated": deployed.metrics("colocated")}
+    started = time.monotonic()
+    answers = run_all(deployed.router())
+    seconds = time.monotonic() - started
+    after = {"colocated": deployed.metrics("colocated")}
+    held_back = run_all(deployed.router(), held_back_prompts(), HELD_BACK_FORMS)
+    print(f"colocated engine RSS {engine_rss(deployed.pod('colocated')):.2f} GB; latency {latency(answers)}")
+    return Run(answers, seconds, before, after, held_back)
+
+
+def rollout_phase(seen: harness.Seen) -> tuple[str, int]:
+    r = seen.status.get("rollout") or {}
+    return (str(r.get("phase", "")), int(r.get("weight", -1)))
+
+
+@dataclass
+class Gray:
+    """What the gray rollout under load did: the phases it went through and what the clients saw."""
+
+    phases: list[tuple[str, int]]
+    killed_at: float
+    running_at_kill: float
+    weight_back_at: float
+    rolled_back: dict[str, Any]
+    promoted_at: float
+    samples: list[Sample]
+    events: list[str]
+
+
+def streaming(d: Deployed) -> bool:
+    text = d.metrics("decode")
+    answered = metric_total(text, "vllm:request_success_total")
+    return answered >= 3 and metric_total(text, "vllm:num_requests_running") >= 1
+
+
+@pytest.fixture(scope="module")
+def gray(cluster: ClusterHandle, deployed: Deployed, colocated: Run) -> Iterator[Gray]:
+    d = deployed
+    watch = harness.Watcher(cluster, d.namespace, NAME, period=1.0).start()
+    load = BackgroundLoad(
+        d.router(),
+        MODEL,
+        max_requests=20000,
+        max_seconds=3000,
+        request_timeout=300,
+        vocab_size=tinymodel.VOCAB_SIZE,
+    )
+    try:
+        began = time.time()
+        load.start(GRAY_LOAD)
+        d.set_mode("Disaggregated")
+        shifting = watch.wait(
+            "the P/D arm at 50%", lambda s: s if rollout_phase(s) == ("Shifting", 50) else None, READY_TIMEOUT
+        )
+        print(f"P/D arm Ready and at 50% {shifting.at - began:.0f} s after the mode change")
+        # Kill the decode engine while it streams: once it has answered a few and runs one.
+        eventually(lambda: streaming(d), timeout=180, interval=0.5, what="the decode engine streaming")
+        running = metric_total(d.metrics("decode"), "vllm:num_requests_running")
+        killed_at = time.time()
+        d.kill_9("decode")
+        back = watch.wait(
+            "the rollback's weight 0",
+            lambda s: s if rollout_phase(s)[0] in ("RollingBack", "RolledBack") else None,
+            ROLLBACK_TIMEOUT,
+        )
+        since = back.at - killed_at
+        print(f"decode killed -9 with {running:.0f} running; weight back on colocated {since:.1f} s later")
+        rolled = watch.wait(
+            "RolledBack", lambda s: s if rollout_phase(s)[0] == "RolledBack" else None, READY_TIMEOUT
+        )
+        d.command("retry")
+        promoted = watch.wait(
+            "Promoted", lambda s: s if rollout_phase(s)[0] == "Promoted" else None, 2 * READY_TIMEOUT
+        )
+        print(f"promoted {promoted.at - rolled.at:.0f} s after the retry")
+        eventually(lambda: not d.pods("colocated"), timeout=300, interval=2, what="the colocated pod gone")
+        load.stop(timeout=400)
+        phases: list[tuple[str, int]] = []
+        for seen in watch.since(began):
+            got = rollout_phase(seen)
+            if got[0] and (not phases or phases[-1] != got):
+                phases.append(got)
+        yield Gray(
+            phases=phases,
+            killed_at=killed_at,
+            running_at_kill=running,
+            weight_back_at=back.at,
+            rolled_back=dict(rolled.status.get("rollout") or {}),
+            promoted_at=promoted.at,
+            samples=load.samples(since=began),
+            events=[
+                f"{e.get('reason')}: {e.get('message', '')}"
+                for e in harness.events(cluster, d.namespace, NAME)
+            ],
+        )
+    finally:
+        if load.running:
+            load.stop(timeout=60)
+        watch.stop()
+
+
+@pytest.fixture(scope="module")
+def pd(deployed: Deployed, gray: Gray) -> Deployed:
+    """The same PDDeployment once the rollout promoted P/D (one prefill, one decode)."""
+    assert deployed.ips("prefill")
+    assert deployed.ips("decode")
+    return deployed
 
 
 @pytest.fixture(scope="module")
@@ -337,6 +501,37 @@ def disaggregated(pd: Deployed) -> Run:
 
 def delta(run: Run, role: str, name: str, **labels: str) -> float:
     return metric_total(run.after[role], name, **labels) - metric_total(run.before[role], name, **labels)
+
+
+def test_a_gray_rollout_rolls_back_on_a_killed_decode_and_promotes_on_retry(gray: Gray) -> None:
+    print(f"\nrollout phases: {gray.phases}")
+    print(f"rolled back: {gray.rolled_back.get('reason')}")
+    failed = [s for s in gray.samples if not s.ok]
+    for s in failed:
+        print(f"  failed, sent at kill{s.sent_at - gray.killed_at:+.1f} s: {s.error}")
+    print(f"{len(gray.samples)} requests during the rollouts, {len(failed)} failed")
+    # The first attempt: the P/D arm prepared and took 50%, the kill rolled it back, weight first.
+    first = gray.phases[: gray.phases.index(("RolledBack", 0)) + 1]
+    assert [p for p, _ in first] == ["Preparing", "Shifting", "RollingBack", "RolledBack"], gray.phases
+    assert ("Shifting", 50) in first
+    assert ("RollingBack", 0) in first
+    reason = str(gray.rolled_back.get("reason", ""))
+    assert "error" in reason.lower(), reason  # the failed requests, read from the routers' series
+    # The retry: prepared again, both steps passed, promoted at 100%.
+    retry = gray.phases[len(first) :]
+    assert retry, gray.phases
+    assert retry[0][0] == "Preparing", gray.phases
+    assert ("Shifting", 100) in retry
+    assert retry[-1] == ("Promoted", 100), gray.phases
+    assert gray.rolled_back.get("attempt") == 1
+    # Only what the kill cut failed: streams running on the decode engine (the router's error event)
+    # and requests sent before the router saw it gone; nothing once the weight was back.
+    assert failed, "the kill found the decode engine streaming, so some stream must have been cut"
+    assert all(gray.killed_at - 300 < s.sent_at < gray.weight_back_at for s in failed), failed
+    assert any("engine failed mid-answer" in s.error for s in failed), [s.error for s in failed]
+    events = " | ".join(gray.events)
+    assert "RolloutRolledBack" in events, events
+    assert "RolloutPromoted" in events, events
 
 
 def test_pd_answers_equal_the_colocated_ones_token_for_token(colocated: Run, disaggregated: Run) -> None:
@@ -529,3 +724,61 @@ def test_every_engine_query_tandem_runs_answers_for_each_pool(
         eventually(all_answer, timeout=60, interval=5, what="every engine query answering")
     assert not empty, empty
     assert query(pod_queries["pod_kv_held_blocks"]) == []  # sim-only: absent on real vLLM, by design
+
+
+# --- a prefill restarted while decode holds its NIXL peer ------------------------------------------
+
+
+def engine_id(ip: str) -> str:
+    """The engine_id a prefill engine gives its KV (`remote_engine_id` in `kv_transfer_params`): what a
+    decode engine knows its NIXL peer by. One token, prefilled for a remote decode that never comes
+    (its blocks are freed at the engine's abort timeout)."""
+    request = {
+        "model": MODEL,
+        "prompt": "engine id",
+        "max_tokens": 1,
+        "kv_transfer_params": {"do_remote_decode": True},
+    }
+    req = urllib.request.Request(
+        f"http://{ip}:{meta.ENGINE_PORT}/v1/completions",
+        data=json.dumps(request).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=60) as answer:
+        params = json.load(answer)["kv_transfer_params"]
+    return str(params["remote_engine_id"])
+
+
+def test_a_prefill_restarted_in_its_pod_while_decode_holds_its_nixl_peer(
+    pd: Deployed, colocated: Run, disaggregated: Run
+) -> None:
+    """Last in the module: it restarts the prefill engine. The container is killed -9 and restarted
+    by the runner in the same pod, so it comes back at the same IP and side-channel port; the decode
+    engine still holds the NIXL agent of the process that died."""
+    ip = pd.ips("prefill")[0]
+    old_id = engine_id(ip)
+    restarts = pd.restarts("prefill")
+    killed_at = time.monotonic()
+    pd.kill_9("prefill")
+    eventually(
+        lambda: pd.restarts("prefill") > restarts and pd.ips("prefill") == [ip],
+        timeout=READY_TIMEOUT,
+        interval=2,
+        what="the prefill engine restarted in its pod and Ready",
+    )
+    print(f"\nprefill restarted and Ready {time.monotonic() - killed_at:.0f} s after the kill, at {ip}")
+    new_id = engine_id(ip)
+    print(f"prefill engine_id {old_id} before the kill, {new_id} after")
+    assert new_id != old_id  # vLLM draws a new engine_id per start; tandem does not pin it
+    before = pd.metrics("decode")
+    got = run_all(pd.router(), held_back_prompts(), HELD_BACK_FORMS)
+    after = pd.metrics("decode")
+
+    def grew(name: str, **labels: str) -> float:
+        return metric_total(after, name, **labels) - metric_total(before, name, **labels)
+
+    transferred = grew("vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
+    print(f"after the restart: {transferred:.0f} prompt tokens arrived at decode by NIXL")
+    assert got == colocated.held_back
+    assert transferred > 0
+    assert grew("vllm:nixl_num_failed_transfers_total") == 0
