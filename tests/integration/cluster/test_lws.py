@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -44,7 +45,7 @@ def lws_cluster(cluster: ClusterHandle) -> ClusterHandle:
 
 @pytest.fixture(scope="module")
 def ns(lws_cluster: ClusterHandle) -> Iterator[str]:
-    with scratch_namespace(lws_cluster, f"t-lws-{NAME}") as name:
+    with scratch_namespace(lws_cluster, f"t-lws-{uuid.uuid4().hex[:6]}") as name:
         yield name
 
 
