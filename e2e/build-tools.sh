@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the local control plane's binaries (kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl, etcd, kwok, helm, prometheus) from the Go module proxy into a cache
+# kube-scheduler, kubectl, etcd, kwok, helm, prometheus, the LeaderWorkerSet controller) from the Go module proxy into a cache
 # outside the repository. Each tool has its own module under e2e/tools/<tool>; it is rebuilt only
 # when its go.mod, go.sum or this script's build flags change (a stamp per tool).
 #
@@ -11,7 +11,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${TANDEM_CACHE:-$HOME/.cache/tandem}
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
-tools=${TOOLS:-"k8s etcd kwok helm prometheus"}
+tools=${TOOLS:-"k8s etcd kwok helm prometheus lws"}
 bindir="$cache/bin"
 mkdir -p "$bindir"
 
@@ -67,6 +67,17 @@ build_prometheus() {
   ldf="$ldf -X $p.BuildDate=20260101-00:00:00"
   (cd "$here/tools/prometheus" && go build -trimpath -ldflags "$ldf" \
     -tags remove_all_sd,enable_kubernetes_sd -o "$1/prometheus" github.com/prometheus/prometheus/cmd/prometheus)
+}
+
+build_lws() {
+  # The LeaderWorkerSet controller manager (its controllers and webhooks in one binary) and its CRD.
+  local v; v=$(module_version "$here/tools/lws" sigs.k8s.io/lws)
+  local ldf="-s -w -X sigs.k8s.io/lws/pkg/version.GitVersion=$v -X sigs.k8s.io/lws/pkg/version.GitCommit=go-module-$v"
+  (cd "$here/tools/lws" && go build -trimpath -ldflags "$ldf" -o "$1/lws-controller" sigs.k8s.io/lws/cmd)
+  local src; src=$(cd "$here/tools/lws" && go list -m -f '{{.Dir}}' sigs.k8s.io/lws)
+  install -m 0644 "$src/config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml" "$1/lws-crd.yaml"
+  # Its webhook configurations; the dev cluster points them at 127.0.0.1 (operator/tandem/devcluster/lws.py).
+  install -m 0644 "$src/config/webhook/manifests.yaml" "$1/lws-webhooks.yaml"
 }
 
 for tool in $tools; do

@@ -23,6 +23,8 @@ def _print_status(report: dict[str, object]) -> None:
     print(f"kubeconfig:  {report['kubeconfig']}")
     print(f"apiserver:   {report['apiserver']}")
     print(f"prometheus:  {report['prometheus']}")
+    if report.get("lws_webhook"):
+        print(f"lws webhook: {report['lws_webhook']} (LeaderWorkerSet controller)")
     print(f"pod IPs:     {report['pod_cidrs']} (loopback)")
     print(f"binaries:    {report['bin_dir']} (kubectl, helm)")
     print("components:")
@@ -51,6 +53,11 @@ def main(argv: Sequence[str]) -> int:
     cl.add_argument("action", choices=["up", "down", "status"])
     cl.add_argument("--dir", help="cluster directory (default: $TANDEM_CLUSTER_DIR or .tandem/cluster)")
     cl.add_argument("--json", action="store_true", help="status as JSON")
+    cl.add_argument(
+        "--lws",
+        action="store_true",
+        help="up: also run the LeaderWorkerSet controller and its webhooks (also on a running cluster)",
+    )
 
     rn = sub.add_parser("runner", help="run the pod runner in the foreground (`cluster up` starts it)")
     rn.add_argument("--dir", required=True, help="cluster directory")
@@ -62,6 +69,9 @@ def main(argv: Sequence[str]) -> int:
     ts.add_argument("--unhealthy-after", type=float, default=0.0, help="/health answers 503 after N seconds")
     ts.add_argument("--exit-after", type=float, default=0.0, help="exit with --exit-code after N seconds")
     ts.add_argument("--exit-code", type=int, default=1)
+    ts.add_argument(
+        "--peer", default="", help="healthy only once a GET of this URL succeeded; /peer shows it"
+    )
 
     args = parser.parse_args(list(argv))
     try:
@@ -77,7 +87,7 @@ def _run(args: argparse.Namespace) -> int:
         cdir = _cluster_dir(args.dir)
         try:
             if args.action == "up":
-                cluster.up(cdir)
+                cluster.up(cdir, lws=args.lws)
                 _print_status(cluster.status(cdir))
             elif args.action == "down":
                 cluster.down(cdir)
@@ -105,4 +115,5 @@ def _run(args: argparse.Namespace) -> int:
         unhealthy_after=args.unhealthy_after,
         exit_after=args.exit_after,
         exit_code=args.exit_code,
+        peer=args.peer,
     )

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from tandem.devcluster import kube, layout, pki, procs, realvllm
+from tandem.devcluster import kube, layout, lws, pki, procs, realvllm
 from tandem.devcluster.layout import ClusterDir
 
 # Never dialled: Service cluster IPs are bookkeeping only here (nothing routes them, and Services
@@ -38,7 +38,8 @@ KWOK_FALLBACK_SUBNET = 250
 # Serialises the choice of pod octet between clusters starting at the same time.
 OCTET_LOCK = Path(tempfile.gettempdir()) / "tandem-devcluster.lock"
 
-START_ORDER = (*layout.CONTROL_PLANE_BINARIES, "pod-runner")  # the binaries are listed in start order
+# The binaries are listed in start order; the LWS controller only runs when asked (`start_lws`).
+START_ORDER = (*layout.CONTROL_PLANE_BINARIES, LWS_COMPONENT := "lws-controller", "pod-runner")
 
 
 class ClusterError(RuntimeError):
@@ -62,6 +63,8 @@ class State:
     pod_octet: int = POD_OCTETS[0]
     # A process whose end means the cluster is garbage (a pytest session); 0 for `cluster up`.
     owner_pid: int = 0
+    # The LeaderWorkerSet controller's webhook port on 127.0.0.1; 0 while it does not run.
+    lws_webhook_port: int = 0
 
     @property
     def apiserver_url(self) -> str:
@@ -238,6 +241,7 @@ def up(
     pod_runner: bool = True,
     vllm: realvllm.EngineSetup | None = None,
     audit: bool = False,
+    lws: bool = False,
 ) -> State:
     """Starts the cluster in `cdir`, or returns the state of the one already running there.
 
@@ -252,12 +256,15 @@ def up(
     With `audit`, the apiserver writes an audit log (`ClusterDir.audit_log`, `AUDIT_POLICY`): every
     request for tandem's kinds, pods, Secrets and Leases with its user agent, which
     `apiserver_request_total` does not carry (`fleet.audit_requests` counts them by client).
+    With `lws`, the LeaderWorkerSet controller runs too (`start_lws`); it can also be started later.
     """
     if is_running(cdir):
-        state = load_state(cdir)
-        assert state is not None
+        if lws:
+            start_lws(cdir)
+        running = load_state(cdir)
+        assert running is not None
         _log(f"already running in {cdir.path}")
-        return state
+        return running
     if cdir.state.exists():
         _log(f"stale cluster state in {cdir.path}; cleaning up first")
         down(cdir)
@@ -455,10 +462,74 @@ def up(
     finally:
         lock.close()
 
+    if lws:
+        start_lws(cdir, timeout=timeout)
+        # start_lws recorded its process in state.json; keep that record.
+        with_lws = load_state(cdir)
+        assert with_lws is not None
+        state.pids, state.lws_webhook_port = with_lws.pids, with_lws.lws_webhook_port
     state.startup_seconds = round(time.monotonic() - t0, 1)
     state.save(cdir.state)
     _log(f"up in {state.startup_seconds}s; KUBECONFIG={cdir.kubeconfig}")
     return state
+
+
+def start_lws(cdir: ClusterDir, *, timeout: float = 120.0) -> float:
+    """Starts the LeaderWorkerSet controller on the running cluster in `cdir` (a no-op while it
+    runs): installs LWS's CRD, starts its controller manager with webhooks served on 127.0.0.1
+    under a cert from the cluster's CA, registers its webhook configurations by URL, and waits
+    until a dry-run create of a LeaderWorkerSet passes both webhooks. Returns the seconds it took.
+    `tandem.devcluster.lws` says why the webhooks are wired this way; `down` stops it."""
+    t0 = time.monotonic()
+    state = load_state(cdir)
+    if state is None:
+        raise ClusterError(f"no cluster state in {cdir.path}")
+    pid = state.pids.get(LWS_COMPONENT)
+    if pid is not None and procs.has_marker(pid, cdir.marker):
+        return 0.0
+    bins = Path(state.bin_dir)
+    missing = lws.missing_files(bins)
+    if missing:
+        raise ClusterError(
+            f"missing LeaderWorkerSet files in {bins}: {', '.join(missing)}. Build them with "
+            "`make tools` (e2e/build-tools.sh, tool `lws`)."
+        )
+    work = cdir.path / "lws"
+    shutil.rmtree(work, ignore_errors=True)
+    cert_dir = work / "certs"
+    certs = pki.Pki(cdir.pki)
+    lws.write_certs(certs, cert_dir)
+    port = procs.free_port()
+    config = work / "config.yaml"
+    config.write_text(lws.config_text(port=port, cert_dir=cert_dir))
+    log = cdir.logs / f"{LWS_COMPONENT}.log"
+
+    api = kube.client_from(cdir.kubeconfig)
+    try:
+        kube.apply_crd(api, yaml.safe_load((bins / lws.CRD_FILE).read_text()))
+        env = {**_base_env(), "KUBECONFIG": str(cdir.kubeconfig)}
+        state.pids[LWS_COMPONENT] = procs.spawn(
+            lws.argv(bins, config), log=log, marker=cdir.marker, env=env, cwd=cdir.path
+        ).pid
+        state.lws_webhook_port = port
+        state.save(cdir.state)
+        configs = lws.webhook_configurations(
+            (bins / lws.WEBHOOKS_FILE).read_text(), port=port, ca_bundle=certs.ca_crt.read_bytes()
+        )
+        lws.apply_webhook_configurations(api, configs)
+
+        deadline = time.monotonic() + timeout
+        while not lws.webhooks_answer(api):
+            if not procs.has_marker(state.pids[LWS_COMPONENT], cdir.marker):
+                raise _fail(cdir, f"{LWS_COMPONENT} exited during startup", log)
+            if time.monotonic() > deadline:
+                raise _fail(cdir, f"the LeaderWorkerSet webhooks did not answer in {timeout:.0f}s", log)
+            time.sleep(0.5)
+    finally:
+        kube.close(api)
+    took = round(time.monotonic() - t0, 1)
+    _log(f"LeaderWorkerSet controller up in {took}s (webhooks on 127.0.0.1:{port})")
+    return took
 
 
 def _etcd_argv(cdir: ClusterDir, state: State) -> list[str]:
@@ -688,6 +759,7 @@ def status(cdir: ClusterDir) -> dict[str, Any]:
         "bin_dir": state.bin_dir,
         "pod_cidrs": f"127.{state.pod_octet}.0.0/16",
         "startup_seconds": state.startup_seconds,
+        "lws_webhook": f"https://127.0.0.1:{state.lws_webhook_port}" if state.lws_webhook_port else "",
         "components": {
             name: {"pid": state.pids[name], "alive": ok} for name, ok in alive(cdir, state).items()
         },

@@ -105,6 +105,26 @@ def _issue(
     return builder.sign(ca_key, hashes.SHA256())
 
 
+def issue_serving_cert(p: Pki, crt: Path, key: Path, *, name: str) -> None:
+    """A serving cert for `name` on 127.0.0.1 (and `localhost`), signed by the cluster's CA: for a
+    webhook server the apiserver dials at `https://127.0.0.1:<port>` with the CA as its caBundle."""
+    ca_cert = x509.load_pem_x509_certificate(p.ca_crt.read_bytes())
+    ca_key = serialization.load_pem_private_key(p.ca_key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    server_key = ec.generate_private_key(ec.SECP256R1())
+    cert = _issue(
+        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]),
+        server_key,
+        ca_cert.subject,
+        ca_key,
+        usages=[ExtendedKeyUsageOID.SERVER_AUTH],
+        sans=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+    )
+    crt.parent.mkdir(parents=True, exist_ok=True)
+    _write(key, _key_pem(server_key))
+    crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
 def create(directory: Path) -> Pki:
     """Writes a fresh PKI into `directory` (created if needed) and returns its paths."""
     directory.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,8 @@ A pod is tandem's own when its first container's `command[0]` is `tandem`. KWOK'
 `tandem-pod-start` stage (e2e/kwok/stages.yaml) gives such a pod a loopback IP and phase Running
 with Ready=False; the runner then starts the container's command as a local process (the venv's
 `tandem`, `$(VAR)`s expanded, the container's env plus KUBECONFIG for the loopback apiserver and
-TANDEM_POD_IP), probes the pod's readinessProbe on the pod IP and writes Ready and
+TANDEM_POD_IP, pod DNS names such as LeaderWorkerSet's LWS_LEADER_ADDRESS replaced by the pod's IP:
+`poddns`), probes the pod's readinessProbe on the pod IP and writes Ready and
 containerStatuses like a kubelet. A process that exits is shown on the pod (restartCount,
 lastState, CrashLoopBackOff; a failed container's last log lines as its termination message under
 FallbackToLogsOnError) and restarted with backoff per restartPolicy. An image whose
@@ -37,6 +38,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -44,7 +46,7 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from tandem.api.times import parse_rfc3339, rfc3339
-from tandem.devcluster import expand, kube, layout, procs, realvllm
+from tandem.devcluster import expand, kube, layout, poddns, procs, realvllm
 from tandem.devcluster.layout import ClusterDir
 from tandem.status.container_error import FALLBACK_MAX_LINES, fallback_message
 
@@ -279,7 +281,10 @@ class PodWorker(threading.Thread):
             secret=r.secret,
             configmap=r.configmap,
         )
-        argv = expand.container_argv(self.container, env)
+        # Pod DNS names (LWS_LEADER_ADDRESS and the args it is expanded into) -> pod IPs: `poddns`.
+        pods = r.namespace_pods(self.namespace)
+        env = dict(zip(env, poddns.resolve(list(env.values()), self.namespace, pods), strict=True))
+        argv = poddns.resolve(expand.container_argv(self.container, env), self.namespace, pods)
         if r.vllm is not None and realvllm.is_vllm_command(argv):
             argv = realvllm.command(argv, r.vllm)
             env = realvllm.environment(env, r.vllm)
@@ -660,6 +665,15 @@ class Runner:
 
     def configmap_key(self, ns: str, name: str, key: str) -> str | None:
         return (self.configmap(ns, name) or {}).get(key)
+
+    def namespace_pods(self, namespace: str) -> Callable[[], list[dict[str, Any]]]:
+        """A reader of `namespace`'s pods (for `poddns.resolve`)."""
+
+        def read() -> list[dict[str, Any]]:
+            resp = self.core.list_namespaced_pod(namespace, _preload_content=False)
+            return list(kube.raw(resp)["items"])
+
+        return read
 
     def forget(self, uid: str) -> None:
         with self._lock:
