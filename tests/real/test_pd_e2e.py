@@ -19,6 +19,8 @@ PDDeployment with all three pools and `spec.rollout`:
 5. The prefill engine is killed -9 and restarted in the same pod (same IP and side-channel port) while
    decode still holds its NIXL peer: vLLM gives the new process a new engine_id, the router passes it
    to decode in `kv_transfer_params`, and decode handshakes again; the answers stay equal.
+6. Clients that leave 10-400 ms after sending: how long the prefill engine holds the KV of prefills
+   nobody will read (real vLLM has no route the router can free it by; its lease bounds the hold).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import os
 import random
 import re
 import signal
+import socket
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -147,8 +151,11 @@ def manifest(prometheus_url: str) -> dict[str, Any]:
         "prefill": pool,
         "decode": pool,
         # Loose targets: three CPU engines share two cores with the control plane, so only a fault,
-        # not the machine's speed, may fail a window.
-        "slo": {"ttftMs": 5000, "tpotMs": 1000, "attainmentPercent": 80},
+        # not the machine's speed, may fail a window. With TTFT 5 s a run on a busy machine (load
+        # average 8-16) promoted P/D, then fell back to colocated by itself (steady P/D breach,
+        # autoRollback) during the one-at-a-time requests: KV pulls over NIXL's TCP transport on
+        # loopback took up to several seconds there.
+        "slo": {"ttftMs": 30000, "tpotMs": 2000, "attainmentPercent": 80},
         "autoscaling": {"enabled": False, "prometheus": {"url": prometheus_url}},
         "rollout": {
             "steps": [{"weight": 50, "pauseSeconds": 0}, {"weight": 100, "pauseSeconds": 0}],
@@ -494,6 +501,10 @@ def disaggregated(pd: Deployed) -> Run:
     answers = run_all(pd.router())
     seconds = time.monotonic() - started
     after = {role: pd.metrics(role) for role in ("prefill", "decode")}
+    # Still P/D throughout: a steady-P/D fall-back to colocated (autoRollback) would answer the same.
+    seen = json.loads(pd.cluster.kubectl("get", "-n", pd.namespace, "pdd", pd.name, "-o", "json").stdout)
+    rollout = seen["status"].get("rollout") or {}
+    assert (seen["status"].get("mode"), rollout.get("phase")) == ("Disaggregated", "Promoted"), rollout
     rss = ", ".join(f"{role} {engine_rss(pd.pod(role)):.2f} GB" for role in ("prefill", "decode"))
     print(f"engine RSS: {rss}; P/D latency {latency(answers)}")
     return Run(answers, seconds, before, after)
@@ -782,3 +793,72 @@ def test_a_prefill_restarted_in_its_pod_while_decode_holds_its_nixl_peer(
     assert got == colocated.held_back
     assert transferred > 0
     assert grew("vllm:nixl_num_failed_transfers_total") == 0
+
+
+# --- abandoned requests: how long real vLLM holds a finished prefill's KV -------------------------
+
+# Clients that leave 10 ms to 400 ms after sending, so some leave mid-prefill and some just after it.
+DROP_AFTER_S = (0.01, 0.05, 0.1, 0.2, 0.4)
+DROPS_EACH = 8
+# vLLM >= 0.22 holds a finished prefill's blocks for a lease (`kv_lease_duration`, 30 s, render/
+# lifecycle.py) that only a decode engine's heartbeats extend; nothing heartbeats for these.
+LEASE_S = 30
+
+
+def drop_after(router: str, prompt: str, seconds: float) -> None:
+    url = urllib.parse.urlsplit(router)
+    payload = json.dumps(
+        {"model": MODEL, "prompt": prompt, "max_tokens": 64, "stream": True, "temperature": 0}
+    ).encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {url.hostname}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection((url.hostname or "", url.port or 80), timeout=10) as sock:
+        sock.sendall(head + payload)
+        time.sleep(seconds)  # the client's patience, the fault under test
+
+
+def test_abandoned_requests_hold_prefill_kv_for_at_most_one_lease(pd: Deployed) -> None:
+    """The router frees the KV of an attempt its client abandoned by asking the prefill pod to
+    (`/abort_requests`, the sim engine's); real vLLM 0.32 serves no such route on `vllm serve` (only
+    under `--tokens-only`, or `/inference/v1/abort_requests` with `--enable-scale-out`), so there a
+    finished prefill whose client left keeps its blocks until its lease lapses. Measured: the
+    prefill engine's KV usage after a burst of abandoned requests, until it is back to zero."""
+    words = " ".join(tinymodel.corpus(23, lines=400)).split()
+    prompts = [" ".join(words[i * 40 : i * 40 + 700]) for i in range(len(DROP_AFTER_S) * DROPS_EACH)]
+    router = pd.router()
+    before = pd.metrics("prefill")
+    threads = [
+        threading.Thread(target=drop_after, args=(router, prompt, DROP_AFTER_S[i % len(DROP_AFTER_S)]))
+        for i, prompt in enumerate(prompts)
+    ]
+    sent = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    usage: list[tuple[float, float]] = []
+
+    def freed() -> bool:
+        usage.append(
+            (time.monotonic() - sent, metric_total(pd.metrics("prefill"), "vllm:kv_cache_usage_perc"))
+        )
+        return usage[-1][1] == 0 and usage[-1][0] > 2
+
+    eventually(freed, timeout=LEASE_S + 90, interval=1, what="the prefill engine's KV freed")
+    after = pd.metrics("prefill")
+    held_until = max((t for t, u in usage if u > 0), default=0.0)
+    expired = metric_total(after, "vllm:nixl_num_kv_expired_reqs") - metric_total(
+        before, "vllm:nixl_num_kv_expired_reqs"
+    )
+    prefilled = metric_total(after, "vllm:request_success_total") - metric_total(
+        before, "vllm:request_success_total"
+    )
+    print(
+        f"\n{len(prompts)} requests abandoned 10-400 ms after sending: {prefilled:.0f} prefills finished, "
+        f"KV usage peaked at {max(u for _, u in usage):.2%}, last seen held {held_until:.1f} s after the "
+        f"burst; {expired:.0f} leases expired (vllm:nixl_num_kv_expired_reqs)"
+    )
+    # The bound: the lease (plus the engine's check period and this test's 1-s polling).
+    assert held_until <= LEASE_S + 15, usage

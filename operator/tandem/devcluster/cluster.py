@@ -184,9 +184,29 @@ def _load_nodes(octet: int) -> list[dict[str, Any]]:
     return nodes
 
 
+def listening_octets(proc_net_tcp: str) -> set[int]:
+    """The second octets of the 127.x.y.z addresses sockets listen on, from `/proc/net/tcp`'s text
+    (local address as little-endian hex, state 0A = LISTEN)."""
+    octets = set()
+    for line in proc_net_tcp.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 4 or fields[3] != "0A":
+            continue
+        address = bytes.fromhex(fields[1].split(":")[0])[::-1]
+        if len(address) == 4 and address[0] == 127:
+            octets.add(address[1])
+    return octets
+
+
 def _pick_pod_octet(cdir: ClusterDir) -> int:
-    """The lowest pod octet no other running cluster on this machine uses."""
-    used = set()
+    """The lowest pod octet no other running cluster on this machine uses, and on which no process
+    listens: a pod process that outlived its cluster (its state gone) still holds its pod IP, and a
+    pod given that IP again would have its probes answered by the stray process."""
+    try:
+        used = listening_octets(Path("/proc/net/tcp").read_text())
+    except OSError:
+        used = set()
+    used.discard(0)  # 127.0.x: the control plane's own ports
     for marker in procs.markers():
         if marker == cdir.marker:
             continue
