@@ -467,6 +467,7 @@ class Reconciler:
             pod_problems=missing_secrets(self.kube, pdd) + pod_problems(ctx.pods),
             apply_errors=applied.errors,
             sources=scaling.sources,
+            limited_by={role: pool.limited_by for role, pool in desired.sizes.pools.items()},
             autoscaling=scaling.state,
             slo=scaling.slo,
             autoscaling_condition=scaling.condition,

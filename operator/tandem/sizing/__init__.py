@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Final, Literal
+from typing import Final
 
 from tandem.api import meta
 from tandem.api.models import AutoscalingMode, PDDeploymentSpec
@@ -43,13 +43,14 @@ from tandem.api.status import (
     ReplicaSource,
     RevisionsStatus,
     RolloutStatus,
+    SizingStage,
 )
 from tandem.autoscale.bounds import autoscaled_roles
 from tandem.autoscale.budget import fit_budget
 from tandem.rollout.arms import ARMS, DISAGGREGATED, Bound, other, share_of, yield_order
 from tandem.sizing import drain
 
-Stage = Literal["spec", "autoscaler", "external", "rolloutArm", "drain", "revisionShare", "maxGPUs"]
+Stage = SizingStage  # status.pools.<role>.limitedBy
 PREVIOUS: Final = "previous/"  # budget keys of the previous revision's pair: previous/prefill, ...
 
 
@@ -168,7 +169,7 @@ def serving(inp: ServingInput) -> Serving:
         size, stage = decided[role], _source_stage(src)
         bound = inp.bounds.get(role)
         if bound is not None and size is not None and bound.apply(size) != size:
-            size, stage = bound.apply(size), "rolloutArm"
+            size, stage = bound.apply(size), Stage.rollout_arm
         pool = PoolSizing(role, size, size, src, stage)
         if src is ReplicaSource.autoscaler and size is not None and state is not None:
             before = getattr(state.pools, role).draining
@@ -184,7 +185,7 @@ def serving(inp: ServingInput) -> Serving:
                 timeout=inp.drain_timeout,
             )
             state = with_drain(state, role, plan.drain)
-            held: Stage = "drain" if plan.replicas != size else stage
+            held = Stage.drain if plan.replicas != size else stage
             pool = replace(pool, replicas=plan.replicas, limited_by=held, drain=PoolDrain(plan, before))
         elif size is None and inp.live.get(role) is None:  # a new external pool starts at the spec's
             pool = replace(pool, replicas=inp.spec.pool(role).replicas)  # size (handed over next pass)
@@ -210,7 +211,7 @@ def finish(spec: PDDeploymentSpec, served: Serving, change: Change) -> Sizes:
         shares = pair_sizes(change.revisions, served.replicas, change.step_weights)
         for role, n in shares.current.items():
             pool = pools[role]
-            stage: Stage = "revisionShare" if n != pool.replicas else pool.limited_by
+            stage = Stage.revision_share if n != pool.replicas else pool.limited_by
             desired = n if n is not None else pool.desired
             pools[role] = replace(pool, replicas=n, desired=desired, limited_by=stage)
         previous = dict(shares.previous)
@@ -231,7 +232,7 @@ def finish(spec: PDDeploymentSpec, served: Serving, change: Change) -> Sizes:
             if key.startswith(PREVIOUS):
                 previous[key.removeprefix(PREVIOUS)] = n
             else:
-                pools[key] = replace(pools[key], replicas=n, desired=n, limited_by="maxGPUs")
+                pools[key] = replace(pools[key], replicas=n, desired=n, limited_by=Stage.max_gpus)
     return Sizes(pools, previous, spec.router.replicas, served.state)
 
 
@@ -248,9 +249,7 @@ def with_drain(state: AutoscalingStatus, role: str, record: DrainStatus | None) 
 
 
 def _source_stage(src: ReplicaSource) -> Stage:
-    if src is ReplicaSource.autoscaler:
-        return "autoscaler"
-    return "external" if src is ReplicaSource.external else "spec"
+    return Stage(src.value)  # the source's stage has the source's name
 
 
 @dataclass(frozen=True)
