@@ -72,9 +72,7 @@ class Observed:
     pod_problems: Sequence[PodProblem] = ()
     apply_errors: Sequence[str] = ()
     sources: Mapping[str, ReplicaSource] = field(default_factory=dict)  # role -> who sizes it (spec)
-    limited_by: Mapping[str, SizingStage] = field(
-        default_factory=dict
-    )  # role -> sizing stage (spec)
+    limited_by: Mapping[str, SizingStage] = field(default_factory=dict)  # role -> sizing stage (spec)
     autoscaling: AutoscalingStatus | None = None  # the autoscaler's state after this pass
     slo: SLOStatus | None = None  # the SLO as last measured
     autoscaling_condition: ConditionValue | None = None  # this pass's AutoscalingActive; None: keep
