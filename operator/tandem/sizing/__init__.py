@@ -23,15 +23,17 @@ before it left, and `PoolSizing.limited_by` names the last stage that changed it
 6. the router Deployment: `spec.router.replicas`.
 
 The revision step (controller/revisions.py) needs the sizes of stage 3 (whether the new pair is
-ready) and its status is stage 4's input, so a pass runs the chain as `serving()` (stages 1-3) and
-`finish()` (4-6) with the revision step between them; `size_pools()` runs both at once.
+ready) and its status is stage 4's input: `size_pools()`, the one call a pass makes, runs stages 1-3
+(`serving()`), then the step it is given (`between`, the revision step: it is not pure, it reads
+Prometheus when a verdict or the old pair's idleness is due, so it is passed in, not run here), then
+stages 4-6 (`finish()`) with the change that step returned.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Final
+from typing import Final, TypeVar
 
 from tandem.api import meta
 from tandem.api.models import AutoscalingMode, PDDeploymentSpec
@@ -52,6 +54,7 @@ from tandem.sizing import drain
 
 Stage = SizingStage  # status.pools.<role>.limitedBy
 PREVIOUS: Final = "previous/"  # budget keys of the previous revision's pair: previous/prefill, ...
+_Step = TypeVar("_Step")  # what the step between stages 3 and 4 hands back besides the change
 
 
 def is_external(spec: PDDeploymentSpec, role: str) -> bool:
@@ -152,6 +155,7 @@ class Sizes:
     previous: Mapping[str, int]  # replicas to set on the kept previous pair's StatefulSets, by role
     router: int
     state: AutoscalingStatus | None
+    serving: Serving  # after stage 3: the drain's marks and the autoscaler's report read it
 
     @property
     def replicas(self) -> dict[str, int | None]:
@@ -233,12 +237,20 @@ def finish(spec: PDDeploymentSpec, served: Serving, change: Change) -> Sizes:
                 previous[key.removeprefix(PREVIOUS)] = n
             else:
                 pools[key] = replace(pools[key], replicas=n, desired=n, limited_by=Stage.max_gpus)
-    return Sizes(pools, previous, spec.router.replicas, served.state)
+    return Sizes(pools, previous, spec.router.replicas, served.state, served)
 
 
-def size_pools(inp: ServingInput, change: Change = Change()) -> Sizes:
-    """The whole chain, for a caller that knows the change's status up front (tests, tools)."""
-    return finish(inp.spec, serving(inp), change)
+def size_pools(inp: ServingInput, between: Callable[[Serving], tuple[Change, _Step]]) -> tuple[Sizes, _Step]:
+    """The whole chain (module docstring): stages 1-3, `between` given their result (it returns the
+    change in progress for stages 4-5, and its own outcome, handed back with the sizes), stages 4-6."""
+    served = serving(inp)
+    change, outcome = between(served)
+    return finish(inp.spec, served, change), outcome
+
+
+def given(change: Change) -> Callable[[Serving], tuple[Change, None]]:
+    """A `between` for a caller that knows the change's status up front (tests, tools)."""
+    return lambda _served: (change, None)
 
 
 def with_drain(state: AutoscalingStatus, role: str, record: DrainStatus | None) -> AutoscalingStatus:
