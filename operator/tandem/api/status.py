@@ -56,6 +56,18 @@ class ReplicaSource(StrEnum):
     external = "external"  # another controller (HPA, KEDA) through the scale subresource
 
 
+class SizingStage(StrEnum):
+    """The stage of the sizing chain (`tandem.sizing`) that last changed a pool's replica count."""
+
+    spec = "spec"  # spec.<pool>.replicas, unchanged
+    autoscaler = "autoscaler"  # the autoscaler's decision, unchanged
+    external = "external"  # another controller's count (HPA, KEDA)
+    rollout_arm = "rolloutArm"  # a mode rollout's arm: its share of the traffic, or held at zero
+    drain = "drain"  # a shrinking pool keeps the pods still draining
+    revision_share = "revisionShare"  # a revision rollout: the pair at its share of the P/D requests
+    max_gpus = "maxGPUs"  # cut so that both sides of a change fit spec.maxGPUs
+
+
 class PoolStatus(ApiModel):
     replicas: Annotated[int, Field(ge=0, description="Pods that exist (StatefulSet status.replicas).")] = 0
     ready_replicas: Annotated[int, Field(ge=0, description="Pods that pass readiness.")] = 0
@@ -63,6 +75,13 @@ class PoolStatus(ApiModel):
     gpus: Annotated[int, Field(ge=0, description="GPUs the desired replicas request.")] = 0
     ready: Annotated[str, Field(description="readyReplicas/desiredReplicas, for printer columns.")] = "0/0"
     source: Annotated[ReplicaSource, Field(description="Who sets desiredReplicas.")] = ReplicaSource.spec
+    limited_by: Annotated[
+        SizingStage,
+        Field(
+            description="The last stage of the sizing chain that changed the pool's replicas (its "
+            "source when none did): spec, autoscaler, external, rolloutArm, drain, revisionShare, maxGPUs."
+        ),
+    ] = SizingStage.spec
 
 
 class PoolsStatus(ApiModel):

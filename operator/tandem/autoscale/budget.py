@@ -6,6 +6,8 @@ their wanted sizes do not fit, by SLO deficit (below). `fit_budget` is the trade
 the side that gives way shrinks first. They are different rules (a grant by priority among
 autoscaled pools within what other pools leave, against a shrink by side over every pool and both
 revision pairs), so each keeps its own expectations; they share the count and the module.
+`arbitrate`'s result is the decision (stage 1 of the chain), `fit_budget` the one cut of what the
+chain produced: docs/architecture.md (One sizing chain) says why that is one enforcement, not two.
 
 The autoscaler's rule: GPUs of pools the autoscaler does not size (fixed or external) are spent
 first. When the pools' wanted sizes do not fit in the rest, each pool starts at its `minReplicas`

@@ -92,18 +92,7 @@ def evaluate(
     below = ratio is not None and ratio < threshold
     count = (previous.readings_below if previous else 0) + 1 if below else 0
     judged_at = reading.observed_at if ratio is not None else previous.judged_at if previous else None
-    measured = KVTransportMeasurement(
-        observed_at=reading.observed_at,
-        window_seconds=round(reading.window_seconds),
-        transfers=round(reading.transfers),
-        failed_transfers=round(reading.failed_transfers),
-        judged_transfers=round(reading.judged_transfers),
-        effective_gbps=None if reading.effective_gbps is None else _sig3(reading.effective_gbps),
-        link_gbps=round(reading.link_gbps, 3),
-        bandwidth_percent=None if ratio is None else round(ratio * 100),
-        readings_below=count,
-        judged_at=judged_at,
-    )
+    measured = _measurement(reading, count, judged_at)
     failures = (
         f"; {reading.failed_transfers:.0f} of {reading.transfers:.0f} transfers failed"
         if reading.transfers > 0
@@ -111,31 +100,8 @@ def evaluate(
     )
     effective = reading.effective_gbps
     if ratio is None or effective is None:
-        if reading.missing:
-            return measured, ("Unknown", "MetricsUnavailable", "; ".join(reading.missing)[:1000])
-        if not reading.nixl_metrics:
-            return measured, ("Unknown", "NoNIXLMetrics", "no engine pod exports vllm:nixl_* metrics")
-        held = (
-            prior is not None
-            and prior.status in ("True", "False")
-            and judged_at is not None
-            and 0 <= reading.observed_at - judged_at < HOLD_INTERVALS * spec.autoscaling.interval_seconds
-        )
-        if held and prior is not None:  # the verdict as it stands, message and all: no write, no Event
-            return measured, (prior.status, prior.reason, prior.message)
-        text = f"not judged over the last {reading.window_seconds:.0f}s: {reading.not_judged}{failures}"
-        return measured, ("Unknown", "NotEnoughTransfers", text)
-    floor = reading.effective_gbps_floor
-    between = (
-        f"at least {floor:.3g} and at most {effective:.3g} Gb/s"
-        if floor is not None and floor < 0.95 * effective
-        else f"{effective:.3g} Gb/s"
-    )
-    figures = (
-        f"effective KV bandwidth {between}, {ratio * 100:.0f}% of the configured {reading.link_gbps:.4g} Gb/s"
-        f" (threshold {kv.degraded_below_percent}%), over {reading.judged_transfers:.0f} transfers above"
-        f" {_size(reading.judged_above_bytes)} in the last {reading.window_seconds:.0f}s{failures}"
-    )
+        return measured, _not_judged(reading, spec, prior, judged_at, failures)
+    figures = _figures(reading, ratio, effective, kv.degraded_below_percent, failures)
     if not below:
         return measured, ("False", "BandwidthHealthy", figures)
     if count >= DEGRADED_READINGS:
@@ -149,6 +115,64 @@ def evaluate(
         status,
         "BandwidthBelowThresholdPending",
         f"{figures}; below the threshold in {count} of the {DEGRADED_READINGS} readings in a row needed",
+    )
+
+
+def _measurement(reading: KvTransportReading, count: int, judged_at: float | None) -> KVTransportMeasurement:
+    """status.kvTransfer.measured for a reading, at the precision status shows."""
+    ratio = reading.bandwidth_ratio
+    return KVTransportMeasurement(
+        observed_at=reading.observed_at,
+        window_seconds=round(reading.window_seconds),
+        transfers=round(reading.transfers),
+        failed_transfers=round(reading.failed_transfers),
+        judged_transfers=round(reading.judged_transfers),
+        effective_gbps=None if reading.effective_gbps is None else _sig3(reading.effective_gbps),
+        link_gbps=round(reading.link_gbps, 3),
+        bandwidth_percent=None if ratio is None else round(ratio * 100),
+        readings_below=count,
+        judged_at=judged_at,
+    )
+
+
+def _not_judged(
+    reading: KvTransportReading,
+    spec: PDDeploymentSpec,
+    prior: Condition | None,
+    judged_at: float | None,
+    failures: str,
+) -> ConditionValue:
+    """The condition when the reading cannot be judged: why, or the verdict held at light load."""
+    if reading.missing:
+        return ("Unknown", "MetricsUnavailable", "; ".join(reading.missing)[:1000])
+    if not reading.nixl_metrics:
+        return ("Unknown", "NoNIXLMetrics", "no engine pod exports vllm:nixl_* metrics")
+    held = (
+        prior is not None
+        and prior.status in ("True", "False")
+        and judged_at is not None
+        and 0 <= reading.observed_at - judged_at < HOLD_INTERVALS * spec.autoscaling.interval_seconds
+    )
+    if held and prior is not None:  # the verdict as it stands, message and all: no write, no Event
+        return (prior.status, prior.reason, prior.message)
+    text = f"not judged over the last {reading.window_seconds:.0f}s: {reading.not_judged}{failures}"
+    return ("Unknown", "NotEnoughTransfers", text)
+
+
+def _figures(
+    reading: KvTransportReading, ratio: float, effective: float, threshold_percent: int, failures: str
+) -> str:
+    """What a judged reading measured, for the condition's message."""
+    floor = reading.effective_gbps_floor
+    between = (
+        f"at least {floor:.3g} and at most {effective:.3g} Gb/s"
+        if floor is not None and floor < 0.95 * effective
+        else f"{effective:.3g} Gb/s"
+    )
+    return (
+        f"effective KV bandwidth {between}, {ratio * 100:.0f}% of the configured {reading.link_gbps:.4g} Gb/s"
+        f" (threshold {threshold_percent}%), over {reading.judged_transfers:.0f} transfers above"
+        f" {_size(reading.judged_above_bytes)} in the last {reading.window_seconds:.0f}s{failures}"
     )
 
 

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from tandem import sizing
 from tandem.api import meta
 from tandem.api.models import PDDeployment
-from tandem.api.status import PDDeploymentStatus, RevisionsStatus
+from tandem.api.status import PDDeploymentStatus, RevisionsStatus, RolloutStatus
 from tandem.api.times import parse_rfc3339
 from tandem.controller import commands, handover, metrics, revisions
 from tandem.controller.api_keys import api_keys_problems
@@ -123,8 +123,7 @@ class Desired:
     scaling: Outcome
     kv: KvOutcome
     revs: revisions.RevisionOutcome
-    served: sizing.Serving  # the sizing chain's stages 1-3 (the drain's marks)
-    sizes: sizing.Sizes  # every size of the pass
+    sizes: sizing.Sizes  # every size of the pass (`sizes.serving`: stages 1-3, the drain's marks)
     objects: list[Obj]  # rendered, less a pair kept as it is
 
 
@@ -354,25 +353,39 @@ class Reconciler:
         )
         decided = self.autoscaler.decide(pdd, ctx.body, previous, ctx.statefulsets, epoch, rollout.bounds)
         kv = self.kv_transport.step(pdd, previous, epoch)
-        served = sizing.serving(
-            self.autoscaler.sizing_input(pdd, decided, previous, ctx.pods, epoch, rollout.bounds)
+        sizes, revs = sizing.size_pools(  # the one call: the revision step runs between stages 3 and 4
+            self.autoscaler.sizing_input(pdd, decided, previous, ctx.pods, epoch, rollout.bounds),
+            lambda served: self._revision_step(ctx, rollout.status, served),
         )
-        scaling = self.autoscaler.outcome(pdd, decided, served, epoch)
+        scaling = self.autoscaler.outcome(pdd, decided, sizes.serving, epoch)
+        objects = [
+            obj
+            for obj in render(pdd, sizes.replicas, revs.status.current)
+            if (obj["kind"], obj["metadata"]["name"]) not in revs.frozen  # a pair kept as it is
+        ]
+        return Desired(rollout, scaling, kv, revs, sizes, objects)
+
+    def _revision_step(
+        self, ctx: PassContext, mode_rollout: RolloutStatus | None, served: sizing.Serving
+    ) -> tuple[sizing.Change, revisions.RevisionOutcome]:
+        """The revision step, between the sizing chain's stages 3 and 4: whether the new pair is ready
+        (at stage 3's sizes), status.revisions after this pass, and the change stages 4-5 size."""
+        pdd = ctx.pdd
         revs = revisions.step(
             pdd,
             ctx.stored_revisions,
             ctx.statefulsets,
             served.replicas,
-            epoch,
+            ctx.epoch,
             pods=ctx.pods,
             command_value=ctx.routed.revision,
-            verdict_for=revisions.verdict_reader(self.autoscaler, pdd, epoch),
+            verdict_for=revisions.verdict_reader(self.autoscaler, pdd, ctx.epoch),
             loads_for=revisions.loads_reader(self.autoscaler, pdd),
         )
         kept = revs.status.previous
         change = sizing.Change(
             revisions=revs.status,
-            mode_rollout=rollout.status,
+            mode_rollout=mode_rollout,
             step_weights=[st.weight for st in pdd.spec.rollout.steps] if pdd.spec.rollout is not None else [],
             previous_live={
                 role: _replicas_or_one(ctx.existing.get(("StatefulSet", f"{kept.prefix}-{role}")))
@@ -381,20 +394,14 @@ class Reconciler:
             if kept is not None
             else {},
         )
-        sizes = sizing.finish(pdd.spec, served, change)
-        objects = [
-            obj
-            for obj in render(pdd, sizes.replicas, revs.status.current)
-            if (obj["kind"], obj["metadata"]["name"]) not in revs.frozen  # a pair kept as it is
-        ]
-        return Desired(rollout, scaling, kv, revs, served, sizes, objects)
+        return change, revs
 
     # -- apply -------------------------------------------------------------------------------------
 
     def _apply(self, ctx: PassContext, desired: Desired) -> Applied:
         """The drain marks, every child that differs from its live object, the kept pair's shares,
         and the prune of children no longer rendered."""
-        self.autoscaler.mark(ctx.pdd, desired.served, ctx.epoch)
+        self.autoscaler.mark(ctx.pdd, desired.sizes.serving, ctx.epoch)
         out = Applied()
         changes: list[tuple[Obj, Obj | None, handover.Step]] = []
         for obj in desired.objects:
@@ -467,6 +474,7 @@ class Reconciler:
             pod_problems=missing_secrets(self.kube, pdd) + pod_problems(ctx.pods),
             apply_errors=applied.errors,
             sources=scaling.sources,
+            limited_by={role: pool.limited_by for role, pool in desired.sizes.pools.items()},
             autoscaling=scaling.state,
             slo=scaling.slo,
             autoscaling_condition=scaling.condition,

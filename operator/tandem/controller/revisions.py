@@ -122,11 +122,7 @@ def advance(
     current, previous, weight = stored.current, stored.previous, stored.weight
     if current.id != spec_revision:
         if previous is not None and previous.id == spec_revision:
-            message = f"spec back at revision {previous.id}: traffic returns to it, {current.id} drains"
-            return (
-                RevisionsStatus(current=previous, previous=current, weight=100 - weight, since=now),
-                [("Warning", "RevisionReverted", message)],
-            )
+            return _reverted(stored, now)
         new = RevisionRecord(id=spec_revision, prefix=name_prefix(pdd_name, spec_revision, legacy=False))
         if previous is not None and weight == 0:
             message = f"revision {new.id} replaces {current.id}, which never served; {previous.id} serves"
@@ -236,38 +232,7 @@ def advance_rollout(
     current, previous, weight = stored.current, stored.previous, stored.weight
     state = _state_of(stored)
     if current.id != spec_revision:
-        held = state is not None and state.phase is Phase.RolledBack
-        if state is not None and held and stored.rollout and stored.rollout.target == spec_revision:
-            # Held after a rollback of this revision: only `retry` starts it again.
-            t = _echo(machine_step(state, None, command, now, config), state)
-            if t.state.phase is not Phase.Preparing:
-                kept = _record_of(t.state, spec_revision, t.problems)
-                return stored.model_copy(update={"rollout": kept}), []
-            new = _new_record(pdd_name, spec_revision)
-            message = f"revision {current.id} -> {new.id}: {t.state.reason}"
-            retried = _record_of(t.state, new.id, t.problems)
-            return (
-                RevisionsStatus(current=new, previous=current, weight=0, since=now, rollout=retried),
-                [("Normal", "RevisionRolloutRetried", message)],
-            )
-        if previous is not None and previous.id == spec_revision:
-            message = f"spec back at revision {previous.id}: traffic returns to it, {current.id} drains"
-            return (
-                RevisionsStatus(current=previous, previous=current, weight=100 - weight, since=now),
-                [("Warning", "RevisionReverted", message)],
-            )
-        new = _new_record(pdd_name, spec_revision)
-        old = previous if previous is not None and weight == 0 else current
-        last = command.id if command is not None else (state.last_command if state is not None else None)
-        fresh = start(config, now, last_command=last)
-        steps = ", ".join(f"{s.weight}%" for s in config.steps)
-        message = f"revision {old.id} -> {new.id} in steps of {steps}: the new P/D pair starts beside the old"
-        return (
-            RevisionsStatus(
-                current=new, previous=old, weight=0, since=now, rollout=_record_of(fresh, new.id)
-            ),
-            [("Normal", "RevisionRolloutStarted", message)],
-        )
+        return _spec_moved(stored, state, pdd_name, spec_revision, config, command, now)
     if previous is None:
         return (stored if stored.rollout is None else stored.model_copy(update={"rollout": None})), []
     if state is None:  # a change the cut-over began (spec.rollout added since): continue it here
@@ -284,42 +249,14 @@ def advance_rollout(
     )
     s = t.state
     head = f"revision {previous.id} -> {current.id}, weight {s.weight}%"
-    events: list[Event] = []
-    event = t.event_reason(state, "RevisionRollout")
-    # The scale-down stage deletes the new pair in this same pass: RevisionRolledBack says so (one Event).
-    if event is not None and event != "RevisionRolloutScalingDown":
-        kind = "Warning" if s.phase in (Phase.RollingBack, Phase.RolledBack) else "Normal"
-        events.append((kind, event, f"{head}: {s.reason}"))
+    events = _machine_events(t, state, head)
     if s.phase is Phase.Promoted:
         timeout = config.scale_down_delay_seconds if drain_timeout is None else drain_timeout
-        why = removal(s.phase_since, now, old_idle, settle_seconds, timeout)
-        if why is not None:
-            message = removal_message(previous, why, s.phase_since, now, timeout)
-            return RevisionsStatus(current=current, weight=100), [
-                *events,
-                ("Normal", "RevisionRemoved", message),
-            ]
-        return (
-            RevisionsStatus(
-                current=current,
-                previous=previous,
-                weight=100,
-                since=s.phase_since,
-                rollout=_record_of(s, current.id, t.problems),
-            ),
-            events,
-        )
+        return _after_promotion(stored, t, events, now, old_idle, settle_seconds, timeout)
     if s.phase is Phase.RolledBack or (
         s.phase is Phase.RollingBack and s.rollback_stage is RollbackStage.ScalingDown
     ):
-        # The weight has been back on the old pair for the scale-down delay: the new pair goes.
-        if s.phase is Phase.RollingBack:
-            s = machine_step(s, None, None, now, config, Observed(target_pods=0)).state
-        message = f"{head}: the new pair is deleted, revision {previous.id} serves"
-        return (
-            RevisionsStatus(current=previous, weight=100, rollout=_record_of(s, current.id, t.problems)),
-            [*events, ("Warning", "RevisionRolledBack", message)],
-        )
+        return _rolled_back(stored, t, events, head, now, config)
     since = stored.since if s.weight == weight else now
     return (
         RevisionsStatus(
@@ -330,6 +267,126 @@ def advance_rollout(
             rollout=_record_of(s, current.id, t.problems),
         ),
         events,
+    )
+
+
+def _spec_moved(
+    stored: RevisionsStatus,
+    state: RolloutState | None,
+    pdd_name: str,
+    spec_revision: str,
+    config: RolloutConfig,
+    command: Command | None,
+    now: float,
+) -> tuple[RevisionsStatus, list[Event]]:
+    """The spec names a revision other than `current`: the one rolled back (held until `retry`), the
+    previous one (the two swap), or a new one (a change starts at Preparing)."""
+    current, previous, weight = stored.current, stored.previous, stored.weight
+    held = state is not None and state.phase is Phase.RolledBack
+    if state is not None and held and stored.rollout and stored.rollout.target == spec_revision:
+        return _held_or_retried(stored, state, pdd_name, spec_revision, config, command, now)
+    if previous is not None and previous.id == spec_revision:
+        return _reverted(stored, now)
+    new = _new_record(pdd_name, spec_revision)
+    old = previous if previous is not None and weight == 0 else current
+    last = command.id if command is not None else (state.last_command if state is not None else None)
+    fresh = start(config, now, last_command=last)
+    steps = ", ".join(f"{s.weight}%" for s in config.steps)
+    message = f"revision {old.id} -> {new.id} in steps of {steps}: the new P/D pair starts beside the old"
+    return (
+        RevisionsStatus(current=new, previous=old, weight=0, since=now, rollout=_record_of(fresh, new.id)),
+        [("Normal", "RevisionRolloutStarted", message)],
+    )
+
+
+def _held_or_retried(
+    stored: RevisionsStatus,
+    state: RolloutState,
+    pdd_name: str,
+    spec_revision: str,
+    config: RolloutConfig,
+    command: Command | None,
+    now: float,
+) -> tuple[RevisionsStatus, list[Event]]:
+    """Held after a rollback of the revision the spec names: only `retry` starts it again."""
+    current = stored.current
+    t = _echo(machine_step(state, None, command, now, config), state)
+    if t.state.phase is not Phase.Preparing:
+        kept = _record_of(t.state, spec_revision, t.problems)
+        return stored.model_copy(update={"rollout": kept}), []
+    new = _new_record(pdd_name, spec_revision)
+    message = f"revision {current.id} -> {new.id}: {t.state.reason}"
+    retried = _record_of(t.state, new.id, t.problems)
+    return (
+        RevisionsStatus(current=new, previous=current, weight=0, since=now, rollout=retried),
+        [("Normal", "RevisionRolloutRetried", message)],
+    )
+
+
+def _reverted(stored: RevisionsStatus, now: float) -> tuple[RevisionsStatus, list[Event]]:
+    """The spec is back at the previous revision, which still serves: the two pairs swap."""
+    current, previous = stored.current, stored.previous
+    assert previous is not None
+    message = f"spec back at revision {previous.id}: traffic returns to it, {current.id} drains"
+    return (
+        RevisionsStatus(current=previous, previous=current, weight=100 - stored.weight, since=now),
+        [("Warning", "RevisionReverted", message)],
+    )
+
+
+def _machine_events(t: Transition, before: RolloutState, head: str) -> list[Event]:
+    """The Event of the machine's transition, if any."""
+    event = t.event_reason(before, "RevisionRollout")
+    # The scale-down stage deletes the new pair in this same pass: RevisionRolledBack says so (one Event).
+    if event is None or event == "RevisionRolloutScalingDown":
+        return []
+    kind = "Warning" if t.state.phase in (Phase.RollingBack, Phase.RolledBack) else "Normal"
+    return [(kind, event, f"{head}: {t.state.reason}")]
+
+
+def _after_promotion(
+    stored: RevisionsStatus,
+    t: Transition,
+    events: list[Event],
+    now: float,
+    old_idle: IdleCheck,
+    settle_seconds: float,
+    timeout: float,
+) -> tuple[RevisionsStatus, list[Event]]:
+    """Promoted: the old pair stays until it is idle, or the drain timeout passed."""
+    s, current, previous = t.state, stored.current, stored.previous
+    assert previous is not None
+    why = removal(s.phase_since, now, old_idle, settle_seconds, timeout)
+    if why is not None:
+        message = removal_message(previous, why, s.phase_since, now, timeout)
+        return RevisionsStatus(current=current, weight=100), [
+            *events,
+            ("Normal", "RevisionRemoved", message),
+        ]
+    return (
+        RevisionsStatus(
+            current=current,
+            previous=previous,
+            weight=100,
+            since=s.phase_since,
+            rollout=_record_of(s, current.id, t.problems),
+        ),
+        events,
+    )
+
+
+def _rolled_back(
+    stored: RevisionsStatus, t: Transition, events: list[Event], head: str, now: float, config: RolloutConfig
+) -> tuple[RevisionsStatus, list[Event]]:
+    """The weight has been back on the old pair for the scale-down delay: the new pair goes."""
+    s, current, previous = t.state, stored.current, stored.previous
+    assert previous is not None
+    if s.phase is Phase.RollingBack:
+        s = machine_step(s, None, None, now, config, Observed(target_pods=0)).state
+    message = f"{head}: the new pair is deleted, revision {previous.id} serves"
+    return (
+        RevisionsStatus(current=previous, weight=100, rollout=_record_of(s, current.id, t.problems)),
+        [*events, ("Warning", "RevisionRolledBack", message)],
     )
 
 
@@ -440,7 +497,6 @@ def step(
     """One pass: `current_statefulsets` are the stored current revision's (by role); `pods` the
     deployment's pods; `command_value` the rollout command annotation; `verdict_for` reads a window;
     `loads_for` reads pods' loads (the old pair goes once idle)."""
-    timeout = drain_timeout_for(pdd)
     spec_revision = revision_id(pdd.spec)
     ready = pair_ready(current_statefulsets, wanted)
     old_idle = idle_check(pods or [], stored.previous if stored is not None else None, loads_for)
@@ -452,34 +508,55 @@ def step(
             spec_revision,
             current_ready=ready,
             now=now,
-            drain_seconds=timeout,
+            drain_seconds=drain_timeout_for(pdd),
             old_idle=old_idle,
             settle_seconds=SETTLE_SECONDS,
         )
     else:
-        from tandem.controller.rollout import rollout_config
+        status, events = _advance_under_rollout(
+            pdd, stored, ready, now, pods or [], parse_command(command_value), verdict_for, old_idle
+        )
+    return _outcome(status, events, spec_revision)
 
-        config = rollout_config(pdd.spec, pdd.spec.rollout)
-        current = stored.current
-        current_pods = sum(
-            1
-            for pod in pods or []
-            if ((pod.get("metadata") or {}).get("labels") or {}).get(meta.LABEL_REVISION) == current.id
-        )
-        status, events = advance_rollout(
-            stored,
-            pdd.metadata.name,
-            spec_revision,
-            config=config,
-            current_ready=ready,
-            current_pods=None if current.legacy else current_pods,
-            command=parse_command(command_value),
-            verdict_for=verdict_for or (lambda *_: None),
-            now=now,
-            old_idle=old_idle,
-            settle_seconds=SETTLE_SECONDS,
-            drain_timeout=timeout,
-        )
+
+def _advance_under_rollout(
+    pdd: PDDeployment,
+    stored: RevisionsStatus,
+    ready: bool,
+    now: float,
+    pods: list[Obj],
+    command: Command | None,
+    verdict_for: VerdictFor | None,
+    old_idle: IdleCheck,
+) -> tuple[RevisionsStatus, list[Event]]:
+    """`advance_rollout` with the spec's rollout config and the new revision's pod count."""
+    from tandem.controller.rollout import rollout_config
+
+    assert pdd.spec.rollout is not None
+    current = stored.current
+    current_pods = sum(
+        1
+        for pod in pods
+        if ((pod.get("metadata") or {}).get("labels") or {}).get(meta.LABEL_REVISION) == current.id
+    )
+    return advance_rollout(
+        stored,
+        pdd.metadata.name,
+        revision_id(pdd.spec),
+        config=rollout_config(pdd.spec, pdd.spec.rollout),
+        current_ready=ready,
+        current_pods=None if current.legacy else current_pods,
+        command=command,
+        verdict_for=verdict_for or (lambda *_: None),
+        now=now,
+        old_idle=old_idle,
+        settle_seconds=SETTLE_SECONDS,
+        drain_timeout=drain_timeout_for(pdd),
+    )
+
+
+def _outcome(status: RevisionsStatus, events: list[Event], spec_revision: str) -> RevisionOutcome:
+    """The objects kept and frozen for `status`, and when to come back."""
     outcome = RevisionOutcome(status=status, events=events)
     if status.current.id != spec_revision:  # held after a rollback: the serving pair stays as it is
         outcome.frozen = pair_names(status.current)

@@ -209,6 +209,131 @@ def conditions_for(
     return [progressing, rolled]
 
 
+Event = tuple[str, str, str]  # (type, reason, message)
+
+
+def _resumed(stored: RolloutStatus | None, events: list[Event]) -> tuple[RolloutState | None, str | None]:
+    """The rollout recorded in status, and its target arm; none (with a Warning) when unreadable."""
+    if stored is None:
+        return None, None
+    try:
+        return from_status(stored), stored.target
+    except ValueError as exc:
+        events.append(("Warning", "RolloutStatusInvalid", f"{exc}; the rollout starts over"))
+        return None, None
+
+
+def _spec_set_back(
+    state: RolloutState,
+    target: str,
+    wanted: str,
+    in_effect: str,
+    config: RolloutConfig,
+    now: float,
+    events: list[Event],
+) -> tuple[RolloutState | None, str | None, str]:
+    """The spec points back at the source arm: a rollout still going is aborted (weight back first), a
+    finished one ends here; a Promoted one starts a rollout the other way. Returns the state, its
+    target and the mode in effect."""
+    if state.phase is Phase.Promoted:
+        return None, None, other(wanted)
+    if state.phase is Phase.RolledBack:
+        return None, None, wanted
+    if state.phase is not Phase.RollingBack:
+        t = step(state, None, Command("abort", f"spec.serving.mode {wanted}"), now, config)
+        reverted = dataclasses.replace(
+            t.state,
+            last_command=state.last_command,
+            reason=f"spec.serving.mode set back to {wanted}: {t.state.reason}",
+        )
+        events.append(("Warning", "RolloutReverted", reverted.reason))
+        return reverted, target, in_effect
+    return state, target, in_effect
+
+
+def _started(
+    body: Mapping[str, Any],
+    stored: RolloutStatus | None,
+    config: RolloutConfig,
+    now: float,
+    in_effect: str,
+    wanted: str,
+    events: list[Event],
+) -> RolloutState:
+    """A new rollout from the mode in effect to the spec's."""
+    # A command annotation already on the object belongs to before this rollout: consumed.
+    annotation = ((body.get("metadata") or {}).get("annotations") or {}).get(meta.ANNOTATION_ROLLOUT_COMMAND)
+    last = stored.last_command if stored is not None else None
+    if isinstance(annotation, str) and annotation.strip():
+        last = annotation.strip()
+    steps = ", ".join(f"{s.weight}%" for s in config.steps)
+    events.append(("Normal", "RolloutStarted", f"{in_effect} -> {wanted} in steps of {steps}"))
+    return start(config, now, last_command=last)
+
+
+def _target_observed(
+    target: str,
+    bounds: Mapping[str, Bound],
+    statefulsets: Mapping[str, Obj | None],
+    ready: Mapping[str, int],
+    pods: Sequence[Obj],
+    source_ready: bool,
+) -> Observed:
+    """What the machine sees of the target arm: whether it is ready, and its pods."""
+    target_roles = ARMS[target]
+    # Ready at the size the first step needs, or at what was applied when spec.maxGPUs held it
+    # lower (a change trades capacity within the budget: the sizing chain, tandem.sizing).
+    need = {role: max(1, bounds[role].low) for role in target_roles}
+    for role in target_roles:
+        applied = _live(statefulsets.get(role))
+        if applied is not None:
+            need[role] = max(1, min(need[role], applied))
+    return Observed(
+        target_ready=all(ready[role] >= need[role] for role in target_roles),
+        target_pods=sum(1 for pod in pods if _role(pod) in target_roles) if source_ready else None,
+    )
+
+
+def _problems(transition: Transition, routing_problem: str | None, too_long: bool) -> list[str]:
+    """The command problems status reports: the machine's, the routing's, an overlong annotation."""
+    problems = list(transition.problems)
+    if routing_problem is not None:
+        problems.append(routing_problem)
+    if too_long:
+        problems.append(
+            f"{meta.ANNOTATION_ROLLOUT_COMMAND} ignored: longer than {MAX_COMMAND_LENGTH} characters"
+        )
+    return problems
+
+
+def _transition_events(
+    transition: Transition, before: RolloutState, stored: RolloutStatus | None, problems: Sequence[str]
+) -> list[Event]:
+    """The Events of a pass of the machine: its transition, a command taken, new command problems."""
+    new = transition.state
+    events: list[Event] = []
+    event = transition.event_reason(before, "Rollout")
+    if event is not None:
+        events.append((_event_type(new), event, f"weight {new.weight}%: {new.reason}"))
+    if new.last_command != before.last_command and new.last_command is not None:
+        events.append(("Normal", "RolloutCommand", f"{new.last_command}: {new.last_command_outcome}"))
+    if stored is None or list(stored.problems) != list(problems):
+        events += [("Warning", "RolloutCommandIgnored", p) for p in problems]
+    return events
+
+
+def _requeue_after(new: RolloutState, target: str, config: RolloutConfig, now: float) -> float | None:
+    """When the rollout needs another pass: each analysis period while it runs; once Promoted, when the
+    scale-down delay ends, then each period while the steady fall-back reads P/D's verdicts."""
+    active = new.phase in (Phase.Preparing, Phase.Shifting, Phase.Paused, Phase.RollingBack)
+    requeue: float | None = min(REQUEUE_ACTIVE_SECONDS, analysis_period(config)) if active else None
+    if new.phase is Phase.Promoted:
+        left = new.phase_since + config.scale_down_delay_seconds - now
+        watched = target == DISAGGREGATED and config.auto_rollback  # the steady fall-back's reads
+        requeue = max(1.0, left) if left > 0 else (analysis_period(config) if watched else None)
+    return requeue
+
+
 class RolloutController:
     """The I/O around the rollout machine; one per operator, shared by the workers."""
 
@@ -284,43 +409,12 @@ class RolloutController:
         config = rollout_config(spec, spec.rollout)
         if revision_change:  # one judge at a time: the revision rollout's verdicts decide
             config = dataclasses.replace(config, auto_rollback=False)
-        events: list[tuple[str, str, str]] = []
-        state: RolloutState | None = None
-        target: str | None = None
-        if stored is not None:
-            try:
-                state, target = from_status(stored), stored.target
-            except ValueError as exc:
-                events.append(("Warning", "RolloutStatusInvalid", f"{exc}; the rollout starts over"))
+        events: list[Event] = []
+        state, target = _resumed(stored, events)
         if state is not None and target is not None and target != wanted:
-            # The spec points back at the source arm: a rollout still going is aborted (weight back
-            # first), a finished one ends here; a Promoted one starts a rollout the other way.
-            if state.phase is Phase.Promoted:
-                state, target = None, None
-                in_effect = other(wanted)
-            elif state.phase is Phase.RolledBack:
-                state, target = None, None
-                in_effect = wanted
-            elif state.phase is not Phase.RollingBack:
-                t = step(state, None, Command("abort", f"spec.serving.mode {wanted}"), now, config)
-                reverted = dataclasses.replace(
-                    t.state,
-                    last_command=state.last_command,
-                    reason=f"spec.serving.mode set back to {wanted}: {t.state.reason}",
-                )
-                events.append(("Warning", "RolloutReverted", reverted.reason))
-                state = reverted
+            state, target, in_effect = _spec_set_back(state, target, wanted, in_effect, config, now, events)
         if state is None and in_effect != wanted:
-            # A command annotation already on the object belongs to before this rollout: consumed.
-            annotation = ((body.get("metadata") or {}).get("annotations") or {}).get(
-                meta.ANNOTATION_ROLLOUT_COMMAND
-            )
-            last = stored.last_command if stored is not None else None
-            if isinstance(annotation, str) and annotation.strip():
-                last = annotation.strip()
-            state, target = start(config, now, last_command=last), wanted
-            steps = ", ".join(f"{s.weight}%" for s in config.steps)
-            events.append(("Normal", "RolloutStarted", f"{in_effect} -> {wanted} in steps of {steps}"))
+            state, target = _started(body, stored, config, now, in_effect, wanted, events), wanted
 
         if state is None or target is None:
             return self._steady(pdd, body, config, in_effect, wanted, had, now, ready, full, events)
@@ -356,24 +450,12 @@ class RolloutController:
         now: float,
         full: Mapping[str, int],
         ready: Mapping[str, int],
-        events: list[tuple[str, str, str]],
+        events: list[Event],
     ) -> RolloutOutcome:
-        spec = pdd.spec
-        autoscaled = set(autoscaled_roles(spec))
-        target_roles, source_roles = ARMS[target], ARMS[other(target)]
-        source_ready = all(ready[role] >= 1 for role in source_roles)
+        autoscaled = set(autoscaled_roles(pdd.spec))
+        source_ready = all(ready[role] >= 1 for role in ARMS[other(target)])
         before = pool_bounds(target, state, config, full, autoscaled, now, source_ready)
-        # Ready at the size the first step needs, or at what was applied when spec.maxGPUs held it
-        # lower (a change trades capacity within the budget: the sizing chain, tandem.sizing).
-        need = {role: max(1, before[role].low) for role in target_roles}
-        for role in target_roles:
-            applied = _live(statefulsets.get(role))
-            if applied is not None:
-                need[role] = max(1, min(need[role], applied))
-        observed = Observed(
-            target_ready=all(ready[role] >= need[role] for role in target_roles),
-            target_pods=sum(1 for pod in pods if _role(pod) in target_roles) if source_ready else None,
-        )
+        observed = _target_observed(target, before, statefulsets, ready, pods, source_ready)
         value, routing_problem = command_in
         too_long = isinstance(value, str) and len(value) > MAX_COMMAND_LENGTH
         command = None if too_long else parse_command(value)
@@ -387,38 +469,18 @@ class RolloutController:
             transition = self._fall_back_if_breached(pdd, new, target, config, had, now) or transition
             new = transition.state
 
-        problems = list(transition.problems)
-        if routing_problem is not None:
-            problems.append(routing_problem)
-        if too_long:
-            problems.append(
-                f"{meta.ANNOTATION_ROLLOUT_COMMAND} ignored: longer than {MAX_COMMAND_LENGTH} characters"
-            )
+        problems = _problems(transition, routing_problem, too_long)
         status = to_status(new, target, problems)
         if stored is not None and stored.target == target and _material(status) == _material(stored):
             status = stored  # only the reason's countdown moved: no write
-        event = transition.event_reason(state, "Rollout")
-        if event is not None:
-            events.append((_event_type(new), event, f"weight {new.weight}%: {new.reason}"))
-        if new.last_command != state.last_command and new.last_command is not None:
-            events.append(("Normal", "RolloutCommand", f"{new.last_command}: {new.last_command_outcome}"))
-        if stored is None or list(stored.problems) != problems:
-            events += [("Warning", "RolloutCommandIgnored", p) for p in problems]
-
-        bounds = pool_bounds(target, new, config, full, autoscaled, now, source_ready)
-        active = new.phase in (Phase.Preparing, Phase.Shifting, Phase.Paused, Phase.RollingBack)
-        requeue: float | None = min(REQUEUE_ACTIVE_SECONDS, analysis_period(config)) if active else None
-        if new.phase is Phase.Promoted:
-            left = new.phase_since + config.scale_down_delay_seconds - now
-            watched = target == DISAGGREGATED and config.auto_rollback  # the steady fall-back's reads
-            requeue = max(1.0, left) if left > 0 else (analysis_period(config) if watched else None)
+        events += _transition_events(transition, state, stored, problems)
         return RolloutOutcome(
             status=status,
             mode=effective_mode(target, new.phase),
-            bounds=bounds,
+            bounds=pool_bounds(target, new, config, full, autoscaled, now, source_ready),
             conditions=conditions_for(new, target, had, status.reason),
             events=events,
-            requeue_after=requeue,
+            requeue_after=_requeue_after(new, target, config, now),
         )
 
     def _fall_back_if_breached(
@@ -454,7 +516,7 @@ class RolloutController:
         now: float,
         ready: Mapping[str, int],
         full: Mapping[str, int],
-        events: list[tuple[str, str, str]],
+        events: list[Event],
     ) -> RolloutOutcome:
         """The mode in effect is the spec's and no rollout runs: P/D is watched for a fall-back."""
         period = analysis_period(config)

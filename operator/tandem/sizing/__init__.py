@@ -23,15 +23,17 @@ before it left, and `PoolSizing.limited_by` names the last stage that changed it
 6. the router Deployment: `spec.router.replicas`.
 
 The revision step (controller/revisions.py) needs the sizes of stage 3 (whether the new pair is
-ready) and its status is stage 4's input, so a pass runs the chain as `serving()` (stages 1-3) and
-`finish()` (4-6) with the revision step between them; `size_pools()` runs both at once.
+ready) and its status is stage 4's input: `size_pools()`, the one call a pass makes, runs stages 1-3
+(`serving()`), then the step it is given (`between`, the revision step: it is not pure, it reads
+Prometheus when a verdict or the old pair's idleness is due, so it is passed in, not run here), then
+stages 4-6 (`finish()`) with the change that step returned.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Final, Literal
+from typing import Final, TypeVar
 
 from tandem.api import meta
 from tandem.api.models import AutoscalingMode, PDDeploymentSpec
@@ -43,14 +45,16 @@ from tandem.api.status import (
     ReplicaSource,
     RevisionsStatus,
     RolloutStatus,
+    SizingStage,
 )
 from tandem.autoscale.bounds import autoscaled_roles
 from tandem.autoscale.budget import fit_budget
 from tandem.rollout.arms import ARMS, DISAGGREGATED, Bound, other, share_of, yield_order
 from tandem.sizing import drain
 
-Stage = Literal["spec", "autoscaler", "external", "rolloutArm", "drain", "revisionShare", "maxGPUs"]
+Stage = SizingStage  # status.pools.<role>.limitedBy
 PREVIOUS: Final = "previous/"  # budget keys of the previous revision's pair: previous/prefill, ...
+_Step = TypeVar("_Step")  # what the step between stages 3 and 4 hands back besides the change
 
 
 def is_external(spec: PDDeploymentSpec, role: str) -> bool:
@@ -151,6 +155,7 @@ class Sizes:
     previous: Mapping[str, int]  # replicas to set on the kept previous pair's StatefulSets, by role
     router: int
     state: AutoscalingStatus | None
+    serving: Serving  # after stage 3: the drain's marks and the autoscaler's report read it
 
     @property
     def replicas(self) -> dict[str, int | None]:
@@ -168,7 +173,7 @@ def serving(inp: ServingInput) -> Serving:
         size, stage = decided[role], _source_stage(src)
         bound = inp.bounds.get(role)
         if bound is not None and size is not None and bound.apply(size) != size:
-            size, stage = bound.apply(size), "rolloutArm"
+            size, stage = bound.apply(size), Stage.rollout_arm
         pool = PoolSizing(role, size, size, src, stage)
         if src is ReplicaSource.autoscaler and size is not None and state is not None:
             before = getattr(state.pools, role).draining
@@ -184,7 +189,7 @@ def serving(inp: ServingInput) -> Serving:
                 timeout=inp.drain_timeout,
             )
             state = with_drain(state, role, plan.drain)
-            held: Stage = "drain" if plan.replicas != size else stage
+            held = Stage.drain if plan.replicas != size else stage
             pool = replace(pool, replicas=plan.replicas, limited_by=held, drain=PoolDrain(plan, before))
         elif size is None and inp.live.get(role) is None:  # a new external pool starts at the spec's
             pool = replace(pool, replicas=inp.spec.pool(role).replicas)  # size (handed over next pass)
@@ -210,7 +215,7 @@ def finish(spec: PDDeploymentSpec, served: Serving, change: Change) -> Sizes:
         shares = pair_sizes(change.revisions, served.replicas, change.step_weights)
         for role, n in shares.current.items():
             pool = pools[role]
-            stage: Stage = "revisionShare" if n != pool.replicas else pool.limited_by
+            stage = Stage.revision_share if n != pool.replicas else pool.limited_by
             desired = n if n is not None else pool.desired
             pools[role] = replace(pool, replicas=n, desired=desired, limited_by=stage)
         previous = dict(shares.previous)
@@ -231,13 +236,21 @@ def finish(spec: PDDeploymentSpec, served: Serving, change: Change) -> Sizes:
             if key.startswith(PREVIOUS):
                 previous[key.removeprefix(PREVIOUS)] = n
             else:
-                pools[key] = replace(pools[key], replicas=n, desired=n, limited_by="maxGPUs")
-    return Sizes(pools, previous, spec.router.replicas, served.state)
+                pools[key] = replace(pools[key], replicas=n, desired=n, limited_by=Stage.max_gpus)
+    return Sizes(pools, previous, spec.router.replicas, served.state, served)
 
 
-def size_pools(inp: ServingInput, change: Change = Change()) -> Sizes:
-    """The whole chain, for a caller that knows the change's status up front (tests, tools)."""
-    return finish(inp.spec, serving(inp), change)
+def size_pools(inp: ServingInput, between: Callable[[Serving], tuple[Change, _Step]]) -> tuple[Sizes, _Step]:
+    """The whole chain (module docstring): stages 1-3, `between` given their result (it returns the
+    change in progress for stages 4-5, and its own outcome, handed back with the sizes), stages 4-6."""
+    served = serving(inp)
+    change, outcome = between(served)
+    return finish(inp.spec, served, change), outcome
+
+
+def given(change: Change) -> Callable[[Serving], tuple[Change, None]]:
+    """A `between` for a caller that knows the change's status up front (tests, tools)."""
+    return lambda _served: (change, None)
 
 
 def with_drain(state: AutoscalingStatus, role: str, record: DrainStatus | None) -> AutoscalingStatus:
@@ -248,9 +261,7 @@ def with_drain(state: AutoscalingStatus, role: str, record: DrainStatus | None) 
 
 
 def _source_stage(src: ReplicaSource) -> Stage:
-    if src is ReplicaSource.autoscaler:
-        return "autoscaler"
-    return "external" if src is ReplicaSource.external else "spec"
+    return Stage(src.value)  # the source's stage has the source's name
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from tandem.api.status import (
     ReplicaSource,
     RevisionsStatus,
     RolloutStatus,
+    SizingStage,
     SLOStatus,
 )
 from tandem.api.times import parse_rfc3339
@@ -71,6 +72,7 @@ class Observed:
     pod_problems: Sequence[PodProblem] = ()
     apply_errors: Sequence[str] = ()
     sources: Mapping[str, ReplicaSource] = field(default_factory=dict)  # role -> who sizes it (spec)
+    limited_by: Mapping[str, SizingStage] = field(default_factory=dict)  # role -> sizing stage (spec)
     autoscaling: AutoscalingStatus | None = None  # the autoscaler's state after this pass
     slo: SLOStatus | None = None  # the SLO as last measured
     autoscaling_condition: ConditionValue | None = None  # this pass's AutoscalingActive; None: keep
@@ -128,6 +130,7 @@ def _pool_status(pdd: PDDeployment, role: str, observed: Observed) -> PoolStatus
         gpus=desired * _tp(pdd, role),
         ready=f"{workload.ready_replicas}/{desired}",
         source=observed.sources.get(role, ReplicaSource.spec),
+        limited_by=observed.limited_by.get(role, SizingStage.spec),
     )
 
 

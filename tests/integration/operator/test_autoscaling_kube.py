@@ -153,11 +153,13 @@ def test_scale_in_without_traffic_drains_first_and_survives_kubectl_apply(
     def draining() -> dict[str, Any] | None:
         pod = get(cluster, namespace, "pod", f"{name}-decode-1")
         mark = (pod.get("metadata") or {}).get("annotations", {}).get(DRAINING)
-        state = pool_state(get(cluster, namespace, "pdd", name))
+        pdd = get(cluster, namespace, "pdd", name)
+        state = pool_state(pdd)
         if mark and state.get("draining"):
             return {
                 "mark": mark,
                 "state": state,
+                "limitedBy": pdd["status"]["pools"]["decode"]["limitedBy"],
                 "replicas": sts_replicas(cluster, namespace, f"{name}-decode"),
             }
         return None
@@ -167,6 +169,7 @@ def test_scale_in_without_traffic_drains_first_and_survives_kubectl_apply(
     assert seen["state"]["desiredReplicas"] == 1
     assert seen["state"]["draining"]["pods"] == [f"{name}-decode-1"]
     assert seen["state"]["draining"]["targetReplicas"] == 1
+    assert seen["limitedBy"] == "drain", "status names the stage that keeps the second pod"
     # paused passes record the held size, so the window runs from the last one (at most 5 s earlier)
     assert time.time() - unpaused >= 20 - 5 - 1, "scaled down inside the window after the pause"
     assert "T" in seen["mark"]  # an RFC 3339 time
@@ -186,6 +189,7 @@ def test_scale_in_without_traffic_drains_first_and_survives_kubectl_apply(
     assert state["lastDecision"]["from"] == 2
     assert state["lastDecision"]["to"] == 1
     assert pdd["status"]["pools"]["decode"]["desiredReplicas"] == 1
+    assert pdd["status"]["pools"]["decode"]["limitedBy"] == "autoscaler"
     assert condition(pdd, "AutoscalingActive")["status"] == "True"
     events = events_of(cluster, namespace, name)
     at = {

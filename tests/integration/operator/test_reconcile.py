@@ -180,6 +180,9 @@ def test_example_converges_and_children_match_render(
         assert pools[role]["desiredReplicas"] == rendered.get(role, 0)
         assert pools[role]["readyReplicas"] == rendered.get(role, 0)
         assert pools[role]["gpus"] == rendered.get(role, 0) * spec_pool.get("tensorParallelSize", 1)
+        # The sizing chain's last stage that changed the count: none (the source's) or the idle arm's.
+        at_rest = rendered.get(role, 0) == spec_pool.get("replicas", 0)
+        assert pools[role]["limitedBy"] == (pools[role]["source"] if at_rest else "rolloutArm")
     assert condition(pdd, "Stalled")["status"] == "False"
     assert condition(pdd, "Available")["status"] == "True"
     assert pdd["status"]["phase"] == "Healthy"

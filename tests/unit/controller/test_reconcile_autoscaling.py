@@ -241,6 +241,8 @@ def test_first_pass_sizes_from_the_spec_and_asks_for_the_next_decision() -> None
     assert pools["decode"]["desiredReplicas"] == 2
     assert world.pdd["status"]["pools"]["decode"]["source"] == "autoscaler"
     assert world.pdd["status"]["pools"]["prefill"]["source"] == "spec"
+    assert world.pdd["status"]["pools"]["decode"]["limitedBy"] == "autoscaler"
+    assert world.pdd["status"]["pools"]["prefill"]["limitedBy"] == "spec"
     assert result.requeue_after == 5.0
     assert world.reader.reads == 1
     world.run(1.0)
@@ -260,6 +262,7 @@ def test_scale_in_marks_the_pod_then_shrinks_when_it_is_idle() -> None:
     assert DRAINING in pod["metadata"]["annotations"]
     assert world.sts()["spec"]["replicas"] == 2
     assert world.pdd["status"]["pools"]["decode"]["desiredReplicas"] == 1
+    assert world.pdd["status"]["pools"]["decode"]["limitedBy"] == "drain"  # 2 run while one drains
     world.run(DRAIN_SETTLE_SECONDS + 5.0)
     assert world.sts()["spec"]["replicas"] == 2, "shrank while a stream ran"
     world.reader.busy = set()
@@ -267,6 +270,7 @@ def test_scale_in_marks_the_pod_then_shrinks_when_it_is_idle() -> None:
     assert world.sts()["spec"]["replicas"] == 1
     assert world.pod(1) is None
     assert "draining" not in world.pdd["status"]["autoscaling"]["pools"]["decode"]
+    assert world.pdd["status"]["pools"]["decode"]["limitedBy"] == "autoscaler"
     assert (
         world.events().index("ScaledDown")
         < world.events().index("Draining")
@@ -316,6 +320,7 @@ def test_external_pool_is_handed_over_and_back_without_moving(hpa_count: int) ->
     ]
     assert world.sts()["spec"]["replicas"] == 2
     assert world.pdd["status"]["pools"]["decode"]["source"] == "external"
+    assert world.pdd["status"]["pools"]["decode"]["limitedBy"] == "external"
     world.sts()["spec"]["replicas"] = hpa_count  # the HPA scales
     world.run(5.0)
     assert world.pdd["status"]["pools"]["decode"]["desiredReplicas"] == hpa_count
@@ -343,6 +348,7 @@ def test_advisory_advises_once_per_change_and_runs_the_spec_size() -> None:
     assert world.sts()["spec"]["replicas"] == 2
     status = world.pdd["status"]
     assert status["pools"]["decode"]["source"] == "spec"
+    assert status["pools"]["decode"]["limitedBy"] == "spec"
     assert status["autoscaling"]["pools"]["decode"]["lastDecision"]["to"] == 1
     cond = next(c for c in status["conditions"] if c["type"] == "AutoscalingActive")
     assert (cond["status"], cond["reason"]) == ("False", "Advisory")

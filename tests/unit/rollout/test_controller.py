@@ -446,21 +446,31 @@ def test_a_rollout_trades_capacity_within_max_gpus() -> None:
     world.set_mode("Disaggregated")
     world.healthy()
     totals: list[tuple[str, int, int, int, int]] = []
+    roles = ("colocated", "prefill", "decode")
+    halfway: dict[str, str] = {}  # status.pools.<role>.limitedBy at 50%
     for _ in range(14):  # Preparing, 50%, 100%
         world.run(5.0)
         sizes = (world.size("colocated"), world.size("prefill"), world.size("decode"))
         totals.append((world.rollout["phase"], world.rollout["weight"], *sizes))
         if world.rollout["weight"] == 100:
             break
+        if world.rollout["weight"] == 50:
+            halfway = {role: world.pdd["status"]["pools"][role]["limitedBy"] for role in roles}
     assert totals[-1][:2] == ("Shifting", 100), totals
+    assert halfway == {"colocated": "rolloutArm", "prefill": "rolloutArm", "decode": "rolloutArm"}
+    limits: dict[str, str] = {}
     world.broken()
     for _ in range(12):  # the step fails: weight back first, then P/D scaled down
         world.run(5.0)
         sizes = (world.size("colocated"), world.size("prefill"), world.size("decode"))
         totals.append((world.rollout["phase"], world.rollout["weight"], *sizes))
+        if world.rollout["phase"] == "RollingBack" and not limits:
+            limits = {role: world.pdd["status"]["pools"][role]["limitedBy"] for role in roles}
         if world.rollout["phase"] == "RolledBack":
             break
-    print(totals)
+    print(totals, limits)
+    # The first RollingBack pass: colocated whole again, decode cut from 4 so that both arms fit.
+    assert limits == {"colocated": "spec", "prefill": "spec", "decode": "maxGPUs"}
     assert all(sum(t[2:]) <= 8 for t in totals), totals
     assert ("Shifting", 50, 2, 1, 2) in totals, "each arm at its share"
     back = [t for t in totals if t[0] == "RollingBack"]

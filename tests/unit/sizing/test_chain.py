@@ -280,7 +280,7 @@ def test_the_chain(row: Row) -> None:
         pods=row.pods,
         loads=row.loads,
     )
-    sizes = sizing.size_pools(inp, row.change)
+    sizes, _ = sizing.size_pools(inp, sizing.given(row.change))
     assert {role: pool.replicas for role, pool in sizes.pools.items()} == row.replicas
     desired = row.desired if row.desired is not None else row.replicas
     assert {role: pool.desired for role, pool in sizes.pools.items()} == desired
@@ -335,4 +335,33 @@ def test_the_chain_is_what_the_stages_give() -> None:
     """`size_pools` is `serving` then `finish`: the pass runs the revision step between them."""
     row = next(row for row in ROWS if row.id.startswith("revision rollout at 50"))
     inp = sizing.ServingInput(row.spec, NAME, row.state, row.bounds, row.live, NOW, TIMEOUT)
-    assert sizing.size_pools(inp, row.change) == sizing.finish(row.spec, sizing.serving(inp), row.change)
+    sizes, _ = sizing.size_pools(inp, sizing.given(row.change))
+    assert sizes == sizing.finish(row.spec, sizing.serving(inp), row.change)
+
+
+def test_the_step_between_sees_stage_3_and_its_change_sizes_stages_4_and_5() -> None:
+    """The revision step gets the sizes after the drain (decode held at 3 while a pod drains), and the
+    change it returns is what stages 4-5 size; its own outcome comes back with the sizes."""
+    row = next(row for row in ROWS if row.id.startswith("revision rollout at 50"))
+    inp = sizing.ServingInput(
+        spec=spec(decode=autoscaled(3)),
+        name=NAME,
+        state=state(decode=want(2)),
+        bounds={},
+        live={"decode": 3},
+        now=NOW,
+        drain_timeout=TIMEOUT,
+        pods={"decode": pods("decode", 3)},
+    )
+    seen: list[dict[str, int | None]] = []
+
+    def between(served: sizing.Serving) -> tuple[sizing.Change, str]:
+        seen.append(served.replicas)
+        return row.change, "the step's outcome"
+
+    sizes, outcome = sizing.size_pools(inp, between)
+    assert outcome == "the step's outcome"
+    assert seen == [sizing.serving(inp).replicas]
+    assert seen[0]["decode"] == 3, "the drain keeps the pod the decision let go"
+    assert sizes == sizing.finish(inp.spec, sizing.serving(inp), row.change)
+    assert sizes.serving == sizing.serving(inp)
