@@ -260,7 +260,7 @@ def advance_rollout(
         old = previous if previous is not None and weight == 0 else current
         last = command.id if command is not None else (state.last_command if state is not None else None)
         fresh = start(config, now, last_command=last)
-        steps = ", ".join(f"{s.weight}%" for s in config.steps)
+        steps = config.describe_steps()
         message = f"revision {old.id} -> {new.id} in steps of {steps}: the new P/D pair starts beside the old"
         return (
             RevisionsStatus(

@@ -319,7 +319,7 @@ class RolloutController:
             if isinstance(annotation, str) and annotation.strip():
                 last = annotation.strip()
             state, target = start(config, now, last_command=last), wanted
-            steps = ", ".join(f"{s.weight}%" for s in config.steps)
+            steps = config.describe_steps()
             events.append(("Normal", "RolloutStarted", f"{in_effect} -> {wanted} in steps of {steps}"))
 
         if state is None or target is None:

@@ -194,9 +194,10 @@ class Flow:
         if state.revision_endpoints:  # a pair is a prefill and a decode pod of one revision
             paired = state.revision_for(request.request_id, self._first(request)) is not None
             has_prefill, has_decode = has_prefill and paired, has_decode and paired
+        first_share = state.gateway.first_share(request.tenant)
         path = choose_path(
-            state.disaggregated_share(),
-            self._path_draw(request),
+            state.disaggregated_share() if first_share is None else first_share,
+            draw_for(request.request_id),
             has_prefill=has_prefill,
             has_decode=has_decode,
             has_colocated=bool(state.endpoints["colocated"]),
@@ -328,12 +329,8 @@ class Flow:
         return chosen
 
     def _first(self, request: ClientRequest) -> bool:
-        """A tenant of spec.rollout.tenants: on the rollout's target at any weight above 0."""
+        """A tenant of spec.rollout.tenants: on a revision rollout's new revision first."""
         return self.state.gateway.goes_first(request.tenant)
-
-    def _path_draw(self, request: ClientRequest) -> float:
-        first = self.state.gateway.first_draw(request.tenant)
-        return draw_for(request.request_id) if first is None else first
 
     def _pick_decode(self, tried: set[str], revision: str | None) -> str | None:
         """A decode pod; with backpressure on, one with KV room while any has (an untried one first)."""

@@ -97,6 +97,9 @@ class RouterState:
     revision_endpoints: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     # (revision, percent of P/D requests) from status.revisions; None: any revision with a ready pair.
     revision_shares: tuple[tuple[str, int], ...] | None = None
+    # A revision rollout's new revision takes traffic (status.revisions.rollout Shifting, Paused,
+    # Promoted): spec.rollout.tenants go to it at any weight, 0 included (the tenants stage).
+    revision_rollout_serving: bool = False
     # Bumped whenever the endpoint set changes; the model refresher watches it.
     generation: int = 0
     # True once the router has a view to route by: static endpoints, or the first pod list.
@@ -135,6 +138,7 @@ class RouterState:
         if info.revisions != self.revision_shares:
             log.info("serving revisions: %s", info.revisions)
         self.revision_shares = info.revisions
+        self.revision_rollout_serving = info.revision_rollout_serving
         for rev, _ in info.revisions or ():
             self.metrics.know_revision(rev or "legacy")
         if info.model_name:
@@ -197,14 +201,18 @@ class RouterState:
     def revision_for(self, request_id: str, first: bool = False) -> str | None:
         """The serving revision whose pair takes this request (None: no ready pair, or static mode).
 
-        `first`: a tenant of spec.rollout.tenants, sent to the current (target) revision at any
-        weight above 0."""
+        `first`: a tenant of spec.rollout.tenants, sent to the current (target) revision at any weight
+        above 0, and at weight 0 too while a revision rollout's new revision takes traffic (its tenants
+        stage)."""
         if not self.revision_endpoints:
             return None
         complete = {
             rev: bool(r["prefill"]) and bool(r["decode"]) for rev, r in self.revision_endpoints.items()
         }
-        return choose_revision(self.revision_shares, 0.0 if first else revision_draw(request_id), complete)
+        shares = self.revision_shares
+        if first and self.revision_rollout_serving and shares:
+            shares = ((shares[0][0], 100), *((rev, 0) for rev, _ in shares[1:]))
+        return choose_revision(shares, 0.0 if first else revision_draw(request_id), complete)
 
     def disaggregated_share(self) -> int:
         mode = self.serving_mode
