@@ -608,7 +608,10 @@ SPEC_RULES: Final[tuple[Rule, ...]] = (
         reason="FieldValueForbidden",
     ),
     *ROLLOUT_RULES,
-    *(_length_bucket_rule(field) for field in ("inputLengthBuckets", "outputLengthBuckets")),
+    *(
+        _length_bucket_rule(field)
+        for field in ("inputLengthBuckets", "outputLengthBuckets", "concurrencyBuckets")
+    ),
     *ROUTER_RULES,
 )
 

@@ -76,6 +76,7 @@ class PddInfo:
     # spec.router.metrics.{input,output}LengthBuckets: length bucket bounds (tokens); None: defaults.
     input_length_buckets: tuple[int, ...] | None = None
     output_length_buckets: tuple[int, ...] | None = None
+    concurrency_buckets: tuple[int, ...] | None = None  # spec.router.metrics.concurrencyBuckets
     # spec.router.prefixAware (camelCase, as in the object); None: not set.
     prefix_aware: Mapping[str, Any] | None = None
     prefill_policy: str | None = None  # spec.router.prefillPolicy; None: not set
@@ -174,6 +175,7 @@ def pdd_info_from(obj: Mapping[str, Any]) -> PddInfo:
         revision_rollout_serving=_serving(_get(obj, "status", "revisions", "rollout")),
         input_length_buckets=_int_list(_get(obj, "spec", "router", "metrics", "inputLengthBuckets")),
         output_length_buckets=_int_list(_get(obj, "spec", "router", "metrics", "outputLengthBuckets")),
+        concurrency_buckets=_int_list(_get(obj, "spec", "router", "metrics", "concurrencyBuckets")),
         prefix_aware=_mapping(_get(obj, "spec", "router", "prefixAware")),
         prefill_policy=_str_or_none(_get(obj, "spec", "router", "prefillPolicy")),
     )

@@ -29,7 +29,7 @@ from tandem.router.failure import (
     on_prefill_failure,
 )
 from tandem.router.gateway import rate_limited_body
-from tandem.router.metrics import PathMetrics
+from tandem.router.metrics import GapCounts, PathMetrics
 from tandem.router.protocol import (
     ENDPOINT_PATHS,
     Endpoint,
@@ -110,6 +110,8 @@ class _Tally:
     last_token_at: float | None = None
     revision: str | None = None  # the serving revision of the P/D pair that served it
     leg_started: float | None = None  # when the streamed decode (or colocated) leg was sent
+    concurrency: int = 1  # requests in flight on its path when it arrived, itself included
+    gaps: GapCounts | None = None  # its inter-token gaps by bucket, from its second read with tokens
 
 
 class _TokenTimes:
@@ -132,7 +134,11 @@ class _TokenTimes:
             if tally.leg_started is not None:
                 self.leg_first_token.observe(now - tally.leg_started)
         elif tally.last_token_at is not None:
-            self.metrics.itl.observe(now - tally.last_token_at)
+            gap = now - tally.last_token_at
+            self.metrics.itl.observe(gap)
+            if tally.gaps is None:
+                tally.gaps = GapCounts()
+            tally.gaps.add(gap)
         tally.last_token_at = now
         tally.output_tokens += count
 
@@ -211,8 +217,8 @@ class Flow:
             return
         self.budget.on_request(self.clock())
         path_metrics = self.metrics.by_path[path]
-        path_metrics.in_flight.inc()
-        tally = _Tally(arrived=request.arrived)
+        path_metrics.active += 1
+        tally = _Tally(arrived=request.arrived, concurrency=path_metrics.active)
         try:
             if path == "disaggregated":
                 await self._disaggregated(request, responder, tally, path_metrics)
@@ -227,7 +233,7 @@ class Flow:
             tally.status = 500
             raise
         finally:
-            path_metrics.in_flight.dec()
+            path_metrics.active -= 1
             self._record(request, path, tally, path_metrics)
 
     def _record(self, request: ClientRequest, path: Path, tally: _Tally, metrics: PathMetrics) -> None:
@@ -265,6 +271,8 @@ class Flow:
             tpot_s=tpot,
             prompt_tokens=prompt,
             output_tokens=output,
+            concurrency=tally.concurrency,
+            gaps=tally.gaps,
         )
         slo, within = self.state.slo, metrics.within_slo
         if (
