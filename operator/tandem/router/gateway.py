@@ -227,7 +227,7 @@ class Gateway:
 
     # -- rollout by tenant ----------------------------------------------------------------------
     def goes_first(self, tenant: str) -> bool:
-        """Whether the tenant's requests go to the rollout's target arm at any weight above 0."""
+        """Whether the tenant is one of spec.rollout.tenants (sent to a rollout's target first)."""
         return tenant in self.rollout_tenants
 
     def first_share(self, tenant: str) -> int | None:
