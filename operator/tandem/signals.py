@@ -133,6 +133,9 @@ class Snapshot:
     paths: Mapping[str, PathSignals] = field(default_factory=dict)  # by path: disaggregated, colocated
     missing: tuple[str, ...] = ()  # why some signal could not be read; non-empty means "no data"
     arrivals: ArrivalSignals | None = None  # the simulator's only (see ArrivalSignals)
+    # For status only: latency (s) at the SLO's quantile per bucket label, by what it is of
+    # (`ttft_by_input_length`, `tpot_by_concurrency`, ...; metrics.queries.BUCKET_LATENCIES).
+    latency_by_bucket: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     @property
     def has_data(self) -> bool:

@@ -446,6 +446,17 @@ ROUTER_RULES: Final[tuple[Rule, ...]] = (
         ),
     ),
     Rule(
+        cel="!has(self.rollout) || self.rollout.steps[0].weight > 0 || size(self.rollout.tenants) > 0",
+        message=(
+            "spec.rollout.steps[0].weight 0 is the tenants stage; it needs spec.rollout.tenants "
+            "(the tenants sent to the target arm first)"
+        ),
+        field_path=".rollout.steps",
+        check=lambda s: (
+            (r := _rollout(s)) is None or (_rollout_weights(s) or [1])[0] > 0 or bool(r.get("tenants"))
+        ),
+    ),
+    Rule(
         cel="!has(self.rollout) || self.rollout.tenants.all(n, self.router.tenants.exists(t, t.name == n))",
         message="spec.rollout.tenants must name tenants of spec.router.tenants",
         field_path=".rollout.tenants",
@@ -597,7 +608,10 @@ SPEC_RULES: Final[tuple[Rule, ...]] = (
         reason="FieldValueForbidden",
     ),
     *ROLLOUT_RULES,
-    *(_length_bucket_rule(field) for field in ("inputLengthBuckets", "outputLengthBuckets")),
+    *(
+        _length_bucket_rule(field)
+        for field in ("inputLengthBuckets", "outputLengthBuckets", "concurrencyBuckets")
+    ),
     *ROUTER_RULES,
 )
 

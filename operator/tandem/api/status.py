@@ -243,6 +243,29 @@ class SLOStatus(ApiModel):
     requests_per_second: float | None = None
     window_seconds: int = 0
     observed_at: Annotated[str, Field(description="RFC 3339 time of the measurement.")] = ""
+    # At the attainment percentile over every path, per bucket label (spec.router.metrics' bounds):
+    # the routers' bucketed histograms (docs/observability.md); a bucket without requests is left out.
+    ttft_ms_by_input_length: Annotated[
+        dict[str, float], Field(max_length=17, description="TTFT by input-length bucket (ms).")
+    ] = {}
+    tpot_ms_by_output_length: Annotated[
+        dict[str, float], Field(max_length=17, description="TPOT by output-length bucket (ms).")
+    ] = {}
+    tpot_ms_by_concurrency: Annotated[
+        dict[str, float],
+        Field(
+            max_length=17,
+            description="TPOT by concurrency bucket: requests in flight at a router on the request's path "
+            "when it arrived (ms).",
+        ),
+    ] = {}
+    itl_ms_by_output_length: Annotated[
+        dict[str, float],
+        Field(max_length=17, description="Inter-token latency by output-length bucket (ms)."),
+    ] = {}
+    itl_ms_by_concurrency: Annotated[
+        dict[str, float], Field(max_length=17, description="Inter-token latency by concurrency bucket (ms).")
+    ] = {}
 
 
 class RolloutVerdictStatus(ApiModel):

@@ -291,7 +291,7 @@ def _spec_moved(
     old = previous if previous is not None and weight == 0 else current
     last = command.id if command is not None else (state.last_command if state is not None else None)
     fresh = start(config, now, last_command=last)
-    steps = ", ".join(f"{s.weight}%" for s in config.steps)
+    steps = config.describe_steps()
     message = f"revision {old.id} -> {new.id} in steps of {steps}: the new P/D pair starts beside the old"
     return (
         RevisionsStatus(current=new, previous=old, weight=0, since=now, rollout=_record_of(fresh, new.id)),

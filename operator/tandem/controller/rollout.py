@@ -266,7 +266,7 @@ def _started(
     last = stored.last_command if stored is not None else None
     if isinstance(annotation, str) and annotation.strip():
         last = annotation.strip()
-    steps = ", ".join(f"{s.weight}%" for s in config.steps)
+    steps = config.describe_steps()
     events.append(("Normal", "RolloutStarted", f"{in_effect} -> {wanted} in steps of {steps}"))
     return start(config, now, last_command=last)
 

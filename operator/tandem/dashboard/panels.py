@@ -69,6 +69,11 @@ def _bucketed(kind: str, path: str) -> tuple[Query, ...]:
     return _quantiles(metric, f'{ROUTER}, path="{path}"', by, "{{" + by + "}}")
 
 
+def _by_path(metric: str, by: str) -> tuple[Query, ...]:
+    """p50, p95 and p99 of a router histogram per path and bucket label."""
+    return _quantiles(metric, ROUTER, f"path, {by}", "{{path}} {{" + by + "}}")
+
+
 PATH_NAMES: Final = {"disaggregated": "P/D", "colocated": "colocated"}
 TITLES: Final = {"ttft": "TTFT by input length", "tpot": "TPOT by output length"}
 
@@ -90,6 +95,36 @@ ROWS: Final[tuple[tuple[str, tuple[PanelDef, ...]], ...]] = (
             )
             for kind in ("ttft", "tpot")
             for path in ("disaggregated", "colocated")
+        ),
+    ),
+    (
+        "TPOT and ITL by output length and concurrency",
+        (
+            PanelDef(
+                "ITL by output length",
+                "Gaps between the router's reads that carried tokens, p50/p95/p99 per path and"
+                " output-length bucket of the request (tandem_router_itl_by_output_length_seconds).",
+                "s",
+                _by_path("tandem_router_itl_by_output_length_seconds", "output_length"),
+                width=8,
+            ),
+            PanelDef(
+                "TPOT by concurrency",
+                "Time per output token, p50/p95/p99 per path and concurrency bucket: the requests in"
+                " flight at the router on the same path when the request arrived"
+                " (tandem_router_tpot_by_concurrency_seconds).",
+                "s",
+                _by_path("tandem_router_tpot_by_concurrency_seconds", "concurrency"),
+                width=8,
+            ),
+            PanelDef(
+                "ITL by concurrency",
+                "Gaps between reads that carried tokens, p50/p95/p99 per path and concurrency bucket"
+                " (tandem_router_itl_by_concurrency_seconds).",
+                "s",
+                _by_path("tandem_router_itl_by_concurrency_seconds", "concurrency"),
+                width=8,
+            ),
         ),
     ),
     (

@@ -17,7 +17,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import aiohttp
 
@@ -37,11 +37,13 @@ async def one_request(
     label: str = "",
     request_id: str = "",
     vocab_size: int | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> Sample:
     """One streamed completion, measured; never raises for a failed request (the sample says why).
-    With `request_id`, it is sent as `X-Request-Id` (the router's path draw) and kept in the sample."""
+    With `request_id`, it is sent as `X-Request-Id` (the router's path draw) and kept in the sample;
+    `headers` are sent too (a tenant header)."""
     sent_at = time.time()
-    sample = await _stream(session, base_url, model, index, req, request_id, vocab_size)
+    sample = await _stream(session, base_url, model, index, req, request_id, vocab_size, headers)
     return dataclasses.replace(sample, sent_at=sent_at, label=label, request_id=request_id)
 
 
@@ -53,6 +55,7 @@ async def _stream(
     req: TraceRequest,
     request_id: str = "",
     vocab_size: int | None = None,
+    extra_headers: Mapping[str, str] | None = None,
 ) -> Sample:
     body = {
         "model": model,
@@ -67,7 +70,7 @@ async def _stream(
     chunks = 0
     usage_tokens = 0
     try:
-        headers = {"X-Request-Id": request_id} if request_id else None
+        headers = {**(extra_headers or {}), **({"X-Request-Id": request_id} if request_id else {})}
         async with session.post(f"{base_url}/v1/completions", json=body, headers=headers) as resp:
             if resp.status != 200:
                 text = (await resp.text())[:160]
@@ -159,8 +162,10 @@ class BackgroundLoad:
         request_timeout: float = REQUEST_TIMEOUT_S,
         first_index: int = 0,
         vocab_size: int | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         self.base_url = base_url
+        self.headers = dict(headers or {})  # sent with every request (a tenant header)
         self.vocab_size = vocab_size
         self.model = model
         self.max_requests = max_requests
@@ -236,6 +241,7 @@ class BackgroundLoad:
                             req,
                             phase.label,
                             vocab_size=self.vocab_size,
+                            headers=self.headers,
                         )
                         self.tally.add(sample)
                     finally:

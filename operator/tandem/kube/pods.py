@@ -30,6 +30,7 @@ from tandem.api.meta import (
     POOL_ROLES,
     VERSION,
 )
+from tandem.rollout.state import TARGET_SERVING
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +68,15 @@ class PddInfo:
     # spec.router's auth, tenants and admission (camelCase, as in the object): the gateway's settings.
     router_gateway: Mapping[str, Any] | None = None
     rollout_tenants: tuple[str, ...] = ()  # spec.rollout.tenants: sent to the target arm first
-    rollout_target: str | None = None  # status.rollout.target while status.rollout has a weight
+    # status.rollout.target while the target takes traffic (Shifting, Paused, Promoted): every request
+    # of spec.rollout.tenants goes there, at any weight (0 in the tenants stage).
+    rollout_target: str | None = None
+    # The same for a revision rollout (status.revisions.rollout): the current revision takes them.
+    revision_rollout_serving: bool = False
     # spec.router.metrics.{input,output}LengthBuckets: length bucket bounds (tokens); None: defaults.
     input_length_buckets: tuple[int, ...] | None = None
     output_length_buckets: tuple[int, ...] | None = None
+    concurrency_buckets: tuple[int, ...] | None = None  # spec.router.metrics.concurrencyBuckets
     # spec.router.prefixAware (camelCase, as in the object); None: not set.
     prefix_aware: Mapping[str, Any] | None = None
     prefill_policy: str | None = None  # spec.router.prefillPolicy; None: not set
@@ -166,8 +172,10 @@ def pdd_info_from(obj: Mapping[str, Any]) -> PddInfo:
         router_gateway=_gateway_settings(obj),
         rollout_tenants=tuple(t for t in _get(obj, "spec", "rollout", "tenants") or () if isinstance(t, str)),
         rollout_target=_rollout_target(obj),
+        revision_rollout_serving=_serving(_get(obj, "status", "revisions", "rollout")),
         input_length_buckets=_int_list(_get(obj, "spec", "router", "metrics", "inputLengthBuckets")),
         output_length_buckets=_int_list(_get(obj, "spec", "router", "metrics", "outputLengthBuckets")),
+        concurrency_buckets=_int_list(_get(obj, "spec", "router", "metrics", "concurrencyBuckets")),
         prefix_aware=_mapping(_get(obj, "spec", "router", "prefixAware")),
         prefill_policy=_str_or_none(_get(obj, "spec", "router", "prefillPolicy")),
     )
@@ -196,11 +204,16 @@ def _gateway_settings(obj: Mapping[str, Any]) -> dict[str, Any] | None:
     return {key: router[key] for key in ("auth", "tenants", "admission") if key in router}
 
 
+def _serving(record: Any) -> bool:
+    """Whether a rollout record (`status.rollout`, `status.revisions.rollout`) is in a phase where its
+    target takes traffic."""
+    return isinstance(record, Mapping) and record.get("phase") in TARGET_SERVING
+
+
 def _rollout_target(obj: Mapping[str, Any]) -> str | None:
+    record = _get(obj, "status", "rollout")
     target = _get(obj, "status", "rollout", "target")
-    if _int_or_none(_get(obj, "status", "rollout", "weight")) is None or target not in _MODES:
-        return None
-    return str(target)
+    return str(target) if _serving(record) and target in _MODES else None
 
 
 def pod_label_selector(pdd_name: str) -> str:

@@ -197,6 +197,17 @@ ENGINE_QUERIES: Final[tuple[Query, ...]] = (
     ),
 )
 
+# Latencies per bucket, at the SLO's quantile over every path, for status.slo only (what people read,
+# not what the autoscaler decides by): a failed one is left out of status, never "metrics missing".
+# Query name -> the router histogram and its bucket label.
+BUCKET_LATENCIES: Final[dict[str, tuple[str, str]]] = {
+    "ttft_by_input_length": ("tandem_router_ttft_by_input_length_seconds", "input_length"),
+    "tpot_by_output_length": ("tandem_router_tpot_by_output_length_seconds", "output_length"),
+    "tpot_by_concurrency": ("tandem_router_tpot_by_concurrency_seconds", "concurrency"),
+    "itl_by_output_length": ("tandem_router_itl_by_output_length_seconds", "output_length"),
+    "itl_by_concurrency": ("tandem_router_itl_by_concurrency_seconds", "concurrency"),
+}
+
 ROUTER_QUERIES: Final[tuple[Query, ...]] = (
     Query(
         "router_age",
@@ -247,6 +258,14 @@ ROUTER_QUERIES: Final[tuple[Query, ...]] = (
         "sum by (path) (rate(tandem_router_decode_leg_first_token_seconds_sum SEL [WINDOW]))"
         " / sum by (path) (rate(tandem_router_decode_leg_first_token_seconds_count SEL [WINDOW]))",
         "mean time from sending the decode leg to its first token (decode's queue, the KV read, a step)",
+    ),
+    *(
+        Query(
+            name,
+            f"histogram_quantile(QUANTILE, sum by ({label}, le) (rate({metric}_bucket SEL [WINDOW])))",
+            f"{name.split('_')[0].upper()} at the SLO's quantile by {label} bucket, every path (status only)",
+        )
+        for name, (metric, label) in BUCKET_LATENCIES.items()
     ),
 )
 
@@ -514,7 +533,7 @@ def build_snapshot(
     scrape_interval: float | None = None,
 ) -> Snapshot:
     """A `Snapshot` from the answers of `snapshot_queries` (by name) and the queries that failed."""
-    missing = failed_queries(errors)
+    missing = failed_queries({name: error for name, error in errors.items() if name not in BUCKET_LATENCIES})
 
     def get(name: str) -> Result:
         return results.get(name) or []
@@ -595,6 +614,11 @@ def build_snapshot(
         pools=pools,
         paths=paths,
         missing=tuple(missing),
+        latency_by_bucket={
+            name: found
+            for name, (_, label) in BUCKET_LATENCIES.items()
+            if (found := {k: v for k, v in by_label(get(name), label).items() if math.isfinite(v)})
+        },
     )
 
 

@@ -32,7 +32,10 @@ def _fraction(value: float, field: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    weight: int  # percent of requests on the target arm, 1..100
+    # Percent of requests on the target arm, 1..100; 0 on the first step only: the tenants stage,
+    # where only spec.rollout.tenants go to the target arm (the routers send them there in every
+    # step, at any weight) and everyone else stays on the source.
+    weight: int
     # Least time at this weight; the step also bakes for at least one analysis window.
     # None: a manual gate, after a passing verdict the rollout waits (Paused) for `promote`.
     pause_seconds: float | None = 0.0
@@ -82,10 +85,13 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         _check(len(self.steps) >= 1, "rollout.steps", "needs at least one step")
-        previous = 0
+        previous = -1
         for i, s in enumerate(self.steps):
+            low = 0 if i == 0 else 1  # 0: the tenants stage, first or not at all
             _check(
-                1 <= s.weight <= 100, f"rollout.steps[{i}].weight", f"must be within 1..100, got {s.weight}"
+                low <= s.weight <= 100,
+                f"rollout.steps[{i}].weight",
+                f"must be within {low}..100, got {s.weight}",
             )
             _check(
                 s.weight > previous,
@@ -107,6 +113,17 @@ class RolloutConfig:
         """Least time at step `index`: its pause, and at least one analysis window."""
         pause = self.steps[index].pause_seconds
         return max(pause or 0.0, self.analysis.window_seconds)
+
+    def describe(self, index: int) -> str:
+        """What step `index` sends to the target arm, for reasons and Events."""
+        weight = self.steps[index].weight
+        return (
+            "spec.rollout.tenants only to the target arm" if weight == 0 else f"{weight}% to the target arm"
+        )
+
+    def describe_steps(self) -> str:
+        """The steps in order, for the Event that starts a rollout: `tenants only, 50%, 100%`."""
+        return ", ".join("tenants only" if s.weight == 0 else f"{s.weight}%" for s in self.steps)
 
     def weights(self) -> frozenset[int]:
         """Every weight a rollout may publish: the steps', 0 (source only) and 100 (promoted)."""

@@ -32,6 +32,7 @@ from tandem.rollout.judge import Result, Verdict
 from tandem.rollout.state import (
     MAX_FIGURES,
     MAX_VERDICTS,
+    TARGET_SERVING,
     PauseCause,
     Phase,
     RollbackStage,
@@ -135,8 +136,7 @@ def _advance(s: RolloutState, now: float, config: RolloutConfig, why: str) -> Ro
     if s.step >= config.last_step:
         return _move(s, now, config, Phase.Promoted, f"{why}; promoted: the target arm serves all requests")
     nxt = s.step + 1
-    weight = config.steps[nxt].weight
-    return _move(s, now, config, Phase.Shifting, f"{why}; step {nxt}: {weight}% to the target arm", step=nxt)
+    return _move(s, now, config, Phase.Shifting, f"{why}; step {nxt}: {config.describe(nxt)}", step=nxt)
 
 
 # A rollback's reason keeps its cause (with the figures) to the end: each stage swaps the suffix.
@@ -153,14 +153,18 @@ def _cause(reason: str) -> str:
 
 
 def _rollback(s: RolloutState, now: float, config: RolloutConfig, why: str) -> RolloutState:
-    # The weight published so far is s.weight: already 0 (Preparing) means the routers have it.
-    stage = RollbackStage.ScalingDown if s.weight == 0 else RollbackStage.RestoringWeight
-    suffix = SCALING_DOWN if s.weight == 0 else WEIGHT_FIRST
+    # A target that took no traffic yet (Preparing) may go at once. One that did (at its weight, or
+    # spec.rollout.tenants' requests in the tenants stage at weight 0) waits until the routers have
+    # read that it is back on the source.
+    served = s.phase in TARGET_SERVING
+    stage = RollbackStage.RestoringWeight if served else RollbackStage.ScalingDown
+    suffix = WEIGHT_FIRST if served else SCALING_DOWN
     return _move(s, now, config, Phase.RollingBack, clip(why, len(suffix)) + suffix, rollback_stage=stage)
 
 
 def _pause(s: RolloutState, now: float, config: RolloutConfig, cause: PauseCause, why: str) -> RolloutState:
-    return _move(s, now, config, Phase.Paused, f"{why}; paused at {s.weight}%", pause_cause=cause)
+    at = "in the tenants stage (weight 0)" if s.weight == 0 else f"at {s.weight}%"
+    return _move(s, now, config, Phase.Paused, f"{why}; paused {at}", pause_cause=cause)
 
 
 # --- commands ------------------------------------------------------------------------------------
@@ -286,10 +290,7 @@ def _preparing(s: RolloutState, now: float, config: RolloutConfig, observed: Obs
         return dataclasses.replace(
             s, reason=f"waiting for the target arm's pods to be ready ({_fmt(waited)} s{left})"
         )
-    weight = config.steps[0].weight
-    return _move(
-        s, now, config, Phase.Shifting, f"target arm ready; step 0: {weight}% to the target arm", step=0
-    )
+    return _move(s, now, config, Phase.Shifting, f"target arm ready; step 0: {config.describe(0)}", step=0)
 
 
 def _shifting(s: RolloutState, v: Verdict | None, now: float, config: RolloutConfig) -> RolloutState:

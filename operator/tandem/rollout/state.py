@@ -33,6 +33,12 @@ class Phase(StrEnum):
     RolledBack = "RolledBack"  # weight 0, the target arm scaled down; `retry` starts again
 
 
+# The phases in which the target arm takes traffic: the step's weight of everyone, and every request of
+# spec.rollout.tenants (at any weight, 0 included: the tenants stage). The routers read the phase from
+# status (`tandem.kube.pods`); before (Preparing) and on the way back, everyone is on the source.
+TARGET_SERVING: Final = (Phase.Shifting, Phase.Paused, Phase.Promoted)
+
+
 class PauseCause(StrEnum):
     AwaitingPromote = "AwaitingPromote"  # a step without pauseSeconds passed: a manual gate
     Inconclusive = "Inconclusive"  # no conclusive verdict for inconclusivePauseSeconds after the bake

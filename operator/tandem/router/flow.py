@@ -29,7 +29,7 @@ from tandem.router.failure import (
     on_prefill_failure,
 )
 from tandem.router.gateway import rate_limited_body
-from tandem.router.metrics import PathMetrics
+from tandem.router.metrics import GapCounts, PathMetrics
 from tandem.router.protocol import (
     ENDPOINT_PATHS,
     Endpoint,
@@ -110,6 +110,8 @@ class _Tally:
     last_token_at: float | None = None
     revision: str | None = None  # the serving revision of the P/D pair that served it
     leg_started: float | None = None  # when the streamed decode (or colocated) leg was sent
+    concurrency: int = 1  # requests in flight on its path when it arrived, itself included
+    gaps: GapCounts | None = None  # its inter-token gaps by bucket, from its second read with tokens
 
 
 class _TokenTimes:
@@ -132,7 +134,11 @@ class _TokenTimes:
             if tally.leg_started is not None:
                 self.leg_first_token.observe(now - tally.leg_started)
         elif tally.last_token_at is not None:
-            self.metrics.itl.observe(now - tally.last_token_at)
+            gap = now - tally.last_token_at
+            self.metrics.itl.observe(gap)
+            if tally.gaps is None:
+                tally.gaps = GapCounts()
+            tally.gaps.add(gap)
         tally.last_token_at = now
         tally.output_tokens += count
 
@@ -194,9 +200,10 @@ class Flow:
         if state.revision_endpoints:  # a pair is a prefill and a decode pod of one revision
             paired = state.revision_for(request.request_id, self._first(request)) is not None
             has_prefill, has_decode = has_prefill and paired, has_decode and paired
+        first_share = state.gateway.first_share(request.tenant)
         path = choose_path(
-            state.disaggregated_share(),
-            self._path_draw(request),
+            state.disaggregated_share() if first_share is None else first_share,
+            draw_for(request.request_id),
             has_prefill=has_prefill,
             has_decode=has_decode,
             has_colocated=bool(state.endpoints["colocated"]),
@@ -210,8 +217,8 @@ class Flow:
             return
         self.budget.on_request(self.clock())
         path_metrics = self.metrics.by_path[path]
-        path_metrics.in_flight.inc()
-        tally = _Tally(arrived=request.arrived)
+        path_metrics.active += 1
+        tally = _Tally(arrived=request.arrived, concurrency=path_metrics.active)
         try:
             if path == "disaggregated":
                 await self._disaggregated(request, responder, tally, path_metrics)
@@ -226,7 +233,7 @@ class Flow:
             tally.status = 500
             raise
         finally:
-            path_metrics.in_flight.dec()
+            path_metrics.active -= 1
             self._record(request, path, tally, path_metrics)
 
     def _record(self, request: ClientRequest, path: Path, tally: _Tally, metrics: PathMetrics) -> None:
@@ -264,6 +271,8 @@ class Flow:
             tpot_s=tpot,
             prompt_tokens=prompt,
             output_tokens=output,
+            concurrency=tally.concurrency,
+            gaps=tally.gaps,
         )
         slo, within = self.state.slo, metrics.within_slo
         if (
@@ -328,12 +337,8 @@ class Flow:
         return chosen
 
     def _first(self, request: ClientRequest) -> bool:
-        """A tenant of spec.rollout.tenants: on the rollout's target at any weight above 0."""
+        """A tenant of spec.rollout.tenants: on a revision rollout's new revision first."""
         return self.state.gateway.goes_first(request.tenant)
-
-    def _path_draw(self, request: ClientRequest) -> float:
-        first = self.state.gateway.first_draw(request.tenant)
-        return draw_for(request.request_id) if first is None else first
 
     def _pick_decode(self, tried: set[str], revision: str | None) -> str | None:
         """A decode pod; with backpressure on, one with KV room while any has (an untried one first)."""

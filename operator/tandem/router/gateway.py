@@ -39,7 +39,6 @@ from tandem.routing.tenants import DEFAULT_TENANT, OTHER_TENANT, KeysError, Tena
 log = logging.getLogger(__name__)
 
 _TENANTS = TypeAdapter(list[TenantSpec])
-_LAST_DRAW = 1.0 - 2**-53  # the largest draw in [0, 1): a request that goes to the colocated arm
 
 
 def refusal_body(message: str, error_type: str, code: str) -> bytes:
@@ -71,7 +70,8 @@ class Gateway:
         self.admission = Admission()
         self.keys_secret: str | None = None  # the Secret to read keys from (PDDeployment mode)
         self.rollout_tenants: frozenset[str] = frozenset()
-        self.rollout_target: str | None = None  # status.rollout.target while a rollout runs
+        # status.rollout.target while the target takes traffic (kube.pods.PddInfo.rollout_target)
+        self.rollout_target: str | None = None
         # admission.maxBodyBytes; None: the router's --max-body-bytes.
         self.max_body_bytes: int | None = None
         # Decode backpressure: None when off; else the usage (0..1) at which a decode pod is full.
@@ -227,18 +227,17 @@ class Gateway:
 
     # -- rollout by tenant ----------------------------------------------------------------------
     def goes_first(self, tenant: str) -> bool:
-        """Whether the tenant's requests go to the rollout's target arm at any weight above 0."""
+        """Whether the tenant is one of spec.rollout.tenants (sent to a rollout's target first)."""
         return tenant in self.rollout_tenants
 
-    def first_draw(self, tenant: str) -> float | None:
-        """The path draw of a rollout's chosen tenant (None: draw by the request id as everyone).
-
-        The draw is the target arm's end of [0, 1): with a weight above 0 the target takes it, with
-        weight 0 (before the first step, or rolled back) the source arm still does.
+    def first_share(self, tenant: str) -> int | None:
+        """The P/D share (percent) for a rollout's chosen tenant: all of it on the target arm while the
+        target takes traffic (`rollout_target` set: from the first step on, the tenants stage at weight
+        0 included); None: by the weight, as everyone (no rollout, before its first step, rolled back).
         """
         if self.rollout_target is None or tenant not in self.rollout_tenants:
             return None
-        return 0.0 if self.rollout_target == "Disaggregated" else _LAST_DRAW
+        return 100 if self.rollout_target == "Disaggregated" else 0
 
     # -- decode backpressure --------------------------------------------------------------------
     def set_kv_usage(self, usage: Mapping[str, float]) -> None:

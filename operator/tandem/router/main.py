@@ -38,7 +38,11 @@ from tandem.router.slo import SloTargets
 from tandem.router.state import RouterState
 from tandem.router.upstream import LeanUpstream
 from tandem.routing.balancer import Balancer
-from tandem.routing.buckets import DEFAULT_INPUT_LENGTH_BOUNDS, DEFAULT_OUTPUT_LENGTH_BOUNDS
+from tandem.routing.buckets import (
+    DEFAULT_CONCURRENCY_BOUNDS,
+    DEFAULT_INPUT_LENGTH_BOUNDS,
+    DEFAULT_OUTPUT_LENGTH_BOUNDS,
+)
 from tandem.routing.prefix import (
     DEFAULT_INDEX_BLOCKS_PER_POD,
     MAX_BLOCK_CHARS,
@@ -82,6 +86,7 @@ class RouterConfig(BaseModel):
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     input_length_buckets: tuple[int, ...] = DEFAULT_INPUT_LENGTH_BOUNDS
     output_length_buckets: tuple[int, ...] = DEFAULT_OUTPUT_LENGTH_BOUNDS
+    concurrency_buckets: tuple[int, ...] = DEFAULT_CONCURRENCY_BOUNDS
     # Static mode's gateway: spec.router's auth/tenants/admission, and the API keys (tenant -> keys,
     # one a line, as in the keys Secret; given: keys are required). A PDDeployment sets its own.
     gateway: dict[str, Any] | None = None
@@ -105,9 +110,14 @@ class RouterConfig(BaseModel):
             raise ValueError("give both --slo-ttft-ms and --slo-tpot-ms, or neither")
         check_length_bounds(self.input_length_buckets)
         check_length_bounds(self.output_length_buckets)
+        check_length_bounds(self.concurrency_buckets)
         if self.pddeployment and (self.gateway is not None or self.api_keys is not None):
             raise ValueError("--gateway and --api-keys-file are static mode's; use spec.router")
         return self
+
+    def buckets(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """The histogram bucket bounds: input length, output length, concurrency."""
+        return self.input_length_buckets, self.output_length_buckets, self.concurrency_buckets
 
     def prefix(self) -> PrefixSettings:
         return PrefixSettings(
@@ -195,6 +205,9 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
     add("--output-length-buckets", dest="output_length_buckets", type=_bounds,
         default=DEFAULT_OUTPUT_LENGTH_BOUNDS, metavar="N,N,...",
         help="output-token bounds of the TPOT length buckets (spec.router.metrics wins)")  # fmt: skip
+    add("--concurrency-buckets", dest="concurrency_buckets", type=_bounds,
+        default=DEFAULT_CONCURRENCY_BOUNDS, metavar="N,N,...",
+        help="in-flight bounds of the TPOT/ITL concurrency buckets (spec.router.metrics wins)")  # fmt: skip
     add("--gateway", type=_yaml_file, metavar="FILE",
         help="static mode: YAML of spec.router's auth, tenants and admission (docs/router.md)")  # fmt: skip
     add("--api-keys-file", dest="api_keys", type=_yaml_file, metavar="FILE",
@@ -247,10 +260,10 @@ def build(config: RouterConfig) -> tuple[RouterApp, RouterState, Flow]:
         serving_mode=config.serving_mode,
         colocated_fallback=config.colocated_fallback,
         slo_default=config.slo(),
-        length_buckets_default=(config.input_length_buckets, config.output_length_buckets),
+        buckets_default=config.buckets(),
         prefix_default=config.prefix(),
     )
-    metrics.set_length_buckets(config.input_length_buckets, config.output_length_buckets)
+    metrics.set_buckets(*config.buckets())
     state.set_slo(config.slo())
     if config.model:
         state.catalog.configured[config.model] = config.max_model_len

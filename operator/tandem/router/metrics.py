@@ -15,22 +15,30 @@ The checklist's split (docs/observability.md): TTFT by input-length bucket and T
 bucket, per path, tenant and model, recorded once per successful request from the engines' token
 counts (`usage`). Their label values are bounded: length buckets by the configured bounds, tenants
 as admission labels them (a configured tenant, `default` or `other`; at most `MAX_TENANT_LABELS`),
-models by the first `MAX_LABEL_VALUES` served names and then `other`.
+models by the first `MAX_LABEL_VALUES` served names and then `other`. TPOT and ITL are also split by
+output length and by concurrency (the requests in flight at this router on the request's path when it
+arrived, itself included), per path only. A request's inter-token gaps are counted per bucket while it
+streams (`GapCounts`) and added to the ITL histograms once it ends (`BatchedHistogram`): its output
+length is known only then.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from collections.abc import Iterable, Sequence
-from itertools import pairwise
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import accumulate, pairwise
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from tandem.router.slo import SloTargets
 from tandem.routing.buckets import (
+    BUCKETED_ITL_BUCKETS,
     BUCKETED_TPOT_BUCKETS,
     BUCKETED_TTFT_BUCKETS,
+    DEFAULT_CONCURRENCY_BOUNDS,
     DEFAULT_INPUT_LENGTH_BOUNDS,
     DEFAULT_OUTPUT_LENGTH_BOUNDS,
     E2E_BUCKETS,
@@ -103,6 +111,63 @@ class LabelBound:
             self.seen.add(value)
             return value
         return OTHER
+
+
+class GapCounts:
+    """One request's inter-token gaps, counted per bucket of `BUCKETED_ITL_BUCKETS` as they come (a
+    bisection and an increment per read that carried tokens) and summed."""
+
+    __slots__ = ("counts", "total")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(BUCKETED_ITL_BUCKETS) + 1)  # the last: above the last bound (+Inf)
+        self.total = 0.0
+
+    def add(self, gap: float) -> None:
+        self.counts[bisect_left(BUCKETED_ITL_BUCKETS, gap)] += 1  # a bound is its bucket's upper edge
+        self.total += gap
+
+
+class BatchedHistogram:
+    """A Prometheus histogram fed a request's observations at once, already counted per bucket
+    (`GapCounts`): prometheus_client's `Histogram` takes one value at a time, which would mean keeping
+    every gap of a stream until its end. Exposed like any histogram (`_bucket{le}`, `_count`, `_sum`;
+    no `_created`); the router is one event loop, so no lock."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        bounds: Sequence[float],
+        registry: CollectorRegistry,
+    ) -> None:
+        self.name, self.documentation, self.labelnames = name, documentation, tuple(labelnames)
+        self.les = [floatToGoString(b) for b in bounds] + ["+Inf"]  # type: ignore[no-untyped-call]
+        self.series: dict[tuple[str, ...], tuple[list[int], list[float]]] = {}  # counts, [sum]
+        registry.register(self)
+
+    def add(self, labels: tuple[str, ...], gaps: GapCounts) -> None:
+        found = self.series.get(labels)
+        if found is None:
+            found = self.series[labels] = ([0] * len(self.les), [0.0])
+        counts, total = found
+        for i, count in enumerate(gaps.counts):
+            if count:
+                counts[i] += count
+        total[0] += gaps.total
+
+    def clear(self) -> None:
+        self.series.clear()
+
+    def describe(self) -> Iterator[HistogramMetricFamily]:
+        yield HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for labels, (counts, total) in sorted(self.series.items()):
+            family.add_metric(list(labels), list(zip(self.les, accumulate(counts), strict=True)), total[0])
+        yield family
 
 
 class RouterMetrics:
@@ -240,6 +305,25 @@ class RouterMetrics:
             " completion token count), path, tenant and model.",
             ["path", "output_length", "tenant", "model"], buckets=BUCKETED_TPOT_BUCKETS, registry=r,
         )  # fmt: skip
+        # TPOT and ITL by output length and by concurrency (path only: they multiply as the above do).
+        self.tpot_by_concurrency = Histogram(
+            "tandem_router_tpot_by_concurrency_seconds",
+            "Per successful request with 2+ output tokens: TPOT by concurrency bucket (requests in flight"
+            " at this router on the same path when it arrived, itself included) and path.",
+            ["path", "concurrency"], buckets=BUCKETED_TPOT_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.itl_by_length = BatchedHistogram(
+            "tandem_router_itl_by_output_length_seconds",
+            "Gaps between engine reads that carried tokens, of successful streamed requests, by the"
+            " request's output-length bucket (the engine's completion token count) and path.",
+            ["path", "output_length"], BUCKETED_ITL_BUCKETS, r,
+        )  # fmt: skip
+        self.itl_by_concurrency = BatchedHistogram(
+            "tandem_router_itl_by_concurrency_seconds",
+            "Gaps between engine reads that carried tokens, of successful streamed requests, by the"
+            " request's concurrency bucket (as tandem_router_tpot_by_concurrency_seconds) and path.",
+            ["path", "concurrency"], BUCKETED_ITL_BUCKETS, r,
+        )  # fmt: skip
         self.decode_first_token = Histogram(
             "tandem_router_decode_leg_first_token_seconds",
             "From sending a streamed decode (or colocated) leg to its first token: on P/D the decode"
@@ -264,6 +348,7 @@ class RouterMetrics:
         )  # fmt: skip
         self.input_buckets = LengthBuckets(DEFAULT_INPUT_LENGTH_BOUNDS)
         self.output_buckets = LengthBuckets(DEFAULT_OUTPUT_LENGTH_BOUNDS)
+        self.concurrency_buckets = LengthBuckets(DEFAULT_CONCURRENCY_BOUNDS)
         # Admission bounds tenant labels already (spec.router.tenants, at most 64, then `default` and
         # `other`); this is a backstop.
         self.tenants = LabelBound(cap=MAX_TENANT_LABELS)
@@ -289,16 +374,24 @@ class RouterMetrics:
             found = self._children[key] = metric.labels(*labels)
         return found
 
-    def set_length_buckets(self, input_bounds: Sequence[int], output_bounds: Sequence[int]) -> None:
+    def set_buckets(
+        self,
+        input_bounds: Sequence[int],
+        output_bounds: Sequence[int],
+        concurrency_bounds: Sequence[int],
+    ) -> None:
         """New bucket bounds; the bucketed histograms start again (their old labels mean nothing now)."""
-        if tuple(input_bounds) == self.input_buckets.bounds and (
-            tuple(output_bounds) == self.output_buckets.bounds
-        ):
+        wanted = (tuple(input_bounds), tuple(output_bounds), tuple(concurrency_bounds))
+        if wanted == (self.input_buckets.bounds, self.output_buckets.bounds, self.concurrency_buckets.bounds):
             return
-        self.input_buckets, self.output_buckets = LengthBuckets(input_bounds), LengthBuckets(output_bounds)
-        for metric in (self.ttft_by_length, self.tpot_by_length):
+        self.input_buckets, self.output_buckets, self.concurrency_buckets = (
+            LengthBuckets(bounds) for bounds in wanted
+        )
+        for metric in (self.ttft_by_length, self.tpot_by_length, self.tpot_by_concurrency):
             metric.clear()
             self._children = {k: v for k, v in self._children.items() if k[0] != id(metric)}
+        self.itl_by_length.clear()
+        self.itl_by_concurrency.clear()
         self._show_bounds()
 
     def _show_bounds(self) -> None:
@@ -318,9 +411,12 @@ class RouterMetrics:
         tpot_s: float | None = None,
         prompt_tokens: int = 0,
         output_tokens: int = 0,
+        concurrency: int = 1,
+        gaps: GapCounts | None = None,
     ) -> None:
-        """One finished request in the per-tenant/model counters and the length-bucketed histograms
-        (`ttft_s`/`tpot_s` given only for a successful request that has them)."""
+        """One finished request in the per-tenant/model counters and the bucketed histograms (`ttft_s`,
+        `tpot_s` and `gaps` given only for a successful request that has them; `concurrency`: the
+        requests in flight on its path when it arrived, itself included)."""
         tenant_label, model_label = self.tenants(tenant), self.models(model)
         child = self.child
         child(self.tenant_requests, tenant_label, model_label, path, code).inc()
@@ -331,9 +427,14 @@ class RouterMetrics:
         if ttft_s is not None:
             bucket = self.input_buckets.label(prompt_tokens)
             child(self.ttft_by_length, path, bucket, tenant_label, model_label).observe(ttft_s)
+        length = self.output_buckets.label(output_tokens)
+        crowd = self.concurrency_buckets.label(concurrency)
         if tpot_s is not None:
-            bucket = self.output_buckets.label(output_tokens)
-            child(self.tpot_by_length, path, bucket, tenant_label, model_label).observe(tpot_s)
+            child(self.tpot_by_length, path, length, tenant_label, model_label).observe(tpot_s)
+            child(self.tpot_by_concurrency, path, crowd).observe(tpot_s)
+        if gaps is not None:
+            self.itl_by_length.add((path, length), gaps)
+            self.itl_by_concurrency.add((path, crowd), gaps)
 
     def know_revision(self, revision: str) -> None:
         """A revision's series exist from 0 (a series born at 1 hides its first request from rate())."""
@@ -362,17 +463,19 @@ class RouterMetrics:
 
 class PathMetrics:
     __slots__ = (
-        "e2e", "generation_tokens", "in_flight", "itl", "leg_first_token", "prompt_tokens", "tpot", "ttft",
-        "within_slo",
+        "active", "e2e", "generation_tokens", "in_flight", "itl", "leg_first_token", "prompt_tokens", "tpot",
+        "ttft", "within_slo",
     )  # fmt: skip
 
     def __init__(self, metrics: RouterMetrics, path: str) -> None:
+        self.active = 0  # client requests on this path being served (the in-flight gauge reads it)
         self.leg_first_token = metrics.decode_first_token.labels(path)
         self.ttft = metrics.ttft.labels(path)
         self.itl = metrics.itl.labels(path)
         self.tpot = metrics.tpot.labels(path)
         self.e2e = metrics.e2e.labels(path)
         self.in_flight = metrics.in_flight.labels(path)
+        self.in_flight.set_function(lambda: float(self.active))
         self.prompt_tokens = metrics.prompt_tokens.labels(path)
         self.generation_tokens = metrics.generation_tokens.labels(path)
         self.within_slo: Any = None  # bound by `RouterMetrics.set_slo` while an SLO is set

@@ -27,7 +27,11 @@ from tandem.router.revisions import choose_revision
 from tandem.router.revisions import draw_for as revision_draw
 from tandem.router.slo import SloTargets
 from tandem.routing.balancer import Balancer
-from tandem.routing.buckets import DEFAULT_INPUT_LENGTH_BOUNDS, DEFAULT_OUTPUT_LENGTH_BOUNDS
+from tandem.routing.buckets import (
+    DEFAULT_CONCURRENCY_BOUNDS,
+    DEFAULT_INPUT_LENGTH_BOUNDS,
+    DEFAULT_OUTPUT_LENGTH_BOUNDS,
+)
 from tandem.routing.paths import disaggregated_share
 from tandem.routing.prefix import PrefixIndex, PrefixSettings
 
@@ -85,10 +89,11 @@ class RouterState:
     # The SLO requests are judged by: the PDDeployment's `spec.slo`, else `slo_default` (flags).
     slo: SloTargets | None = None
     slo_default: SloTargets | None = None
-    # Length bucket bounds (input, output) when the PDDeployment sets none: the flags'.
-    length_buckets_default: tuple[tuple[int, ...], tuple[int, ...]] = (
+    # Bucket bounds (input length, output length, concurrency) when the PDDeployment sets none: the flags'.
+    buckets_default: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] = (
         DEFAULT_INPUT_LENGTH_BOUNDS,
         DEFAULT_OUTPUT_LENGTH_BOUNDS,
+        DEFAULT_CONCURRENCY_BOUNDS,
     )
     catalog: ModelCatalog = field(default_factory=ModelCatalog)
     pods: dict[str, PodInfo] = field(default_factory=dict)
@@ -97,6 +102,9 @@ class RouterState:
     revision_endpoints: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     # (revision, percent of P/D requests) from status.revisions; None: any revision with a ready pair.
     revision_shares: tuple[tuple[str, int], ...] | None = None
+    # A revision rollout's new revision takes traffic (status.revisions.rollout Shifting, Paused,
+    # Promoted): spec.rollout.tenants go to it at any weight, 0 included (the tenants stage).
+    revision_rollout_serving: bool = False
     # Bumped whenever the endpoint set changes; the model refresher watches it.
     generation: int = 0
     # True once the router has a view to route by: static endpoints, or the first pod list.
@@ -135,11 +143,12 @@ class RouterState:
         if info.revisions != self.revision_shares:
             log.info("serving revisions: %s", info.revisions)
         self.revision_shares = info.revisions
+        self.revision_rollout_serving = info.revision_rollout_serving
         for rev, _ in info.revisions or ():
             self.metrics.know_revision(rev or "legacy")
         if info.model_name:
             self.catalog.configured[info.model_name] = info.max_model_len
-        self.set_length_buckets(info.input_length_buckets, info.output_length_buckets)
+        self.set_buckets(info.input_length_buckets, info.output_length_buckets, info.concurrency_buckets)
         self.set_prefix(PrefixSettings.from_spec(info.prefix_aware, self.prefix_default, info.prefill_policy))
         self.gateway.configure(info.router_gateway, info.rollout_tenants, rollout_target=info.rollout_target)
         if info.slo_ttft_ms is not None and info.slo_tpot_ms is not None:
@@ -147,13 +156,17 @@ class RouterState:
         else:
             self.set_slo(self.slo_default)
 
-    def set_length_buckets(self, inputs: Sequence[int] | None, outputs: Sequence[int] | None) -> None:
-        """The spec's length bucket bounds (the flags' when unset); bad bounds keep the ones in use."""
-        default_in, default_out = self.length_buckets_default
+    def set_buckets(
+        self, inputs: Sequence[int] | None, outputs: Sequence[int] | None, concurrency: Sequence[int] | None
+    ) -> None:
+        """The spec's bucket bounds (the flags' when unset); bad bounds keep the ones in use."""
+        default_in, default_out, default_concurrency = self.buckets_default
         try:
-            self.metrics.set_length_buckets(inputs or default_in, outputs or default_out)
+            self.metrics.set_buckets(
+                inputs or default_in, outputs or default_out, concurrency or default_concurrency
+            )
         except ValueError as error:
-            log.warning("length buckets not changed: %s", error)
+            log.warning("histogram buckets not changed: %s", error)
 
     def set_prefix(self, settings: PrefixSettings) -> None:
         if settings == self.prefix:
@@ -197,14 +210,18 @@ class RouterState:
     def revision_for(self, request_id: str, first: bool = False) -> str | None:
         """The serving revision whose pair takes this request (None: no ready pair, or static mode).
 
-        `first`: a tenant of spec.rollout.tenants, sent to the current (target) revision at any
-        weight above 0."""
+        `first`: a tenant of spec.rollout.tenants, sent to the current (target) revision at any weight
+        above 0, and at weight 0 too while a revision rollout's new revision takes traffic (its tenants
+        stage)."""
         if not self.revision_endpoints:
             return None
         complete = {
             rev: bool(r["prefill"]) and bool(r["decode"]) for rev, r in self.revision_endpoints.items()
         }
-        return choose_revision(self.revision_shares, 0.0 if first else revision_draw(request_id), complete)
+        shares = self.revision_shares
+        if first and self.revision_rollout_serving and shares:
+            shares = ((shares[0][0], 100), *((rev, 0) for rev, _ in shares[1:]))
+        return choose_revision(shares, 0.0 if first else revision_draw(request_id), complete)
 
     def disaggregated_share(self) -> int:
         mode = self.serving_mode

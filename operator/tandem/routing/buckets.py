@@ -37,11 +37,15 @@ BUCKETED_TTFT_BUCKETS: Final = (
 BUCKETED_TPOT_BUCKETS: Final = (
     0.005, 0.01, 0.02, 0.03, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0,
 )  # fmt: skip
+BUCKETED_ITL_BUCKETS: Final = BUCKETED_TPOT_BUCKETS
 
 # Length buckets (tokens): the P/D checklist's input split 0-1K, 1K-4K, 4K-16K, 16K+ (K = 1024), and
 # an output split of the same shape. Configurable per PDDeployment (spec.router.metrics).
 DEFAULT_INPUT_LENGTH_BOUNDS: Final = (1024, 4096, 16384)
 DEFAULT_OUTPUT_LENGTH_BOUNDS: Final = (128, 512, 2048)
+# Concurrency buckets (requests in flight at one router on the request's path when it arrived, itself
+# included): 1-3, 4-15, 16-63, 64-255, 256+ (labels 0-4, 4-16, ...). Configurable the same way.
+DEFAULT_CONCURRENCY_BOUNDS: Final = (4, 16, 64, 256)
 
 
 def token_buckets(max_model_len: int) -> tuple[float, ...]:
@@ -58,8 +62,10 @@ def token_buckets(max_model_len: int) -> tuple[float, ...]:
 
 
 __all__ = [
+    "BUCKETED_ITL_BUCKETS",
     "BUCKETED_TPOT_BUCKETS",
     "BUCKETED_TTFT_BUCKETS",
+    "DEFAULT_CONCURRENCY_BOUNDS",
     "DEFAULT_INPUT_LENGTH_BOUNDS",
     "DEFAULT_OUTPUT_LENGTH_BOUNDS",
     "E2E_BUCKETS",

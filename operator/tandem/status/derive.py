@@ -181,7 +181,19 @@ def measured_slo(snapshot: Snapshot, observed_at: str) -> SLOStatus | None:
         requests_per_second=round(total.request_rate, 3),
         window_seconds=round(snapshot.window_seconds),
         observed_at=observed_at,
+        ttft_ms_by_input_length=_ms_by_bucket(snapshot, "ttft_by_input_length"),
+        tpot_ms_by_output_length=_ms_by_bucket(snapshot, "tpot_by_output_length"),
+        tpot_ms_by_concurrency=_ms_by_bucket(snapshot, "tpot_by_concurrency"),
+        itl_ms_by_output_length=_ms_by_bucket(snapshot, "itl_by_output_length"),
+        itl_ms_by_concurrency=_ms_by_bucket(snapshot, "itl_by_concurrency"),
     )
+
+
+def _ms_by_bucket(snapshot: Snapshot, name: str) -> dict[str, float]:
+    return {
+        label: round(seconds * 1000, 2)
+        for label, seconds in sorted(snapshot.latency_by_bucket.get(name, {}).items())
+    }
 
 
 def _converged(role: str, observed: Observed) -> bool:

@@ -199,6 +199,24 @@ def test_snapshot_of_a_live_deployment(cluster: ClusterHandle, deployed: Deploye
     )
     assert snap.pools["decode"].mean_output_tokens == pytest.approx(8)
     assert snap.paths["colocated"].request_rate == 0
+    # status.slo's latencies by bucket, from the router's bucketed histograms (one request at a time,
+    # short prompts, 8 output tokens): one bucket each, at the SLO's quantile. Their series are born
+    # with their bucket's first request, an increase rate() cannot see: a second round shows.
+    assert [complete(deployed.router_url, stream=True) for _ in range(4)] == [200] * 4
+
+    def bucketed() -> Snapshot | None:
+        later = read(reader, deployed, 60)
+        return later if len(later.latency_by_bucket) == 5 else None
+
+    by_bucket = eventually(bucketed, timeout=60, what="latencies by bucket").latency_by_bucket
+    assert {name: set(found) for name, found in by_bucket.items()} == {
+        "ttft_by_input_length": {"0-1024"},
+        "tpot_by_output_length": {"0-128"},
+        "tpot_by_concurrency": {"0-4"},
+        "itl_by_output_length": {"0-128"},
+        "itl_by_concurrency": {"0-4"},
+    }
+    assert all(0 < s < SLO.ttft_ms / 1000 for found in by_bucket.values() for s in found.values())
     if record := os.environ.get("TANDEM_RECORD_PROMETHEUS_ANSWERS"):
         now = time.time()
         queries = snapshot_queries(deployed.namespace, PDD, 60, quantile_of(SLO.attainment_percent))

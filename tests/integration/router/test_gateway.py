@@ -254,10 +254,6 @@ async def test_rollout_tenants_go_to_the_target_first(engines: dict[str, list[St
         aiohttp.ClientSession() as session,
     ):
         state = router.state
-        state.rollout_weight = 1  # P/D is the target at 1 %
-        state.gateway.configure(gateway, ["team-b"], rollout_target="Disaggregated")
-        for team in ["team-a"] * 30 + ["team-b"] * 30:
-            assert (await post(session, router, SHORT, **{"X-Tenant": team}))[0] == 200
 
         def served(tenant: str, path: str) -> float:
             return router.sample(
@@ -268,11 +264,27 @@ async def test_rollout_tenants_go_to_the_target_first(engines: dict[str, list[St
                 code="2xx",
             )
 
-        assert served("team-b", "disaggregated") == 30  # every request, at a weight of 1 %
-        assert served("team-a", "colocated") >= 28  # everyone else by the weight (1 %)
-        state.rollout_weight = 0  # weight 0 (rolled back): the chosen tenants stay on the source too
-        for _ in range(5):
-            assert (await post(session, router, SHORT, **{"X-Tenant": "team-b"}))[0] == 200
+        async def send(team: str, count: int) -> None:
+            for _ in range(count):
+                assert (await post(session, router, SHORT, **{"X-Tenant": team}))[0] == 200
+
+        # The tenants stage: weight 0, P/D the target taking traffic: only the chosen tenants on it.
+        state.rollout_weight = 0
+        state.gateway.configure(gateway, ["team-b"], rollout_target="Disaggregated")
+        await send("team-a", 20)
+        await send("team-b", 20)
+        assert served("team-b", "disaggregated") == 20
+        assert served("team-a", "colocated") == 20
+        assert served("team-a", "disaggregated") == 0
+        state.rollout_weight = 1  # P/D is the target at 1 %
+        await send("team-a", 30)
+        await send("team-b", 30)
+        assert served("team-b", "disaggregated") == 50  # every request, at a weight of 1 %
+        assert served("team-a", "colocated") >= 48  # everyone else by the weight (1 %)
+        # Rolled back: weight 0 and no target taking traffic: the chosen tenants are on the source too.
+        state.rollout_weight = 0
+        state.gateway.configure(gateway, ["team-b"], rollout_target=None)
+        await send("team-b", 5)
         assert served("team-b", "colocated") == 5
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tandem.metrics.queries import (
+    BUCKET_LATENCIES,
     ENGINE_QUERIES,
     POD_QUERIES,
     QUERIES,
@@ -191,6 +192,27 @@ def test_the_ttft_breakdown_comes_from_the_legs_and_the_engines() -> None:
     assert no_legs.missing == ()  # optional parts never hold a decision
 
 
+def test_latency_by_bucket_for_status_never_holds_a_decision() -> None:
+    queries = snapshot_queries("ns", "llm", 120, 0.9)
+    assert queries["tpot_by_concurrency"] == (
+        "histogram_quantile(0.9, sum by (concurrency, le) (rate("
+        "tandem_router_tpot_by_concurrency_seconds_bucket"
+        ' {namespace="ns",tandem_dev_pddeployment="llm",tandem_dev_role="router"} [120s])))'
+    )
+    answers = fresh_answers(
+        tpot_by_concurrency=[sample(0.02, concurrency="0-4"), sample("NaN", concurrency="4-16")],
+        itl_by_output_length=[sample(0.01, output_length="0-128")],
+    )
+    snap = snapshot(answers)
+    assert snap.latency_by_bucket == {
+        "tpot_by_concurrency": {"0-4": 0.02},  # NaN: no request in that bucket in the window
+        "itl_by_output_length": {"0-128": 0.01},
+    }
+    failed = snapshot(answers, errors={"itl_by_concurrency": "HTTP 500"})
+    assert failed.missing == ()  # shown in status only: its failure is not "metrics missing"
+    assert "itl_by_concurrency" not in failed.latency_by_bucket
+
+
 def test_zero_traffic_with_fresh_series_is_data() -> None:
     answers = fresh_answers(
         path_request_rate=[],  # no requests_total series yet: no request ever
@@ -271,10 +293,10 @@ def test_failed_queries_are_named() -> None:
 def test_every_query_failing_gives_only_their_errors() -> None:
     errors = {name: "ConnectionError: refused" for name in snapshot_queries("ns", "llm", 60, 0.95)}
     snap = snapshot({}, errors, sizes={"decode": PoolSize(1, 1)})
-    # One line for the one error, naming how many queries it hit.
-    assert snap.missing == (
-        f"ConnectionError: refused ({len(errors)} queries: {', '.join(sorted(errors)[:3])}, ...)",
-    )
+    # One line for the one error, naming how many queries it hit (status-only ones not counted).
+    held = sorted(name for name in errors if name not in BUCKET_LATENCIES)
+    assert len(held) == len(errors) - len(BUCKET_LATENCIES)
+    assert snap.missing == (f"ConnectionError: refused ({len(held)} queries: {', '.join(held[:3])}, ...)",)
 
 
 def test_distinct_errors_each_get_a_line_naming_their_query() -> None:

@@ -22,7 +22,7 @@ from tandem.rollout.arms import (
 from tandem.rollout.config import Analysis, RolloutConfig, Step
 from tandem.rollout.judge import Result, Verdict
 from tandem.rollout.machine import fall_back, promoted
-from tandem.rollout.state import Phase, RollbackStage, RolloutState, start
+from tandem.rollout.state import PauseCause, Phase, RollbackStage, RolloutState, start
 
 T = 1_800_000_000.0
 CONFIG = RolloutConfig(
@@ -124,6 +124,28 @@ def test_fixed_pools_get_their_share(
     assert got == {"prefill": prefill, "decode": decode, "colocated": colocated}
     total = sum(got.values())
     assert total <= sum(FULL.values()), "capacity is traded, never more than both arms' full sizes"
+
+
+@pytest.mark.parametrize(
+    ("phase", "stage", "prefill", "decode", "colocated"),
+    [
+        (Phase.Preparing, None, 1, 1, 6),
+        (Phase.Shifting, None, 1, 1, 6),  # the tenants stage: one pod per target pool, the source whole
+        (Phase.Paused, None, 1, 1, 6),
+        (Phase.RollingBack, RollbackStage.RestoringWeight, 1, 1, 6),  # kept while the routers catch up
+        (Phase.RollingBack, RollbackStage.ScalingDown, 0, 0, 6),
+    ],
+)
+def test_the_tenants_stage_holds_one_target_pod_per_pool(
+    phase: Phase, stage: RollbackStage | None, prefill: int, decode: int, colocated: int
+) -> None:
+    config = dataclasses.replace(CONFIG, steps=(Step(0, 0), *CONFIG.steps))
+    cause = PauseCause.AwaitingPromote if phase is Phase.Paused else None
+    s = dataclasses.replace(start(config, T), phase=phase, pause_cause=cause, rollback_stage=stage)
+    for autoscaled in (set(), set(FULL)):
+        bounds = pool_bounds(DISAGGREGATED, s, config, FULL, autoscaled, T, True)
+        got = sizes(bounds, dict.fromkeys(FULL, 0))
+        assert got == {"prefill": prefill, "decode": decode, "colocated": colocated}, autoscaled
 
 
 def test_capacity_is_traded_at_every_weight() -> None:

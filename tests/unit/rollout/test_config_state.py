@@ -29,7 +29,9 @@ CONFIG = RolloutConfig(steps=(Step(5, 300), Step(25, 300), Step(100, None)))
 BAD_CONFIGS = [
     # id, build, field named in the error
     ("no-steps", lambda: RolloutConfig(steps=()), "rollout.steps"),
-    ("weight-0", lambda: RolloutConfig(steps=(Step(0),)), "rollout.steps[0].weight"),
+    ("weight-negative", lambda: RolloutConfig(steps=(Step(-1),)), "rollout.steps[0].weight"),
+    # 0 is the tenants stage: the first step or none
+    ("weight-0-not-first", lambda: RolloutConfig(steps=(Step(10), Step(0))), "rollout.steps[1].weight"),
     ("weight-101", lambda: RolloutConfig(steps=(Step(50), Step(101))), "rollout.steps[1].weight"),
     ("decreasing", lambda: RolloutConfig(steps=(Step(50), Step(20))), "rollout.steps[1].weight"),
     ("repeated", lambda: RolloutConfig(steps=(Step(50), Step(50))), "rollout.steps[1].weight"),

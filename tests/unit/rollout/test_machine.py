@@ -736,3 +736,120 @@ def test_each_moment_of_a_rollback_is_one_event_reason() -> None:
     assert down.event_reason(held.state, "Rollout") == "RolloutScalingDown", "not RollingBack again"
     done = step(down.state, None, None, T + 31, CONFIG, Observed(target_pods=0))
     assert done.event_reason(down.state, "X") == "XRolledBack"
+
+
+# --- the tenants stage: a first step of weight 0 (only spec.rollout.tenants on the target arm) -------
+
+TENANTS = dataclasses.replace(CONFIG, steps=(Step(0, 120), Step(50, 300), Step(100, 300)))
+
+
+def tenants_stage(config: RolloutConfig = TENANTS) -> RolloutState:
+    """Shifting in the tenants stage since T - 400 (its 120 s bake over, 320 s before it would pause as
+    inconclusive)."""
+    s = step(start(config, T - 500), None, None, T - 400, config, READY).state
+    assert (s.phase, s.step, s.weight, s.step_started_at) == (Phase.Shifting, 0, 0, T - 400)
+    return s
+
+
+# From the tenants stage at T: the verdict's window is [T - 60, T], inside the stage.
+# verdict       command  -> to                       step weight scaleDown
+TENANTS_TABLE = """
+-             -        Shifting                    0    0  no
+Pass          -        Shifting                    1   50  no
+Fail          -        RollingBack/RestoringWeight 0    0  no
+Inconclusive  -        Shifting                    0    0  no
+Missing       -        Paused/MetricsUnavailable   0    0  no
+-             promote  Shifting                    1   50  no
+Fail          promote  Shifting                    1   50  no
+-             abort    RollingBack/RestoringWeight 0    0  no
+Pass          abort    RollingBack/RestoringWeight 0    0  no
+-             retry    Shifting                    0    0  no
+"""
+TENANTS_ROWS = [line.split() for line in TENANTS_TABLE.strip().splitlines()]
+
+
+@pytest.mark.parametrize("row", TENANTS_ROWS, ids=["|".join(r[:2]) for r in TENANTS_ROWS])
+def test_the_tenants_stage_is_judged_like_a_step(row: list[str]) -> None:
+    v, c, to, step_, weight, scale_down = row
+    t = step(tenants_stage(), verdict(v), command(c), T, TENANTS)
+    assert (label(t.state), t.state.step, t.weight) == (to, int(step_), int(weight))
+    assert t.scale_down_allowed is (scale_down == "yes")
+
+
+def test_a_rollout_with_a_tenants_stage_walks_it_first_then_every_weight() -> None:
+    s = start(TENANTS, T)
+    seen = [(s.phase, s.step, s.weight)]
+    reasons = []
+    now = T
+    while s.phase is not Phase.Promoted:
+        now += 30
+        t = step(s, verdict("Pass", end=now), None, now, TENANTS, READY)
+        if t.changed:
+            seen.append((t.state.phase, t.state.step, t.weight))
+            reasons.append(t.state.reason)
+        s = t.state
+    assert seen == [
+        (Phase.Preparing, 0, 0),
+        (Phase.Shifting, 0, 0),  # the tenants stage: weight 0 for everyone else
+        (Phase.Shifting, 1, 50),
+        (Phase.Shifting, 2, 100),
+        (Phase.Promoted, 2, 100),
+    ]
+    assert reasons[0] == "target arm ready; step 0: spec.rollout.tenants only to the target arm"
+    assert reasons[1].startswith("step 0 passed: fine")
+    assert reasons[1].endswith("step 1: 50% to the target arm")
+    assert now - T == 30 + 120 + 300 + 300  # the stage bakes max(pauseSeconds, window) like a step
+
+
+def test_a_rollback_from_the_tenants_stage_waits_for_the_routers_before_the_scale_down() -> None:
+    """At weight 0 the chosen tenants are still on the target arm: unlike an abort while Preparing, the
+    target keeps its pods for scaleDownDelaySeconds after the routers are told (phase RollingBack)."""
+    t = step(tenants_stage(), verdict("Fail"), None, T, TENANTS)
+    assert (t.state.rollback_stage, t.weight, t.scale_down_allowed) == (
+        RollbackStage.RestoringWeight,
+        0,
+        False,
+    )
+    assert t.state.reason.startswith("step 0 failed: SLO attainment 80.0%")
+    assert not step(t.state, None, None, T + 29, TENANTS).scale_down_allowed
+    assert step(t.state, None, None, T + 30, TENANTS).scale_down_allowed
+    preparing = step(start(TENANTS, T), None, command("abort"), T, TENANTS)
+    assert preparing.scale_down_allowed, "no traffic ever went to a target that was not ready"
+
+
+@pytest.mark.parametrize(
+    ("config", "kind", "phase", "cause"),
+    [
+        (dataclasses.replace(TENANTS, auto_rollback=False), "Fail", Phase.Paused, PauseCause.Failed),
+        (TENANTS, "Missing", Phase.Paused, PauseCause.MetricsUnavailable),
+    ],
+    ids=["fail-no-auto", "missing"],
+)
+def test_the_tenants_stage_pauses_in_place(
+    config: RolloutConfig, kind: str, phase: Phase, cause: PauseCause
+) -> None:
+    t = step(tenants_stage(config), verdict(kind), None, T, config)
+    assert (t.state.phase, t.state.pause_cause, t.state.step, t.weight) == (phase, cause, 0, 0)
+    assert t.state.reason.endswith("paused in the tenants stage (weight 0)")
+
+
+def test_a_tenants_stage_without_pause_seconds_is_a_manual_gate() -> None:
+    config = dataclasses.replace(TENANTS, steps=(Step(0, None), Step(100, 0)))
+    s = tenants_stage(config)
+    t = step(s, verdict("Pass"), None, T, config)
+    assert (t.state.phase, t.state.pause_cause, t.weight) == (Phase.Paused, PauseCause.AwaitingPromote, 0)
+    promoted = step(t.state, None, command("promote"), T + 10, config)
+    assert (promoted.state.phase, promoted.state.step, promoted.weight) == (Phase.Shifting, 1, 100)
+
+
+def test_a_quiet_tenants_stage_pauses_as_inconclusive() -> None:
+    """Few requests from the chosen tenants never pass the stage: it pauses like any step."""
+    passes = run(tenants_stage(), T + 1000, "Inconclusive", config=TENANTS)
+    paused = next(x.state for x in passes if x.state.phase is Phase.Paused)
+    assert (paused.pause_cause, paused.step, paused.weight) == (PauseCause.Inconclusive, 0, 0)
+    assert paused.phase_since == T - 400 + 120 + 600  # the bake's end + inconclusivePauseSeconds
+
+
+def test_the_steps_are_described_with_the_tenants_stage() -> None:
+    assert TENANTS.describe_steps() == "tenants only, 50%, 100%"
+    assert CONFIG.describe_steps() == "10%, 50%, 80%"

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from tandem.rollout.config import Analysis, OnMetricsUnavailable, RolloutConfig, Step
 from tandem.rollout.judge import Result, Verdict
 from tandem.rollout.machine import Command, Observed, Transition, step
-from tandem.rollout.state import Phase, RollbackStage, RolloutState, start, weight_of
+from tandem.rollout.state import TARGET_SERVING, Phase, RollbackStage, RolloutState, start, weight_of
 
 T0 = 1_800_000_000.0
 PROPERTY_SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -20,6 +20,8 @@ PROPERTY_SETTINGS = settings(max_examples=300, deadline=None, suppress_health_ch
 @st.composite
 def configs(draw: st.DrawFn) -> RolloutConfig:
     weights = sorted(draw(st.sets(st.integers(1, 100), min_size=1, max_size=5)))
+    if draw(st.booleans()):
+        weights.insert(0, 0)  # the tenants stage
     pauses = st.sampled_from([None, 0.0, 30.0, 300.0])
     return RolloutConfig(
         steps=tuple(Step(w, draw(pauses)) for w in weights),
@@ -103,6 +105,7 @@ def replay(config: RolloutConfig, run: list[Event]) -> list[tuple[RolloutState, 
 @given(configs(), st.one_of(events(ALL_VERDICTS, ALL_COMMANDS), events(HEALTHY_VERDICTS, RARE_COMMANDS)))
 def test_invariants_of_every_pass(config: RolloutConfig, run: list[Event]) -> None:
     published = 0  # the weight the previous pass wrote to status (start: 0)
+    serving = False  # whether the target took traffic then (a step: the tenants stage at 0 too)
     for before, e, now, t in replay(config, run):
         s = t.state
         # The weight is always a configured one, 0 or 100, and the one the phase and step imply.
@@ -118,7 +121,8 @@ def test_invariants_of_every_pass(config: RolloutConfig, run: list[Event]) -> No
         if t.scale_down_allowed:
             assert t.weight == 0
             assert published == 0
-        if s.phase is Phase.RollingBack and before.phase is not Phase.RollingBack and published > 0:
+            assert not serving, "the routers were last told the target takes the chosen tenants"
+        if s.phase is Phase.RollingBack and before.phase is not Phase.RollingBack and serving:
             assert s.rollback_stage is RollbackStage.RestoringWeight
         # At most one step forward per pass; back to 0 only by a new attempt.
         assert s.step <= before.step + 1
@@ -136,7 +140,7 @@ def test_invariants_of_every_pass(config: RolloutConfig, run: list[Event]) -> No
             Observed(target_ready=e.ready, target_pods=e.pods),
         )
         assert again == t
-        published = t.weight
+        published, serving = t.weight, s.phase in TARGET_SERVING
 
 
 @PROPERTY_SETTINGS

@@ -184,11 +184,12 @@ def test_the_body_limit_follows_the_spec_and_falls_back_to_the_flag() -> None:
     ("target", "tenant", "weight", "path"),
     [
         ("Disaggregated", "team-b", 1, "disaggregated"),  # first at any weight above 0
-        ("Disaggregated", "team-b", 0, "colocated"),  # not at 0 (before the first step, rolled back)
+        ("Disaggregated", "team-b", 0, "disaggregated"),  # and at 0: the tenants stage
         ("Disaggregated", "team-a", 1, None),  # everyone else by the request id
         ("Colocated", "team-b", 1, "colocated"),  # target colocated: P/D share 99
-        ("Colocated", "team-b", 0, "disaggregated"),  # P/D share 100: the source arm
-        (None, "team-b", 1, None),  # no rollout running
+        ("Colocated", "team-b", 0, "colocated"),  # the tenants stage toward colocated: P/D share 100
+        (None, "team-b", 1, None),  # no target taking traffic: before the first step, rolled back
+        (None, "team-b", 0, None),
     ],
 )
 def test_rollout_tenants_go_to_the_target_first(
@@ -196,16 +197,16 @@ def test_rollout_tenants_go_to_the_target_first(
 ) -> None:
     gw = gateway()
     gw.configure(ROUTER_SPEC, ["team-b"], rollout_target=target)
-    draw = gw.first_draw(tenant)
+    share = gw.first_share(tenant)
     if path is None:
-        assert draw is None
+        assert share is None
         return
-    assert draw is not None
-    share = weight if target == "Disaggregated" else 100 - weight
-    got = choose_path(
-        share, draw, has_prefill=True, has_decode=True, has_colocated=True, colocated_fallback=True
-    )
-    assert got == path
+    assert share is not None
+    for draw in (0.0, 0.5, 1.0 - 2**-53):  # whatever the request id
+        got = choose_path(
+            share, draw, has_prefill=True, has_decode=True, has_colocated=True, colocated_fallback=True
+        )
+        assert got == path
 
 
 def test_decode_room_and_full_gauge() -> None:
@@ -271,7 +272,7 @@ def test_the_router_reads_its_gateway_settings_from_the_pddeployment() -> None:
             "router": {"replicas": 2, "image": "x", **ROUTER_SPEC},
             "rollout": {"steps": [{"weight": 50}], "tenants": ["team-b"]},
         },
-        "status": {"rollout": {"weight": 10, "target": "Disaggregated"}},
+        "status": {"rollout": {"phase": "Shifting", "weight": 10, "target": "Disaggregated"}},
     }
     info = pdd_info_from(obj)
     assert info.router_gateway == ROUTER_SPEC  # auth, tenants, admission; not the router's pod settings
@@ -280,9 +281,42 @@ def test_the_router_reads_its_gateway_settings_from_the_pddeployment() -> None:
     no_rollout = pdd_info_from(
         {"metadata": {"name": "llm"}, "spec": {}, "status": {"rollout": {"target": "Colocated"}}}
     )
-    assert no_rollout.rollout_target is None  # a target without a weight: no rollout running
+    assert no_rollout.rollout_target is None  # a target without a phase: no rollout running
     assert no_rollout.router_gateway is None
     assert no_rollout.rollout_tenants == ()
+
+
+@pytest.mark.parametrize(
+    ("phase", "weight", "serving"),
+    [
+        ("Preparing", 0, False),  # not before its first step
+        ("Shifting", 0, True),  # the tenants stage: weight 0, the chosen tenants on the target
+        ("Paused", 0, True),
+        ("Shifting", 50, True),
+        ("Promoted", 100, True),
+        ("RollingBack", 0, False),  # back on the source like everyone, at once
+        ("RolledBack", 0, False),
+        ("Nonsense", 50, False),
+    ],
+)
+def test_the_chosen_tenants_follow_the_rollout_phase(phase: str, weight: int, serving: bool) -> None:
+    record = {"phase": phase, "weight": weight, "target": "Colocated"}
+    obj = {
+        "metadata": {"name": "llm"},
+        "spec": {"rollout": {"steps": [{"weight": 0}, {"weight": 100}], "tenants": ["team-b"]}},
+        "status": {
+            "rollout": record,
+            "revisions": {
+                "current": {"id": "new", "prefix": "llm-new"},
+                "previous": {"id": "old", "prefix": "llm"},
+                "weight": weight,
+                "rollout": {**record, "target": "new"},
+            },
+        },
+    }
+    info = pdd_info_from(obj)
+    assert info.rollout_target == ("Colocated" if serving else None)
+    assert info.revision_rollout_serving is serving
 
 
 def test_static_mode_flags(tmp_path: Path) -> None:
@@ -299,13 +333,24 @@ def test_static_mode_flags(tmp_path: Path) -> None:
         parse_args(["--pddeployment", "llm", *flags])  # a PDDeployment's router takes spec.router
 
 
-@pytest.mark.parametrize(("new_weight", "expected"), [(1, {"new"}), (0, {"old"})])
-def test_rollout_tenants_take_the_new_revision_first(new_weight: int, expected: set[str]) -> None:
+@pytest.mark.parametrize(
+    ("new_weight", "serving", "expected"),
+    [
+        (1, True, {"new"}),
+        (1, False, {"new"}),  # a cut-over (no rollout record) at a weight above 0
+        (0, True, {"new"}),  # the tenants stage
+        (0, False, {"old"}),  # before the first step, or rolled back
+    ],
+)
+def test_rollout_tenants_take_the_new_revision_first(
+    new_weight: int, serving: bool, expected: set[str]
+) -> None:
     state = RouterState(balancer=Balancer(rng=random.Random(0)), metrics=RouterMetrics(), pdd_name="llm")
     state.revision_endpoints = {
         rev: {"prefill": [f"p-{rev}"], "decode": [f"d-{rev}"]} for rev in ("new", "old")
     }
     state.revision_shares = (("new", new_weight), ("old", 100 - new_weight))
+    state.revision_rollout_serving = serving
     first = {state.revision_for(f"req-{i}", first=True) for i in range(200)}
     assert first == expected  # every request of a chosen tenant
     everyone = [state.revision_for(f"req-{i}") for i in range(200)]

@@ -129,6 +129,31 @@ def test_measured_slo_in_ms_and_percent() -> None:
     assert slo is not None
     assert (slo.ttft_ms, slo.tpot_ms, slo.attainment_percent) == (400.0, 30.0, 96.25)
     assert (slo.requests_per_second, slo.window_seconds, slo.observed_at) == (4.0, 60, NOW)
+    assert slo.tpot_ms_by_concurrency == {}  # no bucketed latency measured: none shown
+
+
+def test_measured_slo_by_bucket_in_ms() -> None:
+    snapshot = Snapshot(
+        observed_at=5.0,
+        window_seconds=60,
+        paths={PATH_DISAGGREGATED: PathSignals(request_rate=3.0, within_slo_rate=3.0, tpot_seconds=0.03)},
+        latency_by_bucket={
+            "ttft_by_input_length": {"1024-4096": 0.41234, "0-1024": 0.2},
+            "tpot_by_output_length": {"0-128": 0.021},
+            "tpot_by_concurrency": {"0-4": 0.02, "64-256": 0.0455},
+            "itl_by_output_length": {"128-512": 0.019},
+            "itl_by_concurrency": {"4-16": 0.0301},
+        },
+    )
+    slo = measured_slo(snapshot, NOW)
+    assert slo is not None
+    assert slo.ttft_ms_by_input_length == {"0-1024": 200.0, "1024-4096": 412.34}
+    assert slo.tpot_ms_by_output_length == {"0-128": 21.0}
+    assert slo.tpot_ms_by_concurrency == {"0-4": 20.0, "64-256": 45.5}
+    assert slo.itl_ms_by_output_length == {"128-512": 19.0}
+    assert slo.itl_ms_by_concurrency == {"4-16": 30.1}
+    shown = slo.model_dump(by_alias=True)
+    assert shown["tpotMsByConcurrency"] == {"0-4": 20.0, "64-256": 45.5}
 
 
 def test_no_data_measures_nothing() -> None:

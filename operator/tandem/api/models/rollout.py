@@ -19,7 +19,15 @@ class RolloutStep(ApiModel):
     """One step of a rollout: a share of requests on the target arm, held at least this long."""
 
     weight: Annotated[
-        int, Field(ge=1, le=100, description="Percent of requests on the target arm (strictly increasing).")
+        int,
+        Field(
+            ge=0,
+            le=100,
+            description=(
+                "Percent of requests on the target arm (strictly increasing). 0, on the first step only: "
+                "the tenants stage, where only spec.rollout.tenants go to the target arm."
+            ),
+        ),
     ]
     pause_seconds: Annotated[
         float | None,
@@ -128,7 +136,7 @@ class RolloutSpec(ApiModel):
         list[Annotated[str, Field(min_length=1, max_length=63)]],
         Field(
             max_length=64,
-            description="Tenants (of spec.router.tenants) whose requests go to the target arm first, at "
-            "any weight above 0; everyone else by the weight.",
+            description="Tenants (of spec.router.tenants) whose requests go to the target arm first: from "
+            "the first step on (a first step of weight 0 is theirs alone); everyone else by the weight.",
         ),
     ] = []

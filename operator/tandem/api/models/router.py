@@ -167,8 +167,16 @@ class RouterMetricsSpec(ApiModel):
     ] = [1024, 4096, 16384]
     output_length_buckets: Annotated[
         LengthBounds,
-        Field(description="Output-token bounds of the TPOT buckets, strictly increasing."),
+        Field(description="Output-token bounds of the TPOT and ITL buckets, strictly increasing."),
     ] = [128, 512, 2048]
+    concurrency_buckets: Annotated[
+        LengthBounds,
+        Field(
+            description="Bounds of the TPOT and ITL concurrency buckets (requests in flight at a router on "
+            "the request's path when it arrived, itself included), strictly increasing: the default "
+            "[4, 16, 64, 256] gives 0-4, 4-16, 16-64, 64-256 and 256+."
+        ),
+    ] = [4, 16, 64, 256]
 
 
 class PrefixAwareSpec(ApiModel):
