@@ -19,8 +19,9 @@ PDDeployment with all three pools and `spec.rollout`:
 5. The prefill engine is killed -9 and restarted in the same pod (same IP and side-channel port) while
    decode still holds its NIXL peer: vLLM gives the new process a new engine_id, the router passes it
    to decode in `kv_transfer_params`, and decode handshakes again; the answers stay equal.
-6. Clients that leave 10-400 ms after sending: how long the prefill engine holds the KV of prefills
-   nobody will read (real vLLM has no route the router can free it by; its lease bounds the hold).
+6. Abandoned requests: clients that leave 10-400 ms after sending, and prefills finished for a decode
+   that never comes; how long the prefill engine holds their KV (real vLLM has no route the router
+   can free it by; its lease bounds the hold).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import signal
 import socket
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
@@ -797,12 +799,16 @@ def test_a_prefill_restarted_in_its_pod_while_decode_holds_its_nixl_peer(
 
 # --- abandoned requests: how long real vLLM holds a finished prefill's KV -------------------------
 
-# Clients that leave 10 ms to 400 ms after sending, so some leave mid-prefill and some just after it.
+# Clients that leave 10 ms to 400 ms after sending (the router cancels their legs).
 DROP_AFTER_S = (0.01, 0.05, 0.1, 0.2, 0.4)
 DROPS_EACH = 8
+# Prefills finished for a decode that never comes: what the router holds when its client leaves
+# between the prefill's answer and the decode leg.
+HELD_PREFILLS = 8
 # vLLM >= 0.22 holds a finished prefill's blocks for a lease (`kv_lease_duration`, 30 s, render/
 # lifecycle.py) that only a decode engine's heartbeats extend; nothing heartbeats for these.
 LEASE_S = 30
+EXPIRED = "vllm:nixl_num_kv_expired_reqs_total"
 
 
 def drop_after(router: str, prompt: str, seconds: float) -> None:
@@ -819,12 +825,30 @@ def drop_after(router: str, prompt: str, seconds: float) -> None:
         time.sleep(seconds)  # the client's patience, the fault under test
 
 
+def post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=120) as answer:
+            return answer.status, json.load(answer)
+    except urllib.error.HTTPError as error:
+        return error.code, {}
+
+
+def kv_usage(d: Deployed) -> float:
+    return metric_total(d.metrics("prefill"), "vllm:kv_cache_usage_perc")
+
+
 def test_abandoned_requests_hold_prefill_kv_for_at_most_one_lease(pd: Deployed) -> None:
     """The router frees the KV of an attempt its client abandoned by asking the prefill pod to
-    (`/abort_requests`, the sim engine's); real vLLM 0.32 serves no such route on `vllm serve` (only
-    under `--tokens-only`, or `/inference/v1/abort_requests` with `--enable-scale-out`), so there a
-    finished prefill whose client left keeps its blocks until its lease lapses. Measured: the
-    prefill engine's KV usage after a burst of abandoned requests, until it is back to zero."""
+    (`POST /abort_requests`, which the sim engine serves). `vllm serve` 0.32 has no such route (only
+    under `--tokens-only`, or `/inference/v1/abort_requests` with `--enable-scale-out`), so on real
+    vLLM a finished prefill whose client left keeps its blocks until its lease lapses. Measured here:
+    1. a burst of streaming requests whose clients leave 10-400 ms after sending, through the router;
+    2. prefills finished for a decode that never comes (the router's state when its client leaves
+       between the prefill's answer and the decode leg), sent to the prefill engine as the router
+       sends them, then the router's release asked for: the blocks stay held until the lease."""
     words = " ".join(tinymodel.corpus(23, lines=400)).split()
     prompts = [" ".join(words[i * 40 : i * 40 + 700]) for i in range(len(DROP_AFTER_S) * DROPS_EACH)]
     router = pd.router()
@@ -833,32 +857,53 @@ def test_abandoned_requests_hold_prefill_kv_for_at_most_one_lease(pd: Deployed) 
         threading.Thread(target=drop_after, args=(router, prompt, DROP_AFTER_S[i % len(DROP_AFTER_S)]))
         for i, prompt in enumerate(prompts)
     ]
-    sent = time.monotonic()
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=60)
-    usage: list[tuple[float, float]] = []
-
-    def freed() -> bool:
-        usage.append(
-            (time.monotonic() - sent, metric_total(pd.metrics("prefill"), "vllm:kv_cache_usage_perc"))
-        )
-        return usage[-1][1] == 0 and usage[-1][0] > 2
-
-    eventually(freed, timeout=LEASE_S + 90, interval=1, what="the prefill engine's KV freed")
+    eventually(lambda: kv_usage(pd) == 0, timeout=LEASE_S + 90, interval=1, what="the burst's KV freed")
     after = pd.metrics("prefill")
-    held_until = max((t for t, u in usage if u > 0), default=0.0)
-    expired = metric_total(after, "vllm:nixl_num_kv_expired_reqs") - metric_total(
-        before, "vllm:nixl_num_kv_expired_reqs"
-    )
-    prefilled = metric_total(after, "vllm:request_success_total") - metric_total(
+    finished = metric_total(after, "vllm:request_success_total") - metric_total(
         before, "vllm:request_success_total"
     )
     print(
-        f"\n{len(prompts)} requests abandoned 10-400 ms after sending: {prefilled:.0f} prefills finished, "
-        f"KV usage peaked at {max(u for _, u in usage):.2%}, last seen held {held_until:.1f} s after the "
-        f"burst; {expired:.0f} leases expired (vllm:nixl_num_kv_expired_reqs)"
+        f"\n{len(prompts)} requests abandoned 10-400 ms after sending: {finished:.0f} prefills finished; "
+        f"{metric_total(after, EXPIRED) - metric_total(before, EXPIRED):.0f} leases expired"
     )
-    # The bound: the lease (plus the engine's check period and this test's 1-s polling).
-    assert held_until <= LEASE_S + 15, usage
+
+    ip = pd.ips("prefill")[0]
+    engine = f"http://{ip}:{meta.ENGINE_PORT}"
+    before = pd.metrics("prefill")
+    ids = []
+    for prompt in prompts[:HELD_PREFILLS]:
+        request_id = f"held-{uuid.uuid4().hex[:8]}"
+        body = {
+            "model": MODEL,
+            "prompt": prompt,
+            "max_tokens": 1,
+            "kv_transfer_params": {"do_remote_decode": True},
+        }
+        status, answer = post(f"{engine}/v1/completions", {**body, "request_id": request_id})
+        assert status == 200, answer
+        ids.append(answer.get("id", request_id))
+    held_from = time.monotonic()
+    held = kv_usage(pd)
+    release, _ = post(f"{engine}/abort_requests", {"request_ids": ids})
+    samples: list[tuple[float, float]] = []
+
+    def freed() -> bool:
+        samples.append((time.monotonic() - held_from, kv_usage(pd)))
+        return samples[-1][1] == 0
+
+    eventually(freed, timeout=LEASE_S + 90, interval=1, what="the held prefills' KV freed")
+    held_for = samples[-1][0]
+    expired = metric_total(pd.metrics("prefill"), EXPIRED) - metric_total(before, EXPIRED)
+    print(
+        f"{HELD_PREFILLS} prefills held for a decode that never came: KV usage {held:.2%} after them; "
+        f"the router's release (POST /abort_requests) answered {release}; freed {held_for:.0f} s later "
+        f"(lease {LEASE_S} s); {expired:.0f} leases expired"
+    )
+    assert held > 0
+    assert release == 404  # no route on `vllm serve`: the release the router asks for cannot happen
+    # Held for the lease, not longer: the bound (plus the engine's expiry check and 1-s polling).
+    assert LEASE_S - 5 <= held_for <= LEASE_S + 15, samples
