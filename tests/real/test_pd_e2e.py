@@ -876,16 +876,15 @@ def test_abandoned_requests_hold_prefill_kv_for_at_most_one_lease(pd: Deployed) 
     before = pd.metrics("prefill")
     ids = []
     for prompt in prompts[:HELD_PREFILLS]:
-        request_id = f"held-{uuid.uuid4().hex[:8]}"
         body = {
             "model": MODEL,
             "prompt": prompt,
             "max_tokens": 1,
             "kv_transfer_params": {"do_remote_decode": True},
         }
-        status, answer = post(f"{engine}/v1/completions", {**body, "request_id": request_id})
+        status, answer = post(f"{engine}/v1/completions", body)
         assert status == 200, answer
-        ids.append(answer.get("id", request_id))
+        ids.append(str(answer["id"]))
     held_from = time.monotonic()
     held = kv_usage(pd)
     release, _ = post(f"{engine}/abort_requests", {"request_ids": ids})
