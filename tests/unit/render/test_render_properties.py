@@ -205,7 +205,7 @@ def test_names_are_unique_dns_labels_and_labels_are_valid(
     for _, template in _pod_templates(objects):
         spec = template["spec"]
         for container in spec["containers"]:
-            assert all(len(p["name"]) <= 15 for p in container["ports"])
+            assert all(len(p["name"]) <= 15 for p in container.get("ports", []))
         assert len({v["name"] for v in spec["volumes"]}) == len(spec["volumes"])
 
 
