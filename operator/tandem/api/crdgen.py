@@ -124,6 +124,15 @@ def crd() -> Schema:
         {"name": "Prefill", "type": "string", "jsonPath": ".status.pools.prefill.ready"},
         {"name": "Decode", "type": "string", "jsonPath": ".status.pools.decode.ready"},
         {"name": "Colocated", "type": "string", "jsonPath": ".status.pools.colocated.ready", "priority": 1},
+        # A replica's shape (pods x GPUs per pod, parallelism; docs/multinode.md): -o wide.
+        {"name": "Prefill Shape", "type": "string", "jsonPath": ".status.pools.prefill.shape", "priority": 1},
+        {"name": "Decode Shape", "type": "string", "jsonPath": ".status.pools.decode.shape", "priority": 1},
+        {
+            "name": "Colocated Shape",
+            "type": "string",
+            "jsonPath": ".status.pools.colocated.shape",
+            "priority": 1,
+        },
         {"name": "Autoscaling", "type": "string", "jsonPath": ".status.autoscaling.mode", "priority": 1},
         {"name": "Max GPUs", "type": "integer", "jsonPath": ".spec.maxGPUs", "priority": 1},
         {"name": "Rollout", "type": "string", "jsonPath": ".status.rollout.phase"},

@@ -53,6 +53,24 @@ ANNOTATION_SCRAPE_PATH: Final = "prometheus.io/path"
 ENGINE_PORT: Final = 8000  # vLLM's default; /health, /v1/*, /metrics
 NIXL_SIDE_CHANNEL_PORT: Final = 5600  # vLLM's VLLM_NIXL_SIDE_CHANNEL_PORT default
 ROUTER_PORT: Final = 8080
+# Multi-node replicas (LeaderWorkerSet groups, docs/multinode.md); vLLM's own defaults, rendered
+# explicitly so the NetworkPolicy can name them. A pod's NIXL side channel of data-parallel rank r
+# listens on NIXL_SIDE_CHANNEL_PORT + r (vLLM adds the global rank); with MultiPortExternal a pod's
+# local rank i serves the OpenAI API on ENGINE_PORT + i.
+DP_RPC_PORT: Final = 29550  # --data-parallel-rpc-port, on the leader (engines' handshake)
+MASTER_PORT: Final = 29501  # --master-port: torch.distributed's store on the leader (--nnodes > 1)
+DP_SUPERVISOR_PORT: Final = 9256  # --data-parallel-supervisor-port: a pod's aggregated /health
+
+# LeaderWorkerSet (sigs.k8s.io/lws, v1 API): the kind multi-node pools render, the variables its pod
+# webhook gives every container, and its annotation for one group per topology domain.
+LWS_API_VERSION: Final = "leaderworkerset.x-k8s.io/v1"
+LWS_KIND: Final = "LeaderWorkerSet"
+LWS_PLURAL: Final = "leaderworkersets"
+LWS_LEADER_ADDRESS: Final = "LWS_LEADER_ADDRESS"  # <lws>-<group>.<subdomain>.<namespace>: a DNS name
+LWS_GROUP_SIZE: Final = "LWS_GROUP_SIZE"
+LWS_WORKER_INDEX: Final = "LWS_WORKER_INDEX"  # 0 on the leader, 1.. on the workers
+LWS_EXCLUSIVE_TOPOLOGY: Final = "leaderworkerset.sigs.k8s.io/exclusive-topology"
+LWS_WORKER_INDEX_LABEL: Final = "leaderworkerset.sigs.k8s.io/worker-index"
 ROUTER_METRICS_PATH: Final = "/metrics"
 
 

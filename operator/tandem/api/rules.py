@@ -14,8 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from tandem.api.shape import MAX_GPUS_PER_POD, Shape
+
 POOLS: Final = ("prefill", "decode", "colocated")
 VALID_TP: Final = (1, 2, 4, 8)
+# Tensor parallelism of one rank spread over several pods (multi-node TP): at most 8 GPUs per node.
+SPANNING_TP: Final = (16, 32, 64)
 
 # Longest child suffix is "-colocated" (10). A StatefulSet's name must leave room for the
 # 11-character controller-revision-hash suffix inside a 63-character label value: 63 - 11 - 10 = 42.
@@ -23,6 +27,8 @@ MAX_NAME_LENGTH: Final = 42
 NAME_PATTERN: Final = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 # Flags whose value the operator derives from the spec; setting them by hand would contradict it.
+# The parallelism and multi-node flags come from spec.<pool>.parallelism and nodesPerInstance (and
+# the LeaderWorkerSet group's addresses), with vLLM's short aliases.
 OPERATOR_OWNED_FLAGS: Final = (
     "--host",
     "--port",
@@ -33,6 +39,39 @@ OPERATOR_OWNED_FLAGS: Final = (
     "--max-model-len",
     "--kv-transfer-config",
     "--revision",
+    "--pipeline-parallel-size",
+    "-pp",
+    "--data-parallel-size",
+    "-dp",
+    "--data-parallel-size-local",
+    "-dpl",
+    "--data-parallel-rank",
+    "-dpn",
+    "--data-parallel-start-rank",
+    "-dpr",
+    "--data-parallel-address",
+    "-dpa",
+    "--data-parallel-rpc-port",
+    "-dpp",
+    "--data-parallel-backend",
+    "-dpb",
+    "--data-parallel-hybrid-lb",
+    "-dph",
+    "--data-parallel-external-lb",
+    "-dpe",
+    "--data-parallel-multi-port-external-lb",
+    "-dpm",
+    "--data-parallel-supervisor-port",
+    "--enable-expert-parallel",
+    "--no-enable-expert-parallel",
+    "-ep",
+    "--nnodes",
+    "-n",
+    "--node-rank",
+    "-r",
+    "--master-addr",
+    "--master-port",
+    "--headless",
 )
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"
@@ -81,6 +120,20 @@ def _tp(spec: Spec, role: str) -> int:
     return int(_pool(spec, role).get("tensorParallelSize", 1))
 
 
+def _shape(spec: Spec, role: str) -> Shape:
+    return Shape.of_pool(_pool(spec, role))
+
+
+def _instance_gpus(spec: Spec, role: str) -> int:
+    """GPUs of one replica of `role`: TP x PP x DP (`tandem.api.shape`)."""
+    return _shape(spec, role).gpus_per_instance
+
+
+def _cel_instance_gpus(role: str) -> str:
+    par = f"self.{role}.parallelism"
+    return f"self.{role}.tensorParallelSize * {par}.pipeline * {par}.data"
+
+
 def _replicas(spec: Spec, role: str) -> int:
     return int(_pool(spec, role).get("replicas", 0))
 
@@ -106,22 +159,22 @@ def _serving_mode(spec: Spec) -> str:
 
 
 def _gpus(spec: Spec, replicas: Callable[[Spec, str], int]) -> int:
-    return sum(replicas(spec, role) * _tp(spec, role) for role in POOLS)
+    return sum(replicas(spec, role) * _instance_gpus(spec, role) for role in POOLS)
 
 
 def _cel_gpus(replicas: Callable[[str], str]) -> str:
-    return " + ".join(f"{replicas(role)} * self.{role}.tensorParallelSize" for role in POOLS)
+    return " + ".join(f"{replicas(role)} * {_cel_instance_gpus(role)}" for role in POOLS)
 
 
 ARMS: Final = (("prefill", "decode"), ("colocated",))  # P/D, colocated
 
 
 def _arm_gpus(spec: Spec, arm: tuple[str, ...], replicas: Callable[[Spec, str], int]) -> int:
-    return sum(replicas(spec, role) * _tp(spec, role) for role in arm)
+    return sum(replicas(spec, role) * _instance_gpus(spec, role) for role in arm)
 
 
 def _one_each(spec: Spec, arm: tuple[str, ...]) -> int:
-    return sum(_tp(spec, role) for role in arm if _replicas(spec, role) >= 1)
+    return sum(_instance_gpus(spec, role) for role in arm if _replicas(spec, role) >= 1)
 
 
 def _gpus_needed(spec: Spec) -> int:
@@ -149,12 +202,10 @@ def _cel_traded(replicas: Callable[[str], str]) -> str:
     pd, colocated = ARMS
 
     def arm(roles: tuple[str, ...]) -> str:
-        return " + ".join(f"{replicas(role)} * self.{role}.tensorParallelSize" for role in roles)
+        return " + ".join(f"{replicas(role)} * {_cel_instance_gpus(role)}" for role in roles)
 
     def ones(roles: tuple[str, ...]) -> str:
-        return " + ".join(
-            f"(self.{role}.replicas >= 1 ? self.{role}.tensorParallelSize : 0)" for role in roles
-        )
+        return " + ".join(f"(self.{role}.replicas >= 1 ? {_cel_instance_gpus(role)} : 0)" for role in roles)
 
     pairs = ((pd, colocated), (colocated, pd), (pd, pd))
     return " && ".join(f"{arm(a)} + {ones(b)} <= self.maxGPUs" for a, b in pairs)
@@ -181,10 +232,20 @@ def _rdma_resource(spec: Spec) -> str:
 def _pool_rules(role: str) -> list[Rule]:
     return [
         Rule(
-            cel=f"self.{role}.tensorParallelSize in [1, 2, 4, 8]",
-            message=f"spec.{role}.tensorParallelSize must be a power of two no greater than 8 (1, 2, 4 or 8)",
+            cel=(
+                f"self.{role}.tensorParallelSize in {list(VALID_TP)} || "
+                f"(self.{role}.tensorParallelSize in {list(SPANNING_TP)} && "
+                f"self.{role}.tensorParallelSize <= {MAX_GPUS_PER_POD} * self.{role}.nodesPerInstance)"
+            ),
+            message=(
+                f"spec.{role}.tensorParallelSize must be a power of two no greater than 8 (1, 2, 4 or 8), "
+                f"or up to 8 x spec.{role}.nodesPerInstance (16, 32 or 64) when one rank spans nodes"
+            ),
             field_path=f".{role}.tensorParallelSize",
-            check=lambda s: _tp(s, role) in VALID_TP,
+            check=lambda s: (
+                _tp(s, role) in VALID_TP
+                or (_tp(s, role) in SPANNING_TP and _tp(s, role) <= MAX_GPUS_PER_POD * _shape(s, role).nodes)
+            ),
         ),
         Rule(
             cel=_cel_no_owned_flags(f"self.{role}.engineArgs"),
@@ -205,10 +266,159 @@ def _pool_rules(role: str) -> list[Rule]:
             ),
             message=(
                 f"spec.{role}.resources must not set {GPU_RESOURCE} or the RDMA resource: GPUs per replica "
-                f"come from spec.{role}.tensorParallelSize and RDMA devices from spec.network.rdma.perPod"
+                f"come from spec.{role}.tensorParallelSize and parallelism (GPUs per pod) and RDMA devices "
+                "from spec.network.rdma.perPod"
             ),
             field_path=f".{role}.resources",
             check=lambda s: not ({GPU_RESOURCE, _rdma_resource(s)} & _resource_keys(s, role)),
+            reason="FieldValueForbidden",
+        ),
+    ]
+
+
+GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"  # GPU Feature Discovery's node label
+
+
+def _lb_rule(role: str, mode: str, cel_ok: str, check: Callable[[Shape], bool], needs: str) -> Rule:
+    """A load-balancing mode's needs (the data-parallel size of 1 is the rule before's)."""
+    par = f"self.{role}.parallelism"
+    return Rule(
+        cel=f"{par}.loadBalancing != '{mode}' || {par}.data == 1 || ({cel_ok})",
+        message=f"spec.{role}.parallelism.loadBalancing {mode} {needs}",
+        field_path=f".{role}.parallelism.loadBalancing",
+        check=lambda s: (shape := _shape(s, role)).load_balancing != mode or shape.data == 1 or check(shape),
+    )
+
+
+def _shape_rules(role: str) -> list[Rule]:
+    """A pool's parallelism and nodes per replica: shapes a cluster of <= 8-GPU nodes can run."""
+    pool = f"self.{role}"
+    par = f"{pool}.parallelism"
+    nodes = f"{pool}.nodesPerInstance"
+    gpus = _cel_instance_gpus(role)
+    return [
+        Rule(
+            cel=f"({gpus}) % {nodes} == 0 && ({gpus}) / {nodes} <= {MAX_GPUS_PER_POD}",
+            message=(
+                f"spec.{role}.nodesPerInstance must split a replica's GPUs (tensorParallelSize x "
+                "parallelism.pipeline x parallelism.data) evenly into pods of at most 8 GPUs each (one pod "
+                "per node)"
+            ),
+            field_path=f".{role}.nodesPerInstance",
+            check=lambda s: (
+                (shape := _shape(s, role)).nodes >= 1
+                and shape.gpus_per_instance % shape.nodes == 0
+                and shape.gpus_per_pod <= MAX_GPUS_PER_POD
+            ),
+        ),
+        Rule(
+            cel=f"{par}.data == 1 || {par}.data % {nodes} == 0",
+            message=(
+                f"spec.{role}.parallelism.data must be 1 (one rank spanning the pods) or a multiple of "
+                f"spec.{role}.nodesPerInstance (whole data-parallel ranks on every pod)"
+            ),
+            field_path=f".{role}.parallelism.data",
+            check=lambda s: (shape := _shape(s, role)).data == 1 or shape.data % max(shape.nodes, 1) == 0,
+        ),
+        Rule(
+            cel=f"!has({par}.dataLocal) || {par}.dataLocal * {nodes} == {par}.data",
+            message=(
+                f"spec.{role}.parallelism.dataLocal (data-parallel ranks per pod) times "
+                f"spec.{role}.nodesPerInstance must equal spec.{role}.parallelism.data, so that dataLocal x "
+                "tensorParallelSize x parallelism.pipeline are the GPUs per pod (unset: derived)"
+            ),
+            field_path=f".{role}.parallelism.dataLocal",
+            check=lambda s: (
+                (shape := _shape(s, role)).data_local is None or shape.data_local * shape.nodes == shape.data
+            ),
+        ),
+        Rule(
+            cel=f"!{par}.expert || {par}.data * {pool}.tensorParallelSize > 1",
+            message=(
+                f"spec.{role}.parallelism.expert needs spec.{role}.parallelism.data or "
+                f"spec.{role}.tensorParallelSize above 1 (experts are sharded over data x tensor ranks)"
+            ),
+            field_path=f".{role}.parallelism.expert",
+            check=lambda s: not (shape := _shape(s, role)).expert or shape.data * shape.tensor > 1,
+        ),
+        Rule(
+            cel=f"{par}.loadBalancing == 'Internal' || {par}.data > 1",
+            message=(
+                f"spec.{role}.parallelism.loadBalancing other than Internal needs "
+                f"spec.{role}.parallelism.data above 1 (it spreads requests over data-parallel ranks)"
+            ),
+            field_path=f".{role}.parallelism.loadBalancing",
+            check=lambda s: (shape := _shape(s, role)).load_balancing == "Internal" or shape.data > 1,
+        ),
+        _lb_rule(
+            role,
+            "Hybrid",
+            f"{nodes} >= 2 && {par}.data / {nodes} >= 2",
+            lambda shape: shape.nodes >= 2 and shape.data // shape.nodes >= 2,
+            f"(an endpoint per pod) needs spec.{role}.nodesPerInstance of at least 2 and at least 2 "
+            "data-parallel ranks per pod (parallelism.data / nodesPerInstance); on one pod use Internal, "
+            "with one rank per pod External",
+        ),
+        _lb_rule(
+            role,
+            "External",
+            f"{par}.data == {nodes}",
+            lambda shape: shape.data == shape.nodes,
+            f"(an endpoint per rank) needs one data-parallel rank per pod: spec.{role}.parallelism.data "
+            f"equal to spec.{role}.nodesPerInstance (several ranks per pod: MultiPortExternal)",
+        ),
+        _lb_rule(
+            role,
+            "MultiPortExternal",
+            f"{par}.data / {nodes} >= 2",
+            lambda shape: shape.data // max(shape.nodes, 1) >= 2,
+            "(a port per rank, a supervisor per pod) needs at least 2 data-parallel ranks per pod "
+            "(parallelism.data / nodesPerInstance; one rank per pod: External)",
+        ),
+        Rule(
+            cel=(
+                f"self.engine.type != 'sim' || ({nodes} == 1 && {par}.pipeline == 1 && {par}.data == 1 && "
+                f"!{par}.expert)"
+            ),
+            message=(
+                f"spec.{role}.parallelism and spec.{role}.nodesPerInstance must keep their defaults with "
+                "spec.engine.type sim (the sim engine runs one rank's engine per pod)"
+            ),
+            field_path=f".{role}.parallelism",
+            check=lambda s: (
+                (s.get("engine") or {}).get("type") != "sim"
+                or (
+                    (shape := _shape(s, role)).nodes == 1
+                    and shape.pipeline == 1
+                    and shape.data == 1
+                    and not shape.expert
+                )
+            ),
+            reason="FieldValueForbidden",
+        ),
+        Rule(
+            cel=(
+                f"!has({pool}.gpuType) || !('{GPU_PRODUCT_LABEL}' in {pool}.nodeSelector) || "
+                f"{pool}.nodeSelector['{GPU_PRODUCT_LABEL}'] == {pool}.gpuType"
+            ),
+            message=(
+                f"spec.{role}.gpuType and spec.{role}.nodeSelector['{GPU_PRODUCT_LABEL}'] must agree "
+                "(set one of them)"
+            ),
+            field_path=f".{role}.gpuType",
+            check=lambda s: (
+                (gpu := _pool(s, role).get("gpuType")) is None
+                or (_pool(s, role).get("nodeSelector") or {}).get(GPU_PRODUCT_LABEL, gpu) == gpu
+            ),
+        ),
+        Rule(
+            cel=f"!has({pool}.groupPlacement) || {nodes} > 1",
+            message=(
+                f"spec.{role}.groupPlacement needs spec.{role}.nodesPerInstance above 1 (it places the pods "
+                "of a multi-node replica together)"
+            ),
+            field_path=f".{role}.groupPlacement",
+            check=lambda s: _pool(s, role).get("groupPlacement") is None or _shape(s, role).nodes > 1,
             reason="FieldValueForbidden",
         ),
     ]
@@ -472,6 +682,7 @@ ROUTER_RULES: Final[tuple[Rule, ...]] = (
 
 SPEC_RULES: Final[tuple[Rule, ...]] = (
     *[rule for role in POOLS for rule in _pool_rules(role)],
+    *[rule for role in POOLS for rule in _shape_rules(role)],
     *[rule for role in POOLS for rule in _autoscaling_rules(role)],
     Rule(
         cel=(
@@ -487,6 +698,19 @@ SPEC_RULES: Final[tuple[Rule, ...]] = (
             (s.get("kvTransfer") or {}).get("connector", "NixlConnector") != "NixlConnector"
             # a prefill TP of 0 (refused by its own rule) is no divisor: not a multiple, not a crash
             or (_tp(s, "prefill") != 0 and _tp(s, "decode") % _tp(s, "prefill") == 0)
+        ),
+    ),
+    Rule(
+        cel="self.kvTransfer.connector != 'NixlConnector' || self.decode.parallelism.pipeline == 1",
+        message=(
+            "spec.decode.parallelism.pipeline must be 1 with the NixlConnector (vLLM's NIXL connector "
+            "cannot receive KV into a pipeline-parallel decode; spread decode over nodes with "
+            "tensorParallelSize or parallelism.data instead)"
+        ),
+        field_path=".decode.parallelism.pipeline",
+        check=lambda s: (
+            (s.get("kvTransfer") or {}).get("connector", "NixlConnector") != "NixlConnector"
+            or _shape(s, "decode").pipeline == 1
         ),
     ),
     Rule(
@@ -529,9 +753,10 @@ SPEC_RULES: Final[tuple[Rule, ...]] = (
         ),
         message=(
             "spec.maxGPUs must be at least the GPUs the pools request at their initial size and at their "
-            "autoscaling minimum (the sum over pools of replicas, or autoscaling.minReplicas, times "
-            "tensorParallelSize; with spec.rollout, where the arms trade capacity: the largest of either "
-            "arm plus one replica per pool of the other, and P/D plus one replica per P/D pool)"
+            "autoscaling minimum (the sum over pools of replicas, or autoscaling.minReplicas, times the GPUs "
+            "of a replica, tensorParallelSize x parallelism.pipeline x parallelism.data; with spec.rollout, "
+            "where the arms trade capacity: the largest of either arm plus one replica per pool of the "
+            "other, and P/D plus one replica per P/D pool)"
         ),
         field_path=".maxGPUs",
         check=lambda s: s.get("maxGPUs") is None or _gpus_needed(s) <= int(s["maxGPUs"]),

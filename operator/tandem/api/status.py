@@ -74,6 +74,14 @@ class PoolStatus(ApiModel):
     desired_replicas: Annotated[int, Field(ge=0, description="Replicas the operator asks for.")] = 0
     gpus: Annotated[int, Field(ge=0, description="GPUs the desired replicas request.")] = 0
     ready: Annotated[str, Field(description="readyReplicas/desiredReplicas, for printer columns.")] = "0/0"
+    shape: Annotated[
+        str,
+        Field(
+            max_length=128,
+            description="A replica's shape, e.g. `2x8 TP1 DP16 EP Internal`: pods x GPUs per pod, then the "
+            "parallelism other than 1 (tandem.api.shape), for printer columns.",
+        ),
+    ] = ""
     source: Annotated[ReplicaSource, Field(description="Who sets desiredReplicas.")] = ReplicaSource.spec
     limited_by: Annotated[
         SizingStage,

@@ -387,7 +387,7 @@ def _active(
                 wanted=targets[role],
                 current=max(currents[role], _running(state, role)),
                 min_replicas=_bounds(spec, role).min_replicas,
-                gpus_per_replica=spec.pool(role).tensor_parallel_size,
+                gpus_per_replica=spec.pool(role).gpus_per_instance,
                 deficit=sizings[role].deficit,
             )
             for role in currents
@@ -529,7 +529,7 @@ def _draining_gpus(spec: PDDeploymentSpec, state: AutoscalingStatus, targets: Ma
     for role, target in targets.items():
         drain = _pool_state(state, role).draining
         if drain is not None and target <= drain.target_replicas:
-            total += len(drain.pods or [drain.pod]) * spec.pool(role).tensor_parallel_size
+            total += len(drain.pods or [drain.pod]) * spec.pool(role).gpus_per_instance
     return total
 
 
@@ -541,7 +541,7 @@ def _fixed_gpus(spec: PDDeploymentSpec, snapshot: Snapshot, autoscaled: list[str
             continue
         size = snapshot.sizes.get(role)
         replicas = size.replicas if size is not None else spec.pool(role).replicas
-        total += replicas * spec.pool(role).tensor_parallel_size
+        total += replicas * spec.pool(role).gpus_per_instance
     return total
 
 

@@ -48,6 +48,13 @@ _In = TypeVar("_In")
 _Out = TypeVar("_Out")
 
 KINDS: dict[str, Kind] = {kind: Kind(api_version, kind, plural) for api_version, kind, plural in CHILD_KINDS}
+# A multi-node pool renders a LeaderWorkerSet (render.GROUP_KINDS), which this operator does not apply
+# yet: it would also have to watch and prune it, and hand a pool over between it and a StatefulSet
+# (docs/multinode.md, "Status"). The pass says so in the Stalled condition instead of half-applying.
+UNMANAGED_KIND = (
+    "not applied: this operator does not manage LeaderWorkerSets yet, so pools with "
+    "nodesPerInstance > 1 are rendered (tandem render) but not created (docs/multinode.md)"
+)
 SECRET = Kind("v1", "Secret", "secrets")
 
 # Waiting reasons of a container that need a human (image or config), mapped to status reasons.
@@ -406,6 +413,9 @@ class Reconciler:
         changes: list[tuple[Obj, Obj | None, handover.Step]] = []
         for obj in desired.objects:
             key = _key(obj)
+            if key[0] not in KINDS:  # a multi-node pool's LeaderWorkerSet: not applied yet
+                out.errors.append(f"{key[0]}/{key[1]}: {UNMANAGED_KIND}")
+                continue
             current = ctx.existing.get(key)
             role = obj["metadata"]["labels"].get(meta.LABEL_ROLE, "")
             transfer: handover.Step = "none"

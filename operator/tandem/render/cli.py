@@ -2,7 +2,8 @@
 
 The only module of `tandem.render` that does I/O (reads the file, writes stdout/stderr). A file
 that is not a valid PDDeployment gives one line per problem, naming the field as it is spelled in
-YAML (`spec.prefill.tensorParallelSize`), and exit status 1.
+YAML (`spec.prefill.tensorParallelSize`), and exit status 1. The objects go to stdout (ready for
+`kubectl apply -f -`); each pool's shape goes to stderr as a comment line (`shape_lines`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,33 @@ from pydantic import ValidationError
 
 from tandem.api import meta
 from tandem.api.models import PDDeployment
-from tandem.render.desired import Manifest, render
+from tandem.render.desired import Manifest, desired_pools, render
 
 
 def dump_yaml(objects: Sequence[Manifest]) -> str:
     """A YAML stream of `objects`, keys in render order, long command-line strings unwrapped."""
     return yaml.safe_dump_all(list(objects), sort_keys=False, width=1 << 16, explicit_start=True)
+
+
+def _count(number: int | None, noun: str) -> str:
+    shown = "external" if number is None else str(number)
+    return f"{shown} {noun}" + ("" if number == 1 else "s")
+
+
+def shape_lines(pdd: PDDeployment, replicas: dict[str, int] | None = None) -> list[str]:
+    """One comment line per rendered pool: its workload, replicas, pods and GPUs, and the shape, e.g.
+    `# ds prefill: LeaderWorkerSet, 1 replica x 2 pods x 8 GPUs = 16 GPUs (2x8 TP1 DP16 EP Hybrid)`."""
+    lines = []
+    for role, count in desired_pools(pdd, replicas).items():
+        pool = pdd.spec.pool(role)
+        shape = pool.shape
+        kind = meta.LWS_KIND if shape.multi_node else "StatefulSet"
+        total = "" if count is None else f" = {_count(count * shape.gpus_per_instance, 'GPU')}"
+        lines.append(
+            f"# {pdd.metadata.name} {role}: {kind}, {_count(count, 'replica')} x {_count(shape.nodes, 'pod')}"
+            f" x {_count(shape.gpus_per_pod, 'GPU')}{total} ({shape.summary(pool.gpu_type)})"
+        )
+    return lines
 
 
 def _replica_override(text: str) -> tuple[str, int]:
@@ -88,5 +110,7 @@ def main(argv: Sequence[str]) -> int:
                 print(f"error: {args.filename}: {line}", file=sys.stderr)
             return 1
         objects += render(pdd, dict(args.replicas) or None)
+        for line in shape_lines(pdd, dict(args.replicas) or None):
+            print(line, file=sys.stderr)
     sys.stdout.write(dump_yaml(objects))
     return 0

@@ -7,9 +7,9 @@ A pool's objects exist when its desired replicas or its spec replicas are above 
 autoscaler or a rollout scaled to zero keeps its StatefulSet (at 0), one that neither the spec nor
 a decision wants disappears. A pool whose count is `None` belongs to another controller (an HPA or
 KEDA, `autoscaling.external`): its StatefulSet exists and is rendered without `spec.replicas`.
-Order: ServiceAccount, Role, RoleBinding, Services, StatefulSets, Deployment, PodDisruptionBudgets,
-then the engines' NetworkPolicy when `spec.network.policy.enabled`; pools in the order prefill,
-decode, colocated.
+Order: ServiceAccount, Role, RoleBinding, Services, StatefulSets (a multi-node pool's
+LeaderWorkerSet in its place), Deployment, PodDisruptionBudgets, then the engines' NetworkPolicy
+when `spec.network.policy.enabled`; pools in the order prefill, decode, colocated.
 """
 
 from __future__ import annotations
@@ -35,6 +35,11 @@ CHILD_KINDS: Final[tuple[tuple[str, str, str], ...]] = (
     ("apps/v1", "Deployment", "deployments"),
     ("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
     ("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
+)
+# The kind of a multi-node pool's workload (`group.py`). Not among CHILD_KINDS: it is an add-on's API
+# (sigs.k8s.io/lws), served only where its CRD is installed (docs/multinode.md).
+GROUP_KINDS: Final[tuple[tuple[str, str, str], ...]] = (
+    (meta.LWS_API_VERSION, meta.LWS_KIND, meta.LWS_PLURAL),
 )
 
 
@@ -83,7 +88,7 @@ def render(
         router.role_binding(pdd),
         *(pool.headless_service(pdd, role, revision) for role in pools),
         router.service(pdd),
-        *(pool.statefulset(pdd, role, replicas=count, revision=revision) for role, count in pools.items()),
+        *(pool.workload(pdd, role, replicas=count, revision=revision) for role, count in pools.items()),
         router.deployment(pdd),
         *(pool.disruption_budget(pdd, role, revision) for role in pools),
         router.disruption_budget(pdd),

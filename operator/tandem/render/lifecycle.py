@@ -4,8 +4,11 @@ Pure. The numbers and where they come from (shared/reference/vllm-pd.md section 
 
 - Start-up: vLLM listens only after weights are loaded, the KV cache profiled and CUDA graphs
   captured; 70B TP8 takes ~3.5 min with a warm page cache and far more cold. The startup probe
-  allows 10 min per doubling of TP (TP1 10 min ... TP8 40 min), plus 20 min when the engine first
-  downloads the weights from Hugging Face. A probe that gives up early restarts a healthy load.
+  allows 10 min per doubling of a replica's GPUs (TP x PP x DP: 1 GPU 10 min ... 8 GPUs 40 min),
+  at most 45 min (a wide-EP group of several nodes takes 7-45 min: its ranks load, compile and
+  capture, then wait for each other; llm-d's wide-EP recipe allows the same 45 min), plus 20 min when
+  the engine first downloads the weights from Hugging Face. A probe that gives up early restarts a
+  healthy load (and a whole group with it).
 - Stop: the router watches pods and stops picking a terminating one within seconds; `preStop`
   sleeps PRESTOP_SECONDS so no request arrives after SIGTERM.
   Prefill holds finished KV blocks until decode has read them; SIGTERM does not wait for those
@@ -28,7 +31,8 @@ STREAM_DRAIN_SECONDS = 120  # decode/colocated --shutdown-timeout
 EXIT_MARGIN_SECONDS = 15
 
 STARTUP_PERIOD_SECONDS = 10
-STARTUP_MINUTES_PER_TP_DOUBLING = 10
+STARTUP_MINUTES_PER_GPU_DOUBLING = 10
+MAX_LOAD_STARTUP_MINUTES = 45
 DOWNLOAD_STARTUP_MINUTES = 20
 
 GIB = 1 << 30
@@ -53,9 +57,10 @@ def termination_grace_seconds(role: Role, *, drain_seconds: float | None) -> int
     return prestop_seconds(role) + drain + EXIT_MARGIN_SECONDS
 
 
-def startup_budget_seconds(tensor_parallel_size: int, *, downloads: bool) -> int:
-    doublings = max(tensor_parallel_size, 1).bit_length() - 1
-    minutes = STARTUP_MINUTES_PER_TP_DOUBLING * (1 + doublings)
+def startup_budget_seconds(gpus_per_instance: int, *, downloads: bool) -> int:
+    """How long a replica of `gpus_per_instance` GPUs may take to serve (the startup probe's budget)."""
+    doublings = max(gpus_per_instance, 1).bit_length() - 1
+    minutes = min(STARTUP_MINUTES_PER_GPU_DOUBLING * (1 + doublings), MAX_LOAD_STARTUP_MINUTES)
     if downloads:
         minutes += DOWNLOAD_STARTUP_MINUTES
     return minutes * 60
@@ -65,11 +70,20 @@ def _http_get(path: str, port: str) -> dict[str, Any]:
     return {"path": path, "port": port}
 
 
+def readiness_probe(port: str = "http") -> dict[str, Any]:
+    return {
+        "httpGet": _http_get("/health", port),
+        "periodSeconds": 5,
+        "timeoutSeconds": 3,
+        "failureThreshold": 3,
+    }
+
+
 def engine_probes(
-    tensor_parallel_size: int, *, downloads: bool, port: str = "http"
+    gpus_per_instance: int, *, downloads: bool, port: str = "http"
 ) -> dict[str, dict[str, Any]]:
     """startupProbe, readinessProbe and livenessProbe of an engine container, all on `/health`."""
-    budget = startup_budget_seconds(tensor_parallel_size, downloads=downloads)
+    budget = startup_budget_seconds(gpus_per_instance, downloads=downloads)
     return {
         "startupProbe": {
             "httpGet": _http_get("/health", port),
@@ -77,12 +91,7 @@ def engine_probes(
             "timeoutSeconds": 5,
             "failureThreshold": budget // STARTUP_PERIOD_SECONDS,
         },
-        "readinessProbe": {
-            "httpGet": _http_get("/health", port),
-            "periodSeconds": 5,
-            "timeoutSeconds": 3,
-            "failureThreshold": 3,
-        },
+        "readinessProbe": readiness_probe(port),
         "livenessProbe": {
             "httpGet": _http_get("/health", port),
             "periodSeconds": 10,
@@ -92,6 +101,6 @@ def engine_probes(
     }
 
 
-def shm_size(tensor_parallel_size: int) -> str:
+def shm_size(gpus_per_pod: int) -> str:
     """sizeLimit of the memory-backed /dev/shm (counts against the pod's memory)."""
-    return f"{max(SHM_MIN_GIB, SHM_GIB_PER_GPU * tensor_parallel_size)}Gi"
+    return f"{max(SHM_MIN_GIB, SHM_GIB_PER_GPU * gpus_per_pod)}Gi"

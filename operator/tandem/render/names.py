@@ -4,11 +4,18 @@ Pure. Names are `<pddeployment>-<role>`; the API limits the PDDeployment's name 
 (`-colocated`) still fits a StatefulSet's pod labels (see `tandem.api.rules.MAX_NAME_LENGTH`).
 Prefill and decode objects of a serving revision other than the legacy one are named
 `<revision prefix>-<role>` and select on the `tandem.dev/revision` label too (`tandem.render.revision`).
+
+A multi-node pool's LeaderWorkerSet (and its headless Service, which is the group's DNS subdomain)
+has a shorter limit: LeaderWorkerSet names each group's worker StatefulSet `<lws>-<group index>`,
+whose pods' controller-revision-hash label `<sts>-<10-character hash>` must fit 63 characters, so
+with up to 1024 groups the LeaderWorkerSet's name has at most `MAX_GROUP_NAME` characters; a longer
+child name is cut and followed by 5 characters of its own hash (`workload_name`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import hashlib
+from typing import Any, Final
 
 from tandem.api import meta
 from tandem.api.meta import Role
@@ -18,6 +25,10 @@ from tandem.api.status import RevisionRecord
 Manifest = dict[str, Any]
 
 MANAGED_BY = "tandem-operator"
+
+# 63 (label value) - 11 ("-" + revision hash) - 5 ("-" + the largest group index, 1023).
+MAX_GROUP_NAME: Final = 63 - 11 - 5
+GROUP_NAME_HASH_LENGTH: Final = 5
 
 
 def revisioned(role: Role, revision: RevisionRecord | None) -> bool:
@@ -30,6 +41,17 @@ def child_name(pdd: PDDeployment, role: Role, revision: RevisionRecord | None = 
     if revision is not None and revisioned(role, revision):
         return f"{revision.prefix}-{role}"
     return f"{pdd.metadata.name}-{role}"
+
+
+def workload_name(pdd: PDDeployment, role: Role, revision: RevisionRecord | None = None) -> str:
+    """The name of a pool's workload and headless Service: the child name, cut to `MAX_GROUP_NAME` with
+    a hash of the whole when the pool renders a LeaderWorkerSet (single-node pools: `child_name`)."""
+    name = child_name(pdd, role, revision)
+    if role == "router" or not pdd.spec.pool(role).shape.multi_node or len(name) <= MAX_GROUP_NAME:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:GROUP_NAME_HASH_LENGTH]
+    head = name[: MAX_GROUP_NAME - GROUP_NAME_HASH_LENGTH - 1].rstrip("-")
+    return f"{head}-{digest}"
 
 
 def labels(pdd: PDDeployment, role: Role, revision: RevisionRecord | None = None) -> dict[str, str]:

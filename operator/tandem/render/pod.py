@@ -1,6 +1,12 @@
 """The pod template of an engine pool: container, resources, volumes, scheduling and lifecycle.
 
-Pure. GPUs per pod equal the pool's tensor parallel size; P/D pools on RDMA also get the RDMA
+Pure. GPUs per pod are a replica's GPUs (TP x PP x DP) over its pods (`tandem.api.shape`): the
+tensor parallel size for a plain pool. A multi-node replica's pods are the `member`s of a
+LeaderWorkerSet group (`command.Member`): the leader carries the startup and liveness probes (a dead
+rank makes the group's engines fail, the leader's /health with them, and LeaderWorkerSet recreates
+the whole group), workers that serve the API (Hybrid, External, MultiPortExternal) a readiness
+probe, headless workers none; with MultiPortExternal the probes ask the pod's supervisor. P/D pools
+on RDMA also get the RDMA
 device resource, `IPC_LOCK` (RDMA registers pinned memory), required node affinity to RDMA nodes and
 a preferred affinity to the other P/D pool within `spec.network.topologyKey`, so KV moves inside
 one fabric domain when there is room. Simulator pods (`engine.type: sim`) request no GPU or RDMA
@@ -14,11 +20,12 @@ from typing import Any
 
 from tandem.api import meta
 from tandem.api.meta import Role
-from tandem.api.models import EngineType, KVConnector, PDDeployment, Quantity
-from tandem.api.rules import GPU_RESOURCE
+from tandem.api.models import DataParallelLoadBalancing, EngineType, KVConnector, PDDeployment, Quantity
+from tandem.api.rules import GPU_PRODUCT_LABEL, GPU_RESOURCE
 from tandem.api.status import RevisionRecord
 from tandem.render import command as engine_cmd
 from tandem.render import env, lifecycle, model_source, names
+from tandem.render.command import Member
 
 CONTAINER_NAME = "engine"
 SHM_VOLUME = "dshm"
@@ -46,7 +53,7 @@ def uses_rdma(pdd: PDDeployment, role: Role) -> bool:
 
 def resources(pdd: PDDeployment, role: Role) -> dict[str, Any]:
     pool = pdd.spec.pool(role)
-    devices = {GPU_RESOURCE: str(pool.tensor_parallel_size)} if requests_accelerators(pdd) else {}
+    devices = {GPU_RESOURCE: str(pool.shape.gpus_per_pod)} if requests_accelerators(pdd) else {}
     if uses_rdma(pdd, role):
         rdma = pdd.spec.network.rdma
         devices[rdma.resource_name] = str(rdma.per_pod)
@@ -57,9 +64,36 @@ def resources(pdd: PDDeployment, role: Role) -> dict[str, Any]:
     }
 
 
-def ports(pdd: PDDeployment, role: Role) -> list[dict[str, Any]]:
-    result = [{"name": "http", "containerPort": meta.ENGINE_PORT, "protocol": "TCP"}]
-    if not engine_cmd.is_disaggregated(role):
+def serves(pdd: PDDeployment, role: Role, member: Member = "single") -> bool:
+    """Whether this member's pod serves the OpenAI API (and /metrics): all but headless workers."""
+    return member != "worker" or pdd.spec.pool(role).shape.workers_serve
+
+
+def _port(name: str, number: int) -> dict[str, Any]:
+    return {"name": name, "containerPort": number, "protocol": "TCP"}
+
+
+def _group_ports(pdd: PDDeployment, role: Role, member: Member) -> list[dict[str, Any]]:
+    """The ports of a data-parallel or multi-node replica beyond the first API port and the KV's."""
+    shape = pdd.spec.pool(role).shape
+    result: list[dict[str, Any]] = []
+    if shape.ports_per_pod > 1 and serves(pdd, role, member):  # MultiPortExternal: a port per local rank
+        result += [_port(f"http-{i}", meta.ENGINE_PORT + i) for i in range(1, shape.ports_per_pod)]
+    if shape.data > 1 and shape.load_balancing == DataParallelLoadBalancing.MultiPortExternal.value:
+        result.append(_port("supervisor", meta.DP_SUPERVISOR_PORT))
+    if shape.multi_node and member != "worker":
+        result.append(_port("master", meta.MASTER_PORT))
+        if shape.data > 1:
+            result.append(_port("dp-rpc", meta.DP_RPC_PORT))
+    return result
+
+
+def ports(pdd: PDDeployment, role: Role, member: Member = "single") -> list[dict[str, Any]]:
+    """The container's named ports. A NIXL side channel listens on 5600 + the global data-parallel rank
+    of each of the pod's ranks; the named one is rank 0's (the NetworkPolicy admits the whole range)."""
+    result = [_port("http", meta.ENGINE_PORT)] if serves(pdd, role, member) else []
+    result += _group_ports(pdd, role, member)
+    if not engine_cmd.is_disaggregated(role) or member == "worker":
         return result
     connector = pdd.spec.kv_transfer.connector
     if connector is KVConnector.NixlConnector:
@@ -110,9 +144,9 @@ def tolerations(pdd: PDDeployment, role: Role) -> list[dict[str, Any]]:
 
 
 def _volumes(pdd: PDDeployment, role: Role) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    tp = pdd.spec.pool(role).tensor_parallel_size
+    gpus = pdd.spec.pool(role).shape.gpus_per_pod
     volumes: list[dict[str, Any]] = [
-        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": lifecycle.shm_size(tp)}}
+        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": lifecycle.shm_size(gpus)}}
     ]
     mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
     source = model_source.parse(pdd.spec.model.uri)
@@ -127,31 +161,59 @@ def _volumes(pdd: PDDeployment, role: Role) -> tuple[list[dict[str, Any]], list[
     return volumes, mounts
 
 
-def container(pdd: PDDeployment, role: Role, revision: RevisionRecord | None = None) -> dict[str, Any]:
+def probes(pdd: PDDeployment, role: Role, member: Member = "single") -> dict[str, dict[str, Any]]:
+    """The member's probes: all three on the only pod or the leader, readiness alone on a worker that
+    serves the API, none on a headless worker. MultiPortExternal pods are asked through their
+    supervisor (its /health is up when every local rank's server is)."""
+    pool = pdd.spec.pool(role)
+    shape = pool.shape
+    supervised = shape.data > 1 and shape.load_balancing == DataParallelLoadBalancing.MultiPortExternal.value
+    port = "supervisor" if supervised else "http"
+    if member == "worker":
+        return {"readinessProbe": lifecycle.readiness_probe(port)} if serves(pdd, role, member) else {}
+    downloads = model_source.parse(pdd.spec.model.uri).downloads
+    return lifecycle.engine_probes(shape.gpus_per_instance, downloads=downloads, port=port)
+
+
+def container(
+    pdd: PDDeployment, role: Role, revision: RevisionRecord | None = None, member: Member = "single"
+) -> dict[str, Any]:
     spec = pdd.spec
     _, mounts = _volumes(pdd, role)
-    source = model_source.parse(spec.model.uri)
     result: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec.engine.image,
         "imagePullPolicy": spec.engine.image_pull_policy,
-        "command": engine_cmd.engine_command(pdd, role),
+        "command": engine_cmd.engine_command(pdd, role, member),
         "env": env.engine_env(pdd, role, revision),
-        "ports": ports(pdd, role),
+        "ports": ports(pdd, role, member),  # none on a headless worker of a multi-node TP/PP group
         "resources": resources(pdd, role),
         "volumeMounts": mounts,
         "lifecycle": {"preStop": {"sleep": {"seconds": lifecycle.prestop_seconds(role)}}},
         # vLLM writes no termination message: a container that fails shows the end of its log (its own
         # error line) in lastState.terminated.message, which the status's CrashLoopBackOff quotes.
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        **lifecycle.engine_probes(spec.pool(role).tensor_parallel_size, downloads=source.downloads),
+        **probes(pdd, role, member),
     }
+    if not result["ports"]:  # the apiserver drops an empty list: leave it out to compare equal
+        del result["ports"]
     if uses_rdma(pdd, role):
         result["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     return result
 
 
-def pod_template(pdd: PDDeployment, role: Role, revision: RevisionRecord | None = None) -> dict[str, Any]:
+def node_selector(pdd: PDDeployment, role: Role) -> dict[str, str]:
+    """The pool's nodeSelector, with GPU Feature Discovery's product label when `gpuType` is set."""
+    pool = pdd.spec.pool(role)
+    selector = dict(pool.node_selector)
+    if pool.gpu_type is not None:
+        selector[GPU_PRODUCT_LABEL] = pool.gpu_type
+    return selector
+
+
+def pod_template(
+    pdd: PDDeployment, role: Role, revision: RevisionRecord | None = None, member: Member = "single"
+) -> dict[str, Any]:
     spec = pdd.spec
     pool = spec.pool(role)
     volumes, _ = _volumes(pdd, role)
@@ -165,20 +227,20 @@ def pod_template(pdd: PDDeployment, role: Role, revision: RevisionRecord | None 
     }
     if spec.engine.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": name} for name in spec.engine.image_pull_secrets]
-    if pool.node_selector:
-        pod_spec["nodeSelector"] = dict(pool.node_selector)
+    if pool.group_placement is not None and pool.group_placement.scheduler_name is not None:
+        pod_spec["schedulerName"] = pool.group_placement.scheduler_name
+    selector = node_selector(pdd, role)
+    if selector:
+        pod_spec["nodeSelector"] = selector
     pod_affinity = affinity(pdd, role, revision)
     if pod_affinity:
         pod_spec["affinity"] = pod_affinity
     pod_tolerations = tolerations(pdd, role)
     if pod_tolerations:
         pod_spec["tolerations"] = pod_tolerations
-    pod_spec["containers"] = [container(pdd, role, revision)]
+    pod_spec["containers"] = [container(pdd, role, revision, member)]
     pod_spec["volumes"] = volumes
-    return {
-        "metadata": {
-            "labels": names.labels(pdd, role, revision),
-            "annotations": names.scrape_annotations(meta.ENGINE_PORT, "/metrics"),
-        },
-        "spec": pod_spec,
-    }
+    metadata: dict[str, Any] = {"labels": names.labels(pdd, role, revision)}
+    if serves(pdd, role, member):  # a headless worker has no /metrics to scrape
+        metadata["annotations"] = names.scrape_annotations(meta.ENGINE_PORT, "/metrics")
+    return {"metadata": metadata, "spec": pod_spec}

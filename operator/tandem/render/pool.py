@@ -1,4 +1,5 @@
-"""One engine pool's objects: StatefulSet, headless Service and PodDisruptionBudget.
+"""One engine pool's objects: its workload (a StatefulSet, or a LeaderWorkerSet for a multi-node pool,
+`group.py`), headless Service and PodDisruptionBudget.
 
 Pure. Replicas come from the caller (autoscaler and rollout decisions), never from observed state;
 a pool handed to an HPA or KEDA gets no `spec.replicas` at all.
@@ -14,9 +15,18 @@ from tandem.api import meta
 from tandem.api.meta import Role
 from tandem.api.models import PDDeployment
 from tandem.api.status import RevisionRecord
-from tandem.render import names, pod
+from tandem.render import group, names, pod
 
 Manifest = names.Manifest
+
+
+def workload(
+    pdd: PDDeployment, role: Role, *, replicas: int | None, revision: RevisionRecord | None = None
+) -> Manifest:
+    """The pool's StatefulSet, or its LeaderWorkerSet when a replica spans nodes."""
+    if pdd.spec.pool(role).shape.multi_node:
+        return group.leaderworkerset(pdd, role, replicas=replicas, revision=revision)
+    return statefulset(pdd, role, replicas=replicas, revision=revision)
 
 
 def statefulset(
@@ -49,11 +59,14 @@ def _service_ports(pdd: PDDeployment, role: Role) -> list[dict[str, Any]]:
 
 
 def headless_service(pdd: PDDeployment, role: Role, revision: RevisionRecord | None = None) -> Manifest:
-    """Stable per-pod DNS names; not-ready pods are published so peers can handshake during start-up."""
+    """Stable per-pod DNS names; not-ready pods are published so peers can handshake during start-up.
+    A LeaderWorkerSet's groups use it as their subdomain (it carries the LeaderWorkerSet's name)."""
+    metadata = names.object_meta(pdd, role, revision)
+    metadata["name"] = names.workload_name(pdd, role, revision)
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": names.object_meta(pdd, role, revision),
+        "metadata": metadata,
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,

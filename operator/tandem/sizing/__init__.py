@@ -222,14 +222,14 @@ def finish(spec: PDDeploymentSpec, served: Serving, change: Change) -> Sizes:
     order = budget_order(change.mode_rollout, change.revisions) if spec.max_gpus is not None else None
     if order is not None and spec.max_gpus is not None:
         sizes: dict[str, int] = {r: p.replicas for r, p in pools.items() if p.replicas is not None}
-        gpus = {r: spec.pool(r).tensor_parallel_size for r in sizes}
+        gpus = {r: spec.pool(r).gpus_per_instance for r in sizes}
         kept = change.revisions.previous if change.revisions is not None else None
         if kept is not None:
             for role in meta.REVISIONED_ROLES:
                 size = previous.get(role, change.previous_live.get(role))
                 if size is not None:
                     sizes[PREVIOUS + role] = size
-                    gpus[PREVIOUS + role] = spec.pool(role).tensor_parallel_size
+                    gpus[PREVIOUS + role] = spec.pool(role).gpus_per_instance
         for key, n in fit_budget(sizes, gpus, order, spec.max_gpus).items():
             if n == sizes[key]:
                 continue

@@ -116,8 +116,15 @@ def _stalling(problem: PodProblem, now: str, unschedulable_grace_seconds: float)
     )
 
 
-def _tp(pdd: PDDeployment, role: str) -> int:
-    return 0 if role == "router" else pdd.spec.pool(role).tensor_parallel_size
+def _gpus_per_replica(pdd: PDDeployment, role: str) -> int:
+    return 0 if role == "router" else pdd.spec.pool(role).gpus_per_instance
+
+
+def _shape(pdd: PDDeployment, role: str) -> str:
+    if role == "router":
+        return ""
+    pool = pdd.spec.pool(role)
+    return pool.shape.summary(pool.gpu_type)
 
 
 def _pool_status(pdd: PDDeployment, role: str, observed: Observed) -> PoolStatus:
@@ -127,8 +134,9 @@ def _pool_status(pdd: PDDeployment, role: str, observed: Observed) -> PoolStatus
         replicas=workload.replicas,
         ready_replicas=workload.ready_replicas,
         desired_replicas=desired,
-        gpus=desired * _tp(pdd, role),
+        gpus=desired * _gpus_per_replica(pdd, role),
         ready=f"{workload.ready_replicas}/{desired}",
+        shape=_shape(pdd, role),
         source=observed.sources.get(role, ReplicaSource.spec),
         limited_by=observed.limited_by.get(role, SizingStage.spec),
     )

@@ -39,11 +39,9 @@ def _argo_health() -> Callable[[dict[str, Any]], tuple[str, str]]:
 
 
 @pytest.fixture
-def operator(cluster: ClusterHandle, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    cluster.kubectl(
-        "apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds" / "pddeployment.yaml")
-    )
-    cluster.kubectl("wait", "--for=condition=Established", "crd/pddeployments.tandem.dev", "--timeout=60s")
+def operator(cluster: ClusterHandle, crd: None, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    # The shared `crd` fixture installs the CRD and waits for Established, retrying while the new CRD
+    # has no conditions yet (a bare `kubectl wait` fails at once then, more often the larger the schema).
     # Watching only the test's namespace, with its lease there too: other tests' objects are not its.
     args = ["--namespace", namespace, "--lease-namespace", namespace, "--resync-seconds", "20"]
     proc = OperatorProcess(cluster, args, tmp_path / "operator.log")

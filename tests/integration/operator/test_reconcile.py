@@ -19,6 +19,24 @@ from tandem.devcluster.testing import OperatorProcess
 from tandem.render import render
 
 EXAMPLES = sorted((Path(__file__).parents[3] / "examples").glob("*.yaml"))
+
+
+def _multi_node(path: Path) -> bool:
+    spec = yaml.safe_load(path.read_text())["spec"]
+    return any(
+        (spec.get(role) or {}).get("nodesPerInstance", 1) > 1 for role in ("prefill", "decode", "colocated")
+    )
+
+
+# Multi-node examples render LeaderWorkerSets: converging them needs the LeaderWorkerSet controller in
+# the dev cluster and the operator applying, watching and pruning that kind (issue 27, items 3 and 5;
+# docs/multinode.md, "Status"). Their rendering is pinned by golden files and vLLM's own checks.
+CONVERGING = [
+    pytest.param(p, id=p.stem, marks=[pytest.mark.skip(reason="LeaderWorkerSet pools: issue 27 items 3, 5")])
+    if _multi_node(p)
+    else pytest.param(p, id=p.stem)
+    for p in EXAMPLES
+]
 RDMA_LABEL = "network.tandem.dev/rdma"
 WRITE_VERBS = {"POST", "PUT", "PATCH", "APPLY", "DELETE"}
 OWNED_RESOURCES = {
@@ -124,7 +142,7 @@ def test_volumes(cluster: ClusterHandle) -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("test_volumes")
-@pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+@pytest.mark.parametrize("example", CONVERGING)
 def test_example_converges_and_children_match_render(
     cluster: ClusterHandle, operator: OperatorProcess, namespace: str, example: Path
 ) -> None:

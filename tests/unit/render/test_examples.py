@@ -26,6 +26,8 @@ def _load(path: Path) -> PDDeployment:
 
 
 def _engine_containers(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The engines of single-node pools. A LeaderWorkerSet's lines (data-parallel, multi-node) are
+    vLLM's only: the sim engine runs one rank per pod, and test_vllm_parser.py checks them with vLLM."""
     return [o["spec"]["template"]["spec"]["containers"][0] for o in objects if o["kind"] == "StatefulSet"]
 
 

@@ -44,6 +44,41 @@ URIS = st.one_of(
 )
 
 
+@st.composite
+def _shapes(draw: st.DrawFn) -> dict[str, Any]:
+    """A pool's parallelism and nodes per replica that a cluster of 8-GPU nodes can run (vLLM only):
+    whole data-parallel ranks on each pod, or one rank (DP 1) spanning the pods; every balancing mode
+    where it applies."""
+    nodes = draw(st.sampled_from([1, 2, 2, 4]))
+    if nodes > 1 and draw(st.booleans()):  # one rank spans the pods: multi-node TP/PP
+        per_pod = draw(st.sampled_from([2, 4, 8]))
+        pipeline = draw(st.sampled_from([1, 2]))
+        return {
+            "nodesPerInstance": nodes,
+            "tensorParallelSize": per_pod * nodes // pipeline,
+            "parallelism": {"pipeline": pipeline},
+        }
+    tp = draw(st.sampled_from([1, 2, 4]))
+    pipeline = draw(st.sampled_from([1, 2])) if tp <= 2 else 1
+    local = draw(st.sampled_from([n for n in (1, 2, 4, 8) if n * tp * pipeline <= 8]))
+    data = local * nodes
+    modes = ["Internal"]
+    if nodes >= 2 and local >= 2:
+        modes.append("Hybrid")
+    if local == 1 and data >= 2:
+        modes.append("External")
+    if local >= 2:
+        modes.append("MultiPortExternal")
+    parallelism: dict[str, Any] = {"data": data, "pipeline": pipeline}
+    if data > 1:
+        parallelism["loadBalancing"] = draw(st.sampled_from(modes))
+    if data * tp > 1:
+        parallelism["expert"] = draw(st.booleans())
+    if draw(st.booleans()):
+        parallelism["dataLocal"] = local
+    return {"nodesPerInstance": nodes, "tensorParallelSize": tp, "parallelism": parallelism}
+
+
 def _args() -> st.SearchStrategy[list[str]]:
     return st.lists(st.sampled_from(ARG_GROUPS), max_size=3, unique=True).map(
         lambda gs: [a for g in gs for a in g]
@@ -66,9 +101,28 @@ def _pool(min_replicas: int) -> st.SearchStrategy[dict[str, Any]]:
 def pddeployments(draw: st.DrawFn) -> PDDeployment:
     mode = draw(st.sampled_from(["Disaggregated", "Colocated"]))
     connector = draw(st.sampled_from(["NixlConnector", "MooncakeConnector", "LMCacheConnectorV1"]))
-    prefill = draw(_pool(1 if mode == "Disaggregated" else 0))
-    decode = draw(_pool(1 if mode == "Disaggregated" else 0))
-    if connector == "NixlConnector":  # decode TP a multiple of prefill TP (both powers of two)
+    engine = draw(
+        st.sampled_from(
+            [
+                {"type": "vllm"},
+                {"type": "vllm"},
+                {"type": "sim"},
+                {"type": "sim", "sim": {"requestAccelerators": True}},
+            ]
+        )
+    )
+    pools = {
+        role: draw(_pool(1 if (mode == "Colocated") == (role == "colocated") else 0))
+        for role in ("prefill", "decode", "colocated")
+    }
+    if engine["type"] == "vllm":  # the sim engine runs one rank per pod: plain pools only
+        for role in pools:
+            if draw(st.booleans()):
+                pools[role].update(draw(_shapes()))
+    prefill, decode = pools["prefill"], pools["decode"]
+    if connector == "NixlConnector":  # decode TP a multiple of prefill TP (both powers of two), decode PP 1
+        if "parallelism" in decode:
+            assume(decode["parallelism"].get("pipeline", 1) == 1)
         decode["tensorParallelSize"] = max(decode["tensorParallelSize"], prefill["tensorParallelSize"])
     uri = draw(URIS)
     model: dict[str, Any] = {"name": "m", "uri": uri}
@@ -85,15 +139,7 @@ def pddeployments(draw: st.DrawFn) -> PDDeployment:
         "spec": {
             "model": model,
             "engine": {
-                **draw(
-                    st.sampled_from(
-                        [
-                            {"type": "vllm"},
-                            {"type": "sim"},
-                            {"type": "sim", "sim": {"requestAccelerators": True}},
-                        ]
-                    )
-                ),
+                **engine,
                 "image": "img:1",
                 "extraArgs": draw(_args()),
                 "env": draw(
@@ -109,7 +155,7 @@ def pddeployments(draw: st.DrawFn) -> PDDeployment:
             "network": {"rdma": {"enabled": draw(st.booleans())}, "policy": {"enabled": draw(st.booleans())}},
             "prefill": prefill,
             "decode": decode,
-            "colocated": draw(_pool(1 if mode == "Colocated" else 0)),
+            "colocated": pools["colocated"],
             "router": {"replicas": draw(st.integers(1, 3))},
             "serving": {"mode": mode},
         },
@@ -125,12 +171,20 @@ REPLICAS = st.none() | st.dictionaries(st.sampled_from(POOL_ROLES), st.integers(
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+LWS_VARIABLES = {"LWS_LEADER_ADDRESS", "LWS_GROUP_SIZE", "LWS_WORKER_INDEX"}  # its pod webhook's
+
+
 def _pod_templates(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
-    return [
-        (o["metadata"]["labels"]["tandem.dev/role"], o["spec"]["template"])
-        for o in objects
-        if o["kind"] in ("StatefulSet", "Deployment")
-    ]
+    """(role, pod template) of every workload: a LeaderWorkerSet's leader and worker templates too."""
+    templates = []
+    for o in objects:
+        if o["kind"] in ("StatefulSet", "Deployment"):
+            templates.append((o["metadata"]["labels"]["tandem.dev/role"], o["spec"]["template"]))
+        elif o["kind"] == "LeaderWorkerSet":
+            group = o["spec"]["leaderWorkerTemplate"]
+            role = o["metadata"]["labels"]["tandem.dev/role"]
+            templates += [(role, group["leaderTemplate"]), (role, group["workerTemplate"])]
+    return templates
 
 
 @PROPERTY
@@ -151,7 +205,7 @@ def test_names_are_unique_dns_labels_and_labels_are_valid(
     for _, template in _pod_templates(objects):
         spec = template["spec"]
         for container in spec["containers"]:
-            assert all(len(p["name"]) <= 15 for p in container["ports"])
+            assert all(len(p["name"]) <= 15 for p in container.get("ports", []))
         assert len({v["name"] for v in spec["volumes"]}) == len(spec["volumes"])
 
 
@@ -185,6 +239,12 @@ def test_selectors_match_the_pod_template_labels(pdd: PDDeployment, replicas: di
         role = obj["metadata"]["labels"]["tandem.dev/role"]
         if obj["kind"] in ("StatefulSet", "Deployment", "PodDisruptionBudget"):
             selector = obj["spec"]["selector"]["matchLabels"]
+        elif obj["kind"] == "LeaderWorkerSet":  # selects its pods by its own labels; ours on the templates
+            group = obj["spec"]["leaderWorkerTemplate"]
+            assert (
+                group["leaderTemplate"]["metadata"]["labels"] == group["workerTemplate"]["metadata"]["labels"]
+            )
+            continue
         elif obj["kind"] == "Service":
             selector = obj["spec"]["selector"]
         else:
@@ -196,17 +256,26 @@ def test_selectors_match_the_pod_template_labels(pdd: PDDeployment, replicas: di
 
 @PROPERTY
 @given(pdd=pddeployments(), replicas=REPLICAS)
-def test_gpus_per_pod_equal_tensor_parallel_size(pdd: PDDeployment, replicas: dict[str, int] | None) -> None:
+def test_gpus_per_pod_are_a_replicas_gpus_over_its_pods(
+    pdd: PDDeployment, replicas: dict[str, int] | None
+) -> None:
+    """TP x PP x DP / nodesPerInstance (TP for a plain pool), at most 8, and no more on any pod."""
     for role, template in _pod_templates(render(pdd, replicas)):
         if role == "router":
             assert "nvidia.com/gpu" not in template["spec"]["containers"][0]["resources"]["limits"]
             continue
-        tp = str(pdd.spec.pool(role).tensor_parallel_size)
+        pool = pdd.spec.pool(role)
+        shape = pool.shape
         resources = template["spec"]["containers"][0]["resources"]
         if not requests_accelerators(pdd):  # a sim pod on CPU (engine.sim.requestAccelerators unset)
             assert not [k for part in resources.values() for k in part if "/" in k]
             continue
-        assert resources["limits"]["nvidia.com/gpu"] == resources["requests"]["nvidia.com/gpu"] == tp
+        per_pod = int(resources["limits"]["nvidia.com/gpu"])
+        assert resources["requests"]["nvidia.com/gpu"] == str(per_pod)
+        assert per_pod * shape.nodes == pool.tensor_parallel_size * shape.pipeline * shape.data
+        assert per_pod <= 8
+        if not shape.multi_node and shape.data == shape.pipeline == 1:
+            assert per_pod == pool.tensor_parallel_size
 
 
 @PROPERTY
@@ -239,8 +308,8 @@ def test_env_is_unique_and_references_only_earlier_variables(
             for ref in VAR_REFERENCE.findall(entry.get("value", "")):
                 assert ref in defined, (entry, ref)
             defined.add(entry["name"])
-        for arg in container["command"]:
-            assert set(VAR_REFERENCE.findall(arg)) <= defined
+        for arg in container["command"]:  # a LeaderWorkerSet's pods also get its webhook's variables
+            assert set(VAR_REFERENCE.findall(arg)) <= defined | LWS_VARIABLES
 
 
 @PROPERTY
@@ -275,7 +344,13 @@ def test_objects_share_no_mutable_parts(pdd: PDDeployment) -> None:
 @PROPERTY
 @given(pdd=pddeployments())
 def test_the_sim_engine_parses_every_rendered_command(pdd: PDDeployment) -> None:
+    """Of single-rank pools: the sim engine runs one rank per pod (data-parallel and multi-node pools are
+    vLLM-only; the API refuses them with engine.type sim)."""
     for role in POOL_ROLES:
+        shape = pdd.spec.pool(role).shape
+        if shape.multi_node or shape.data > 1 or shape.pipeline > 1 or shape.expert:
+            assert pdd.spec.engine.type.value == "vllm"
+            continue
         command = engine_command(pdd, role)
         args = parse_serve_args(command[3:] if command[0] == "tandem" else command[2:])
         assert args.tensor_parallel_size == pdd.spec.pool(role).tensor_parallel_size

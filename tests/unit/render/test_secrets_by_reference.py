@@ -83,11 +83,17 @@ def _spec_with_secrets() -> PDDeployment:
     return PDDeployment.model_validate(doc)
 
 
+def _templates(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pod templates of a workload: a LeaderWorkerSet's leader and worker templates too."""
+    spec = obj.get("spec") or {}
+    group = spec.get("leaderWorkerTemplate") or {}
+    return [t for t in (spec.get("template"), group.get("leaderTemplate"), group.get("workerTemplate")) if t]
+
+
 def _env_vars(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
     found = []
     for obj in objects:
-        template = (obj.get("spec") or {}).get("template")
-        if template:
+        for template in _templates(obj):
             for container in template["spec"]["containers"]:
                 found += container.get("env", [])
     return found

@@ -104,6 +104,27 @@ def test_pools_report_gpus_and_ready_counts() -> None:
     assert status.pools.prefill.gpus == 1
     assert status.pools.router.gpus == 0
     assert status.pools.colocated.desired_replicas == 0
+    assert (status.pools.prefill.shape, status.pools.decode.shape, status.pools.router.shape) == (
+        "1x1 TP1",
+        "1x2 TP2",
+        "",
+    )
+
+
+def test_a_multi_node_pool_counts_its_replicas_whole_gpus_and_shows_its_shape() -> None:
+    """A replica of TP1 x DP16 over 2 nodes: 16 GPUs each, `2x8 TP1 DP16 EP Hybrid` (printer columns)."""
+    doc = pdd().model_dump(by_alias=True, mode="json")
+    doc["spec"]["engine"]["type"] = "vllm"
+    doc["spec"]["decode"] = {
+        "replicas": 2,
+        "nodesPerInstance": 2,
+        "parallelism": {"data": 16, "expert": True, "loadBalancing": "Hybrid"},
+        "gpuType": "NVIDIA-H200",
+    }
+    observed = Observed(workloads=ALL_READY, desired_replicas=DESIRED)
+    status = derive_status(PDDeployment.model_validate(doc), observed, [], NOW)
+    assert status.pools.decode.gpus == 32
+    assert status.pools.decode.shape == "2x8 TP1 DP16 EP Hybrid NVIDIA-H200"
 
 
 def test_colocated_mode_needs_colocated_pods_to_be_available() -> None:

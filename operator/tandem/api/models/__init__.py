@@ -5,7 +5,8 @@ behaviour behind it in the renderer, the router or the operator. Cross-field rul
 `rules.py` so that the CRD's CEL and these models enforce the same thing.
 
 One module per spec section: `model`, `engine`, `network` (kvTransfer, network), `pool` (prefill,
-decode, colocated), `router`, `serving` (serving, slo), `autoscaling`, `rollout`, and `deployment`
+decode, colocated) with `parallelism` (a pool's parallelism and group placement), `router`,
+`serving` (serving, slo), `autoscaling`, `rollout`, and `deployment`
 (the whole spec and the object); `common` holds the base model and the shared patterns. Every public
 name is re-exported here, so `from tandem.api.models import X` reads the package as one module.
 """
@@ -60,6 +61,12 @@ from tandem.api.models.network import (
     NetworkSpec,
     RDMASpec,
 )
+from tandem.api.models.parallelism import (
+    SCHEDULER_NAME_PATTERN,
+    DataParallelLoadBalancing,
+    GroupPlacement,
+    Parallelism,
+)
 from tandem.api.models.pool import (
     EXTENDED_LIMIT_MESSAGE,
     EXTENDED_WHOLE_MESSAGE,
@@ -109,6 +116,7 @@ __all__ = [
     "QUANTITY_PATTERN",
     "REQUEST_OVER_LIMIT_MESSAGE",
     "RESOURCE_NAME_MESSAGE",
+    "SCHEDULER_NAME_PATTERN",
     "TENANT_NAME_PATTERN",
     "TOLERATION_RULES",
     "AdmissionSpec",
@@ -117,6 +125,7 @@ __all__ = [
     "AutoscalingSpec",
     "ConfigMapKeyRef",
     "DataKey",
+    "DataParallelLoadBalancing",
     "DecodeBackpressureSpec",
     "EngineSpec",
     "EngineType",
@@ -124,6 +133,7 @@ __all__ = [
     "EnvVarSource",
     "FieldRef",
     "ForecastSpec",
+    "GroupPlacement",
     "ImagePullPolicy",
     "ImagePullSecrets",
     "KVConnector",
@@ -141,6 +151,7 @@ __all__ = [
     "OnMetricsUnavailable",
     "PDDeployment",
     "PDDeploymentSpec",
+    "Parallelism",
     "PoolAutoscaling",
     "PoolSpec",
     "PrefixAwareSpec",

@@ -1,5 +1,5 @@
-"""`spec.prefill`, `spec.decode`, `spec.colocated`: one pool (size, TP, resources, placement,
-autoscaling bounds).
+"""`spec.prefill`, `spec.decode`, `spec.colocated`: one pool (size, parallelism and nodes per
+instance, GPU type, resources, placement, autoscaling bounds).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from tandem.api.models.common import (
     Labels,
     Quantity,
 )
+from tandem.api.models.parallelism import GroupPlacement, Parallelism
+from tandem.api.shape import Shape
 
 # Kubernetes' own rules for a toleration (the pods' apiserver validation), checked at admission so
 # that a spec the apiserver stores never renders a StatefulSet it refuses: (CEL on the toleration,
@@ -212,8 +214,35 @@ class PoolSpec(ApiModel):
     ] = 0
     tensor_parallel_size: Annotated[
         int,
-        Field(description="GPUs per replica (vLLM --tensor-parallel-size): 1, 2, 4 or 8."),
+        Field(
+            description="Tensor parallelism of one rank (vLLM --tensor-parallel-size): 1, 2, 4 or 8, or "
+            "up to 8 x nodesPerInstance when one rank spans nodes. GPUs per replica = tensorParallelSize "
+            "x parallelism.pipeline x parallelism.data."
+        ),
     ] = 1
+    parallelism: Annotated[
+        Parallelism,
+        Field(description="Pipeline, data and expert parallelism of one replica (docs/multinode.md)."),
+    ] = Parallelism()
+    nodes_per_instance: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=64,
+            description="Pods (one per node) of one replica: 1 renders a StatefulSet pod per replica, more "
+            "a LeaderWorkerSet group per replica (a leader and nodesPerInstance - 1 workers).",
+        ),
+    ] = 1
+    gpu_type: Annotated[
+        str | None,
+        Field(
+            min_length=1,
+            max_length=63,
+            pattern=LABEL_VALUE_PATTERN,
+            description="The GPU model this pool runs on, as GPU Feature Discovery labels nodes "
+            "(nvidia.com/gpu.product, e.g. NVIDIA-H100-80GB-HBM3): the pool's pods select such nodes.",
+        ),
+    ] = None
     engine_args: Annotated[
         list[Annotated[str, Field(max_length=1024)]],
         Field(max_length=64, description="Arguments appended to this pool's engine command line."),
@@ -225,3 +254,26 @@ class PoolSpec(ApiModel):
         PoolAutoscaling | None,
         Field(description="Size this pool from the SLO (needs spec.autoscaling.enabled); fixed when unset."),
     ] = None
+    group_placement: Annotated[
+        GroupPlacement | None,
+        Field(description="All-or-nothing placement of each replica's pods (nodesPerInstance > 1 only)."),
+    ] = None
+
+    @property
+    def shape(self) -> Shape:
+        """The pool's instance shape (GPUs per replica and per pod, ranks per pod; `tandem.api.shape`)."""
+        par = self.parallelism
+        return Shape(
+            tensor=self.tensor_parallel_size,
+            pipeline=par.pipeline,
+            data=par.data,
+            data_local=par.data_local,
+            expert=par.expert,
+            load_balancing=par.load_balancing.value,
+            nodes=self.nodes_per_instance,
+        )
+
+    @property
+    def gpus_per_instance(self) -> int:
+        """GPUs one replica requests (all its pods): what maxGPUs, the autoscaler and status count."""
+        return self.shape.gpus_per_instance
