@@ -377,6 +377,11 @@ def _admission(spec: Spec) -> Spec:
     return block
 
 
+def _disaggregation(spec: Spec) -> Spec:
+    block: Spec = _router(spec).get("disaggregation") or {}
+    return block
+
+
 def _burst_without_rate(limits: Spec | None, burst: str, rate: str) -> bool:
     return limits is not None and limits.get(burst) is not None and limits.get(rate) is None
 
@@ -445,6 +450,46 @@ ROUTER_RULES: Final[tuple[Rule, ...]] = (
             or int(long.get("minTokens", 0)) < int(limit)
         ),
     ),
+    Rule(
+        cel=(
+            "!has(self.router.disaggregation) || self.router.disaggregation.mode != 'Threshold' || "
+            "has(self.router.disaggregation.thresholdTokens)"
+        ),
+        message="spec.router.disaggregation.thresholdTokens is required with mode Threshold",
+        field_path=".router.disaggregation.thresholdTokens",
+        check=lambda s: (
+            _disaggregation(s).get("mode") != "Threshold"
+            or _disaggregation(s).get("thresholdTokens") is not None
+        ),
+        reason="FieldValueRequired",
+    ),
+    Rule(
+        cel=(
+            "!has(self.router.disaggregation) || !has(self.router.disaggregation.thresholdTokens) || "
+            "self.router.disaggregation.mode == 'Threshold'"
+        ),
+        message="spec.router.disaggregation.thresholdTokens is only used with mode Threshold",
+        field_path=".router.disaggregation.thresholdTokens",
+        check=lambda s: (
+            _disaggregation(s).get("thresholdTokens") is None or _disaggregation(s).get("mode") == "Threshold"
+        ),
+        reason="FieldValueForbidden",
+    ),
+    *[
+        Rule(
+            cel=(
+                f"!has(self.router.disaggregation) || !has(self.router.disaggregation.{knob}) || "
+                "self.router.disaggregation.mode == 'Auto'"
+            ),
+            message=f"spec.router.disaggregation.{knob} is only used with mode Auto",
+            field_path=f".router.disaggregation.{knob}",
+            check=lambda s, knob=knob: (
+                _disaggregation(s).get(knob) is None or _disaggregation(s).get("mode") == "Auto"
+            ),
+            reason="FieldValueForbidden",
+        )
+        for knob in ("maxLocalTokens", "maxLocalPrefills")
+    ],
     Rule(
         cel="!has(self.rollout) || self.rollout.tenants.all(n, self.router.tenants.exists(t, t.name == n))",
         message="spec.rollout.tenants must name tenants of spec.router.tenants",
