@@ -382,6 +382,19 @@ def _disaggregation(spec: Spec) -> Spec:
     return block
 
 
+def _auto_only_rule(knob: str) -> Rule:
+    return Rule(
+        cel=(
+            f"!has(self.router.disaggregation) || !has(self.router.disaggregation.{knob}) || "
+            "self.router.disaggregation.mode == 'Auto'"
+        ),
+        message=f"spec.router.disaggregation.{knob} is only used with mode Auto",
+        field_path=f".router.disaggregation.{knob}",
+        check=lambda s: _disaggregation(s).get(knob) is None or _disaggregation(s).get("mode") == "Auto",
+        reason="FieldValueForbidden",
+    )
+
+
 def _burst_without_rate(limits: Spec | None, burst: str, rate: str) -> bool:
     return limits is not None and limits.get(burst) is not None and limits.get(rate) is None
 
@@ -475,21 +488,7 @@ ROUTER_RULES: Final[tuple[Rule, ...]] = (
         ),
         reason="FieldValueForbidden",
     ),
-    *[
-        Rule(
-            cel=(
-                f"!has(self.router.disaggregation) || !has(self.router.disaggregation.{knob}) || "
-                "self.router.disaggregation.mode == 'Auto'"
-            ),
-            message=f"spec.router.disaggregation.{knob} is only used with mode Auto",
-            field_path=f".router.disaggregation.{knob}",
-            check=lambda s, knob=knob: (
-                _disaggregation(s).get(knob) is None or _disaggregation(s).get("mode") == "Auto"
-            ),
-            reason="FieldValueForbidden",
-        )
-        for knob in ("maxLocalTokens", "maxLocalPrefills")
-    ],
+    *(_auto_only_rule(knob) for knob in ("maxLocalTokens", "maxLocalPrefills")),
     Rule(
         cel="!has(self.rollout) || self.rollout.tenants.all(n, self.router.tenants.exists(t, t.name == n))",
         message="spec.rollout.tenants must name tenants of spec.router.tenants",

@@ -74,6 +74,9 @@ class PddInfo:
     # spec.router.prefixAware (camelCase, as in the object); None: not set.
     prefix_aware: Mapping[str, Any] | None = None
     prefill_policy: str | None = None  # spec.router.prefillPolicy; None: not set
+    # spec.router.disaggregation (camelCase), its mode replaced by the one in effect when the operator
+    # says (status.disaggregation.mode: a mode change moves through the rollout); None: not set.
+    disaggregation: Mapping[str, Any] | None = None
 
 
 def _get(obj: Mapping[str, Any], *path: str) -> Any:
@@ -170,7 +173,17 @@ def pdd_info_from(obj: Mapping[str, Any]) -> PddInfo:
         output_length_buckets=_int_list(_get(obj, "spec", "router", "metrics", "outputLengthBuckets")),
         prefix_aware=_mapping(_get(obj, "spec", "router", "prefixAware")),
         prefill_policy=_str_or_none(_get(obj, "spec", "router", "prefillPolicy")),
+        disaggregation=_disaggregation(obj),
     )
+
+
+def _disaggregation(obj: Mapping[str, Any]) -> dict[str, Any] | None:
+    """spec.router.disaggregation with the mode in effect (status.disaggregation.mode) when set."""
+    spec = _mapping(_get(obj, "spec", "router", "disaggregation"))
+    mode = _get(obj, "status", "disaggregation", "mode")
+    if isinstance(mode, str):
+        return {**(spec or {}), "mode": mode}
+    return spec
 
 
 def _str_or_none(value: Any) -> str | None:

@@ -39,11 +39,13 @@ the prefill pod's per-token cost plus the pull line's intercept (one decode step
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import zlib
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from tandem.routing.prefix import KEY_BLOCKS
+from tandem.routing.prefix import KEY_BLOCKS, PrefixIndex, PrefixKnobs
 
 Mode = Literal["Always", "Auto", "Threshold"]
 MODES: Final[tuple[Mode, ...]] = ("Always", "Auto", "Threshold")
@@ -104,8 +106,9 @@ class DisaggregationKnobs:
 
         def count(key: str, default: int, highest: int) -> int:
             value = spec.get(key)
-            ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= highest
-            return value if ok else default
+            if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= highest:
+                return value
+            return default
 
         mode = spec.get("mode")
         return cls(
@@ -166,7 +169,7 @@ class LinearFit:
     def _scale(self, now: float) -> float:
         if now <= self.at or self.w == 0.0:
             return 1.0
-        return 0.5 ** ((now - self.at) / self.half_life_s)
+        return float(0.5 ** ((now - self.at) / self.half_life_s))
 
     def observe(self, x: float, y: float, now: float) -> None:
         if not (math.isfinite(x) and math.isfinite(y)) or x < 0 or y < 0:
@@ -288,13 +291,88 @@ def has_tpot_headroom(decode: DecodeView, stall_s: float, slo_tpot_s: float | No
     return decode.tpot_s + stall_s / spread <= slo_tpot_s
 
 
-def uncached_tokens(prompt_tokens: int, matched_keys: int, text_bytes: int, block_chars: int) -> int:
-    """The prompt tokens a pod lacks when it holds the prompt's first `matched_keys` sampled keys
-    (`PrefixIndex.matched_keys`): the share of the text past the matched chunks, in tokens."""
-    if matched_keys <= 0 or text_bytes <= 0:
+def uncached_tokens(prompt_tokens: int, held_chunks: int, text_bytes: int, block_chars: int) -> int:
+    """The prompt tokens a pod lacks when it holds the first `held_chunks` chunks of the prompt's text:
+    the share of the text past them, in tokens."""
+    if held_chunks <= 0 or text_bytes <= 0:
         return prompt_tokens
-    held = min(1.0, KEY_BLOCKS[matched_keys - 1] * block_chars / text_bytes)
+    held = min(1.0, held_chunks * block_chars / text_bytes)
     return max(0, round(prompt_tokens * (1.0 - held)))
+
+
+def held_chunks(matched_keys: int) -> int:
+    """The chunks `PrefixIndex.matched_keys` leading sampled keys stand for."""
+    return KEY_BLOCKS[matched_keys - 1] if matched_keys > 0 else 0
+
+
+def key_at(data: bytes, chunks: int, block_chars: int) -> int:
+    """The key `prefix.text_keys` gives the text `data` (UTF-8) up to the end of chunk `chunks`, at any
+    chunk count (text_keys computes only those of `KEY_BLOCKS`)."""
+    prefix = memoryview(data)[: chunks * block_chars]
+    return zlib.crc32(prefix) << 32 | zlib.adler32(prefix)
+
+
+class DecodeIndex:
+    """Which decode pod holds which text (prompt and reply), to the chunk.
+
+    A `PrefixIndex` of the sampled keys, plus each recorded text's exact end: the key at its last
+    full chunk, filed under the last sampled key before it (its anchor). Sampled keys alone know a
+    match to within a third of its length, too coarse here: a conversation's next turn resends a
+    long history and adds a little, and whether the decode pod lacks 50 tokens or a third of the
+    history decides the side. Looking up a text, the longest sampled match gives the anchor; the ends
+    filed under it that this text shares (one key computed per end) extend the match to the chunk.
+    Ends are kept per pod for at most `MAX_ANCHORS` anchors (least recently used dropped) and
+    `ENDS_PER_ANCHOR` ends each; an end whose anchor the prefix index has evicted is never reached."""
+
+    MAX_ANCHORS: Final = 65536
+    ENDS_PER_ANCHOR: Final = 4
+
+    def __init__(self, capacity_blocks_per_pod: int) -> None:
+        self.index = PrefixIndex(capacity_blocks_per_pod)
+        self._ends: dict[str, OrderedDict[int, dict[int, int]]] = {}  # pod -> anchor -> chunks -> key
+
+    def record(self, pod: str, data: bytes, keys: Sequence[int], knobs: PrefixKnobs) -> None:
+        """The pod holds the text `data` (UTF-8), whose sampled keys (`text_keys`) are `keys`."""
+        self.index.record(pod, keys)
+        chunks = min(len(data) // knobs.block_chars, knobs.max_blocks)
+        if not keys or chunks <= KEY_BLOCKS[len(keys) - 1]:
+            return  # the text ends at a sampled key: the index knows it exactly
+        ends = self._ends.setdefault(pod, OrderedDict())
+        anchor = keys[-1]
+        filed = ends.setdefault(anchor, {})
+        ends.move_to_end(anchor)
+        filed[chunks] = key_at(data, chunks, knobs.block_chars)
+        while len(filed) > self.ENDS_PER_ANCHOR:
+            del filed[min(filed)]
+        while len(ends) > self.MAX_ANCHORS:
+            ends.popitem(last=False)
+
+    def held_chunks(self, pod: str, data: bytes, keys: Sequence[int], knobs: PrefixKnobs) -> int:
+        """How many leading chunks of the text `data` (sampled keys `keys`) the pod is believed to hold."""
+        matched = self.index.matched_keys(pod, keys)
+        held = held_chunks(matched)
+        ends = self._ends.get(pod)
+        if not matched or not ends:
+            return held
+        filed = ends.get(keys[matched - 1])
+        if not filed:
+            return held
+        chunks = min(len(data) // knobs.block_chars, knobs.max_blocks)
+        for end in sorted(filed, reverse=True):
+            if held < end <= chunks and key_at(data, end, knobs.block_chars) == filed[end]:
+                return end
+        return held
+
+    def forget_pod(self, pod: str) -> None:
+        self.index.forget_pod(pod)
+        self._ends.pop(pod, None)
+
+    def resize(self, capacity_blocks_per_pod: int) -> None:
+        self.index.resize(capacity_blocks_per_pod)
+
+    @property
+    def capacity_blocks_per_pod(self) -> int:
+        return self.index.capacity_blocks_per_pod
 
 
 @dataclass(slots=True)

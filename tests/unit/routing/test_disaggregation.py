@@ -11,6 +11,7 @@ from tandem.routing.disaggregation import (
     REASONS,
     Choice,
     CostModel,
+    DecodeIndex,
     DecodePodStats,
     DecodeView,
     DisaggregationKnobs,
@@ -18,9 +19,11 @@ from tandem.routing.disaggregation import (
     PrefillView,
     Request,
     decide,
+    held_chunks,
+    key_at,
     uncached_tokens,
 )
-from tandem.routing.prefix import KEY_BLOCKS
+from tandem.routing.prefix import KEY_BLOCKS, PrefixKnobs, text_keys
 
 AUTO = DisaggregationKnobs(mode="Auto", max_local_tokens=1000, max_local_prefills=2)
 READY = PrefillView(ready=True)
@@ -344,14 +347,55 @@ def test_auto_keeps_its_bounds_and_a_longer_prefill_queue_never_turns_local_into
 # --- helpers ----------------------------------------------------------------------------------------
 
 
-def test_uncached_tokens_from_matched_keys() -> None:
+def test_uncached_tokens_from_held_chunks() -> None:
     # Nothing held: every token.
     assert uncached_tokens(300, 0, 6400, 64) == 300
-    # 3 keys held = KEY_BLOCKS[2] = 3 chunks of 64 bytes of a 640-byte text: 30% held.
-    assert KEY_BLOCKS[2] == 3
+    # 3 keys matched = KEY_BLOCKS[2] = 3 chunks of 64 bytes of a 640-byte text: 30% held.
+    assert held_chunks(3) == KEY_BLOCKS[2] == 3
+    assert held_chunks(0) == 0
     assert uncached_tokens(100, 3, 640, 64) == 70
     # All of it (and more, from rounding) held: none.
     assert uncached_tokens(100, 4, 256, 64) == 0
+
+
+KNOBS = PrefixKnobs(block_chars=8, max_blocks=512)
+
+
+def test_key_at_is_text_keys_at_every_sampled_count() -> None:
+    data = ("the quick brown fox jumps over the lazy dog " * 40).encode()
+    keys = text_keys(data.decode(), KNOBS)
+    assert keys == [key_at(data, count, 8) for count in KEY_BLOCKS[: len(keys)]]
+
+
+def test_decode_index_knows_a_recorded_text_to_the_chunk() -> None:
+    index = DecodeIndex(100_000)
+    turn = ("user: " + "history words " * 100).encode()  # 1406 bytes: 175 chunks of 8, last key at 128
+    index.record("d0", turn, text_keys(turn.decode(), KNOBS), KNOBS)
+    nxt = turn + b" reply and more words that follow"
+    keys = text_keys(nxt.decode(), KNOBS)
+    # The sampled keys alone: 128 chunks; the recorded end: all 175.
+    assert held_chunks(index.index.matched_keys("d0", keys)) == 128
+    assert index.held_chunks("d0", nxt, keys, KNOBS) == 175
+    # A text that parts from it after chunk 150 holds only the sampled part.
+    other = turn[:1200] + b"X" * 300
+    assert index.held_chunks("d0", other, text_keys(other.decode(), KNOBS), KNOBS) == 128
+    # Another pod holds nothing; a forgotten pod neither.
+    assert index.held_chunks("d1", nxt, keys, KNOBS) == 0
+    index.forget_pod("d0")
+    assert index.held_chunks("d0", nxt, keys, KNOBS) == 0
+
+
+def test_decode_index_keeps_a_few_ends_per_anchor() -> None:
+    index = DecodeIndex(100_000)
+    base = "x" * (8 * 130)
+    texts = [(base + "y" * (8 * n)).encode() for n in (1, 2, 3, 4, 5, 6)]
+    for data in texts:
+        index.record("d0", data, text_keys(data.decode(), KNOBS), KNOBS)
+    longest = texts[-1]
+    keys = text_keys(longest.decode(), KNOBS)
+    assert index.held_chunks("d0", longest, keys, KNOBS) == 136
+    # The shortest ends were dropped (4 a anchor): a text ending at 131 chunks finds only 128.
+    assert index.held_chunks("d0", texts[0], text_keys(texts[0].decode(), KNOBS), KNOBS) == 128
 
 
 def test_decode_pod_stats_moving_averages() -> None:
