@@ -316,6 +316,18 @@ class RevisionsStatus(ApiModel):
     ] = None
 
 
+class DisaggregationStatus(ApiModel):
+    """spec.router.disaggregation's mode in effect, and a change of it moving through spec.rollout's steps."""
+
+    mode: Annotated[str, Field(description="The mode the routers choose by: Always, Auto or Threshold.")] = (
+        "Always"
+    )
+    rollout: Annotated[
+        RolloutStatus | None,
+        Field(description="With spec.rollout: the steps to a new mode (target: the new mode)."),
+    ] = None
+
+
 class PDDeploymentStatus(ApiModel):
     observed_generation: Annotated[int, Field(ge=0)] = 0
     phase: Phase = Phase.Progressing
@@ -327,3 +339,4 @@ class PDDeploymentStatus(ApiModel):
     autoscaling: AutoscalingStatus | None = None
     rollout: RolloutStatus | None = None
     revisions: RevisionsStatus | None = None
+    disaggregation: DisaggregationStatus | None = None

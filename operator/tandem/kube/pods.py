@@ -77,6 +77,10 @@ class PddInfo:
     # spec.router.disaggregation (camelCase), its mode replaced by the one in effect when the operator
     # says (status.disaggregation.mode: a mode change moves through the rollout); None: not set.
     disaggregation: Mapping[str, Any] | None = None
+    # A disaggregation rollout in progress (status.disaggregation.rollout): its target mode and the
+    # percent of P/D requests on it.
+    disaggregation_target: str | None = None
+    disaggregation_weight: int = 0
 
 
 def _get(obj: Mapping[str, Any], *path: str) -> Any:
@@ -157,6 +161,7 @@ def pdd_info_from(obj: Mapping[str, Any]) -> PddInfo:
     ttft_ms = _int_or_none(_get(obj, "spec", "slo", "ttftMs"))
     tpot_ms = _int_or_none(_get(obj, "spec", "slo", "tpotMs"))
     has_slo = ttft_ms is not None and tpot_ms is not None
+    target, weight = _disaggregation_rollout(obj)
     return PddInfo(
         name=str(_get(obj, "metadata", "name") or ""),
         serving_mode=mode if isinstance(mode, str) else None,
@@ -174,7 +179,21 @@ def pdd_info_from(obj: Mapping[str, Any]) -> PddInfo:
         prefix_aware=_mapping(_get(obj, "spec", "router", "prefixAware")),
         prefill_policy=_str_or_none(_get(obj, "spec", "router", "prefillPolicy")),
         disaggregation=_disaggregation(obj),
+        disaggregation_target=target,
+        disaggregation_weight=weight,
     )
+
+
+def _disaggregation_rollout(obj: Mapping[str, Any]) -> tuple[str | None, int]:
+    """(target mode, weight) of a disaggregation rollout moving traffic; (None, 0) otherwise."""
+    rollout = _get(obj, "status", "disaggregation", "rollout")
+    target, weight = _get(rollout or {}, "target"), _int_or_none(_get(rollout or {}, "weight"))
+    if not isinstance(target, str) or weight is None or _get(rollout or {}, "phase") in _SETTLED:
+        return None, 0
+    return target, max(0, min(100, weight))
+
+
+_SETTLED = ("Promoted", "RolledBack")  # a rollout record that no longer splits traffic
 
 
 def _disaggregation(obj: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -31,8 +31,10 @@ from tandem.routing.disaggregation import (
     DecodeIndex,
     DecodePodStats,
     DisaggregationKnobs,
+    Mode,
     Side,
 )
+from tandem.routing.paths import draw_for
 from tandem.routing.prefix import DEFAULT_INDEX_BLOCKS_PER_POD
 
 log = logging.getLogger(__name__)
@@ -43,42 +45,86 @@ MAX_REPLY_BYTES: Final = 4 * 1024 * 1024  # what ReplyTap keeps of one answer at
 class Disaggregation:
     def __init__(self, registry: CollectorRegistry, default: DisaggregationKnobs) -> None:
         self.default = default  # the flags' (static mode) or Always
-        self.knobs = default
+        self.knobs = default  # the mode in effect (status.disaggregation.mode) and its knobs
+        self.target: DisaggregationKnobs | None = None  # a rollout's new mode and its knobs
+        self.weight = 0  # percent of P/D requests on the target
         self.costs = CostModel()
         self.index = DecodeIndex(DEFAULT_INDEX_BLOCKS_PER_POD)
         self.pods: dict[str, DecodePodStats] = {}
         self.choices = Counter(
             "tandem_router_disaggregation_total",
-            "P/D requests by where their prompt was prefilled (prefill: remote on a prefill pod, local"
-            " on the decode pod) and why (spec.router.disaggregation); retried attempts count again.",
+            "P/D attempts by where their prompt was prefilled (prefill: remote on a prefill pod, local"
+            " on the decode pod) and why (spec.router.disaggregation); a retried attempt counts again.",
             ["prefill", "reason"], registry=registry,
+        )  # fmt: skip
+        self.requests = Counter(
+            "tandem_router_disaggregation_requests_total",
+            "P/D requests finished, by the disaggregation mode that chose (mode: a rollout's arm), where"
+            " the last attempt prefilled, and HTTP status class.",
+            ["mode", "prefill", "code"], registry=registry,
+        )  # fmt: skip
+        self.within_slo = Counter(
+            "tandem_router_disaggregation_requests_within_slo_total",
+            "P/D requests that succeeded within both SLO targets, by mode and prefill side.",
+            ["mode", "prefill"], registry=registry,
         )  # fmt: skip
         self.ttft = Histogram(
             "tandem_router_disaggregation_ttft_seconds",
-            "Client-visible TTFT of successful P/D requests by where their prompt was prefilled.",
-            ["prefill"], buckets=TTFT_BUCKETS, registry=registry,
+            "Client-visible TTFT of successful P/D requests by mode and prefill side.",
+            ["mode", "prefill"], buckets=TTFT_BUCKETS, registry=registry,
         )  # fmt: skip
         self.tpot = Histogram(
             "tandem_router_disaggregation_tpot_seconds",
-            "TPOT of successful P/D requests (2+ output tokens) by where their prompt was prefilled.",
-            ["prefill"], buckets=TPOT_BUCKETS, registry=registry,
+            "TPOT of successful P/D requests (2+ output tokens) by mode and prefill side.",
+            ["mode", "prefill"], buckets=TPOT_BUCKETS, registry=registry,
         )  # fmt: skip
         # Every series from 0: a series born at 1 hides its first request from rate().
         self._choices = {(side, reason): self.choices.labels(side, reason) for side, reason in REASONS}
-        self._ttft = {side: self.ttft.labels(side) for side in SIDES}
-        self._tpot = {side: self.tpot.labels(side) for side in SIDES}
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._know(default.mode)
 
-    @property
-    def active(self) -> bool:
-        """Whether requests may be prefilled on their decode pod (Auto, Threshold)."""
-        return self.knobs.mode != "Always"
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
-    def configure(self, knobs: DisaggregationKnobs, index_blocks_per_pod: int) -> None:
-        if knobs != self.knobs:
-            log.info("disaggregation: %s", knobs)
-        self.knobs = knobs
+    def _know(self, mode: Mode) -> None:
+        """A mode's series exist from 0 (a rollout's verdict reads their rate())."""
+        for side in SIDES:
+            for code in ("2xx", "4xx", "5xx"):
+                self._child(self.requests, mode, side, code)
+            for metric in (self.within_slo, self.ttft, self.tpot):
+                self._child(metric, mode, side)
+
+    def configure(
+        self,
+        knobs: DisaggregationKnobs,
+        index_blocks_per_pod: int,
+        target: DisaggregationKnobs | None = None,
+        weight: int = 0,
+    ) -> None:
+        """The mode in effect and its knobs; during a rollout, the target's and its weight (percent)."""
+        weight = max(0, min(100, weight)) if target is not None else 0
+        if (knobs, target, weight) != (self.knobs, self.target, self.weight):
+            log.info("disaggregation: %s; rollout to %s at %d%%", knobs, target, weight)
+        self.knobs, self.target, self.weight = knobs, target, weight
+        self._know(knobs.mode)
+        if target is not None:
+            self._know(target.mode)
         if index_blocks_per_pod != self.index.capacity_blocks_per_pod:
             self.index.resize(index_blocks_per_pod)
+
+    def knobs_for(self, request_id: str) -> DisaggregationKnobs:
+        """The mode (and knobs) that chooses for this request: during a rollout, the target's for
+        `weight` percent of request ids (the same id always the same way, on any router replica)."""
+        target = self.target
+        if target is None or self.weight <= 0:
+            return self.knobs
+        if self.weight >= 100 or draw_for(request_id + _SALT) * 100 < self.weight:
+            return target
+        return self.knobs
 
     def count(self, choice: Choice) -> None:
         self._choices[(choice.side, choice.reason)].inc()
@@ -93,15 +139,32 @@ class Disaggregation:
         self.index.forget_pod(pod)
         self.pods.pop(pod, None)
 
-    def observe_request(
-        self, side: Side, pod: str | None, ttft_s: float, tpot_s: float | None, output: int
+    def finished(self, mode: Mode, side: Side, code: str) -> None:
+        self._child(self.requests, mode, side, code).inc()
+
+    def succeeded(
+        self,
+        mode: Mode,
+        side: Side,
+        pod: str | None,
+        ttft_s: float,
+        tpot_s: float | None,
+        output: int,
+        within_slo: bool,
     ) -> None:
-        """A successful P/D request: its TTFT and TPOT by side, and its decode pod's stats."""
-        self._ttft[side].observe(ttft_s)
+        """A successful P/D request: TTFT, TPOT and within-SLO by mode and side; its decode pod's stats."""
+        self._child(self.ttft, mode, side).observe(ttft_s)
         if tpot_s is not None:
-            self._tpot[side].observe(tpot_s)
+            self._child(self.tpot, mode, side).observe(tpot_s)
+        if within_slo:
+            self._child(self.within_slo, mode, side).inc()
         if pod is not None and pod in self.pods:
             self.pods[pod].observe(tpot_s, output)
+
+
+# Salts the request id's draw so that a disaggregation rollout's split is independent of the
+# serving-mode rollout's and the revisions' (each hashes the bare id).
+_SALT: Final = "#disaggregation"
 
 
 class ReplyTap:

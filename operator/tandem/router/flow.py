@@ -49,6 +49,7 @@ from tandem.routing.admission import Refusal, retry_after
 from tandem.routing.disaggregation import (
     Choice,
     DecodeView,
+    DisaggregationKnobs,
     PrefillView,
     Side,
     decide,
@@ -124,6 +125,7 @@ class _Tally:
     side: Side | None = None  # P/D: where the prompt was prefilled (remote, local)
     decode_pod: str | None = None  # P/D: the decode pod of the last attempt
     on_first: Callable[[], None] | None = None  # called once, at the first token
+    knobs: DisaggregationKnobs | None = None  # P/D: the disaggregation mode that chooses for it
 
 
 _ALWAYS: Final = Choice("remote", "always")
@@ -220,7 +222,8 @@ class Flow:
     async def serve(self, request: ClientRequest, responder: Responder) -> None:
         state = self.state
         has_prefill, has_decode = bool(state.endpoints["prefill"]), bool(state.endpoints["decode"])
-        local = state.disaggregation.active  # a decode pod may prefill: P/D needs decode pods only
+        knobs = state.disaggregation.knobs_for(request.request_id)
+        local = knobs.mode != "Always"  # a decode pod may prefill: P/D needs decode pods only
         if state.revision_endpoints:  # a pair is a prefill and a decode pod of one revision
             paired = state.revision_for(request.request_id, self._first(request)) is not None
             has_prefill, has_decode = has_prefill and paired, has_decode and (paired or local)
@@ -241,7 +244,7 @@ class Flow:
         self.budget.on_request(self.clock())
         path_metrics = self.metrics.by_path[path]
         path_metrics.in_flight.inc()
-        tally = _Tally(arrived=request.arrived)
+        tally = _Tally(arrived=request.arrived, knobs=knobs)
         try:
             if path == "disaggregated":
                 await self._disaggregated(request, responder, tally, path_metrics)
@@ -266,6 +269,9 @@ class Flow:
         revision = None if tally.revision is None else (tally.revision or "legacy")
         if revision is not None:
             self.metrics.child(self.metrics.revision_requests, revision, code).inc()
+        mode = tally.knobs.mode if tally.side is not None and tally.knobs is not None else None
+        if mode is not None and tally.side is not None:
+            self.state.disaggregation.finished(mode, tally.side, code)
         if tally.status != 200:
             self.metrics.observe_request(path, tenant=request.tenant, model=request.facts.model, code=code)
             return
@@ -280,8 +286,6 @@ class Flow:
             tpot = (last - first) / (output - 1)
             metrics.tpot.observe(tpot)
         ttft = (first if first is not None else now) - request.arrived
-        if tally.side is not None:
-            self.state.disaggregation.observe_request(tally.side, tally.decode_pod, ttft, tpot, output)
         if revision is not None:  # per revision of the pair, for a revision rollout's analysis
             self.metrics.child(self.metrics.revision_ttft, revision).observe(ttft)
             if tpot is not None:
@@ -298,7 +302,7 @@ class Flow:
             output_tokens=output,
         )
         slo, within = self.state.slo, metrics.within_slo
-        if (
+        met = (
             slo is not None
             and within is not None
             and within_slo(
@@ -310,10 +314,13 @@ class Flow:
                 output_tokens=output,
                 ended=now,
             )
-        ):
+        )
+        if met and within is not None:
             within.inc()
             if revision is not None:
                 self.metrics.child(self.metrics.revision_within_slo, revision).inc()
+        if mode is not None and tally.side is not None:
+            self.state.disaggregation.succeeded(mode, tally.side, tally.decode_pod, ttft, tpot, output, met)
 
     def _may_retry(self, attempt: int) -> bool:
         return attempt < self.max_retries and self.budget.try_spend(self.clock())
@@ -475,7 +482,8 @@ class Flow:
         tried_decode: set[str] = set()
         prefill_bytes = dump_body(prefill_body(request.body))
         keys = self._prefix_keys(request)
-        plan = self._plan(request) if self.state.disaggregation.active else None
+        knobs = tally.knobs or self.state.disaggregation.knobs
+        plan = self._plan(request) if knobs.mode != "Always" else None
         attempt = 0
         while True:
             request_id = request.request_id if attempt == 0 else f"{request.request_id}-{attempt}"
@@ -486,7 +494,9 @@ class Flow:
                 return
             decode_pod, choice, uncached = None, _ALWAYS, _NOTHING_KNOWN
             if plan is not None:  # Auto, Threshold: the decode pod first, then where to prefill
-                decode_pod, choice, uncached = self._decide(request, plan, tried_decode, revision, keys)
+                decode_pod, choice, uncached = self._decide(
+                    request, knobs, plan, tried_decode, revision, keys
+                )
             self.state.disaggregation.count(choice)
             tally.side = choice.side
             outcome: dict[str, Any] | None = None  # P's kv_transfer_params; None: D prefills itself
@@ -584,6 +594,7 @@ class Flow:
     def _decide(
         self,
         request: ClientRequest,
+        knobs: DisaggregationKnobs,
         plan: _Plan,
         tried_decode: set[str],
         revision: str | None,
@@ -597,18 +608,18 @@ class Flow:
         room = state.gateway.decode_with_room(state.balancer.pool(decode_pool))
         full = set() if room is None else set(state.balancer.pool(decode_pool)) - set(room)
         candidates = self._candidates(decode_pool, now, tried_decode | full)
-        knobs = state.prefix.knobs
-        decode_pod = choose_prefill(candidates, plan.keys, disagg.index.index, knobs)
+        prefix = state.prefix.knobs
+        decode_pod = choose_prefill(candidates, plan.keys, disagg.index.index, prefix)
         if decode_pod is None:
             decode_pod = self._pick_decode(tried_decode, revision)
         prefill_pool = "prefill" if revision is None else pool_key("prefill", revision)
         prefills = self._candidates(prefill_pool, now, set())
         # The prefill pod a prefix-aware choice would take (what it holds, its queue); by load, the
         # lightest queue.
-        best = choose_prefill(prefills, keys, state.prefix_index, knobs) if keys else None
+        best = choose_prefill(prefills, keys, state.prefix_index, prefix) if keys else None
         queues = [p.outstanding_tokens for p in prefills if best is None or p.name == best]
         remote_held = held_chunks(state.prefix_index.matched_keys(best, plan.keys)) if best else 0
-        local_held = disagg.index.held_chunks(decode_pod, plan.data, plan.keys, knobs) if decode_pod else 0
+        local_held = disagg.index.held_chunks(decode_pod, plan.data, plan.keys, prefix) if decode_pod else 0
         uncached = PrefillRequest(
             self._uncached(request, plan, remote_held), self._uncached(request, plan, local_held)
         )
@@ -620,7 +631,7 @@ class Flow:
                 streams, stats.local_prefills, stats.local_tokens, stats.tpot_s, stats.output_tokens
             )
         choice = decide(
-            disagg.knobs,
+            knobs,
             uncached,
             PrefillView(bool(state.balancer.pool(prefill_pool)), min(queues, default=0)),
             view,

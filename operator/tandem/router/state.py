@@ -148,10 +148,16 @@ class RouterState:
             self.catalog.configured[info.model_name] = info.max_model_len
         self.set_length_buckets(info.input_length_buckets, info.output_length_buckets)
         self.set_prefix(PrefixSettings.from_spec(info.prefix_aware, self.prefix_default, info.prefill_policy))
-        knobs = self.disaggregation_default
+        knobs, target = self.disaggregation_default, None
         if info.disaggregation is not None:
             knobs = DisaggregationKnobs.from_spec(info.disaggregation)
-        self.disaggregation.configure(knobs, self.prefix.index_blocks_per_pod)
+            if info.disaggregation_target is not None:
+                target = DisaggregationKnobs.from_spec(
+                    {**info.disaggregation, "mode": info.disaggregation_target}
+                )
+        self.disaggregation.configure(
+            knobs, self.prefix.index_blocks_per_pod, target, info.disaggregation_weight
+        )
         self.gateway.configure(info.router_gateway, info.rollout_tenants, rollout_target=info.rollout_target)
         if info.slo_ttft_ms is not None and info.slo_tpot_ms is not None:
             self.set_slo(SloTargets.from_ms(info.slo_ttft_ms, info.slo_tpot_ms))
@@ -172,7 +178,8 @@ class RouterState:
         log.info("prefix-aware choice: %s", settings)
         self.prefix = settings
         self.prefix_index.resize(settings.index_blocks_per_pod)
-        self.disaggregation.configure(self.disaggregation.knobs, settings.index_blocks_per_pod)
+        disagg = self.disaggregation
+        disagg.configure(disagg.knobs, settings.index_blocks_per_pod, disagg.target, disagg.weight)
 
     def set_slo(self, targets: SloTargets | None) -> None:
         if targets != self.slo:

@@ -21,6 +21,7 @@ from tandem.api.status import (
     Condition,
     ConditionStatus,
     ConditionType,
+    DisaggregationStatus,
     KVTransferStatus,
     KVTransportMeasurement,
     PDDeploymentStatus,
@@ -80,6 +81,7 @@ class Observed:
     rollout: RolloutStatus | None = None  # status.rollout after this pass
     rollout_conditions: Sequence[tuple[str, ConditionStatus, str, str]] = ()  # RolloutProgressing, RolledBack
     revisions: RevisionsStatus | None = None  # status.revisions after this pass (controller/revisions)
+    disaggregation: DisaggregationStatus | None = None  # status.disaggregation (controller/disaggregation)
 
 
 @dataclass(frozen=True)
@@ -362,6 +364,7 @@ def derive_status(
         autoscaling=observed.autoscaling,
         rollout=observed.rollout,
         revisions=observed.revisions,
+        disaggregation=observed.disaggregation,
     )
 
 
