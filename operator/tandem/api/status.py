@@ -222,6 +222,13 @@ class SLOStatus(ApiModel):
         float | None, Field(description="Share of requests within both targets (percent).")
     ] = None
     requests_per_second: float | None = None
+    local_prefill_percent: Annotated[
+        float | None,
+        Field(
+            description="Share of P/D requests whose prompt was prefilled on their decode pod "
+            "(spec.router.disaggregation), percent; unset while none was counted."
+        ),
+    ] = None
     window_seconds: int = 0
     observed_at: Annotated[str, Field(description="RFC 3339 time of the measurement.")] = ""
 

@@ -173,11 +173,14 @@ def measured_slo(snapshot: Snapshot, observed_at: str) -> SLOStatus | None:
         return None
     total = snapshot.total()
     attainment = total.attainment
+    pd = snapshot.paths.get("disaggregated")
+    local = pd.local_prefill_share if pd is not None else None
     return SLOStatus(
         ttft_ms=None if total.ttft_seconds is None else round(total.ttft_seconds * 1000, 1),
         tpot_ms=None if total.tpot_seconds is None else round(total.tpot_seconds * 1000, 2),
         attainment_percent=None if attainment is None else round(attainment * 100, 2),
         requests_per_second=round(total.request_rate, 3),
+        local_prefill_percent=None if local is None else round(local * 100, 2),
         window_seconds=round(snapshot.window_seconds),
         observed_at=observed_at,
     )
