@@ -39,7 +39,7 @@ from tandem.routing.prefix import DEFAULT_INDEX_BLOCKS_PER_POD
 
 log = logging.getLogger(__name__)
 
-MAX_REPLY_BYTES: Final = 4 * 1024 * 1024  # what ReplyTap keeps of one answer at most
+MAX_REPLY_BYTES: Final = 1024 * 1024  # what ReplyTap keeps of one answer at most (~170 KB of text)
 
 
 class Disaggregation:

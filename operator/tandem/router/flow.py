@@ -351,16 +351,21 @@ class Flow:
             return None
         return text_keys(prompt_text(request.body), settings.knobs)
 
+    def _candidates(self, pool: str, now: float, exclude: set[str]) -> list[PodLoad]:
+        """The pool's healthy pods not in `exclude`, with their load."""
+        balancer = self.state.balancer
+        out: list[PodLoad] = []
+        for pod in balancer.pool(pool):
+            load = balancer.load(pod)
+            if pod not in exclude and load.quarantined_until <= now:
+                out.append(PodLoad(pod, load.requests, load.tokens))
+        return out
+
     def _pick_by_prefix(self, pool: str, now: float, exclude: set[str], keys: list[int]) -> str | None:
         """`prefix.choose_prefill` over the pool's healthy untried pods; the choice is recorded in
         the index (the pod will hold these chunks). None: no such pod (the caller falls back)."""
         state = self.state
-        balancer = state.balancer
-        candidates: list[PodLoad] = []
-        for pod in balancer.pool(pool):
-            load = balancer.load(pod)
-            if pod not in exclude and load.quarantined_until <= now:
-                candidates.append(PodLoad(pod, load.requests, load.tokens))
+        candidates = self._candidates(pool, now, exclude)
         chosen = choose_prefill(candidates, keys, state.prefix_index, state.prefix.knobs)
         if chosen is not None:
             state.prefix_index.record(chosen, keys)
@@ -576,16 +581,6 @@ class Flow:
     def _plan(self, request: ClientRequest) -> _Plan:
         text = prompt_text(request.body)
         return _Plan(text, text.encode(), text_keys(text, self.state.prefix.knobs))
-
-    def _candidates(self, pool: str, now: float, exclude: set[str]) -> list[PodLoad]:
-        """The pool's healthy pods not in `exclude`, with their load."""
-        balancer = self.state.balancer
-        out: list[PodLoad] = []
-        for pod in balancer.pool(pool):
-            load = balancer.load(pod)
-            if pod not in exclude and load.quarantined_until <= now:
-                out.append(PodLoad(pod, load.requests, load.tokens))
-        return out
 
     def _uncached(self, request: ClientRequest, plan: _Plan, held_chunks: int) -> int:
         block_chars = self.state.prefix.knobs.block_chars

@@ -117,8 +117,12 @@ async def test_auto_prefills_a_short_prompt_on_decode_and_a_long_one_remotely(
         await complete(session, router, words("long", LONG))
         assert choices(router, "remote", "too_long") == 5
         assert by_source(prefill, "local_compute") - computed_on_prefill == LONG
-        assert router.sample("tandem_router_disaggregation_ttft_seconds_count", prefill="local") == 1
-        assert router.sample("tandem_router_disaggregation_ttft_seconds_count", prefill="remote") == 6
+        ttft = "tandem_router_disaggregation_ttft_seconds_count"
+        assert router.sample(ttft, mode="Auto", prefill="local") == 1
+        assert router.sample(ttft, mode="Auto", prefill="remote") == 6
+        requests = "tandem_router_disaggregation_requests_total"
+        assert router.sample(requests, mode="Auto", prefill="local", code="2xx") == 1
+        assert always.sample(requests, mode="Always", prefill="remote", code="2xx") == 1
 
 
 async def test_always_is_unchanged(sims: dict[str, list[SimEngine]], session: aiohttp.ClientSession) -> None:
