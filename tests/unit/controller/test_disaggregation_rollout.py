@@ -15,6 +15,7 @@ from tandem.rollout.judge import ArmWindow, Verdict, Window, judge
 from tandem.rollout.machine import Command
 from tandem.rollout.state import RolloutState
 
+from .test_reconcile_autoscaling import NAME, NS, World, manifest
 from .test_revision_rollout import BAD, CONFIG, DELAY, GOOD, WINDOW  # the same steps and analysis
 
 
@@ -150,3 +151,37 @@ def test_routers_read_the_mode_in_effect_and_the_split() -> None:
     assert (info.disaggregation_target, info.disaggregation_weight) == (None, 0)  # promoted: no split
     # Without a field and without a record: nothing (the router's flags decide: Always).
     assert pdd_info_from(pdd(None, None)).disaggregation is None
+
+
+def test_reconcile_passes_record_the_mode_and_start_a_rollout() -> None:
+    """Through the operator's pass (in-memory API): status.disaggregation, Events, the requeue."""
+    doc = manifest()
+    doc["spec"]["colocated"] = {"replicas": 1}
+    doc["spec"]["rollout"] = {"steps": [{"weight": 50}, {"weight": 100}], "analysis": {"windowSeconds": 10}}
+    doc["spec"]["router"]["disaggregation"] = {"mode": "Auto"}
+    world = World(doc)
+    world.run()
+    assert world.pdd["status"]["disaggregation"] == {"mode": "Auto"}  # a new object: the spec's at once
+    world.kube.objects[("PDDeployment", NS, NAME)]["spec"]["router"]["disaggregation"] = {
+        "mode": "Threshold",
+        "thresholdTokens": 128,
+    }
+    result = world.run(1.0)
+    record = world.pdd["status"]["disaggregation"]
+    assert record["mode"] == "Auto"
+    assert (record["rollout"]["target"], record["rollout"]["phase"], record["rollout"]["weight"]) == (
+        "Threshold",
+        "Shifting",
+        50,
+    )
+    assert "DisaggregationRolloutStarted" in world.events()
+    assert result.requeue_after is not None
+    info = pdd_info_from(world.pdd)
+    assert (info.disaggregation_target, info.disaggregation_weight) == ("Threshold", 50)
+    # No Prometheus answers here: the windows are "metrics unavailable" and the step holds (Pause).
+    world.run(30.0)
+    assert world.pdd["status"]["disaggregation"]["rollout"]["weight"] == 50
+    world.kube.objects[("PDDeployment", NS, NAME)]["spec"]["router"]["disaggregation"] = {"mode": "Auto"}
+    world.run(1.0)
+    assert world.pdd["status"]["disaggregation"] == {"mode": "Auto"}
+    assert "DisaggregationRolloutReverted" in world.events()
