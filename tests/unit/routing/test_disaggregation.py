@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from tandem.api.models import DisaggregationSpec
 from tandem.routing.disaggregation import (
+    DEFAULT_MAX_LOCAL_PREFILLS,
+    DEFAULT_MAX_LOCAL_TOKENS,
     REASONS,
     Choice,
     CostModel,
@@ -229,6 +231,10 @@ def test_knobs_from_spec_match_the_api_defaults() -> None:
     assert DisaggregationKnobs.from_spec({"mode": "Threshold", "thresholdTokens": 64}) == DisaggregationKnobs(
         mode="Threshold", threshold_tokens=64
     )
+    # The CRD's descriptions state the router's defaults.
+    fields = DisaggregationSpec.model_fields
+    assert f"Unset: {DEFAULT_MAX_LOCAL_TOKENS}." in str(fields["max_local_tokens"].description)
+    assert f"Unset: {DEFAULT_MAX_LOCAL_PREFILLS}." in str(fields["max_local_prefills"].description)
     # Out of range or of the wrong type: the default (the CRD refuses these).
     bad = {"mode": "Sometimes", "maxLocalTokens": 0, "maxLocalPrefills": True}
     assert DisaggregationKnobs.from_spec(bad) == DisaggregationKnobs()

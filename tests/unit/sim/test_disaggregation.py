@@ -1,5 +1,5 @@
 """Remote or local prefill in the simulator (SimConfig.disaggregation): local prefills run on the decode
-replicas and count there, not on the prefill pool; Always is the simulator as it was."""
+replicas and count there, not on the prefill pool."""
 
 from __future__ import annotations
 
@@ -20,20 +20,14 @@ def config(kit: SimKit, knobs: DisaggregationKnobs) -> object:
     return kit.config().model_copy(update={"disaggregation": knobs})
 
 
-def test_always_is_the_simulator_as_it_was(kit: SimKit) -> None:
-    plain = simulate(TRACE, kit.pd(), kit.config())
-    always = simulate(TRACE, kit.pd(), config(kit, DisaggregationKnobs()))  # type: ignore[arg-type]
-    assert always.summary == plain.summary
-    assert always.summary.prefill_choices == {}
-
-
 def test_threshold_prefills_short_prompts_on_decode_replicas(kit: SimKit) -> None:
     knobs = DisaggregationKnobs(mode="Threshold", threshold_tokens=1000)
     result = simulate(TRACE, kit.pd(), config(kit, knobs))  # type: ignore[arg-type]
     short = sum(1 for r in TRACE if r.prompt_tokens <= 1000)
     assert result.summary.prefill_choices == {"below_threshold": short, "above_threshold": len(TRACE) - short}
     assert result.summary.finished == len(TRACE)
-    always = simulate(TRACE, kit.pd(), kit.config()).summary
+    always = simulate(TRACE, kit.pd(), kit.config()).summary  # SimConfig's default: Always
+    assert always.prefill_choices == {}
     # The prefill pool computes only the long prompts; the decode pool's GPU time grows by the short ones.
     assert result.summary.busy_gpu_hours["prefill"] < always.busy_gpu_hours["prefill"]
     assert result.summary.busy_gpu_hours["decode"] > always.busy_gpu_hours["decode"]
