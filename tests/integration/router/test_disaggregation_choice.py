@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from .harness import RunningRouter, running_router, stream
 from .sim import NAME, SimEngine, start_sim
+from .test_stub_flow import until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -117,12 +118,13 @@ async def test_auto_prefills_a_short_prompt_on_decode_and_a_long_one_remotely(
         await complete(session, router, words("long", LONG))
         assert choices(router, "remote", "too_long") == 5
         assert by_source(prefill, "local_compute") - computed_on_prefill == LONG
+        # A request is recorded once its engine's body has ended, which may be after the client's.
         ttft = "tandem_router_disaggregation_ttft_seconds_count"
+        await until(lambda: router.sample(ttft, mode="Auto", prefill="remote") == 6)
         assert router.sample(ttft, mode="Auto", prefill="local") == 1
-        assert router.sample(ttft, mode="Auto", prefill="remote") == 6
         requests = "tandem_router_disaggregation_requests_total"
         assert router.sample(requests, mode="Auto", prefill="local", code="2xx") == 1
-        assert always.sample(requests, mode="Always", prefill="remote", code="2xx") == 1
+        await until(lambda: always.sample(requests, mode="Always", prefill="remote", code="2xx") == 1)
 
 
 async def test_always_is_unchanged(sims: dict[str, list[SimEngine]], session: aiohttp.ClientSession) -> None:
@@ -148,7 +150,9 @@ async def test_no_prefill_pod_ready_is_served_on_decode(
     async with running_router(decode=decode, **settings) as router:
         await complete(session, router, words("alone", LONG))
         assert choices(router, "local", "no_prefill_ready") == 1
-        assert router.sample("tandem_router_requests_total", path="disaggregated", code="2xx") == 1
+        await until(
+            lambda: router.sample("tandem_router_requests_total", path="disaggregated", code="2xx") == 1
+        )
     # Always keeps today's answer: no prefill pod, no colocated pod: 503.
     async with running_router(decode=decode) as always:
         result = await stream(session, always.url + "/v1/completions", {"model": NAME, "prompt": "hi"})
