@@ -32,11 +32,19 @@ from typing import TYPE_CHECKING, Final
 
 from tandem.api.models import PDDeployment
 from tandem.api.status import DisaggregationStatus, RolloutStatus
+from tandem.controller.rollout import (
+    echo_kind,
+    from_status,
+    read_through,
+    rollout_config,
+    to_status,
+    verdict_due,
+)
 from tandem.metrics.disaggregation import read_mode_window
 from tandem.metrics.queries import quantile_of
 from tandem.rollout.config import RolloutConfig
 from tandem.rollout.judge import Verdict, judge
-from tandem.rollout.machine import Command, Observed, Transition, parse_command
+from tandem.rollout.machine import Command, Observed, parse_command
 from tandem.rollout.machine import step as machine_step
 from tandem.rollout.state import Phase, RollbackStage, RolloutState, start
 
@@ -58,24 +66,10 @@ VerdictFor = Callable[[RolloutState, str, str], "Verdict | None"]  # (state, tar
 def _state_of(record: RolloutStatus | None) -> RolloutState | None:
     if record is None:
         return None
-    from tandem.controller.rollout import from_status
-
     try:
         return from_status(record)
-    except ValueError:
+    except ValueError:  # a record that cannot be read: as none
         return None
-
-
-def _record(state: RolloutState, target: str, problems: tuple[str, ...] = ()) -> RolloutStatus:
-    from tandem.controller.rollout import to_status
-
-    return to_status(state, target, problems)
-
-
-def _echo(transition: Transition, before: RolloutState) -> Transition:
-    from tandem.controller.rollout import echo_kind
-
-    return echo_kind(transition, before, "disaggregation rollout")
 
 
 def active(status: DisaggregationStatus | None) -> bool:
@@ -92,7 +86,7 @@ def _started(
     steps = ", ".join(f"{s.weight}%" for s in config.steps)
     message = f"disaggregation {mode} -> {target} in steps of {steps}: {shifted.weight}% of P/D requests"
     return (
-        DisaggregationStatus(mode=mode, rollout=_record(shifted, target)),
+        DisaggregationStatus(mode=mode, rollout=to_status(shifted, target, ())),
         [("Normal", "DisaggregationRolloutStarted", message)],
     )
 
@@ -135,7 +129,8 @@ def advance(
     verdict = None
     if state.phase in (Phase.Shifting, Phase.Paused):
         verdict = verdict_for(state, target, mode)
-    t = _echo(machine_step(state, verdict, command, now, config, _NOTHING_TO_WAIT_FOR), state)
+    transition = machine_step(state, verdict, command, now, config, _NOTHING_TO_WAIT_FOR)
+    t = echo_kind(transition, state, "disaggregation rollout")
     s = t.state
     # Nothing to prepare (`retry` after a rollback) and no pod to remove (a rollback's last stage).
     if s.phase is Phase.Preparing or s.rollback_stage is RollbackStage.ScalingDown:
@@ -146,7 +141,7 @@ def advance(
         message = f"disaggregation {mode} -> {target}, weight {s.weight}%: {s.reason}"
         events.append((kind, f"DisaggregationRollout{s.phase.value}", message))
     new_mode = target if s.phase is Phase.Promoted else mode
-    return DisaggregationStatus(mode=new_mode, rollout=_record(s, target, t.problems)), events
+    return DisaggregationStatus(mode=new_mode, rollout=to_status(s, target, t.problems)), events
 
 
 @dataclass
@@ -166,8 +161,6 @@ def step(
     now: float,
 ) -> DisaggregationOutcome:
     """`advance` with the spec's mode, spec.rollout's config and the routed command annotation."""
-    from tandem.controller.rollout import rollout_config
-
     spec = pdd.spec
     config = rollout_config(spec, spec.rollout) if spec.rollout is not None else None
     chosen = spec.router.disaggregation
@@ -188,8 +181,6 @@ def verdict_reader(autoscaler: Autoscaler, pdd: PDDeployment, now: float) -> Ver
     at most once per analysis period; never raises."""
 
     def read(state: RolloutState, target: str, mode: str) -> Verdict | None:
-        from tandem.controller.rollout import read_through, verdict_due
-
         spec = pdd.spec
         config = verdict_due(spec, state, now)
         if config is None:

@@ -19,8 +19,9 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import Counter, Histogram
 
+from tandem.router.metrics import RouterMetrics
 from tandem.router.protocol import Endpoint
 from tandem.routing.buckets import TPOT_BUCKETS, TTFT_BUCKETS
 from tandem.routing.disaggregation import (
@@ -43,7 +44,9 @@ MAX_REPLY_BYTES: Final = 1024 * 1024  # what ReplyTap keeps of one answer at mos
 
 
 class Disaggregation:
-    def __init__(self, registry: CollectorRegistry, default: DisaggregationKnobs) -> None:
+    def __init__(self, metrics: RouterMetrics, default: DisaggregationKnobs) -> None:
+        registry = metrics.registry
+        self._child = metrics.child  # bound children, memoised
         self.default = default  # the flags' (static mode) or Always
         self.knobs = default  # the mode in effect (status.disaggregation.mode) and its knobs
         self.target: DisaggregationKnobs | None = None  # a rollout's new mode and its knobs
@@ -80,15 +83,7 @@ class Disaggregation:
         )  # fmt: skip
         # Every series from 0: a series born at 1 hides its first request from rate().
         self._choices = {(side, reason): self.choices.labels(side, reason) for side, reason in REASONS}
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._know(default.mode)
-
-    def _child(self, metric: Any, *labels: str) -> Any:
-        key = (id(metric), labels)
-        found = self._children.get(key)
-        if found is None:
-            found = self._children[key] = metric.labels(*labels)
-        return found
 
     def _know(self, mode: Mode) -> None:
         """A mode's series exist from 0 (a rollout's verdict reads their rate())."""

@@ -117,7 +117,7 @@ class RouterState:
         self.gateway = Gateway(self.metrics.registry)
         self.prefix = self.prefix_default
         self.prefix_index = PrefixIndex(self.prefix.index_blocks_per_pod)
-        self.disaggregation = Disaggregation(self.metrics.registry, self.disaggregation_default)
+        self.disaggregation = Disaggregation(self.metrics, self.disaggregation_default)
         self.disaggregation.configure(self.disaggregation_default, self.prefix.index_blocks_per_pod)
 
     def set_static(self, endpoints: Mapping[str, Iterable[str]]) -> None:

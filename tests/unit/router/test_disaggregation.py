@@ -8,7 +8,6 @@ import random
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from tandem.kube.pods import pdd_info_from
 from tandem.router.disaggregation import Disaggregation, reply_text, with_reply
@@ -68,8 +67,9 @@ def test_a_rollout_splits_requests_by_id() -> None:
 
 
 def test_every_arms_series_exists_from_zero() -> None:
-    registry = CollectorRegistry()
-    disagg = Disaggregation(registry, DisaggregationKnobs())
+    metrics = RouterMetrics()
+    registry = metrics.registry
+    disagg = Disaggregation(metrics, DisaggregationKnobs())
     disagg.configure(DisaggregationKnobs(), 1024, DisaggregationKnobs(mode="Auto"), 50)
     for mode in ("Always", "Auto"):
         for side in ("remote", "local"):
