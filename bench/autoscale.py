@@ -60,6 +60,7 @@ sys.path.insert(0, str(ROOT / "operator"))
 from tandem.api.models import ForecastSpec, PDDeploymentSpec  # noqa: E402
 from tandem.autoscale.knobs import KNOBS, Knobs  # noqa: E402
 from tandem.perf import kv_cache_tokens, load_profile  # noqa: E402
+from tandem.routing.disaggregation import DisaggregationKnobs  # noqa: E402
 from tandem.sim import SLO, SimConfig, simulate  # noqa: E402
 from tandem.sim.advise import layout_of_spec, load_trace, trace_format  # noqa: E402
 from tandem.sim.baselines import (  # noqa: E402
@@ -170,6 +171,8 @@ class Case:
     compress: float = 1.0  # virtual time = trace time / compress (ServeGen's day, or --compression)
     path: str = ""  # a trace file (loader "file"): --trace
     fmt: str = ""  # its format: azure, mooncake, plain or servegen
+    # spec.router.disaggregation the simulated router runs (--disaggregation): Always, Auto, Threshold:N
+    disaggregation: str = "Always"
 
 
 # Rate scales put static peak at 8 GPUs or more (the evaluation's rule); the SLOs are per trace (Mooncake's
@@ -390,8 +393,18 @@ def setup_of(case: Case, initial: dict[str, int] | None = None) -> Setup:
         layout_pd=layout_of_spec(spec).layout,
         layout_colocated=layout_of_spec(co_spec).layout,
         initial=initial,
-        config=SimConfig(slo=slo, seed=SEED),
+        config=SimConfig(slo=slo, seed=SEED, disaggregation=disaggregation_knobs(case.disaggregation)),
     )
+
+
+def disaggregation_knobs(text: str) -> DisaggregationKnobs:
+    """`Always`, `Auto` or `Threshold:N` (N uncached tokens) as the router's knobs."""
+    mode, _, tokens = text.partition(":")
+    if mode == "Threshold":
+        return DisaggregationKnobs(mode="Threshold", threshold_tokens=int(tokens or 512))
+    if mode in ("Always", "Auto") and not tokens:
+        return DisaggregationKnobs(mode=mode)  # type: ignore[arg-type]
+    raise ValueError(f"--disaggregation {text!r}: Always, Auto or Threshold:N")
 
 
 def planner_config(case: Case, interval: float, predictor: str, tightness: float = 1.0) -> PlannerConfig:
@@ -918,7 +931,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     mine.add_argument("--ttft-ms", type=int, default=1000, help="the SLO's TTFT (default 1000)")
     mine.add_argument("--tpot-ms", type=int, default=30, help="the SLO's TPOT (default 30)")
     mine.add_argument("--max-gpus", type=int, default=48, help="the GPU budget (default 48)")
+    parser.add_argument(
+        "--disaggregation",
+        default="Always",
+        help="the simulated router's spec.router.disaggregation: Always (default), Auto or Threshold:N "
+        "(prefill on the decode replica at most N uncached tokens); P/D layouts only",
+    )
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        disaggregation_knobs(args.disaggregation)
+    except ValueError as exc:
+        parser.error(str(exc))
     started = time.perf_counter()
     factors = _factors(parser, args.planner_factors, QUICK_PLANNER_FACTORS if args.quick else PLANNER_FACTORS)
     if args.trace is not None:
@@ -946,6 +969,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 else c
                 for c in cases
             ]
+    cases = [replace(c, disaggregation=args.disaggregation) for c in cases]
     if args.quick:
         policies = [STATIC_PEAK, HPA, DYNAMO_180, DYNAMO_LOAD, DYNAMO_BOTH, TANDEM, ORACLE]
     else:
@@ -976,6 +1000,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         held = "tuned on" if case.tuned else "NOT tuned on (held out)"
         span = requests_of(case)[-1].arrival / 3600
         pace = f", time compressed {case.compress:g}x" if case.compress != 1 else ""
+        if case.disaggregation != "Always":
+            pace += f", router disaggregation {case.disaggregation}"
         if case.loader == "file":
             window = (
                 f"[{case.start:g}, {case.start + case.seconds:g}) s"

@@ -102,6 +102,16 @@ class PathSignals:
     ttft_seconds: float | None = None  # TTFT at the SLO's quantile; None without requests
     tpot_seconds: float | None = None  # TPOT at the SLO's quantile; None without multi-token requests
     ttft_breakdown: TtftBreakdown | None = None  # P/D only, when the routers and engines time the legs
+    # P/D only: requests/s finished whose prompt was prefilled on their decode pod (local) or on a
+    # prefill pod (remote), by spec.router.disaggregation's choice
+    local_prefill_rate: float = 0.0
+    remote_prefill_rate: float = 0.0
+
+    @property
+    def local_prefill_share(self) -> float | None:
+        """Share of P/D requests prefilled on their decode pod (0..1); None without any."""
+        total = self.local_prefill_rate + self.remote_prefill_rate
+        return self.local_prefill_rate / total if total > 0 else None
 
     @property
     def attainment(self) -> float | None:

@@ -587,6 +587,24 @@ def _admission(spec: Spec) -> Spec:
     return block
 
 
+def _disaggregation(spec: Spec) -> Spec:
+    block: Spec = _router(spec).get("disaggregation") or {}
+    return block
+
+
+def _auto_only_rule(knob: str) -> Rule:
+    return Rule(
+        cel=(
+            f"!has(self.router.disaggregation) || !has(self.router.disaggregation.{knob}) || "
+            "self.router.disaggregation.mode == 'Auto'"
+        ),
+        message=f"spec.router.disaggregation.{knob} is only used with mode Auto",
+        field_path=f".router.disaggregation.{knob}",
+        check=lambda s: _disaggregation(s).get(knob) is None or _disaggregation(s).get("mode") == "Auto",
+        reason="FieldValueForbidden",
+    )
+
+
 def _burst_without_rate(limits: Spec | None, burst: str, rate: str) -> bool:
     return limits is not None and limits.get(burst) is not None and limits.get(rate) is None
 
@@ -666,6 +684,32 @@ ROUTER_RULES: Final[tuple[Rule, ...]] = (
             (r := _rollout(s)) is None or (_rollout_weights(s) or [1])[0] > 0 or bool(r.get("tenants"))
         ),
     ),
+    Rule(
+        cel=(
+            "!has(self.router.disaggregation) || self.router.disaggregation.mode != 'Threshold' || "
+            "has(self.router.disaggregation.thresholdTokens)"
+        ),
+        message="spec.router.disaggregation.thresholdTokens is required with mode Threshold",
+        field_path=".router.disaggregation.thresholdTokens",
+        check=lambda s: (
+            _disaggregation(s).get("mode") != "Threshold"
+            or _disaggregation(s).get("thresholdTokens") is not None
+        ),
+        reason="FieldValueRequired",
+    ),
+    Rule(
+        cel=(
+            "!has(self.router.disaggregation) || !has(self.router.disaggregation.thresholdTokens) || "
+            "self.router.disaggregation.mode == 'Threshold'"
+        ),
+        message="spec.router.disaggregation.thresholdTokens is only used with mode Threshold",
+        field_path=".router.disaggregation.thresholdTokens",
+        check=lambda s: (
+            _disaggregation(s).get("thresholdTokens") is None or _disaggregation(s).get("mode") == "Threshold"
+        ),
+        reason="FieldValueForbidden",
+    ),
+    *(_auto_only_rule(knob) for knob in ("maxLocalTokens", "maxLocalPrefills")),
     Rule(
         cel="!has(self.rollout) || self.rollout.tenants.all(n, self.router.tenants.exists(t, t.name == n))",
         message="spec.rollout.tenants must name tenants of spec.router.tenants",

@@ -249,6 +249,13 @@ class SLOStatus(ApiModel):
         float | None, Field(description="Share of requests within both targets (percent).")
     ] = None
     requests_per_second: float | None = None
+    local_prefill_percent: Annotated[
+        float | None,
+        Field(
+            description="Share of P/D requests whose prompt was prefilled on their decode pod "
+            "(spec.router.disaggregation), percent; unset while none was counted."
+        ),
+    ] = None
     window_seconds: int = 0
     observed_at: Annotated[str, Field(description="RFC 3339 time of the measurement.")] = ""
     # At the attainment percentile over every path, per bucket label (spec.router.metrics' bounds):
@@ -366,6 +373,18 @@ class RevisionsStatus(ApiModel):
     ] = None
 
 
+class DisaggregationStatus(ApiModel):
+    """spec.router.disaggregation's mode in effect, and a change of it moving through spec.rollout's steps."""
+
+    mode: Annotated[str, Field(description="The mode the routers choose by: Always, Auto or Threshold.")] = (
+        "Always"
+    )
+    rollout: Annotated[
+        RolloutStatus | None,
+        Field(description="With spec.rollout: the steps to a new mode (target: the new mode)."),
+    ] = None
+
+
 class PDDeploymentStatus(ApiModel):
     observed_generation: Annotated[int, Field(ge=0)] = 0
     phase: Phase = Phase.Progressing
@@ -377,3 +396,4 @@ class PDDeploymentStatus(ApiModel):
     autoscaling: AutoscalingStatus | None = None
     rollout: RolloutStatus | None = None
     revisions: RevisionsStatus | None = None
+    disaggregation: DisaggregationStatus | None = None

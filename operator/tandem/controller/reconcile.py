@@ -21,7 +21,7 @@ from tandem.api import meta
 from tandem.api.models import PDDeployment
 from tandem.api.status import PDDeploymentStatus, RevisionsStatus, RolloutStatus
 from tandem.api.times import parse_rfc3339
-from tandem.controller import commands, handover, metrics, revisions
+from tandem.controller import commands, disaggregation, handover, metrics, revisions
 from tandem.controller.api_keys import api_keys_problems
 from tandem.controller.autoscaler import Autoscaler, Outcome
 from tandem.controller.drift import is_subset
@@ -130,6 +130,7 @@ class Desired:
     scaling: Outcome
     kv: KvOutcome
     revs: revisions.RevisionOutcome
+    disaggregation: disaggregation.DisaggregationOutcome
     sizes: sizing.Sizes  # every size of the pass (`sizes.serving`: stages 1-3, the drain's marks)
     objects: list[Obj]  # rendered, less a pair kept as it is
 
@@ -338,6 +339,9 @@ class Reconciler:
                 command_value if isinstance(command_value, str) else None,
                 previous.rollout if previous is not None else None,
                 stored.rollout if stored is not None else None,
+                previous.disaggregation.rollout
+                if previous is not None and previous.disaggregation is not None
+                else None,
             ),
         )
 
@@ -370,7 +374,15 @@ class Reconciler:
             for obj in render(pdd, sizes.replicas, revs.status.current)
             if (obj["kind"], obj["metadata"]["name"]) not in revs.frozen  # a pair kept as it is
         ]
-        return Desired(rollout, scaling, kv, revs, sizes, objects)
+        disagg = disaggregation.step(
+            pdd,
+            previous.disaggregation if previous is not None else None,
+            first_pass=previous is None,
+            command_value=ctx.routed.disaggregation,
+            verdict_for=disaggregation.verdict_reader(self.autoscaler, pdd, epoch),
+            now=epoch,
+        )
+        return Desired(rollout, scaling, kv, revs, disagg, sizes, objects)
 
     def _revision_step(
         self, ctx: PassContext, mode_rollout: RolloutStatus | None, served: sizing.Serving
@@ -500,6 +512,7 @@ class Reconciler:
                 else rollout.conditions
             ),
             revisions=revs.status,
+            disaggregation=desired.disaggregation.status,
         )
         return derive_status(
             pdd, observed, previous.conditions if previous else [], ctx.now, self.unschedulable_grace_seconds
@@ -529,7 +542,7 @@ class Reconciler:
                 return result
             result.status_written = True
         self._record_events(body, result, previous, status)
-        steps = (desired.rollout, desired.scaling, desired.kv, desired.revs)
+        steps = (desired.rollout, desired.scaling, desired.kv, desired.revs, desired.disaggregation)
         for event_type, reason, message in [event for step in steps for event in step.events]:
             self.events.post(body, event_type, reason, message)
         if status.phase.value == "Degraded":

@@ -53,6 +53,8 @@ from tandem.sizing import pair_sizes as pair_sizes
 
 if TYPE_CHECKING:
     from tandem.controller.autoscaler import Autoscaler
+    from tandem.metrics.reader import MetricsReader
+    from tandem.rollout.judge import Window
 
 DEFAULT_DRAIN_SECONDS: Final = 30.0  # the old pair's fixed drain before it went by idleness (e2e bound)
 # The old pair is judged idle only this long after its weight went to 0: the routers have the weight
@@ -592,26 +594,17 @@ def verdict_reader(autoscaler: Autoscaler, pdd: PDDeployment, now: float) -> Ver
     reader, at most once per analysis period (as the mode rollout does); never raises."""
 
     def read(state: RolloutState, new: RevisionRecord, old: RevisionRecord) -> Verdict | None:
-        from tandem.controller import metrics as operator_metrics
-        from tandem.controller.rollout import analysis_period, rollout_config
-        from tandem.rollout.judge import ArmWindow, Window, judge
+        from tandem.controller.rollout import read_through, verdict_due
+        from tandem.rollout.judge import judge
 
         spec = pdd.spec
-        if spec.rollout is None:
-            return None
-        config = rollout_config(spec, spec.rollout)
-        if state.verdicts and now - state.verdicts[-1].verdict.window_end < analysis_period(config):
+        config = verdict_due(spec, state, now)
+        if config is None:
             return None
         window_s = config.analysis.window_seconds
-        url = autoscaler.url(spec)
-        if not url:
-            missing = ("no Prometheus to read: set spec.autoscaling.prometheus.url or --prometheus-url",)
-            return judge(
-                Window(now - window_s, now, target=ArmWindow(), metrics_missing=missing), config.analysis
-            )
-        try:
-            reader = autoscaler.reader(url, spec.autoscaling.prometheus.timeout_seconds)
-            window = read_revision_window(
+
+        def window(reader: MetricsReader) -> Window:
+            return read_revision_window(
                 reader,
                 pdd.metadata.namespace,
                 pdd.metadata.name,
@@ -625,10 +618,7 @@ def verdict_reader(autoscaler: Autoscaler, pdd: PDDeployment, now: float) -> Ver
                 target_pods=pod_revision_label(new.id, new.legacy),
                 baseline_pods=pod_revision_label(old.id, old.legacy),
             )
-        except Exception as exc:  # no data: Inconclusive, never a Pass
-            operator_metrics.PROMETHEUS_ERRORS.labels(query="revisions").inc()
-            missing = (f"Prometheus at {url}: {exc}",)
-            window = Window(now - window_s, now, target=ArmWindow(), metrics_missing=missing)
-        return judge(window, config.analysis)
+
+        return judge(read_through(autoscaler, spec, window_s, now, "revisions", window), config.analysis)
 
     return read

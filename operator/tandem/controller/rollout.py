@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -62,6 +62,7 @@ from tandem.sizing import budget_order as budget_order
 
 if TYPE_CHECKING:
     from tandem.controller.autoscaler import Autoscaler
+    from tandem.metrics.reader import MetricsReader
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +76,45 @@ MAX_COMMAND_LENGTH: Final = 253  # longer annotation values are reported, never 
 _EMPTY_ARM: Final = ArmWindow()
 
 
+def read_through(
+    autoscaler: Autoscaler,
+    spec: PDDeploymentSpec,
+    window_seconds: float,
+    now: float,
+    query: str,
+    read: Callable[[MetricsReader], Window],
+) -> Window:
+    """An analysis window read through the autoscaler's Prometheus reader (mode, revision and
+    disaggregation rollouts). No Prometheus, or a read that raised, gives a window whose metrics are
+    missing: judge() says Inconclusive, never Pass. `query` labels the operator's error counter."""
+    url = autoscaler.url(spec)
+    if not url:
+        missing = (
+            "no Prometheus to read: set spec.autoscaling.prometheus.url or the operator's --prometheus-url",
+        )
+        return Window(now - window_seconds, now, target=_EMPTY_ARM, metrics_missing=missing)
+    try:
+        return read(autoscaler.reader(url, spec.autoscaling.prometheus.timeout_seconds))
+    except Exception as exc:  # no data: judge() says Inconclusive, never Pass
+        metrics.PROMETHEUS_ERRORS.labels(query=query).inc()
+        missing = (f"Prometheus at {url}: {exc}",)
+        return Window(now - window_seconds, now, target=_EMPTY_ARM, metrics_missing=missing)
+
+
 def analysis_period(config: RolloutConfig) -> float:
     """Seconds between two analysis reads: a quarter of the window, within 5..15 s."""
     return max(5.0, min(15.0, config.analysis.window_seconds / 4.0))
+
+
+def verdict_due(spec: PDDeploymentSpec, state: RolloutState, now: float) -> RolloutConfig | None:
+    """spec.rollout's config when a verdict is due (none yet, or the last one ended at least an
+    analysis period ago); None otherwise, or without spec.rollout."""
+    if spec.rollout is None:
+        return None
+    config = rollout_config(spec, spec.rollout)
+    if state.verdicts and now - state.verdicts[-1].verdict.window_end < analysis_period(config):
+        return None
+    return config
 
 
 def rollout_config(spec: PDDeploymentSpec, rollout: RolloutSpec) -> RolloutConfig:
@@ -347,26 +384,12 @@ class RolloutController:
         self._steady_read.pop((namespace, name), None)
 
     def _window(self, pdd: PDDeployment, target: str, config: RolloutConfig, now: float) -> Window:
-        spec = pdd.spec
-        window = config.analysis.window_seconds
-        url = self.autoscaler.url(spec)
-        if not url:
-            missing = (
-                "no Prometheus to read: set spec.autoscaling.prometheus.url or the operator's "
-                "--prometheus-url",
-            )
-            return Window(now - window, now, target=_EMPTY_ARM, metrics_missing=missing)
-        try:
-            reader = self.autoscaler.reader(url, spec.autoscaling.prometheus.timeout_seconds)
-            result: Window = read_window(
-                reader, spec, pdd.metadata.namespace, pdd.metadata.name, target, window, now
-            )
-        except Exception as exc:  # no data: judge() says Inconclusive, never Pass
-            metrics.PROMETHEUS_ERRORS.labels(query="rollout").inc()
-            return Window(
-                now - window, now, target=_EMPTY_ARM, metrics_missing=(f"Prometheus at {url}: {exc}",)
-            )
-        return result
+        spec, window = pdd.spec, config.analysis.window_seconds
+
+        def read(reader: MetricsReader) -> Window:
+            return read_window(reader, spec, pdd.metadata.namespace, pdd.metadata.name, target, window, now)
+
+        return read_through(self.autoscaler, spec, window, now, "rollout", read)
 
     def _verdict(
         self, pdd: PDDeployment, target: str, state: RolloutState, config: RolloutConfig, now: float

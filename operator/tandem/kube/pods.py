@@ -80,6 +80,13 @@ class PddInfo:
     # spec.router.prefixAware (camelCase, as in the object); None: not set.
     prefix_aware: Mapping[str, Any] | None = None
     prefill_policy: str | None = None  # spec.router.prefillPolicy; None: not set
+    # spec.router.disaggregation (camelCase), its mode replaced by the one in effect when the operator
+    # says (status.disaggregation.mode: a mode change moves through the rollout); None: not set.
+    disaggregation: Mapping[str, Any] | None = None
+    # A disaggregation rollout in progress (status.disaggregation.rollout): its target mode and the
+    # percent of P/D requests on it.
+    disaggregation_target: str | None = None
+    disaggregation_weight: int = 0
 
 
 def _get(obj: Mapping[str, Any], *path: str) -> Any:
@@ -160,6 +167,7 @@ def pdd_info_from(obj: Mapping[str, Any]) -> PddInfo:
     ttft_ms = _int_or_none(_get(obj, "spec", "slo", "ttftMs"))
     tpot_ms = _int_or_none(_get(obj, "spec", "slo", "tpotMs"))
     has_slo = ttft_ms is not None and tpot_ms is not None
+    target, weight = _disaggregation_rollout(obj)
     return PddInfo(
         name=str(_get(obj, "metadata", "name") or ""),
         serving_mode=mode if isinstance(mode, str) else None,
@@ -178,7 +186,31 @@ def pdd_info_from(obj: Mapping[str, Any]) -> PddInfo:
         concurrency_buckets=_int_list(_get(obj, "spec", "router", "metrics", "concurrencyBuckets")),
         prefix_aware=_mapping(_get(obj, "spec", "router", "prefixAware")),
         prefill_policy=_str_or_none(_get(obj, "spec", "router", "prefillPolicy")),
+        disaggregation=_disaggregation(obj),
+        disaggregation_target=target,
+        disaggregation_weight=weight,
     )
+
+
+def _disaggregation_rollout(obj: Mapping[str, Any]) -> tuple[str | None, int]:
+    """(target mode, weight) of a disaggregation rollout moving traffic; (None, 0) otherwise."""
+    rollout = _get(obj, "status", "disaggregation", "rollout")
+    target, weight = _get(rollout or {}, "target"), _int_or_none(_get(rollout or {}, "weight"))
+    if not isinstance(target, str) or weight is None or _get(rollout or {}, "phase") in _SETTLED:
+        return None, 0
+    return target, max(0, min(100, weight))
+
+
+_SETTLED = ("Promoted", "RolledBack")  # a rollout record that no longer splits traffic
+
+
+def _disaggregation(obj: Mapping[str, Any]) -> dict[str, Any] | None:
+    """spec.router.disaggregation with the mode in effect (status.disaggregation.mode) when set."""
+    spec = _mapping(_get(obj, "spec", "router", "disaggregation"))
+    mode = _get(obj, "status", "disaggregation", "mode")
+    if isinstance(mode, str):
+        return {**(spec or {}), "mode": mode}
+    return spec
 
 
 def _str_or_none(value: Any) -> str | None:

@@ -254,6 +254,11 @@ ROUTER_QUERIES: Final[tuple[Query, ...]] = (
         "mean prefill leg by outcome (ok: the prefill pod's queue and compute as the router saw them)",
     ),
     Query(
+        "prefill_side_rate",
+        "sum by (prefill) (rate(tandem_router_disaggregation_requests_total SEL [WINDOW]))",
+        "P/D requests finished per second by where their prompt was prefilled (local: on the decode pod)",
+    ),
+    Query(
         "decode_first_token_mean",
         "sum by (path) (rate(tandem_router_decode_leg_first_token_seconds_sum SEL [WINDOW]))"
         " / sum by (path) (rate(tandem_router_decode_leg_first_token_seconds_count SEL [WINDOW]))",
@@ -589,6 +594,7 @@ def build_snapshot(
     within = by_label(get("path_within_slo_rate"), "path")
     ttft = by_label(get("path_ttft"), "path")
     tpot = by_label(get("path_tpot"), "path")
+    sides = by_label(get("prefill_side_rate"), "prefill")
     counted = slo_set and "path_within_slo_rate" not in errors
     if counted and routers.fresh and not within and any(_finite(v) > 0 for v in requests.values()):
         missing.append(
@@ -604,6 +610,8 @@ def build_snapshot(
             ttft_seconds=_latency(ttft.get(path)),
             tpot_seconds=_latency(tpot.get(path)),
             ttft_breakdown=ttft_breakdown(results) if path == PATH_DISAGGREGATED else None,
+            local_prefill_rate=_finite(sides.get("local")) if path == PATH_DISAGGREGATED else 0.0,
+            remote_prefill_rate=_finite(sides.get("remote")) if path == PATH_DISAGGREGATED else 0.0,
         )
         for path in sorted(set(PATHS) | set(requests))
     }

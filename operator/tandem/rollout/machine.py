@@ -53,14 +53,15 @@ class Command:
     id: str  # identifies this command: the same id is acted on once
 
 
-# A command may name the rollout it is for: `mode:promote`, `revision:abort/2` (controller/commands.py).
-COMMAND_SCOPES: Final = ("mode", "revision")
+# A command may name the rollout it is for: `mode:promote`, `revision:abort/2`, `disaggregation:retry`
+# (controller/commands.py).
+COMMAND_SCOPES: Final = ("mode", "revision", "disaggregation")
 
 
 def parse_command(value: str | None) -> Command | None:
     """A command annotation's value: `[SCOPE:]ACTION[/TOKEN]` (the token lets the same action be
-    given again: `promote/2` after `promote`; the scope, `mode` or `revision`, says which rollout it
-    is for). The whole value is the command's id."""
+    given again: `promote/2` after `promote`; the scope, `mode`, `revision` or `disaggregation`, says
+    which rollout it is for). The whole value is the command's id."""
     if value is None or not value.strip():
         return None
     value = value.strip()

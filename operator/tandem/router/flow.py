@@ -15,8 +15,9 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
+from tandem.router.disaggregation import ReplyTap, with_reply
 from tandem.router.discovery import pool_key
 from tandem.router.errors import ClientGone, error_body
 from tandem.router.failure import (
@@ -45,6 +46,17 @@ from tandem.router.sse import error_event
 from tandem.router.state import RouterState
 from tandem.router.upstream import Answer, LegError, StreamingAnswer, Upstream
 from tandem.routing.admission import Refusal, retry_after
+from tandem.routing.disaggregation import (
+    Choice,
+    DecodeView,
+    DisaggregationKnobs,
+    PrefillView,
+    Side,
+    decide,
+    held_chunks,
+    uncached_tokens,
+)
+from tandem.routing.disaggregation import Request as PrefillRequest
 from tandem.routing.paths import Path, Unavailable, choose_path, draw_for
 from tandem.routing.prefix import PodLoad, choose_prefill, prompt_text, text_keys
 
@@ -112,6 +124,23 @@ class _Tally:
     leg_started: float | None = None  # when the streamed decode (or colocated) leg was sent
     concurrency: int = 1  # requests in flight on its path when it arrived, itself included
     gaps: GapCounts | None = None  # its inter-token gaps by bucket, from its second read with tokens
+    side: Side | None = None  # P/D: where the prompt was prefilled (remote, local)
+    decode_pod: str | None = None  # P/D: the decode pod of the last attempt
+    on_first: Callable[[], None] | None = None  # called once, at the first token
+    knobs: DisaggregationKnobs | None = None  # P/D: the disaggregation mode that chooses for it
+
+
+_ALWAYS: Final = Choice("remote", "always")
+_NOTHING_KNOWN: Final = PrefillRequest(0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What the remote-or-local choice reads of a request, computed once (Auto and Threshold)."""
+
+    text: str  # prefix.prompt_text
+    data: bytes  # the text in UTF-8, what the chunks cut
+    keys: list[int]  # its sampled chunk keys
 
 
 class _TokenTimes:
@@ -131,6 +160,8 @@ class _TokenTimes:
         if tally.first_token_at is None:
             tally.first_token_at = now
             self.metrics.ttft.observe(now - tally.arrived)
+            if tally.on_first is not None:
+                tally.on_first()
             if tally.leg_started is not None:
                 self.leg_first_token.observe(now - tally.leg_started)
         elif tally.last_token_at is not None:
@@ -197,14 +228,16 @@ class Flow:
     async def serve(self, request: ClientRequest, responder: Responder) -> None:
         state = self.state
         has_prefill, has_decode = bool(state.endpoints["prefill"]), bool(state.endpoints["decode"])
+        knobs = state.disaggregation.knobs_for(request.request_id)
+        local = knobs.mode != "Always"  # a decode pod may prefill: P/D needs decode pods only
         if state.revision_endpoints:  # a pair is a prefill and a decode pod of one revision
             paired = state.revision_for(request.request_id, self._first(request)) is not None
-            has_prefill, has_decode = has_prefill and paired, has_decode and paired
+            has_prefill, has_decode = has_prefill and paired, has_decode and (paired or local)
         first_share = state.gateway.first_share(request.tenant)
         path = choose_path(
             state.disaggregated_share() if first_share is None else first_share,
             draw_for(request.request_id),
-            has_prefill=has_prefill,
+            has_prefill=has_prefill or (local and has_decode),
             has_decode=has_decode,
             has_colocated=bool(state.endpoints["colocated"]),
             colocated_fallback=state.colocated_fallback,
@@ -218,7 +251,7 @@ class Flow:
         self.budget.on_request(self.clock())
         path_metrics = self.metrics.by_path[path]
         path_metrics.active += 1
-        tally = _Tally(arrived=request.arrived, concurrency=path_metrics.active)
+        tally = _Tally(arrived=request.arrived, concurrency=path_metrics.active, knobs=knobs)
         try:
             if path == "disaggregated":
                 await self._disaggregated(request, responder, tally, path_metrics)
@@ -243,6 +276,9 @@ class Flow:
         revision = None if tally.revision is None else (tally.revision or "legacy")
         if revision is not None:
             self.metrics.child(self.metrics.revision_requests, revision, code).inc()
+        mode = tally.knobs.mode if tally.side is not None and tally.knobs is not None else None
+        if mode is not None and tally.side is not None:
+            self.state.disaggregation.finished(mode, tally.side, code)
         if tally.status != 200:
             self.metrics.observe_request(path, tenant=request.tenant, model=request.facts.model, code=code)
             return
@@ -256,8 +292,8 @@ class Flow:
         if first is not None and last is not None and output > 1 and last > first:
             tpot = (last - first) / (output - 1)
             metrics.tpot.observe(tpot)
+        ttft = (first if first is not None else now) - request.arrived
         if revision is not None:  # per revision of the pair, for a revision rollout's analysis
-            ttft = (first if first is not None else now) - request.arrived
             self.metrics.child(self.metrics.revision_ttft, revision).observe(ttft)
             if tpot is not None:
                 self.metrics.child(self.metrics.revision_tpot, revision).observe(tpot)
@@ -267,7 +303,7 @@ class Flow:
             model=request.facts.model,
             code=code,
             # A non-streamed answer reaches the client whole: its TTFT is its end-to-end latency.
-            ttft_s=(first if first is not None else now) - request.arrived,
+            ttft_s=ttft,
             tpot_s=tpot,
             prompt_tokens=prompt,
             output_tokens=output,
@@ -275,7 +311,7 @@ class Flow:
             gaps=tally.gaps,
         )
         slo, within = self.state.slo, metrics.within_slo
-        if (
+        met = (
             slo is not None
             and within is not None
             and within_slo(
@@ -287,10 +323,13 @@ class Flow:
                 output_tokens=output,
                 ended=now,
             )
-        ):
+        )
+        if met and within is not None:
             within.inc()
             if revision is not None:
                 self.metrics.child(self.metrics.revision_within_slo, revision).inc()
+        if mode is not None and tally.side is not None:
+            self.state.disaggregation.succeeded(mode, tally.side, tally.decode_pod, ttft, tpot, output, met)
 
     def _may_retry(self, attempt: int) -> bool:
         return attempt < self.max_retries and self.budget.try_spend(self.clock())
@@ -321,16 +360,21 @@ class Flow:
             return None
         return text_keys(prompt_text(request.body), settings.knobs)
 
+    def _candidates(self, pool: str, now: float, exclude: set[str]) -> list[PodLoad]:
+        """The pool's healthy pods not in `exclude`, with their load."""
+        balancer = self.state.balancer
+        out: list[PodLoad] = []
+        for pod in balancer.pool(pool):
+            load = balancer.load(pod)
+            if pod not in exclude and load.quarantined_until <= now:
+                out.append(PodLoad(pod, load.requests, load.tokens))
+        return out
+
     def _pick_by_prefix(self, pool: str, now: float, exclude: set[str], keys: list[int]) -> str | None:
         """`prefix.choose_prefill` over the pool's healthy untried pods; the choice is recorded in
         the index (the pod will hold these chunks). None: no such pod (the caller falls back)."""
         state = self.state
-        balancer = state.balancer
-        candidates: list[PodLoad] = []
-        for pod in balancer.pool(pool):
-            load = balancer.load(pod)
-            if pod not in exclude and load.quarantined_until <= now:
-                candidates.append(PodLoad(pod, load.requests, load.tokens))
+        candidates = self._candidates(pool, now, exclude)
         chosen = choose_prefill(candidates, keys, state.prefix_index, state.prefix.knobs)
         if chosen is not None:
             state.prefix_index.record(chosen, keys)
@@ -448,6 +492,8 @@ class Flow:
         tried_decode: set[str] = set()
         prefill_bytes = dump_body(prefill_body(request.body))
         keys = self._prefix_keys(request)
+        knobs = tally.knobs or self.state.disaggregation.knobs
+        plan = self._plan(request) if knobs.mode != "Always" else None
         attempt = 0
         while True:
             request_id = request.request_id if attempt == 0 else f"{request.request_id}-{attempt}"
@@ -456,28 +502,44 @@ class Flow:
             tally.revision = revision
             if attempt == 0 and not await self._decode_room(request, responder, tally, revision):
                 return
-            prefill_pod = self._pick("prefill", tried_prefill, revision, keys)
-            if prefill_pod is None:
-                self.metrics.child(self.metrics.rejected, "no_ready_pods").inc()
-                tally.status = 503
-                await responder.answer(503, error_body(503, "no ready prefill pod"), "application/json")
-                return
-            tried_prefill.add(prefill_pod)
-            outcome = await self._prefill(request, prefill_pod, prefill_bytes, request_id, tally)
-            if isinstance(outcome, _Failed):
-                self._leg_failed("prefill", prefill_pod, outcome)
-                may_retry = self._may_retry(attempt)
-                action = on_prefill_failure(outcome.failure, may_retry)
-                if action is Action.RETRY_PREFILL:
-                    self.metrics.child(self.metrics.retries, "prefill", outcome.failure.value).inc()
-                    attempt += 1
-                    continue
-                await self._give_up(responder, tally, outcome, action)
-                return
-            remote_request_id = outcome.get("remote_request_id") if outcome is not None else None
-            if isinstance(remote_request_id, str):
-                held.append((prefill_pod, remote_request_id))
-            decode_pod = self._pick_decode(tried_decode, revision)
+            decode_pod, choice, uncached = None, _ALWAYS, _NOTHING_KNOWN
+            if plan is not None:  # Auto, Threshold: the decode pod first, then where to prefill
+                decode_pod, choice, uncached = self._decide(
+                    request, knobs, plan, tried_decode, revision, keys
+                )
+            self.state.disaggregation.count(choice)
+            tally.side = choice.side
+            outcome: dict[str, Any] | None = None  # P's kv_transfer_params; None: D prefills itself
+            if choice.side == "remote":
+                prefill_pod = self._pick("prefill", tried_prefill, revision, keys)
+                if prefill_pod is None:
+                    self.metrics.child(self.metrics.rejected, "no_ready_pods").inc()
+                    tally.status = 503
+                    await responder.answer(503, error_body(503, "no ready prefill pod"), "application/json")
+                    return
+                tried_prefill.add(prefill_pod)
+                queued, started = self.state.balancer.load(prefill_pod).tokens, self.clock()
+                prefilled = await self._prefill(request, prefill_pod, prefill_bytes, request_id, tally)
+                if isinstance(prefilled, _Failed):
+                    self._leg_failed("prefill", prefill_pod, prefilled)
+                    may_retry = self._may_retry(attempt)
+                    action = on_prefill_failure(prefilled.failure, may_retry)
+                    if action is Action.RETRY_PREFILL:
+                        self.metrics.child(self.metrics.retries, "prefill", prefilled.failure.value).inc()
+                        attempt += 1
+                        continue
+                    await self._give_up(responder, tally, prefilled, action)
+                    return
+                if plan is not None:
+                    now = self.clock()
+                    x = queued + uncached.uncached_remote
+                    self.state.disaggregation.costs.prefill.observe(x, now - started, now)
+                outcome = prefilled
+                remote_request_id = outcome.get("remote_request_id") if outcome is not None else None
+                if isinstance(remote_request_id, str):
+                    held.append((prefill_pod, remote_request_id))
+            if decode_pod is None:
+                decode_pod = self._pick_decode(tried_decode, revision)
             if decode_pod is None:
                 self._release_kv(request, held)
                 self.metrics.child(self.metrics.rejected, "no_ready_pods").inc()
@@ -485,11 +547,26 @@ class Flow:
                 await responder.answer(503, error_body(503, "no ready decode pod"), "application/json")
                 return
             tried_decode.add(decode_pod)
+            tally.decode_pod = decode_pod
             leg_body = decode_body(request.body, outcome)
             body = dump_body(_with_usage(leg_body) if request.facts.stream else leg_body)
-            failed = await self._relay(
-                request, "decode", decode_pod, body, request_id, responder, tally, metrics
-            )
+            if plan is None:
+                failed = await self._relay(
+                    request, "decode", decode_pod, body, request_id, responder, tally, metrics
+                )
+            else:
+                failed = await self._decode_and_learn(
+                    request,
+                    plan,
+                    choice.side,
+                    uncached.uncached_local,
+                    decode_pod,
+                    body,
+                    request_id,
+                    responder,
+                    tally,
+                    metrics,
+                )
             if failed is None:
                 return
             self._leg_failed("decode", decode_pod, failed)
@@ -503,6 +580,116 @@ class Flow:
                 continue
             await self._give_up(responder, tally, failed, action)
             return
+
+    # -- remote or local prefill (spec.router.disaggregation Auto and Threshold) ----------------------
+
+    def _plan(self, request: ClientRequest) -> _Plan:
+        text = prompt_text(request.body)
+        return _Plan(text, text.encode(), text_keys(text, self.state.prefix.knobs))
+
+    def _uncached(self, request: ClientRequest, plan: _Plan, held_chunks: int) -> int:
+        block_chars = self.state.prefix.knobs.block_chars
+        return uncached_tokens(request.facts.prompt_tokens, held_chunks, len(plan.data), block_chars)
+
+    def _decide(
+        self,
+        request: ClientRequest,
+        knobs: DisaggregationKnobs,
+        plan: _Plan,
+        tried_decode: set[str],
+        revision: str | None,
+        keys: list[int] | None,
+    ) -> tuple[str | None, Choice, PrefillRequest]:
+        """The decode pod (by prefix in the decode index, within the load bound), where to prefill
+        (`routing.disaggregation.decide`), and the uncached tokens on each side."""
+        state, now = self.state, self.clock()
+        disagg = state.disaggregation
+        decode_pool = "decode" if revision is None else pool_key("decode", revision)
+        room = state.gateway.decode_with_room(state.balancer.pool(decode_pool))
+        full = set() if room is None else set(state.balancer.pool(decode_pool)) - set(room)
+        candidates = self._candidates(decode_pool, now, tried_decode | full)
+        prefix = state.prefix.knobs
+        decode_pod = choose_prefill(candidates, plan.keys, disagg.index.index, prefix)
+        if decode_pod is None:
+            decode_pod = self._pick_decode(tried_decode, revision)
+        prefill_pool = "prefill" if revision is None else pool_key("prefill", revision)
+        prefills = self._candidates(prefill_pool, now, set())
+        # The prefill pod a prefix-aware choice would take (what it holds, its queue); by load, the
+        # lightest queue.
+        best = choose_prefill(prefills, keys, state.prefix_index, prefix) if keys else None
+        queues = [p.outstanding_tokens for p in prefills if best is None or p.name == best]
+        remote_held = held_chunks(state.prefix_index.matched_keys(best, plan.keys)) if best else 0
+        local_held = disagg.index.held_chunks(decode_pod, plan.data, plan.keys, prefix) if decode_pod else 0
+        uncached = PrefillRequest(
+            self._uncached(request, plan, remote_held), self._uncached(request, plan, local_held)
+        )
+        stats = disagg.stats(decode_pod) if decode_pod is not None else None
+        view = DecodeView()
+        if stats is not None and decode_pod is not None:
+            streams = state.balancer.load(decode_pod).requests
+            view = DecodeView(
+                streams, stats.local_prefills, stats.local_tokens, stats.tpot_s, stats.output_tokens
+            )
+        choice = decide(
+            knobs,
+            uncached,
+            PrefillView(bool(state.balancer.pool(prefill_pool)), min(queues, default=0)),
+            view,
+            disagg.costs,
+            now,
+            state.slo.tpot_s if state.slo is not None else None,
+        )
+        return decode_pod, choice, uncached
+
+    async def _decode_and_learn(
+        self,
+        request: ClientRequest,
+        plan: _Plan,
+        side: Side,
+        tokens: int,
+        decode_pod: str,
+        body: bytes,
+        request_id: str,
+        responder: Responder,
+        tally: _Tally,
+        metrics: PathMetrics,
+    ) -> _Failed | None:
+        """The decode leg of a remote or local prefill, measured: its time to first token feeds the
+        cost model (the pull, or the local prefill), and on success the decode pod is recorded as
+        holding the prompt and its reply. A local prefill counts against the pod's cap until its
+        first token (or the leg's end)."""
+        disagg = self.state.disaggregation
+        stats = disagg.stats(decode_pod)
+        queued = stats.local_tokens if side == "local" else 0
+        done = side != "local"
+
+        def prefilled() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                stats.local_prefills = max(0, stats.local_prefills - 1)
+                stats.local_tokens = max(0, stats.local_tokens - tokens)
+
+        if not done:
+            stats.local_prefills += 1
+            stats.local_tokens += tokens
+            tally.on_first = prefilled
+        tap = ReplyTap(responder)
+        try:
+            failed = await self._relay(request, "decode", decode_pod, body, request_id, tap, tally, metrics)
+        finally:
+            tally.on_first = None
+            prefilled()
+        if failed is not None:
+            return failed
+        first, started, now = tally.first_token_at, tally.leg_started, self.clock()
+        if first is not None and started is not None:
+            fit = disagg.costs.local if side == "local" else disagg.costs.pull
+            fit.observe(queued + tokens if side == "local" else tokens, first - started, now)
+        text = with_reply(plan.text, tap.reply(request.facts.stream), request.endpoint)
+        knobs = self.state.prefix.knobs
+        disagg.index.record(decode_pod, text.encode(), text_keys(text, knobs), knobs)
+        return None
 
     async def _colocated(
         self, request: ClientRequest, responder: Responder, tally: _Tally, metrics: PathMetrics

@@ -43,6 +43,16 @@ from tandem.routing.buckets import (
     DEFAULT_INPUT_LENGTH_BOUNDS,
     DEFAULT_OUTPUT_LENGTH_BOUNDS,
 )
+from tandem.routing.disaggregation import (
+    DEFAULT_MAX_LOCAL_PREFILLS,
+    DEFAULT_MAX_LOCAL_TOKENS,
+    DEFAULT_THRESHOLD_TOKENS,
+    MAX_LOCAL_PREFILLS,
+    MAX_THRESHOLD_TOKENS,
+    MODES,
+    DisaggregationKnobs,
+    Mode,
+)
 from tandem.routing.prefix import (
     DEFAULT_INDEX_BLOCKS_PER_POD,
     MAX_BLOCK_CHARS,
@@ -98,6 +108,11 @@ class RouterConfig(BaseModel):
     prefix_max_blocks: int = Field(default=PrefixKnobs.max_blocks, ge=1, le=MAX_BLOCKS)
     prefix_load_bound: float = Field(default=PrefixKnobs.load_bound, ge=1.0)
     prefix_index_blocks: int = Field(default=DEFAULT_INDEX_BLOCKS_PER_POD, ge=1)
+    # Remote or local prefill per request (spec.router.disaggregation wins as a whole).
+    disaggregation: Mode = "Always"
+    threshold_tokens: int = Field(default=DEFAULT_THRESHOLD_TOKENS, ge=1, le=MAX_THRESHOLD_TOKENS)
+    max_local_tokens: int = Field(default=DEFAULT_MAX_LOCAL_TOKENS, ge=1, le=MAX_THRESHOLD_TOKENS)
+    max_local_prefills: int = Field(default=DEFAULT_MAX_LOCAL_PREFILLS, ge=1, le=MAX_LOCAL_PREFILLS)
 
     @model_validator(mode="after")
     def _one_discovery(self) -> RouterConfig:
@@ -129,6 +144,11 @@ class RouterConfig(BaseModel):
             ),
             index_blocks_per_pod=self.prefix_index_blocks,
             policy=self.prefill_policy,
+        )
+
+    def disaggregation_knobs(self) -> DisaggregationKnobs:
+        return DisaggregationKnobs(
+            self.disaggregation, self.threshold_tokens, self.max_local_tokens, self.max_local_prefills
         )
 
     def slo(self) -> SloTargets | None:
@@ -225,6 +245,15 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
         help="a pod takes its cached prefixes while its load <= this x the mean + 1")  # fmt: skip
     add("--prefix-index-blocks", dest="prefix_index_blocks", type=int, default=DEFAULT_INDEX_BLOCKS_PER_POD,
         help="chunks remembered per pod (least recently used forgotten first)")  # fmt: skip
+    add("--disaggregation", choices=MODES, default="Always",
+        help="where P/D requests are prefilled: Always on a prefill pod, Threshold or Auto per request "
+        "(docs/router.md; spec.router.disaggregation wins)")  # fmt: skip
+    add("--threshold-tokens", dest="threshold_tokens", type=int, default=DEFAULT_THRESHOLD_TOKENS,
+        help="Threshold: most uncached prompt tokens a decode pod prefills itself")  # fmt: skip
+    add("--max-local-tokens", dest="max_local_tokens", type=int, default=DEFAULT_MAX_LOCAL_TOKENS,
+        help="Auto: most uncached prompt tokens a decode pod prefills itself")  # fmt: skip
+    add("--max-local-prefills", dest="max_local_prefills", type=int, default=DEFAULT_MAX_LOCAL_PREFILLS,
+        help="Auto: local prefills at once per decode pod")  # fmt: skip
     add("--log-level", default="INFO")
     args = vars(parser.parse_args(list(argv)))
     logging.basicConfig(
@@ -262,6 +291,7 @@ def build(config: RouterConfig) -> tuple[RouterApp, RouterState, Flow]:
         slo_default=config.slo(),
         buckets_default=config.buckets(),
         prefix_default=config.prefix(),
+        disaggregation_default=config.disaggregation_knobs(),
     )
     metrics.set_buckets(*config.buckets())
     state.set_slo(config.slo())

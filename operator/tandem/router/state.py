@@ -14,6 +14,7 @@ from typing import Any
 
 from tandem.api.meta import POOL_ROLES
 from tandem.kube.pods import PddInfo, PodEventKind, PodInfo
+from tandem.router.disaggregation import Disaggregation
 from tandem.router.discovery import (
     apply_pod_event,
     draining_by_role,
@@ -32,6 +33,7 @@ from tandem.routing.buckets import (
     DEFAULT_INPUT_LENGTH_BOUNDS,
     DEFAULT_OUTPUT_LENGTH_BOUNDS,
 )
+from tandem.routing.disaggregation import DisaggregationKnobs
 from tandem.routing.paths import disaggregated_share
 from tandem.routing.prefix import PrefixIndex, PrefixSettings
 
@@ -115,11 +117,16 @@ class RouterState:
     prefix_default: PrefixSettings = field(default_factory=PrefixSettings)
     prefix: PrefixSettings = field(init=False)
     prefix_index: PrefixIndex = field(init=False)  # which pod was sent which prompt chunks
+    # Remote or local prefill per request: spec.router.disaggregation, else the flags' default.
+    disaggregation_default: DisaggregationKnobs = field(default_factory=DisaggregationKnobs)
+    disaggregation: Disaggregation = field(init=False)
 
     def __post_init__(self) -> None:
         self.gateway = Gateway(self.metrics.registry)
         self.prefix = self.prefix_default
         self.prefix_index = PrefixIndex(self.prefix.index_blocks_per_pod)
+        self.disaggregation = Disaggregation(self.metrics, self.disaggregation_default)
+        self.disaggregation.configure(self.disaggregation_default, self.prefix.index_blocks_per_pod)
 
     def set_static(self, endpoints: Mapping[str, Iterable[str]]) -> None:
         self._set_endpoints({role: sorted(endpoints.get(role, ())) for role in POOL_ROLES})
@@ -150,6 +157,16 @@ class RouterState:
             self.catalog.configured[info.model_name] = info.max_model_len
         self.set_buckets(info.input_length_buckets, info.output_length_buckets, info.concurrency_buckets)
         self.set_prefix(PrefixSettings.from_spec(info.prefix_aware, self.prefix_default, info.prefill_policy))
+        knobs, target = self.disaggregation_default, None
+        if info.disaggregation is not None:
+            knobs = DisaggregationKnobs.from_spec(info.disaggregation)
+            if info.disaggregation_target is not None:
+                target = DisaggregationKnobs.from_spec(
+                    {**info.disaggregation, "mode": info.disaggregation_target}
+                )
+        self.disaggregation.configure(
+            knobs, self.prefix.index_blocks_per_pod, target, info.disaggregation_weight
+        )
         self.gateway.configure(info.router_gateway, info.rollout_tenants, rollout_target=info.rollout_target)
         if info.slo_ttft_ms is not None and info.slo_tpot_ms is not None:
             self.set_slo(SloTargets.from_ms(info.slo_ttft_ms, info.slo_tpot_ms))
@@ -174,6 +191,8 @@ class RouterState:
         log.info("prefix-aware choice: %s", settings)
         self.prefix = settings
         self.prefix_index.resize(settings.index_blocks_per_pod)
+        disagg = self.disaggregation
+        disagg.configure(disagg.knobs, settings.index_blocks_per_pod, disagg.target, disagg.weight)
 
     def set_slo(self, targets: SloTargets | None) -> None:
         if targets != self.slo:
@@ -188,6 +207,7 @@ class RouterState:
         live = {url for urls in endpoints.values() for url in urls}
         for gone in {url for urls in self.endpoints.values() for url in urls} - live:
             self.prefix_index.forget_pod(gone)  # a pod back at the address is a new, empty cache
+            self.disaggregation.forget_pod(gone)
         self.endpoints = endpoints
         self.generation += 1
         for role, urls in endpoints.items():

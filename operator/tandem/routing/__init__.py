@@ -3,6 +3,8 @@
 
 - `paths`: disaggregated or colocated for one request (`choose_path`, the gray weight's draw);
 - `prefix`: the prefix index and bounded-load prefix affinity (`choose_prefill`, `PrefixIndex`);
+- `disaggregation`: remote prefill or prefill on the decode pod, per request (`decide`, `CostModel`,
+  `DecodeIndex`);
 - `balancer`: which pod of a pool, by load (power of two choices, round robin);
 - `admission`: token buckets per tenant, long-prompt and decode-backpressure refusals;
 - `tenants`: who sent a request (the keys Secret's format, also checked by the operator);

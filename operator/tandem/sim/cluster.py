@@ -28,12 +28,20 @@ from collections.abc import Mapping, Sequence
 from heapq import heappop, heappush
 
 from tandem.perf.stats import nearest_rank
+from tandem.routing.disaggregation import (
+    CostModel,
+    DecodePodStats,
+    DecodeView,
+    PrefillView,
+    decide,
+)
+from tandem.routing.disaggregation import Request as Uncached
 from tandem.routing.paths import choose_path
 from tandem.routing.prefix import PodLoad, PrefixIndex, choose_prefill, sparse_keys
 from tandem.sim.layout import ROLES, Layout, Role, SimConfig
 from tandem.sim.observe import snapshot_of
 from tandem.sim.policy import Policy
-from tandem.sim.replica import DRAINING, READY, STARTING, Replica, Seq
+from tandem.sim.replica import BLOCK, DRAINING, READY, STARTING, Replica, Seq
 from tandem.sim.requests import Request
 from tandem.sim.results import (
     REFUSED,
@@ -105,6 +113,10 @@ class Cluster:
             if config.routing == "prefix" and role in layout.pools:
                 blocks = caps[role] // config.route_block_tokens
                 self.prefix_index[role] = PrefixIndex(max(1, blocks))
+        self.choosing = config.disaggregation.mode != "Always"
+        self.costs = CostModel()  # the router's lines, fed by the simulated legs
+        self.decode_stats: dict[str, DecodePodStats] = {}
+        self.choices: dict[str, int] = {}  # by reason
         for role, pool in layout.pools.items():
             for _ in range(pool.replicas):
                 self._add_replica(role, 0.0, ready=True)
@@ -126,9 +138,20 @@ class Cluster:
 
     def first_token(self, seq: Seq, replica: Replica) -> None:
         self.windows.totals.pool_prompt[ROLE_INDEX[replica.role]] += seq.prompt
+        if seq.choice_x < 0 or replica.role != "decode":
+            return
+        if seq.local:  # the local prefill is done: the replica's slot is free again
+            stats = self.decode_stats[replica.name]
+            stats.local_prefills -= 1
+            stats.local_tokens -= seq.pull_x
+            self.costs.local.observe(seq.choice_x, seq.first - seq.arrival, seq.first)
+        elif seq.prefilled >= 0:
+            self.costs.pull.observe(seq.pull_x, seq.first - seq.prefilled, seq.first)
 
     def prefill_done(self, seq: Seq, prefill: Replica, now: float) -> None:
         seq.prefilled = now
+        if seq.choice_x >= 0:
+            self.costs.prefill.observe(seq.choice_x, now - seq.arrival, now)
         prefill.load_requests -= 1
         prefill.load_tokens -= seq.prefill_load
         totals = self.windows.totals
@@ -139,7 +162,9 @@ class Cluster:
         totals.pool_finished_prompt[r] += seq.prompt
         totals.pool_finished_output[r] += 1
         totals.observe_prompt(r, seq.prompt)
-        decode = self._pick(self.ready["decode"])
+        decode = seq.decode if seq.decode is not None else self._pick(self.ready["decode"])
+        if decode is not None and decode.state != READY:  # chosen at arrival, gone since
+            decode = self._pick(self.ready["decode"])
         if decode is None:  # the router answers 503; the prefill pod's KV lease lapses
             prefill.release_held(seq, now)
             self.outstanding -= 1
@@ -186,6 +211,8 @@ class Cluster:
             )
         if ttft <= self.ttft_slo and (tpot is None or tpot <= self.tpot_slo):
             totals.path_within[p] += 1
+        if seq.choice_x >= 0 and replica.role == "decode":
+            self.decode_stats.setdefault(replica.name, DecodePodStats()).observe(tpot, out)
 
     def replica_gone(self, replica: Replica, now: float) -> None:
         index = self.prefix_index.get(replica.role)
@@ -249,7 +276,8 @@ class Cluster:
         path = choose_path(
             layout.disaggregated_percent,
             draw,
-            has_prefill=bool(ready["prefill"]),
+            # Threshold and Auto: a decode replica may prefill, so P/D needs decode replicas only
+            has_prefill=bool(ready["prefill"]) or (self.choosing and bool(ready["decode"])),
             has_decode=bool(ready["decode"]),
             has_colocated=bool(ready["colocated"]),
             colocated_fallback=layout.colocated_fallback,
@@ -259,6 +287,8 @@ class Cluster:
                 self._refuse(index, 0)  # vLLM answers 400: longer than the model length it can hold
                 return
             seq = Seq(index, request.arrival, request.prompt_tokens, request.output_tokens, 0, request.prefix)
+            if self.choosing and self._choose_side(seq, request, now):
+                return
             prefill = self._pick(ready["prefill"]) if self.p2c else self._pick_compute("prefill", request)
             assert prefill is not None
             seq.prefill = prefill
@@ -286,6 +316,64 @@ class Cluster:
             colocated.submit(seq, now)
         else:
             self._refuse(index, 0 if draw * 100 < layout.disaggregated_percent else 1)
+
+    def _choose_side(self, seq: Seq, request: Request, now: float) -> bool:
+        """spec.router.disaggregation for one P/D request (`routing.disaggregation.decide`): its decode
+        replica (most of the prompt cached, within the load bound), then remote or local. Local: the
+        decode replica computes the prompt and decodes it (True, submitted); remote: the caller runs the
+        prefill leg and the pull goes to that replica. Uncached tokens come from the replicas' caches
+        (the router estimates them from its indexes); the prefill side's is the most any prefill
+        replica holds and its queue the lightest one's."""
+        decodes, prefills = self.ready["decode"], self.ready["prefill"]
+        if not decodes:
+            return False
+        knobs = self.config.prefix_knobs
+        loads = [PodLoad(r.name, r.load_requests, r.load_tokens) for r in decodes]
+        first = route_keys(request.prefix, self.config.route_block_tokens, 1)  # for its tie-breaks
+        view = _CacheView({r.name: r for r in decodes}, request.prefix)
+        name = choose_prefill(loads, first, view, knobs)
+        decode = next(r for r in decodes if r.name == name)
+        prompt = seq.prompt
+
+        def uncached(replica: Replica) -> int:
+            return prompt - min(replica.cached_blocks(request.prefix) * BLOCK, prompt - 1)
+
+        local_tokens = uncached(decode)
+        remote_tokens = min((uncached(r) for r in prefills), default=prompt)
+        queued = min((r.load_tokens for r in prefills), default=0)
+        stats = self.decode_stats.setdefault(decode.name, DecodePodStats())
+        choice = decide(
+            self.config.disaggregation,
+            Uncached(remote_tokens, local_tokens),
+            PrefillView(bool(prefills), queued),
+            DecodeView(
+                decode.load_requests,
+                stats.local_prefills,
+                stats.local_tokens,
+                stats.tpot_s,
+                stats.output_tokens,
+            ),
+            self.costs,
+            now,
+            self.tpot_slo,
+        )
+        self.choices[choice.reason] = self.choices.get(choice.reason, 0) + 1
+        seq.decode = decode
+        seq.pull_x = local_tokens
+        if choice.side == "remote":
+            seq.choice_x = queued + remote_tokens
+            return False
+        seq.local = True
+        seq.choice_x = stats.local_tokens + local_tokens
+        stats.local_prefills += 1
+        stats.local_tokens += local_tokens
+        seq.decode_load = prompt + min(seq.out, _EXPECTED_OUTPUT_CAP)
+        decode.load_requests += 1
+        decode.load_tokens += seq.decode_load
+        self.windows.totals.pool_routed[ROLE_INDEX["decode"]] += 1
+        self.outstanding += 1
+        decode.submit(seq, now)
+        return True
 
     def _refuse(self, index: int, path: int) -> None:
         self.path[index] = REFUSED
@@ -558,6 +646,7 @@ class Cluster:
             prefix_queries={role: totals.pool_prefix_queries[ROLE_INDEX[role]] for role in self.layout.pools},
             prefix_hits={role: totals.pool_prefix_hits[ROLE_INDEX[role]] for role in self.layout.pools},
             busy_gpu_hours={role: busy.get(role, 0.0) for role in self.layout.pools},
+            prefill_choices=dict(self.choices),
         )
         return SimResult(records=records, series=self.series, summary=summary)
 

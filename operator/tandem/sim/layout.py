@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tandem.perf import Profile, kv_cache_tokens, model_arch
 from tandem.perf.capacity import DEFAULT_MAX_BATCH, DEFAULT_MAX_NUM_BATCHED_TOKENS
+from tandem.routing.disaggregation import DisaggregationKnobs
 from tandem.routing.prefix import PrefixKnobs
 
 Role = Literal["prefill", "decode", "colocated"]
@@ -134,6 +135,9 @@ class SimConfig(BaseModel):
     closed_form: bool = True
     routing: Routing = "power-of-two"
     prefix_knobs: PrefixKnobs = PrefixKnobs()  # the balancer's knobs when routing is "prefix"
+    # spec.router.disaggregation: Always (every P/D request prefilled on a prefill replica), or
+    # per request remote or on its decode replica (Threshold, Auto), as `routing.disaggregation.decide`
+    disaggregation: DisaggregationKnobs = DisaggregationKnobs()
     # Tokens per router key in the simulator (the router hashes `block_chars` characters, about
     # block_chars / 4 tokens: 16 for the default 64). A multiple of 16.
     route_block_tokens: int = Field(default=16, ge=16, multiple_of=16)

@@ -81,6 +81,7 @@ class Seq:
         "admitted",
         "arrival",
         "base",
+        "choice_x",
         "computed",
         "decode",
         "decode_load",
@@ -90,6 +91,7 @@ class Seq:
         "heap_key",
         "index",
         "leg_out",
+        "local",
         "num_output",
         "out",
         "path",
@@ -100,6 +102,7 @@ class Seq:
         "prompt",
         "pull",
         "pull_start",
+        "pull_x",
         "pulled",
         "runs",
     )
@@ -139,6 +142,11 @@ class Seq:
         self.prefilled = -1.0
         self.pull_start = -1.0
         self.pulled = -1.0
+        # spec.router.disaggregation (`Cluster._choose_side`): prefilled on its decode replica, and what
+        # the router's cost lines are fed with (the prefill or local leg's tokens, the tokens pulled)
+        self.local = False
+        self.choice_x = -1  # -1: Always (nothing to measure)
+        self.pull_x = 0
 
 
 class Replica:

@@ -111,6 +111,9 @@ class Summary(BaseModel):
     prefix_queries: dict[str, int] = {}
     prefix_hits: dict[str, int] = {}
     busy_gpu_hours: dict[str, float] = {}
+    # P/D requests by the reason of spec.router.disaggregation's choice (SimConfig.disaggregation;
+    # empty under Always)
+    prefill_choices: dict[str, int] = {}
 
 
 @dataclass(slots=True)

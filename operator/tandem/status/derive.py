@@ -21,6 +21,7 @@ from tandem.api.status import (
     Condition,
     ConditionStatus,
     ConditionType,
+    DisaggregationStatus,
     KVTransferStatus,
     KVTransportMeasurement,
     PDDeploymentStatus,
@@ -82,6 +83,7 @@ class Observed:
     rollout: RolloutStatus | None = None  # status.rollout after this pass
     rollout_conditions: Sequence[tuple[str, ConditionStatus, str, str]] = ()  # RolloutProgressing, RolledBack
     revisions: RevisionsStatus | None = None  # status.revisions after this pass (controller/revisions)
+    disaggregation: DisaggregationStatus | None = None  # status.disaggregation (controller/disaggregation)
 
 
 @dataclass(frozen=True)
@@ -182,11 +184,14 @@ def measured_slo(snapshot: Snapshot, observed_at: str) -> SLOStatus | None:
         return None
     total = snapshot.total()
     attainment = total.attainment
+    pd = snapshot.paths.get("disaggregated")
+    local = pd.local_prefill_share if pd is not None else None
     return SLOStatus(
         ttft_ms=None if total.ttft_seconds is None else round(total.ttft_seconds * 1000, 1),
         tpot_ms=None if total.tpot_seconds is None else round(total.tpot_seconds * 1000, 2),
         attainment_percent=None if attainment is None else round(attainment * 100, 2),
         requests_per_second=round(total.request_rate, 3),
+        local_prefill_percent=None if local is None else round(local * 100, 2),
         window_seconds=round(snapshot.window_seconds),
         observed_at=observed_at,
         ttft_ms_by_input_length=_ms_by_bucket(snapshot, "ttft_by_input_length"),
@@ -385,6 +390,7 @@ def derive_status(
         autoscaling=observed.autoscaling,
         rollout=observed.rollout,
         revisions=observed.revisions,
+        disaggregation=observed.disaggregation,
     )
 
 

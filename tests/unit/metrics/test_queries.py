@@ -142,6 +142,14 @@ def test_fresh_answers_make_a_complete_snapshot() -> None:
     assert pd.attainment == pytest.approx(0.96)
     assert snap.paths["colocated"].ttft_seconds is None  # NaN: no requests
     assert snap.paths["colocated"].attainment is None
+    assert pd.local_prefill_share is None  # no tandem_router_disaggregation_requests_total series
+
+
+def test_the_share_prefilled_on_decode_pods() -> None:
+    sides = [sample(1.5, prefill="local"), sample(4.5, prefill="remote")]
+    pd = snapshot(fresh_answers(prefill_side_rate=sides)).paths["disaggregated"]
+    assert (pd.local_prefill_rate, pd.remote_prefill_rate) == (1.5, 4.5)
+    assert pd.local_prefill_share == 0.25
 
 
 def test_a_prefill_pools_running_prompts_count_as_half_queued() -> None:

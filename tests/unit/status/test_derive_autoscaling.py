@@ -120,7 +120,12 @@ def test_measured_slo_in_ms_and_percent() -> None:
         window_seconds=60,
         paths={
             PATH_DISAGGREGATED: PathSignals(
-                request_rate=3.0, within_slo_rate=2.85, ttft_seconds=0.4, tpot_seconds=0.03
+                request_rate=3.0,
+                within_slo_rate=2.85,
+                ttft_seconds=0.4,
+                tpot_seconds=0.03,
+                local_prefill_rate=1.0,
+                remote_prefill_rate=2.0,
             ),
             PATH_COLOCATED: PathSignals(request_rate=1.0, within_slo_rate=1.0, ttft_seconds=0.2),
         },
@@ -129,6 +134,7 @@ def test_measured_slo_in_ms_and_percent() -> None:
     assert slo is not None
     assert (slo.ttft_ms, slo.tpot_ms, slo.attainment_percent) == (400.0, 30.0, 96.25)
     assert (slo.requests_per_second, slo.window_seconds, slo.observed_at) == (4.0, 60, NOW)
+    assert slo.local_prefill_percent == 33.33  # of the P/D requests, prefilled on their decode pod
     assert slo.tpot_ms_by_concurrency == {}  # no bucketed latency measured: none shown
 
 
@@ -161,3 +167,4 @@ def test_no_data_measures_nothing() -> None:
     idle = measured_slo(Snapshot(observed_at=5.0, window_seconds=60), NOW)
     assert idle is not None
     assert (idle.ttft_ms, idle.attainment_percent, idle.requests_per_second) == (None, None, 0.0)
+    assert idle.local_prefill_percent is None

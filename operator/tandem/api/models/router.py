@@ -1,4 +1,4 @@
-"""`spec.router`: the router (tenants, auth, admission, metrics, prefix-aware routing)."""
+"""`spec.router`: the router (tenants, auth, admission, metrics, prefix-aware routing, disaggregation)."""
 
 from __future__ import annotations
 
@@ -221,6 +221,50 @@ class PrefixAwareSpec(ApiModel):
     ] = 32768
 
 
+class DisaggregationSpec(ApiModel):
+    """Per request, prefill on a prefill pod and pull the KV (remote), or prefill on the chosen decode
+    pod (local): docs/router.md, "Remote or local prefill". Absent: Always."""
+
+    mode: Annotated[
+        Literal["Always", "Auto", "Threshold"],
+        Field(
+            description="Always: every P/D request is prefilled on a prefill pod (as without this field). "
+            "Threshold: on its decode pod when the prompt tokens that pod lacks are at most "
+            "thresholdTokens. Auto: the side with the lower estimated time to first token, from what "
+            "the router measures (its prefill legs, the KV pulls, local prefills, queues, the decode "
+            "pod's TPOT against spec.slo), within maxLocalTokens and maxLocalPrefills. Auto and "
+            "Threshold prefill on the decode pod when no prefill pod is ready. A change of mode goes "
+            "through spec.rollout's steps when spec.rollout is set."
+        ),
+    ] = "Always"
+    threshold_tokens: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            le=1_048_576,
+            description="Threshold (required there, refused otherwise): the most prompt tokens a decode "
+            "pod may lack (not in its prefix cache) for the request to be prefilled on it.",
+        ),
+    ] = None
+    max_local_tokens: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            le=1_048_576,
+            description="Auto only: the most prompt tokens a decode pod prefills itself (a local "
+            "prefill stalls the pod's streams while it runs). Unset: 1024.",
+        ),
+    ] = None
+    max_local_prefills: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            le=64,
+            description="Auto only: local prefills at once on one decode pod, per router replica. Unset: 2.",
+        ),
+    ] = None
+
+
 class RouterSpec(ApiModel):
     replicas: Annotated[int, Field(ge=1, le=64)] = 2
     image: Annotated[
@@ -254,6 +298,11 @@ class RouterSpec(ApiModel):
             "prefix-cache hit against load, prefixAware's knobs), LeastLoaded (by load only) or "
             "RoundRobin (in turn, load ignored). Set, it wins over prefixAware.enabled; unset: "
             "PrefixAware, or LeastLoaded when prefixAware.enabled is false. Decode pods are "
-            "load-balanced whatever it says."
+            "load-balanced whatever it says, except under disaggregation Auto or Threshold, where "
+            "they too are chosen by prefix (a decode pod may prefill the request itself)."
         ),
+    ] = None
+    disaggregation: Annotated[
+        DisaggregationSpec | None,
+        Field(description="Remote or local prefill, per request; unset: Always (every request remote)."),
     ] = None

@@ -1,0 +1,62 @@
+"""Remote or local prefill in the simulator (SimConfig.disaggregation): local prefills run on the decode
+replicas and count there, not on the prefill pool."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tandem.routing.disaggregation import DisaggregationKnobs
+from tandem.sim import Request, simulate
+from tandem.sim.layout import Layout, PoolSpec
+from tandem.sim.traces.prefix import SessionParams, sessions
+
+if TYPE_CHECKING:
+    from conftest import SimKit
+
+TRACE = [Request(0.2 * i, 200 + (i * 37) % 3000, 20 + i % 40) for i in range(400)]
+
+
+def config(kit: SimKit, knobs: DisaggregationKnobs) -> object:
+    return kit.config().model_copy(update={"disaggregation": knobs})
+
+
+def test_threshold_prefills_short_prompts_on_decode_replicas(kit: SimKit) -> None:
+    knobs = DisaggregationKnobs(mode="Threshold", threshold_tokens=1000)
+    result = simulate(TRACE, kit.pd(), config(kit, knobs))  # type: ignore[arg-type]
+    short = sum(1 for r in TRACE if r.prompt_tokens <= 1000)
+    assert result.summary.prefill_choices == {"below_threshold": short, "above_threshold": len(TRACE) - short}
+    assert result.summary.finished == len(TRACE)
+    always = simulate(TRACE, kit.pd(), kit.config()).summary  # SimConfig's default: Always
+    assert always.prefill_choices == {}
+    # The prefill pool computes only the long prompts; the decode pool's GPU time grows by the short ones.
+    assert result.summary.busy_gpu_hours["prefill"] < always.busy_gpu_hours["prefill"]
+    assert result.summary.busy_gpu_hours["decode"] > always.busy_gpu_hours["decode"]
+
+
+def test_no_prefill_replica_is_served_on_decode(kit: SimKit) -> None:
+    replica = kit.spec()
+    layout = Layout(
+        pools={
+            "prefill": PoolSpec(replica=replica, replicas=0),
+            "decode": PoolSpec(replica=replica, replicas=1),
+        }
+    )
+    requests = TRACE[:20]
+    refused = simulate(requests, layout, kit.config()).summary
+    assert refused.finished == 0
+    served = simulate(requests, layout, config(kit, DisaggregationKnobs(mode="Auto"))).summary  # type: ignore[arg-type]
+    assert served.finished == 20
+    assert served.prefill_choices == {"no_prefill_ready": 20}
+
+
+def test_auto_on_multi_turn_sessions_prefills_later_turns_on_decode(kit: SimKit) -> None:
+    base = [Request(0.5 * i, 150, 60) for i in range(600)]
+    trace = sessions(base, SessionParams(turns=4, think_seconds=5.0, system_prompt_tokens=1500, seed=2))
+    layout = kit.pd(prefill=1, decode=2)
+    always = simulate(trace, layout, kit.config()).summary
+    auto = simulate(
+        trace, layout, config(kit, DisaggregationKnobs(mode="Auto", max_local_tokens=1024))
+    ).summary  # type: ignore[arg-type]
+    assert auto.finished == always.finished == len(trace)
+    assert auto.prefill_choices.get("local_faster", 0) > len(trace) // 4
+    assert auto.ttft_p50 < always.ttft_p50
