@@ -199,16 +199,18 @@ def test_snapshot_of_a_live_deployment(cluster: ClusterHandle, deployed: Deploye
     )
     assert snap.pools["decode"].mean_output_tokens == pytest.approx(8)
     assert snap.paths["colocated"].request_rate == 0
+
     # status.slo's latencies by bucket, from the router's bucketed histograms (one request at a time,
     # short prompts, 8 output tokens): one bucket each, at the SLO's quantile. Their series are born
-    # with their bucket's first request, an increase rate() cannot see: a second round shows.
-    assert [complete(deployed.router_url, stream=True) for _ in range(4)] == [200] * 4
-
+    # with their bucket's first request, an increase rate() cannot see, so every look sends one more
+    # streamed request until the router's scrapes show the increases (a CI run on a busy machine did
+    # not see all five within 60 s of a single round of four).
     def bucketed() -> Snapshot | None:
+        assert complete(deployed.router_url, stream=True) == 200
         later = read(reader, deployed, 60)
         return later if len(later.latency_by_bucket) == 5 else None
 
-    by_bucket = eventually(bucketed, timeout=60, what="latencies by bucket").latency_by_bucket
+    by_bucket = eventually(bucketed, timeout=180, interval=2, what="latencies by bucket").latency_by_bucket
     assert {name: set(found) for name, found in by_bucket.items()} == {
         "ttft_by_input_length": {"0-1024"},
         "tpot_by_output_length": {"0-128"},
