@@ -5,8 +5,10 @@ a stream's tokens reach the router over many reads. The router cuts output lengt
 concurrency at 2 and 5 requests in flight. Six P/D requests of 32 output tokens sent at once arrive
 while the others are still streaming (one step is milliseconds, the stream ~32 steps), so they see 1
 to 6 requests in flight, themselves included: one in `0-2`, three in `2-5`, two in `5+`; two of 12
-tokens sent one after the other each see only themselves. Every read gap the router times goes into
-exactly one output-length bucket and one concurrency bucket of its path.
+tokens sent one after the other each see only themselves, once the router has closed the one before (a
+client can read a stream's end before the router's handler counts it out, so the test waits for that).
+Every read gap the router times goes into exactly one output-length bucket and one concurrency bucket
+of its path.
 """
 
 from __future__ import annotations
@@ -57,6 +59,15 @@ async def completion(session: aiohttp.ClientSession, router: RunningRouter, toke
     assert not result.errors, result.errors
 
 
+async def until_idle(router: RunningRouter, path: str, deadline_s: float = 30.0) -> None:
+    """Wait until the router counts no request in flight on `path` (its handlers ran their ends)."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + deadline_s
+    while router.sample("tandem_router_in_flight_requests", path=path) != 0:
+        assert loop.time() < give_up, f"{path}: requests still in flight after {deadline_s} s"
+        await asyncio.sleep(0.05)
+
+
 def by_label(
     router: RunningRouter, metric: str, path: str, label: str, sample: str = "_count"
 ) -> dict[str, float]:
@@ -86,10 +97,12 @@ async def test_disaggregated_requests_by_concurrency_and_output_length(
     async with running_router(
         prefill=[sims["prefill"].url], decode=[sims["decode"].url], **BUCKETS
     ) as router:
+        path = "disaggregated"
         await asyncio.gather(*(completion(session, router, LONG) for _ in range(6)))
         for _ in range(2):
+            await until_idle(router, path)
             await completion(session, router, SHORT)
-        path = "disaggregated"
+        await until_idle(router, path)
         assert by_label(router, METRICS[0], path, "concurrency") == {"0-2": 3, "2-5": 3, "5+": 2}
         gaps = check_gaps_add_up(router, path)
         by_length = by_label(router, METRICS[1], path, "output_length")
@@ -99,15 +112,15 @@ async def test_disaggregated_requests_by_concurrency_and_output_length(
         by_crowd = by_label(router, METRICS[2], path, "concurrency")
         assert set(by_crowd) == {"0-2", "2-5", "5+"}
         print(f"\n{gaps:.0f} gaps: by output length {by_length}, by concurrency {by_crowd}")
-        assert router.sample("tandem_router_in_flight_requests", path=path) == 0
 
 
 async def test_colocated_requests_by_concurrency_and_output_length(
     sims: dict[str, SimEngine], session: aiohttp.ClientSession
 ) -> None:
     async with running_router(colocated=[sims["colocated"].url], **BUCKETS) as router:
-        await asyncio.gather(*(completion(session, router, LONG) for _ in range(3)))
         path = "colocated"
+        await asyncio.gather(*(completion(session, router, LONG) for _ in range(3)))
+        await until_idle(router, path)
         assert by_label(router, METRICS[0], path, "concurrency") == {"0-2": 1, "2-5": 2}
         check_gaps_add_up(router, path)
         assert set(by_label(router, METRICS[1], path, "output_length")) == {"16+"}
