@@ -8,7 +8,11 @@ arm and HTTP status class, those within both SLO targets, and TTFT / TPOT histog
 requests (Prometheus' extrapolated increase, rounded), attainment, error rate (code 5xx), TTFT and
 TPOT at the SLO's quantile, and, for an arm judged on its KV transport, the failure rate and
 bandwidth ratio of the engines' NIXL metrics (`metrics/kv_transport.py`; its own failed queries
-leave the KV figures unjudged: the arm is still judged on what the routers saw).
+leave the KV figures unjudged: the arm is still judged on what the routers saw). The paths' family
+also counts the requests meant for an arm that the other arm served because this one had no ready pod
+(`tandem_router_path_stood_in_total{wanted}`): they are the arm's requests, each failed and not within
+SLO, so an arm that loses its pods fails its windows at any load instead of leaving them short of
+samples.
 
 `arm_queries` and `build_arm_window` are pure; `read_arm_window` never raises: a failed query is
 named in `Window.metrics_missing`, which `judge()` turns into Inconclusive (never a Pass).
@@ -52,6 +56,9 @@ class ArmSeries:
     ttft: str  # histograms (without `_bucket`), by `label`
     tpot: str
     what: str  # the requests counted, "... on each <arm>", for the queries' meanings
+    # Counter of requests meant for an arm that the other arm served (it had no ready pod), by `wanted`;
+    # None: the family has none (each arm's requests are only what it served).
+    stood_in: str | None = None
 
     def queries(self) -> tuple[Query, ...]:
         """`_errors` is `_requests` over the 5xx selector (`arm_queries`)."""
@@ -71,6 +78,17 @@ class ArmSeries:
                 f"{self.prefix}_errors",
                 f"{by} (increase({self.requests} SEL [WINDOW]))",
                 f"{self.what} that failed (5xx) in the window",
+            ),
+            *(
+                ()
+                if self.stood_in is None
+                else (
+                    Query(
+                        f"{self.prefix}_stood_in",
+                        f"sum by (wanted) (increase({self.stood_in} SEL [WINDOW]))",
+                        f"{self.what} meant for it that the other arm served (no ready pod)",
+                    ),
+                )
             ),
             Query(
                 f"{self.prefix}_ttft",
@@ -137,18 +155,20 @@ def arm_window(
 ) -> ArmWindow:
     """One arm's `ArmWindow` from the answers of `arm_queries`."""
 
-    def values(query: str) -> dict[str, float]:
-        return by_label(results.get(f"{series.prefix}_{query}") or [], series.label)
+    def values(query: str, label: str = series.label) -> dict[str, float]:
+        return by_label(results.get(f"{series.prefix}_{query}") or [], label)
 
-    requests = _count(values("requests"), arm)
+    stood_in = round(_count(values("stood_in", "wanted"), arm))  # meant for the arm, served by the other
+    requests = _count(values("requests"), arm) + stood_in
     within = _count(values("within_slo"), arm)
-    errors = _count(values("errors"), arm)
+    errors = _count(values("errors"), arm) + stood_in
     return ArmWindow(
         requests=round(requests),
         attainment=min(1.0, within / requests) if requests > 0 else None,
         ttft_seconds=_latency(values("ttft"), arm),
         tpot_seconds=_latency(values("tpot"), arm),
         error_rate=min(1.0, errors / requests) if requests > 0 else 0.0,
+        stood_in=stood_in,
         kv_failure_rate=kv.failure_rate,
         kv_bandwidth_ratio=kv.bandwidth_ratio,
     )

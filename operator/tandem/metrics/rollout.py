@@ -41,6 +41,7 @@ PATHS: Final = ArmSeries(
     ttft="tandem_router_time_to_first_token_seconds",
     tpot="tandem_router_time_per_output_token_seconds",
     what="client requests on each path",
+    stood_in="tandem_router_path_stood_in_total",
 )
 
 MODE_PATH: Final = {"Disaggregated": PATH_DISAGGREGATED, "Colocated": PATH_COLOCATED}

@@ -42,6 +42,9 @@ class ArmWindow:
     ttft_seconds: float | None = None  # TTFT at the SLO's quantile (reported, not judged)
     tpot_seconds: float | None = None  # TPOT at the SLO's quantile (reported, not judged)
     error_rate: float = 0.0  # failed requests / requests, 0..1
+    # Of `requests`, those meant for this arm that the other served because this one had no ready pod;
+    # each counts as failed (in `error_rate`) and not within the SLO (in `attainment`).
+    stood_in: int = 0
     kv_failure_rate: float | None = None  # failed KV transfers / transfers; None: no transfer (colocated)
     # Effective KV bandwidth over transfers above the minimum size / kvTransfer.bandwidthGbps;
     # None: no transfer large enough to judge.
@@ -98,6 +101,8 @@ def _figures(window: Window) -> dict[str, float]:
     figures: dict[str, float] = {"windowSeconds": window.end - window.start}
     for prefix, arm in (("target", window.target), ("baseline", window.baseline)):
         figures[f"{prefix}Requests"] = float(arm.requests)
+        if arm.stood_in:
+            figures[f"{prefix}StoodIn"] = float(arm.stood_in)
         for key, value in (
             ("Attainment", arm.attainment),
             ("TtftSeconds", arm.ttft_seconds),
@@ -164,7 +169,14 @@ def judge(window: Window, analysis: Analysis) -> Verdict:
                 f"{_pct(baseline.attainment)} (at most {_pct(analysis.max_attainment_drop)})"
             )
     if target.error_rate > analysis.max_error_rate:
-        failures.append(f"error rate {_pct(target.error_rate)} above {_pct(analysis.max_error_rate)}")
+        stood_in = (
+            f" ({target.stood_in} of them served by the other arm: no ready pod on this one)"
+            if target.stood_in
+            else ""
+        )
+        failures.append(
+            f"error rate {_pct(target.error_rate)} above {_pct(analysis.max_error_rate)}{stood_in}"
+        )
     if target.kv_failure_rate is not None and target.kv_failure_rate > analysis.max_kv_failure_rate:
         failures.append(
             f"KV-transfer failure rate {_pct(target.kv_failure_rate)} above "

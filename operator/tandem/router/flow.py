@@ -57,7 +57,7 @@ from tandem.routing.disaggregation import (
     uncached_tokens,
 )
 from tandem.routing.disaggregation import Request as PrefillRequest
-from tandem.routing.paths import Path, Unavailable, choose_path, draw_for
+from tandem.routing.paths import Path, Unavailable, choose_path, draw_for, wanted_path
 from tandem.routing.prefix import PodLoad, choose_prefill, prompt_text, text_keys
 
 log = logging.getLogger(__name__)
@@ -234,9 +234,11 @@ class Flow:
             paired = state.revision_for(request.request_id, self._first(request)) is not None
             has_prefill, has_decode = has_prefill and paired, has_decode and (paired or local)
         first_share = state.gateway.first_share(request.tenant)
+        share = state.disaggregated_share() if first_share is None else first_share
+        draw = draw_for(request.request_id)
         path = choose_path(
-            state.disaggregated_share() if first_share is None else first_share,
-            draw_for(request.request_id),
+            share,
+            draw,
             has_prefill=has_prefill or (local and has_decode),
             has_decode=has_decode,
             has_colocated=bool(state.endpoints["colocated"]),
@@ -248,6 +250,9 @@ class Flow:
             self.metrics.child(self.metrics.requests, path.wanted, "5xx").inc()
             await responder.answer(503, error_body(503, path.message), "application/json")
             return
+        wanted = wanted_path(share, draw)
+        if path != wanted:
+            self.metrics.child(self.metrics.stood_in, wanted).inc()
         self.budget.on_request(self.clock())
         path_metrics = self.metrics.by_path[path]
         path_metrics.active += 1

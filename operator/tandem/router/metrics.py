@@ -209,6 +209,13 @@ class RouterMetrics:
             "Client requests finished, by path and HTTP status class sent to the client.",
             ["path", "code"], registry=r,
         )  # fmt: skip
+        self.stood_in = Counter(
+            "tandem_router_path_stood_in_total",
+            "Client requests meant for a path (by the gray split or the serving mode) that the other path"
+            " served because the one meant had no ready pods, by the path meant. A rollout counts them as"
+            " its target arm's failures: an arm that lost its pods fails its share at any load.",
+            ["wanted"], registry=r,
+        )  # fmt: skip
         self.revision_requests = Counter(
             "tandem_router_revision_requests_total",
             "P/D requests finished, by the serving revision of the prefill/decode pair (legacy: the"
@@ -365,6 +372,7 @@ class RouterMetrics:
         for path in PATHS:
             for code in STATUS_CLASSES:
                 self.child(self.requests, path, code)
+            self.child(self.stood_in, path)
 
     def child(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)`, memoised (label sets on the hot path are few and fixed)."""

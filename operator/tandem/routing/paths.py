@@ -41,6 +41,11 @@ def draw_for(request_id: str) -> float:
     return int.from_bytes(digest, "big") / 2**64
 
 
+def wanted_path(share: int, draw: float) -> Path:
+    """The path a request is meant for before readiness has its say (`draw` as in `choose_path`)."""
+    return "disaggregated" if draw * 100 < share else "colocated"
+
+
 def choose_path(
     share: int,
     draw: float,
@@ -51,7 +56,7 @@ def choose_path(
     colocated_fallback: bool,
 ) -> Path | Unavailable:
     """The path for one request; `draw` is uniform in [0, 1) (`draw_for` the request's id)."""
-    wants_pd = draw * 100 < share
+    wants_pd = wanted_path(share, draw) == "disaggregated"
     pd_ready = has_prefill and has_decode
     if wants_pd and pd_ready:
         return "disaggregated"

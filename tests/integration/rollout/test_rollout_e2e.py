@@ -24,11 +24,13 @@ rollback on the KV-transfer failure rate (in the step, or, when the step passed 
 showed in a judged window, right after promotion: the steady-state fall-back of a P/D deployment;
 both are rollbacks, weight first); `retry` and `abort`, and an
 unknown command; `retry` again and a slow P->D link during the 50 % step: automatic rollback on the
-KV bandwidth ratio (the link is 1 Gb/s, pulls of 8 MiB and more judged); last, `spec.rollout` and
-the colocated pool removed in one commit: the mode
-switches to P/D only once its pods are ready, colocated serving until then. No client request may
-fail, except where all three attempts of a request hit a failing KV pull (the router's failure
-rules; at most 2 allowed, about 1 in 1,000 P/D requests expected).
+KV bandwidth ratio (the link is 1 Gb/s, pulls of 8 MiB and more judged); `retry` again and a decode
+engine that hangs during the 50 % step (unready: the colocated arm stands in for the P/D share, and
+those requests count as the P/D arm's failures): rollback; last, `spec.rollout` and the colocated
+pool removed in one commit: the mode switches to P/D only once its pods are ready, colocated serving
+until then. No client request may fail, except where all three attempts of a request hit a failing
+KV pull (the router's failure rules; at most 2 allowed, about 1 in 1,000 P/D requests expected) and
+the requests caught on the hung decode engine.
 """
 
 from __future__ import annotations
@@ -430,6 +432,29 @@ def test_a_slow_link_during_a_step_rolls_back(gray: Gray) -> None:
     reasons = [e.get("reason") for e in harness.events(gray.cluster, gray.namespace, NAME)]
     assert "RolledBack" not in reasons
     assert reasons.count("RolloutRollingBack") == reasons.count("RolloutRolledBack") == 4, reasons
+
+
+def test_a_pd_arm_that_loses_its_decode_pod_rolls_back(gray: Gray) -> None:
+    """retry (attempt 5) -> Shifting 50 %, and the decode engine hangs: its readiness probe fails, the
+    router stops sending P/D requests to it and the colocated arm serves the P/D share instead (no
+    client sees that), each such request counted as stood in for. Those count as the P/D arm's failures,
+    so the step fails on its error rate and rolls back, however few P/D requests finish in the window.
+    Only requests caught on the hung engine (sent before the weight went back to 0) may fail."""
+    gray.wait_phase("RolledBack", 0, DELAY + 30)
+    gray.command("retry/4")
+    gray.wait_phase("Shifting", 50, ARM_TIMEOUT + 20)
+    injected = time.time()
+    gray.fault("decode", {"hang": True})
+    # Unready after the readiness probe's 3 failures 5 s apart; then a window of stood-in requests.
+    back = gray.wait_phase("RollingBack", 0, ROLLBACK_BOUND + 30)
+    r = rollout(back)
+    print(f"decode hung -> weight 0 in {back.at - injected:.1f}s: {r['reason']}")
+    assert "served by the other arm: no ready pod on this one" in r["reason"], r["reason"]
+    failed = [v for v in r["verdicts"] if v["result"] == "Fail"]
+    assert failed and failed[-1]["figures"]["targetStoodIn"] >= 1, failed[-1:]
+    gray.wait_phase("RolledBack", 0, DELAY + 60)
+    late = [s.error for s in gray.load.samples(since=back.at) if not s.ok]
+    assert late == [], "no request sent after the weight went back to 0 failed"
 
 
 def test_a_mode_change_without_rollout_waits_for_the_new_arm(gray: Gray) -> None:

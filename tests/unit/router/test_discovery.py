@@ -8,7 +8,7 @@ import pytest
 
 from tandem.kube.pods import PodInfo, pdd_info_from, pod_info_from, pod_label_selector
 from tandem.router.discovery import apply_pod_event, draining_by_role, endpoints_by_role
-from tandem.routing.paths import Unavailable, choose_path, disaggregated_share, draw_for
+from tandem.routing.paths import Unavailable, choose_path, disaggregated_share, draw_for, wanted_path
 
 
 def pod(name: str, role: str = "decode", ip: str | None = "127.20.0.5", **over: Any) -> PodInfo:
@@ -152,20 +152,21 @@ def test_share(mode: str | None, weight: int | None, share: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("share", "draw", "ready", "fallback", "path"),
+    ("share", "draw", "ready", "fallback", "path", "stood_in"),
     [
-        (100, 0.5, "pdc", True, "disaggregated"),
-        (0, 0.5, "pdc", True, "colocated"),
-        (30, 0.29, "pdc", True, "disaggregated"),
-        (30, 0.30, "pdc", True, "colocated"),
-        (100, 0.5, "dc", True, "colocated"),  # no prefill: colocated when allowed
-        (100, 0.5, "dc", False, "no ready prefill pod"),
-        (100, 0.5, "", True, "no ready prefill and decode pod"),
-        (0, 0.5, "pd", True, "disaggregated"),  # colocated wanted but none: P/D serves
-        (0, 0.5, "p", True, "no ready colocated pod"),
+        (100, 0.5, "pdc", True, "disaggregated", False),
+        (0, 0.5, "pdc", True, "colocated", False),
+        (30, 0.29, "pdc", True, "disaggregated", False),
+        (30, 0.30, "pdc", True, "colocated", False),
+        (100, 0.5, "dc", True, "colocated", True),  # no prefill: colocated when allowed
+        (100, 0.5, "dc", False, "no ready prefill pod", False),
+        (100, 0.5, "", True, "no ready prefill and decode pod", False),
+        (0, 0.5, "pd", True, "disaggregated", True),  # colocated wanted but none: P/D serves
+        (0, 0.5, "p", True, "no ready colocated pod", False),
+        (30, 0.29, "c", True, "colocated", True),  # the gray split's P/D share, P/D gone
     ],
 )
-def test_choose_path(share: int, draw: float, ready: str, fallback: bool, path: str) -> None:
+def test_choose_path(share: int, draw: float, ready: str, fallback: bool, path: str, stood_in: bool) -> None:
     chosen = choose_path(
         share,
         draw,
@@ -176,8 +177,11 @@ def test_choose_path(share: int, draw: float, ready: str, fallback: bool, path: 
     )
     if isinstance(chosen, Unavailable):
         assert path in chosen.message
+        assert chosen.wanted == wanted_path(share, draw)
     else:
         assert chosen == path
+    # The router counts a request served by a path other than the one meant as stood in for.
+    assert (not isinstance(chosen, Unavailable) and chosen != wanted_path(share, draw)) == stood_in
 
 
 def test_the_gray_split_is_stable_per_request_id_and_even_across_ids() -> None:
