@@ -451,7 +451,8 @@ def test_a_pd_arm_that_loses_its_decode_pod_rolls_back(gray: Gray) -> None:
     print(f"decode hung -> weight 0 in {back.at - injected:.1f}s: {r['reason']}")
     assert "served by the other arm: no ready pod on this one" in r["reason"], r["reason"]
     failed = [v for v in r["verdicts"] if v["result"] == "Fail"]
-    assert failed and failed[-1]["figures"]["targetStoodIn"] >= 1, failed[-1:]
+    assert failed
+    assert failed[-1]["figures"]["targetStoodIn"] >= 1, failed[-1]
     gray.wait_phase("RolledBack", 0, DELAY + 60)
     late = [s.error for s in gray.load.samples(since=back.at) if not s.ok]
     assert late == [], "no request sent after the weight went back to 0 failed"
