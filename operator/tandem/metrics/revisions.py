@@ -5,10 +5,13 @@ The routers count every finished P/D request by the revision of the pair that se
 (`tandem_router_revision_requests_total{revision, code}`, and within both SLO targets
 `tandem_router_revision_requests_within_slo_total{revision}`; the legacy revision is `legacy`) and
 time its successful ones (`tandem_router_revision_time_to_first_token_seconds`,
-`..._time_per_output_token_seconds`, by `revision`). Per arm: requests, attainment, error rate,
-TTFT and TPOT at the SLO's quantile (reported, as for a mode rollout), and from the engines' NIXL
-metrics of that revision's pods (`tandem_dev_revision`, the pod label; none on the legacy pods) the
-KV-transfer failure rate and bandwidth ratio (judged, as for the P/D arm of a mode rollout).
+`..._time_per_output_token_seconds`, by `revision`), and count the requests the weights meant for a
+revision that another revision's pair served because the one meant had no ready pair
+(`tandem_router_revision_stood_in_total{wanted}`: the arm's requests, each failed). Per arm:
+requests, attainment, error rate, TTFT and TPOT at the SLO's quantile (reported, as for a mode
+rollout), and from the engines' NIXL metrics of that revision's pods (`tandem_dev_revision`, the pod
+label; none on the legacy pods) the KV-transfer failure rate and bandwidth ratio (judged, as for the
+P/D arm of a mode rollout).
 The queries, the arms' figures and the read are `metrics/arms.py`'s, shared with the mode rollout
 (`metrics/rollout.py`); this module names the series (`REVISIONS`) and the revisions' labels.
 `revision_queries` and `build_revision_window` are pure; `read_revision_window` never raises (a
@@ -56,6 +59,7 @@ REVISIONS: Final = ArmSeries(
     ttft="tandem_router_revision_time_to_first_token_seconds",
     tpot="tandem_router_revision_time_per_output_token_seconds",
     what="P/D requests on each serving revision",
+    stood_in="tandem_router_revision_stood_in_total",
 )
 
 

@@ -274,6 +274,12 @@ class Flow:
             path_metrics.active -= 1
             self._record(request, path, tally, path_metrics)
 
+    def _count_revision_stood_in(self, request: ClientRequest, revision: str | None) -> None:
+        """A request whose revision's pair serves it in place of the one its draw meant (not ready)."""
+        meant = self.state.revision_meant(request.request_id, self._first(request))
+        if revision is not None and meant is not None and revision != meant:
+            self.metrics.child(self.metrics.revision_stood_in, meant or "legacy").inc()
+
     def _record(self, request: ClientRequest, path: Path, tally: _Tally, metrics: PathMetrics) -> None:
         now = self.clock()
         code = f"{tally.status // 100}xx"
@@ -505,6 +511,8 @@ class Flow:
             # Both legs from one serving revision (chosen again per attempt: a pair may have gone).
             revision = self.state.revision_for(request.request_id, self._first(request))
             tally.revision = revision
+            if attempt == 0:
+                self._count_revision_stood_in(request, revision)
             if attempt == 0 and not await self._decode_room(request, responder, tally, revision):
                 return
             decode_pod, choice, uncached = None, _ALWAYS, _NOTHING_KNOWN

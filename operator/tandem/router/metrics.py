@@ -222,6 +222,13 @@ class RouterMetrics:
             " first revision, whose pods carry no revision label) and HTTP status class.",
             ["revision", "code"], registry=r,
         )  # fmt: skip
+        self.revision_stood_in = Counter(
+            "tandem_router_revision_stood_in_total",
+            "P/D requests the weights meant for a serving revision (by `wanted`) that another revision's"
+            " pair served because the one meant had no ready pair. A revision rollout counts them as the"
+            " meant revision's failures.",
+            ["wanted"], registry=r,
+        )  # fmt: skip
         self.revision_within_slo = Counter(
             "tandem_router_revision_requests_within_slo_total",
             "P/D requests that succeeded within both SLO targets, by serving revision of the pair.",
@@ -449,6 +456,7 @@ class RouterMetrics:
         for code in STATUS_CLASSES:
             self.child(self.revision_requests, revision, code)
         self.child(self.revision_within_slo, revision)
+        self.child(self.revision_stood_in, revision)
         # the latency histograms too: a revision rollout's verdict reads their quantiles with rate()
         self.child(self.revision_ttft, revision)
         self.child(self.revision_tpot, revision)

@@ -26,6 +26,17 @@ def draw_for(request_id: str) -> float:
     return int.from_bytes(digest, "big") / 2**64
 
 
+def meant_revision(shares: Sequence[tuple[str, int]] | None, draw: float) -> str | None:
+    """The revision whose share the draw falls in, ready or not (None: no shares, or the weights add up
+    to less than the draw). When `choose_revision` picks another, that one stood in for it."""
+    point, edge = draw * 100, 0.0
+    for rev, weight in shares or ():
+        edge += max(0, weight)
+        if point < edge:
+            return rev
+    return None
+
+
 def choose_revision(
     shares: Sequence[tuple[str, int]] | None,
     draw: float,
@@ -40,13 +51,9 @@ def choose_revision(
     if not ready:
         return None
     if shares:
-        point, edge = draw * 100, 0.0
-        for rev, weight in shares:
-            edge += max(0, weight)
-            if point < edge and complete.get(rev, False):
-                return rev
-            if point < edge:
-                break
+        meant = meant_revision(shares, draw)
+        if meant is not None and complete.get(meant, False):
+            return meant
         for rev, weight in shares:  # the chosen pair is not ready: another known one that is
             if weight > 0 and complete.get(rev, False):
                 return rev

@@ -24,7 +24,7 @@ from tandem.router.discovery import (
 )
 from tandem.router.gateway import Gateway
 from tandem.router.metrics import RouterMetrics
-from tandem.router.revisions import choose_revision
+from tandem.router.revisions import choose_revision, meant_revision
 from tandem.router.revisions import draw_for as revision_draw
 from tandem.router.slo import SloTargets
 from tandem.routing.balancer import Balancer
@@ -238,10 +238,23 @@ class RouterState:
         complete = {
             rev: bool(r["prefill"]) and bool(r["decode"]) for rev, r in self.revision_endpoints.items()
         }
+        shares, draw = self._revision_split(request_id, first)
+        return choose_revision(shares, draw, complete)
+
+    def revision_meant(self, request_id: str, first: bool = False) -> str | None:
+        """The serving revision the weights meant this request for, whether its pair is ready or not."""
+        if not self.revision_endpoints:
+            return None
+        return meant_revision(*self._revision_split(request_id, first))
+
+    def _revision_split(
+        self, request_id: str, first: bool
+    ) -> tuple[tuple[tuple[str, int], ...] | None, float]:
+        """The revision shares (a tenant of the tenants stage: all on the current revision) and the draw."""
         shares = self.revision_shares
         if first and self.revision_rollout_serving and shares:
             shares = ((shares[0][0], 100), *((rev, 0) for rev, _ in shares[1:]))
-        return choose_revision(shares, 0.0 if first else revision_draw(request_id), complete)
+        return shares, 0.0 if first else revision_draw(request_id)
 
     def disaggregated_share(self) -> int:
         mode = self.serving_mode

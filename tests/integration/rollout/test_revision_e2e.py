@@ -438,4 +438,7 @@ def test_with_rollout_revisions_move_by_steps_and_a_failed_step_rolls_back(rev: 
     print(f"{len(load.samples(since=changed))} requests since the first change, {len(failures)} failed")
     assert failures == []
     assert total(router, "tandem_router_failures_total", role="decode") == 0, "no refused (mixed) pair"
+    # Weight only ever went to a revision whose pair was ready: none stood in for another.
+    assert any(name == "tandem_router_revision_stood_in_total" for name, _ in router)
+    assert total(router, "tandem_router_revision_stood_in_total") == 0
     assert total(router, "tandem_router_revision_requests_total", revision=third["id"], code="2xx") > 0

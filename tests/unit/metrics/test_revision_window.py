@@ -29,12 +29,14 @@ def test_queries_select_the_deployments_routers_and_group_by_revision() -> None:
         "revision_requests",
         "revision_within_slo",
         "revision_errors",
+        "revision_stood_in",
         "revision_ttft",
         "revision_tpot",
     }
     assert 'code="5xx"' in queries["revision_errors"]
-    for query in queries.values():
-        assert "sum by (revision" in query
+    assert "sum by (wanted) (increase(tandem_router_revision_stood_in_total " in queries["revision_stood_in"]
+    for name, query in queries.items():
+        assert ("sum by (wanted" if name == "revision_stood_in" else "sum by (revision") in query
         assert 'namespace="ns"' in query
         assert "[10s]" in query
     assert queries["revision_ttft"].startswith("histogram_quantile(0.9, ")
@@ -73,6 +75,24 @@ def test_window_has_each_revisions_quantiles_and_kv_figures() -> None:
     assert verdict.figures["targetKvBandwidthRatio"] == 0.1
     assert verdict.figures["baselineKvBandwidthRatio"] == 0.95
     assert verdict.figures["targetKvFailureRate"] == 0.0
+
+
+def test_requests_another_revision_stood_in_for_are_the_new_revisions_failures() -> None:
+    """The new revision's pair went unready mid-step: its share went to the old pair (stood in), which
+    keeps only what it served; the new revision fails on its error rate with few of its own requests."""
+    results = {
+        "revision_requests": [sample("b2", 3), sample("legacy", 60)],
+        "revision_within_slo": [sample("b2", 3), sample("legacy", 60)],
+        "revision_stood_in": [{"metric": {"wanted": "b2"}, "value": [0, "17"]}],
+    }
+    window = build_revision_window(
+        results, {}, now=100.0, window_seconds=10, target="b2", baseline="legacy", slo_set=True
+    )
+    assert (window.target.requests, window.target.stood_in, window.baseline.requests) == (20, 17, 60)
+    assert window.target.error_rate == pytest.approx(0.85)
+    verdict = judge(window, Analysis(window_seconds=10, min_samples=10, attainment_floor=0.9))
+    assert verdict.result is Result.Fail
+    assert "17 of them served by the other arm" in verdict.reason
 
 
 class KvByRevision:

@@ -9,30 +9,36 @@ import pytest
 
 from tandem.kube.pods import PodInfo, pdd_info_from, pod_info_from
 from tandem.router.discovery import endpoints_by_revision
-from tandem.router.revisions import choose_revision, draw_for
+from tandem.router.revisions import choose_revision, draw_for, meant_revision
 
 BOTH = {"": True, "new": True}
 
 
 @pytest.mark.parametrize(
-    ("shares", "draw", "complete", "expected"),
+    ("shares", "draw", "complete", "expected", "meant"),
     [
-        ((("new", 0), ("", 100)), 0.0, BOTH, ""),  # new pair at weight 0 gets nothing
-        ((("new", 100), ("", 0)), 0.99, BOTH, "new"),
-        ((("new", 30), ("", 70)), 0.29, BOTH, "new"),
-        ((("new", 30), ("", 70)), 0.30, BOTH, ""),
-        ((("new", 100), ("", 0)), 0.5, {"": True, "new": False}, ""),  # never a pair not ready
-        ((("new", 0), ("", 100)), 0.5, {"": False, "new": True}, "new"),  # old pair gone: the ready one
-        ((("new", 100),), 0.5, {"other": True}, "other"),  # pods of a revision status does not know yet
-        ((("new", 100), ("", 0)), 0.5, {"": False, "new": False}, None),
-        (None, 0.5, {"b": True, "a": True}, "a"),  # no status yet: any ready pair, deterministically
-        (None, 0.5, {}, None),
+        ((("new", 0), ("", 100)), 0.0, BOTH, "", ""),  # new pair at weight 0 gets nothing
+        ((("new", 100), ("", 0)), 0.99, BOTH, "new", "new"),
+        ((("new", 30), ("", 70)), 0.29, BOTH, "new", "new"),
+        ((("new", 30), ("", 70)), 0.30, BOTH, "", ""),
+        ((("new", 100), ("", 0)), 0.5, {"": True, "new": False}, "", "new"),  # never a pair not ready
+        ((("new", 0), ("", 100)), 0.5, {"": False, "new": True}, "new", ""),  # old pair gone: the ready one
+        ((("new", 100),), 0.5, {"other": True}, "other", "new"),  # pods of a revision status does not know
+        ((("new", 100), ("", 0)), 0.5, {"": False, "new": False}, None, "new"),
+        (None, 0.5, {"b": True, "a": True}, "a", None),  # no status yet: any ready pair, deterministically
+        (None, 0.5, {}, None, None),
     ],
 )
 def test_choose_revision(
-    shares: tuple[tuple[str, int], ...] | None, draw: float, complete: dict[str, bool], expected: str | None
+    shares: tuple[tuple[str, int], ...] | None,
+    draw: float,
+    complete: dict[str, bool],
+    expected: str | None,
+    meant: str | None,
 ) -> None:
+    """`meant`: the revision the weights chose, ready or not; a different `expected` stood in for it."""
     assert choose_revision(shares, draw, complete) == expected
+    assert meant_revision(shares, draw) == meant
 
 
 def test_split_follows_the_weight_and_is_stable_per_request_id() -> None:
