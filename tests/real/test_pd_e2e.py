@@ -26,6 +26,8 @@ PDDeployment with all three pools and `spec.rollout`:
 6. Abandoned requests: clients that leave 10-400 ms after sending, and prefills finished for a decode
    that never comes; how long the prefill engine holds their KV (real vLLM has no route the router
    can free it by; its lease bounds the hold).
+7. A second prefill engine joins; one is killed -9 with the router's prefill legs in flight on it
+   (frozen first, so they are): each leg is sent again to the other, and every answer stays equal.
 """
 
 from __future__ import annotations
@@ -774,7 +776,7 @@ def engine_id(ip: str) -> str:
 def test_a_prefill_restarted_in_its_pod_while_decode_holds_its_nixl_peer(
     pd: Deployed, colocated: Run, disaggregated: Run
 ) -> None:
-    """Last in the module: it restarts the prefill engine. The container is killed -9 and restarted
+    """It restarts the prefill engine. The container is killed -9 and restarted
     by the runner in the same pod, so it comes back at the same IP and side-channel port; the decode
     engine still holds the NIXL agent of the process that died."""
     ip = pd.ips("prefill")[0]
@@ -915,3 +917,81 @@ def test_abandoned_requests_hold_prefill_kv_for_at_most_one_lease(pd: Deployed) 
     assert release == 404  # no route on `vllm serve`: the release the router asks for cannot happen
     # Held for the lease, not longer: the bound (plus the engine's expiry check and 1-s polling).
     assert LEASE_S - 5 <= held_for <= LEASE_S + 15, samples
+
+
+# --- a prefill engine killed mid-prefill, its legs retried on the other -------------------------
+
+# Prompts with colocated reference answers (130 to 520 words), asked at once as plain completions.
+MID_PREFILL_PROMPTS = range(12, 20)
+UPSTREAM_IN_FLIGHT = "tandem_router_upstream_in_flight_requests"
+
+
+def router_metrics(d: Deployed) -> str:
+    with urllib.request.urlopen(d.router() + "/metrics", timeout=10) as answer:
+        text: str = answer.read().decode()
+    return text
+
+
+def signal_group(pod: dict[str, Any], sig: signal.Signals) -> None:
+    """`sig` to every process of the pod's engine container (its process group, `tandem://PGID`)."""
+    statuses = pod["status"].get("containerStatuses") or []
+    os.killpg(int(statuses[0]["containerID"].removeprefix("tandem://")), sig)
+
+
+def test_a_prefill_killed_mid_prefill_is_retried_on_the_other(
+    pd: Deployed, colocated: Run, disaggregated: Run
+) -> None:
+    """Last in the module: a second prefill engine joins (prefill, prefill, decode: three engines).
+    One prefill engine is frozen (SIGSTOP to its process group) so that the router's prefill legs sent
+    to it stay in flight, mid-prefill; then it is killed -9 while they are. The router sees each of
+    those legs fail and sends it again to the other prefill engine: every client gets its whole
+    answer, equal to the colocated engine's token for token."""
+    patch = json.dumps({"spec": {"prefill": {"replicas": 2}}})
+    pd.cluster.kubectl("patch", "-n", pd.namespace, "pdd", pd.name, "--type", "merge", "-p", patch)
+    started = time.monotonic()
+    eventually(
+        lambda: len(pd.ips("prefill")) == 2, timeout=READY_TIMEOUT, interval=2, what="a second prefill Ready"
+    )
+    print(f"\nsecond prefill engine Ready {time.monotonic() - started:.0f} s after the patch")
+    router = pd.router()
+    victim = pd.pods("prefill")[0]
+    before = router_metrics(pd)
+    answers: dict[int, Answer] = {}
+    errors: list[str] = []
+
+    def one(i: int) -> None:
+        try:
+            answers[i] = ask(router, "completions", False, prompts()[i])
+        except (AssertionError, OSError) as error:
+            errors.append(f"prompt {i}: {error}")
+
+    signal_group(victim, signal.SIGSTOP)
+    threads = [threading.Thread(target=one, args=(i,)) for i in MID_PREFILL_PROMPTS]
+    try:
+        for t in threads:
+            t.start()
+
+        def stuck() -> bool:
+            """Every request answered (by the other engine) or waiting on a prefill leg, and some are."""
+            legs = metric_total(router_metrics(pd), UPSTREAM_IN_FLIGHT, role="prefill")
+            return legs >= 1 and len(answers) + legs >= len(MID_PREFILL_PROMPTS)
+
+        eventually(stuck, timeout=60, interval=0.2, what="prefill legs in flight on the frozen engine only")
+    finally:
+        signal_group(victim, signal.SIGKILL)
+    killed_at = time.monotonic()
+    for t in threads:
+        t.join(timeout=300)
+    after = router_metrics(pd)
+    retried = metric_total(after, "tandem_router_retries_total", leg="prefill") - metric_total(
+        before, "tandem_router_retries_total", leg="prefill"
+    )
+    print(
+        f"prefill {victim['metadata']['name']} killed -9 mid-prefill; {len(answers)} of "
+        f"{len(MID_PREFILL_PROMPTS)} answered within {time.monotonic() - killed_at:.0f} s, "
+        f"{retried:.0f} prefill legs retried"
+    )
+    assert errors == []
+    assert retried >= 1, "a leg in flight on the killed engine was sent again"
+    for i in MID_PREFILL_PROMPTS:
+        assert answers[i] == colocated.answers[(i, "completions", False)], i
