@@ -228,7 +228,7 @@ class Flow:
     async def serve(self, request: ClientRequest, responder: Responder) -> None:
         state = self.state
         has_prefill, has_decode = bool(state.endpoints["prefill"]), bool(state.endpoints["decode"])
-        knobs = state.disaggregation.knobs_for(request.request_id)
+        knobs = state.disaggregation.knobs_for(request.request_id, self._first(request))
         local = knobs.mode != "Always"  # a decode pod may prefill: P/D needs decode pods only
         if state.revision_endpoints:  # a pair is a prefill and a decode pod of one revision
             paired = state.revision_for(request.request_id, self._first(request)) is not None
@@ -381,7 +381,8 @@ class Flow:
         return chosen
 
     def _first(self, request: ClientRequest) -> bool:
-        """A tenant of spec.rollout.tenants: on a revision rollout's new revision first."""
+        """A tenant of spec.rollout.tenants: first on a revision rollout's new revision and on a
+        disaggregation rollout's target mode."""
         return self.state.gateway.goes_first(request.tenant)
 
     def _pick_decode(self, tried: set[str], revision: str | None) -> str | None:
