@@ -199,6 +199,8 @@ def measured_slo(snapshot: Snapshot, observed_at: str) -> SLOStatus | None:
         tpot_ms_by_concurrency=_ms_by_bucket(snapshot, "tpot_by_concurrency"),
         itl_ms_by_output_length=_ms_by_bucket(snapshot, "itl_by_output_length"),
         itl_ms_by_concurrency=_ms_by_bucket(snapshot, "itl_by_concurrency"),
+        ttft_ms_by_prefill=_ms_by_bucket(snapshot, "ttft_by_prefill"),
+        tpot_ms_by_prefill=_ms_by_bucket(snapshot, "tpot_by_prefill"),
     )
 
 
