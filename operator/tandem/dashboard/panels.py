@@ -140,9 +140,10 @@ ROWS: Final[tuple[tuple[str, tuple[PanelDef, ...]], ...]] = (
                 "percentunit",
                 (
                     Query(
-                        f"sum by ({BY_DEPLOYMENT}, mode, prefill) (rate({DISAGGREGATION_REQUESTS}{{{ROUTER}}}"
-                        f"[$__rate_interval])) / ignoring (mode, prefill) group_left () sum by ({BY_DEPLOYMENT})"
-                        f" (rate({DISAGGREGATION_REQUESTS}{{{ROUTER}}}[$__rate_interval]))",
+                        f"sum by ({BY_DEPLOYMENT}, mode, prefill) (rate({DISAGGREGATION_REQUESTS}"
+                        f"{{{ROUTER}}}[$__rate_interval])) / ignoring (mode, prefill) group_left ()"
+                        f" sum by ({BY_DEPLOYMENT}) (rate({DISAGGREGATION_REQUESTS}{{{ROUTER}}}"
+                        "[$__rate_interval]))",
                         "{{tandem_dev_pddeployment}} {{mode}} {{prefill}}",
                     ),
                 ),
@@ -178,7 +179,8 @@ ROWS: Final[tuple[tuple[str, tuple[PanelDef, ...]], ...]] = (
             PanelDef(
                 "TPOT by prefill side",
                 "Time per output token of P/D requests, p50/p95/p99 by mode and prefill side"
-                " (tandem_router_disaggregation_tpot_seconds): a local prefill runs in the decode pod's steps.",
+                " (tandem_router_disaggregation_tpot_seconds): a local prefill runs in the decode pod's"
+                " steps.",
                 "s",
                 _quantiles(
                     "tandem_router_disaggregation_tpot_seconds",

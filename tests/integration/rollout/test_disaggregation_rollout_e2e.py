@@ -205,20 +205,25 @@ def pd(cluster: ClusterHandle, operator: RestartableOperator, module_namespace: 
         watch.wait("pdonly Ready", lambda s: s.is_ready() and s.ready("decode") >= 1, 180)
         print(f"\npdonly Ready in {time.monotonic() - began:.0f}s")
         router = harness.router_url(cluster, ns, NAME)
-        for tenant in TENANTS:
-            loads[tenant] = BackgroundLoad(
-                router, harness.MODEL, max_requests=2500, max_seconds=540, headers={"X-Tenant": tenant}
+        loads = {
+            t: BackgroundLoad(
+                router, harness.MODEL, max_requests=2500, max_seconds=540, headers={"X-Tenant": t}
             )
-            loads[tenant].start(LOAD)
+            for t in TENANTS
+        }
+        for load in loads.values():
+            load.start(LOAD)
         yield Pd(cluster, ns, watch, router, loads)
     finally:
-        for load in loads.values():
-            if load.running:
-                load.stop(timeout=60)
-        watch.stop()
-        print(f"--- events of {NAME}")
-        for e in harness.events(cluster, ns, NAME):
-            print(f"  {e.get('reason')}: {e.get('message', '')[:240]}")
+        _teardown(cluster, ns, watch, loads)
+
+
+def _teardown(cluster: ClusterHandle, ns: str, watch: Any, loads: dict[str, BackgroundLoad]) -> None:
+    watch.stop()
+    for load in (running for running in loads.values() if running.running):
+        load.stop(timeout=60)
+    lines = [f"  {e.get('reason')}: {e.get('message', '')[:240]}" for e in harness.events(cluster, ns, NAME)]
+    print("\n".join([f"--- events of {NAME}", *lines]))
 
 
 def test_always_to_auto_goes_tenants_first_then_by_weight_and_promotes(pd: Pd) -> None:
