@@ -28,6 +28,7 @@ import json
 import math
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -372,3 +373,108 @@ def test_a_decode_engine_that_cannot_prefill_rolls_back_to_always(pd: Pd) -> Non
     # The spec back at the mode in effect ends it: healthy again.
     pd.patch({"router": {"disaggregation": {"mode": "Always"}}})
     pd.wait("Healthy with Always", lambda s: s.status.get("phase") == "Healthy" and not record(s), 30)
+
+
+# -- multi-turn sessions, Auto beside Always in the same run ---------------------------------------
+
+DECISIONS = "tandem_router_disaggregation_total"
+SESSIONS = 6  # per tenant, one request at a time, the tenants taking turns
+FIRST_TURN, NEXT_TURN, REPLY = 1500, 40, 16  # words (the sim's tokens); 1500 > maxLocalTokens 1024
+
+
+def words(tag: str, count: int) -> str:
+    """`count` distinct words: `count` of the sim tokenizer's tokens (no punctuation in `tag`)."""
+    tag = "".join(c for c in tag if c.isalnum())
+    return " ".join(f"{tag}w{i}" for i in range(count))
+
+
+def streamed_chat(router: str, tenant: str, messages: list[dict[str, str]]) -> tuple[float, str]:
+    """(client TTFT, the reply's text) of one streamed chat request through the router."""
+    body = {"model": harness.MODEL, "messages": messages, "max_tokens": REPLY, "stream": True}
+    request = urllib.request.Request(
+        router + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json", "X-Tenant": tenant},
+        method="POST",
+    )
+    started, first, text = time.monotonic(), None, []
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        assert answer.status == 200
+        for line in answer:
+            if not line.startswith(b"data: {"):
+                continue
+            choices = json.loads(line[6:])["choices"]
+            content = choices[0]["delta"].get("content") if choices else None
+            if content:
+                first = time.monotonic() if first is None else first
+                text.append(content)
+    assert first is not None, "no token streamed"
+    return first - started, "".join(text)
+
+
+def decisions(router: str) -> dict[tuple[str, str], float]:
+    with urllib.request.urlopen(router + "/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    out: dict[tuple[str, str], float] = {}
+    for line in text.splitlines():
+        if line.startswith(DECISIONS + "{"):
+            series, _, value = line.rpartition(" ")
+            labels = dict(part.split("=", 1) for part in series[len(DECISIONS) + 1 : -1].split(","))
+            key = (labels["prefill"].strip('"'), labels["reason"].strip('"'))
+            out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def test_multi_turn_sessions_prefill_later_turns_on_decode_under_auto(pd: Pd) -> None:
+    """Chat sessions of 3 turns (a 1,500-word first turn, 16-token replies, 40 more words a turn), one
+    request at a time, team-a's decided by Auto and team-b's by Always in the same run (the tenants
+    stage of an Always -> Auto rollout, held at its manual gate). Robust facts only: every request is
+    decided once; Auto prefills turn 1 remotely (too_long) and every later turn on the decode pod that
+    holds the conversation; Always prefills every turn remotely. The TTFTs are printed, not judged."""
+    for load in pd.loads.values():  # the router's decision counters then move with these requests only
+        load.stop(timeout=60)
+    pd.patch({"router": {"disaggregation": {"mode": "Always"}}})
+    pd.wait(
+        "Always in effect",
+        lambda s: (s.status.get("disaggregation") or {}).get("mode", "Always") == "Always" and not record(s),
+        30,
+    )
+    gate = {**ROLLOUT, "steps": [{"weight": 0}, {"weight": 100, "pauseSeconds": 0}]}
+    pd.patch({"rollout": gate, "router": {"disaggregation": {"mode": "Auto"}}})
+    pd.wait(
+        "the tenants stage",
+        lambda s: (at(s) or ("",))[0] in ("Shifting", "Paused") and record(s)["step"] == 0,
+        30,
+    )
+    ttfts: dict[tuple[str, int], list[float]] = {}
+    sides: dict[tuple[str, int], list[tuple[str, str]]] = {}
+    for session in range(SESSIONS):
+        for tenant in TENANTS:
+            messages = [{"role": "user", "content": words(f"s{session}{tenant}t0", FIRST_TURN)}]
+            for turn in range(1, 4):
+                before = decisions(pd.router)
+                seconds, reply = streamed_chat(pd.router, tenant, messages)
+                after = decisions(pd.router)
+                moved = [key for key in after if after[key] - before.get(key, 0.0) > 0]
+                assert sum(after[k] - before.get(k, 0.0) for k in after) == 1, (tenant, turn, moved)
+                ttfts.setdefault((tenant, turn), []).append(seconds)
+                sides.setdefault((tenant, turn), []).append(moved[0])
+                messages += [
+                    {"role": "assistant", "content": reply},
+                    {"role": "user", "content": words(f"s{session}{tenant}t{turn}", NEXT_TURN)},
+                ]
+    assert (at(pd.watch.latest()) or ("", -1, -1))[1:] == (0, 0), "the run stayed in the tenants stage"
+    for tenant, mode in zip(TENANTS, ("Auto", "Always"), strict=True):
+        row = []
+        for turn in range(1, 4):
+            got = sorted(ttfts[tenant, turn])
+            row.append(
+                f"turn {turn} {got[len(got) // 2] * 1000:.0f} ms ({dict(Counter(sides[tenant, turn]))})"
+            )
+        print(f"{mode} ({tenant}), client TTFT p50 of {SESSIONS}: " + "; ".join(row))
+    for turn in range(1, 4):
+        auto, always = (sorted(ttfts[t, turn])[SESSIONS // 2] for t in TENANTS)
+        print(f"turn {turn}: Auto / Always TTFT p50 = {auto / always:.2f}")
+    assert set(sides["team-a", 1]) == {("remote", "too_long")}
+    assert all(side == "local" for turn in (2, 3) for side, _ in sides["team-a", turn]), sides
+    assert all(key == ("remote", "always") for turn in (1, 2, 3) for key in sides["team-b", turn]), sides
