@@ -432,8 +432,8 @@ def test_multi_turn_sessions_prefill_later_turns_on_decode_under_auto(pd: Pd) ->
     stage of an Always -> Auto rollout, held at its manual gate). Robust facts only: every request is
     decided once; Auto prefills turn 1 remotely (too_long) and most later turns (at least two in three)
     on the decode pod that holds the conversation; Always prefills every turn remotely. The TTFTs are
-    printed, not judged. (In the first run, before the warm-up, one session's turns 2 and 3 were
-    `too_long` too: the decode index did not match that conversation; not explained yet.)"""
+    printed, not judged. (Now and then a later turn is `too_long` too: the decode index did not match
+    that conversation; not explained yet, docs/router.md.)"""
     for load in pd.loads.values():  # the router's decision counters then move with these requests only
         load.stop(timeout=60)
     pd.patch({"router": {"disaggregation": {"mode": "Always"}}})
