@@ -550,24 +550,19 @@ ROLLOUT_RULES: Final[tuple[Rule, ...]] = (
             or _rollout_window(s) >= _autoscaling_interval(s)
         ),
     ),
+    # Every rollout needs the P/D arm: a serving-mode rollout moves traffic to or from it, a
+    # disaggregation-mode or revision rollout splits it. The colocated arm is needed only to move
+    # between serving modes, which `spec.serving.mode` Colocated's own rule already requires: a
+    # P/D-only deployment (spec.colocated.replicas 0) rolls its disaggregation mode and revisions.
     Rule(
-        cel=(
-            "!has(self.rollout) || "
-            "(self.colocated.replicas >= 1 && self.prefill.replicas >= 1 && self.decode.replicas >= 1)"
-        ),
+        cel="!has(self.rollout) || (self.prefill.replicas >= 1 && self.decode.replicas >= 1)",
         message=(
-            "spec.rollout needs both arms: spec.colocated.replicas, spec.prefill.replicas and "
-            "spec.decode.replicas must each be at least 1 (the full size of each arm)"
+            "spec.rollout needs the P/D arm: spec.prefill.replicas and spec.decode.replicas must each be "
+            "at least 1 (the full size of the arm; spec.colocated.replicas may be 0 on a P/D-only "
+            "deployment, whose rollouts are of spec.router.disaggregation.mode and serving revisions)"
         ),
         field_path=".rollout",
-        check=lambda s: (
-            _rollout(s) is None
-            or (
-                _replicas(s, "colocated") >= 1
-                and _replicas(s, "prefill") >= 1
-                and _replicas(s, "decode") >= 1
-            )
-        ),
+        check=lambda s: _rollout(s) is None or (_replicas(s, "prefill") >= 1 and _replicas(s, "decode") >= 1),
         reason="FieldValueRequired",
     ),
 )

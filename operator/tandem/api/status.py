@@ -281,6 +281,18 @@ class SLOStatus(ApiModel):
     itl_ms_by_concurrency: Annotated[
         dict[str, float], Field(max_length=17, description="Inter-token latency by concurrency bucket (ms).")
     ] = {}
+    ttft_ms_by_prefill: Annotated[
+        dict[str, float],
+        Field(
+            max_length=2,
+            description="TTFT of P/D requests by where their prompt was prefilled (remote: a prefill pod, "
+            "local: their decode pod; spec.router.disaggregation) (ms).",
+        ),
+    ] = {}
+    tpot_ms_by_prefill: Annotated[
+        dict[str, float],
+        Field(max_length=2, description="TPOT of P/D requests by where their prompt was prefilled (ms)."),
+    ] = {}
 
 
 class RolloutVerdictStatus(ApiModel):

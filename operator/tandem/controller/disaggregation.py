@@ -26,13 +26,15 @@ Commands: the annotation's `disaggregation:ACTION[/TOKEN]` (controller/commands.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 from tandem.api.models import PDDeployment
-from tandem.api.status import DisaggregationStatus, RolloutStatus
+from tandem.api.status import Condition, DisaggregationStatus, RolloutStatus
 from tandem.controller.rollout import (
+    ConditionTuple,
+    conditions_for,
     echo_kind,
     from_status,
     read_through,
@@ -142,6 +144,16 @@ def advance(
         events.append((kind, f"DisaggregationRollout{s.phase.value}", message))
     new_mode = target if s.phase is Phase.Promoted else mode
     return DisaggregationStatus(mode=new_mode, rollout=to_status(s, target, t.problems)), events
+
+
+def rollout_conditions(status: DisaggregationStatus, had: Sequence[Condition]) -> list[ConditionTuple]:
+    """RolloutProgressing and RolledBack for a disaggregation-mode rollout, as a serving-mode rollout
+    sets them (message `disaggregation Always -> Auto, weight 10%: ...`); none without a readable record."""
+    record = status.rollout
+    state = _state_of(record)
+    if record is None or state is None or record.target is None:
+        return []
+    return conditions_for(state, record.target, had, record.reason, source=f"disaggregation {status.mode}")
 
 
 @dataclass

@@ -28,7 +28,7 @@ from tandem.controller.drift import is_subset
 from tandem.controller.events import EventRecorder
 from tandem.controller.kv_transport import KvOutcome, KvTransportCheck
 from tandem.controller.replicas import is_external
-from tandem.controller.rollout import RolloutController, RolloutOutcome
+from tandem.controller.rollout import ConditionTuple, RolloutController, RolloutOutcome
 from tandem.kube.informer import Cache
 from tandem.kube.rest import PDDEPLOYMENT, POD, Kind, KubeError, KubeRest, Obj
 from tandem.render import CHILD_KINDS, names, render
@@ -359,6 +359,7 @@ class Reconciler:
             ctx.pods,
             epoch,
             revision_change=ctx.revision_change,
+            disaggregation_change=disaggregation.active(previous.disaggregation if previous else None),
             command_value=ctx.routed.mode,
             command_problem=ctx.routed.problem,
         )
@@ -504,19 +505,27 @@ class Reconciler:
             kv_condition=desired.kv.condition,
             mode=rollout.mode,
             rollout=rollout.status,
-            rollout_conditions=(
-                # No mode rollout: a revision rollout's phase shows in the same conditions.
-                revisions.rollout_conditions(revs.status, previous.conditions if previous else [])
-                or rollout.conditions
-                if rollout.status is None
-                else rollout.conditions
-            ),
+            rollout_conditions=self._rollout_conditions(ctx, desired),
             revisions=revs.status,
             disaggregation=desired.disaggregation.status,
         )
         return derive_status(
             pdd, observed, previous.conditions if previous else [], ctx.now, self.unschedulable_grace_seconds
         )
+
+    @staticmethod
+    def _rollout_conditions(ctx: PassContext, desired: Desired) -> list[ConditionTuple]:
+        """RolloutProgressing and RolledBack: the mode rollout's; with none, a revision rollout's; with
+        neither running (none, or Promoted), a disaggregation-mode rollout's (status/derive.py)."""
+        had = ctx.previous.conditions if ctx.previous is not None else []
+        rollout, revs = desired.rollout, desired.revs
+        shown = rollout.status if rollout.status is not None else revs.status.rollout
+        disagg = desired.disaggregation.status
+        if disagg is not None and disagg.rollout is not None and (shown is None or shown.phase == "Promoted"):
+            return disaggregation.rollout_conditions(disagg, had)
+        if rollout.status is None:  # no mode rollout: a revision rollout's phase shows in the same conditions
+            return revisions.rollout_conditions(revs.status, had) or rollout.conditions
+        return rollout.conditions
 
     # -- write -------------------------------------------------------------------------------------
 

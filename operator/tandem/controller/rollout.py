@@ -409,11 +409,14 @@ class RolloutController:
         now: float,
         *,
         revision_change: bool = False,
+        disaggregation_change: bool = False,
         command_value: str | None = None,
         command_problem: str | None = None,
     ) -> RolloutOutcome:
         """`revision_change`: a serving-revision change of the P/D pair is in progress (controller/
         revisions.py judges it); P/D's steady fall-back to colocated waits until it is over.
+        `disaggregation_change`: a rollout of spec.router.disaggregation.mode is in progress
+        (controller/disaggregation.py judges it, its arms both P/D): the fall-back waits too.
         `command_value`: the command annotation when it is for this rollout (controller/commands.py),
         else None; `command_problem`: why a command went to no rollout (reported)."""
         spec = pdd.spec
@@ -430,7 +433,9 @@ class RolloutController:
             return self._cutover(in_effect, wanted, stored, had, statefulsets, live, full, ready)
 
         config = rollout_config(spec, spec.rollout)
-        if revision_change:  # one judge at a time: the revision rollout's verdicts decide
+        # One judge at a time: a revision or disaggregation rollout's verdicts decide. A P/D-only
+        # deployment (no colocated replicas) has no arm to fall back to: its P/D is never given up.
+        if revision_change or disaggregation_change or full["colocated"] < 1:
             config = dataclasses.replace(config, auto_rollback=False)
         events: list[Event] = []
         state, target = _resumed(stored, events)

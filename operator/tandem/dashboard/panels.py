@@ -74,6 +74,8 @@ def _by_path(metric: str, by: str) -> tuple[Query, ...]:
     return _quantiles(metric, ROUTER, f"path, {by}", "{{path}} {{" + by + "}}")
 
 
+DISAGGREGATION_REQUESTS: Final = "tandem_router_disaggregation_requests_total"
+BY_DEPLOYMENT: Final = "namespace, tandem_dev_pddeployment"  # a share within each PDDeployment
 PATH_NAMES: Final = {"disaggregated": "P/D", "colocated": "colocated"}
 TITLES: Final = {"ttft": "TTFT by input length", "tpot": "TPOT by output length"}
 
@@ -124,6 +126,68 @@ ROWS: Final[tuple[tuple[str, tuple[PanelDef, ...]], ...]] = (
                 "s",
                 _by_path("tandem_router_itl_by_concurrency_seconds", "concurrency"),
                 width=8,
+            ),
+        ),
+    ),
+    (
+        "Remote or local prefill (spec.router.disaggregation)",
+        (
+            PanelDef(
+                "Share of P/D requests by prefill side",
+                "Of each PDDeployment's P/D requests finished, the share whose prompt was prefilled on a"
+                " prefill pod (remote) or on their decode pod (local), by the mode that decided"
+                " (tandem_router_disaggregation_requests_total; a disaggregation rollout's arms).",
+                "percentunit",
+                (
+                    Query(
+                        f"sum by ({BY_DEPLOYMENT}, mode, prefill) (rate({DISAGGREGATION_REQUESTS}"
+                        f"{{{ROUTER}}}[$__rate_interval])) / ignoring (mode, prefill) group_left ()"
+                        f" sum by ({BY_DEPLOYMENT}) (rate({DISAGGREGATION_REQUESTS}{{{ROUTER}}}"
+                        "[$__rate_interval]))",
+                        "{{tandem_dev_pddeployment}} {{mode}} {{prefill}}",
+                    ),
+                ),
+                width=8,
+            ),
+            PanelDef(
+                "Prefill choices by reason",
+                "tandem_router_disaggregation_total: attempts per second by where the prompt was prefilled"
+                " and why (always, below_threshold, too_long, local_cap, unmeasured, tpot_headroom,"
+                " local_faster, remote_faster, no_prefill_ready, ...).",
+                "reqps",
+                (
+                    Query(
+                        f"sum by (prefill, reason) (rate(tandem_router_disaggregation_total{{{ROUTER}}}"
+                        "[$__rate_interval]))",
+                        "{{prefill}} {{reason}}",
+                    ),
+                ),
+                width=16,
+            ),
+            PanelDef(
+                "TTFT by prefill side",
+                "Client-visible time to first token of P/D requests at the router, p50/p95/p99 by the mode"
+                " that decided and the side that prefilled (tandem_router_disaggregation_ttft_seconds).",
+                "s",
+                _quantiles(
+                    "tandem_router_disaggregation_ttft_seconds",
+                    ROUTER,
+                    "mode, prefill",
+                    "{{mode}} {{prefill}}",
+                ),
+            ),
+            PanelDef(
+                "TPOT by prefill side",
+                "Time per output token of P/D requests, p50/p95/p99 by mode and prefill side"
+                " (tandem_router_disaggregation_tpot_seconds): a local prefill runs in the decode pod's"
+                " steps.",
+                "s",
+                _quantiles(
+                    "tandem_router_disaggregation_tpot_seconds",
+                    ROUTER,
+                    "mode, prefill",
+                    "{{mode}} {{prefill}}",
+                ),
             ),
         ),
     ),

@@ -78,6 +78,10 @@ run time with `POST /admin/faults` (JSON merged into the current faults; `GET` s
                                 Either end's factor slows a read (the lower of the two wins).
   error_rate: R, error_status   fraction of completion requests answered at once with HTTP error_status
                                 (default 500) and an OpenAI error body.
+  local_prefill_error_rate: R   on a decode engine (kv_consumer): fraction of the requests it would
+                                prefill itself (no remote KV: a router's local prefill) answered with
+                                error_status; requests with remote KV are served (a decode engine that
+                                cannot prefill locally).
   stream_error_rate: R, stream_error_after_tokens: N
                                 fraction of streams that, after N tokens, send
                                 `data: {"error": {...}}` then `data: [DONE]` inside the 200 response.

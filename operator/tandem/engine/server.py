@@ -245,6 +245,13 @@ class EngineServer:
             return _error("injected fault", faults.error_status, "InternalServerError")
 
         kv_cfg, params = cfg.kv_transfer, req.kv_transfer_params or {}
+        local = kv_cfg is not None and kv_cfg.is_consumer and not params.get("do_remote_prefill")
+        if (
+            local
+            and faults.local_prefill_error_rate
+            and self.core.rng.random() < faults.local_prefill_error_rate
+        ):
+            return _error("injected fault: local prefill refused", faults.error_status, "InternalServerError")
         if kv_cfg and kv_cfg.is_consumer and params.get("do_remote_prefill"):
             refused = revision_mismatch(params, cfg.sim.serving_revision)
             if refused is not None:

@@ -39,6 +39,10 @@ class Faults(BaseModel):
     kv_bandwidth_factor: float = Field(default=1.0, gt=0, le=1)
     error_rate: float = Field(default=0.0, ge=0, le=1)  # completion requests answered with error_status
     error_status: int = Field(default=500, ge=400, le=599)
+    # A decode engine (kv_consumer) that cannot prefill for itself: completion requests it would
+    # prefill locally (no `do_remote_prefill` KV to pull: a router's local prefill) answered with
+    # error_status. Requests with remote KV are served as usual.
+    local_prefill_error_rate: float = Field(default=0.0, ge=0, le=1)
     stream_error_rate: float = Field(default=0.0, ge=0, le=1)  # streams that end in an error event
     stream_error_after_tokens: int = Field(default=1, ge=0)  # ... after this many tokens were sent
 

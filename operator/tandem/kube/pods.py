@@ -87,6 +87,9 @@ class PddInfo:
     # percent of P/D requests on it.
     disaggregation_target: str | None = None
     disaggregation_weight: int = 0
+    # That rollout's target takes traffic (Shifting, Paused): every request of spec.rollout.tenants is
+    # decided by it, at any weight (0 included: the tenants stage).
+    disaggregation_tenants_first: bool = False
 
 
 def _get(obj: Mapping[str, Any], *path: str) -> Any:
@@ -189,6 +192,8 @@ def pdd_info_from(obj: Mapping[str, Any]) -> PddInfo:
         disaggregation=_disaggregation(obj),
         disaggregation_target=target,
         disaggregation_weight=weight,
+        disaggregation_tenants_first=target is not None
+        and _serving(_get(obj, "status", "disaggregation", "rollout")),
     )
 
 

@@ -206,6 +206,9 @@ BUCKET_LATENCIES: Final[dict[str, tuple[str, str]]] = {
     "tpot_by_concurrency": ("tandem_router_tpot_by_concurrency_seconds", "concurrency"),
     "itl_by_output_length": ("tandem_router_itl_by_output_length_seconds", "output_length"),
     "itl_by_concurrency": ("tandem_router_itl_by_concurrency_seconds", "concurrency"),
+    # P/D requests by where their prompt was prefilled (spec.router.disaggregation), every mode.
+    "ttft_by_prefill": ("tandem_router_disaggregation_ttft_seconds", "prefill"),
+    "tpot_by_prefill": ("tandem_router_disaggregation_tpot_seconds", "prefill"),
 }
 
 ROUTER_QUERIES: Final[tuple[Query, ...]] = (

@@ -51,6 +51,7 @@ class Disaggregation:
         self.knobs = default  # the mode in effect (status.disaggregation.mode) and its knobs
         self.target: DisaggregationKnobs | None = None  # a rollout's new mode and its knobs
         self.weight = 0  # percent of P/D requests on the target
+        self.tenants_first = False  # spec.rollout.tenants on the target at any weight
         self.costs = CostModel()
         self.index = DecodeIndex(DEFAULT_INDEX_BLOCKS_PER_POD)
         self.pods: dict[str, DecodePodStats] = {}
@@ -99,22 +100,35 @@ class Disaggregation:
         index_blocks_per_pod: int,
         target: DisaggregationKnobs | None = None,
         weight: int = 0,
+        tenants_first: bool = False,
     ) -> None:
-        """The mode in effect and its knobs; during a rollout, the target's and its weight (percent)."""
+        """The mode in effect and its knobs; during a rollout, the target's and its weight (percent),
+        and whether spec.rollout.tenants go to the target whatever the weight (it takes traffic)."""
         weight = max(0, min(100, weight)) if target is not None else 0
-        if (knobs, target, weight) != (self.knobs, self.target, self.weight):
-            log.info("disaggregation: %s; rollout to %s at %d%%", knobs, target, weight)
-        self.knobs, self.target, self.weight = knobs, target, weight
+        tenants_first = tenants_first and target is not None
+        if (knobs, target, weight, tenants_first) != (
+            self.knobs,
+            self.target,
+            self.weight,
+            self.tenants_first,
+        ):
+            first = " (spec.rollout.tenants first)" if tenants_first else ""
+            log.info("disaggregation: %s; rollout to %s at %d%%%s", knobs, target, weight, first)
+        self.knobs, self.target, self.weight, self.tenants_first = knobs, target, weight, tenants_first
         self._know(knobs.mode)
         if target is not None:
             self._know(target.mode)
         if index_blocks_per_pod != self.index.capacity_blocks_per_pod:
             self.index.resize(index_blocks_per_pod)
 
-    def knobs_for(self, request_id: str) -> DisaggregationKnobs:
+    def knobs_for(self, request_id: str, first: bool = False) -> DisaggregationKnobs:
         """The mode (and knobs) that chooses for this request: during a rollout, the target's for
-        `weight` percent of request ids (the same id always the same way, on any router replica)."""
+        `weight` percent of request ids (the same id always the same way, on any router replica).
+        `first`: the request's tenant is one of spec.rollout.tenants: the target's while it takes
+        traffic, at any weight (the tenants stage at 0)."""
         target = self.target
+        if target is not None and first and self.tenants_first:
+            return target
         if target is None or self.weight <= 0:
             return self.knobs
         if self.weight >= 100 or draw_for(request_id + _SALT) * 100 < self.weight:

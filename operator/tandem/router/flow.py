@@ -127,6 +127,9 @@ class _Tally:
     side: Side | None = None  # P/D: where the prompt was prefilled (remote, local)
     decode_pod: str | None = None  # P/D: the decode pod of the last attempt
     on_first: Callable[[], None] | None = None  # called once, at the first token
+    # Called once the client has a streamed leg's whole answer, before the router reads the engine's
+    # end of body: what a next turn needs is recorded before the client can send it.
+    on_answered: Callable[[], None] | None = None
     knobs: DisaggregationKnobs | None = None  # P/D: the disaggregation mode that chooses for it
 
 
@@ -228,7 +231,7 @@ class Flow:
     async def serve(self, request: ClientRequest, responder: Responder) -> None:
         state = self.state
         has_prefill, has_decode = bool(state.endpoints["prefill"]), bool(state.endpoints["decode"])
-        knobs = state.disaggregation.knobs_for(request.request_id)
+        knobs = state.disaggregation.knobs_for(request.request_id, self._first(request))
         local = knobs.mode != "Always"  # a decode pod may prefill: P/D needs decode pods only
         if state.revision_endpoints:  # a pair is a prefill and a decode pod of one revision
             paired = state.revision_for(request.request_id, self._first(request)) is not None
@@ -392,7 +395,8 @@ class Flow:
         return chosen
 
     def _first(self, request: ClientRequest) -> bool:
-        """A tenant of spec.rollout.tenants: on a revision rollout's new revision first."""
+        """A tenant of spec.rollout.tenants: first on a revision rollout's new revision and on a
+        disaggregation rollout's target mode."""
         return self.state.gateway.goes_first(request.tenant)
 
     def _pick_decode(self, tried: set[str], revision: str | None) -> str | None:
@@ -688,20 +692,34 @@ class Flow:
             stats.local_tokens += tokens
             tally.on_first = prefilled
         tap = ReplyTap(responder)
+        learned = False
+
+        def learn() -> None:
+            """The leg's time to first token into the cost model and the decode pod's new holding
+            into the index, once, as soon as the client has the whole answer (a next turn may follow
+            at once: it must find this one)."""
+            nonlocal learned
+            if learned:
+                return
+            learned = True
+            first, started, now = tally.first_token_at, tally.leg_started, self.clock()
+            if first is not None and started is not None:
+                fit = disagg.costs.local if side == "local" else disagg.costs.pull
+                fit.observe(queued + tokens if side == "local" else tokens, first - started, now)
+            text = with_reply(plan.text, tap.reply(request.facts.stream), request.endpoint)
+            knobs = self.state.prefix.knobs
+            disagg.index.record(decode_pod, text.encode(), text_keys(text, knobs), knobs)
+
+        tally.on_answered = learn
         try:
             failed = await self._relay(request, "decode", decode_pod, body, request_id, tap, tally, metrics)
         finally:
             tally.on_first = None
+            tally.on_answered = None
             prefilled()
         if failed is not None:
             return failed
-        first, started, now = tally.first_token_at, tally.leg_started, self.clock()
-        if first is not None and started is not None:
-            fit = disagg.costs.local if side == "local" else disagg.costs.pull
-            fit.observe(queued + tokens if side == "local" else tokens, first - started, now)
-        text = with_reply(plan.text, tap.reply(request.facts.stream), request.endpoint)
-        knobs = self.state.prefix.knobs
-        disagg.index.record(decode_pod, text.encode(), text_keys(text, knobs), knobs)
+        learn()
         return None
 
     async def _colocated(
@@ -862,6 +880,8 @@ class Flow:
         try:
             answer.attach(relay)
             result = await relay.outcome
+            if result is None and tally.on_answered is not None:
+                tally.on_answered()
             if result is None and not relay.ended.done():
                 # The client has its whole answer; reading the engine's end of body keeps the
                 # connection reusable (otherwise leaving the stream closes it, which costs little).

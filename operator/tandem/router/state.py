@@ -165,7 +165,11 @@ class RouterState:
                     {**info.disaggregation, "mode": info.disaggregation_target}
                 )
         self.disaggregation.configure(
-            knobs, self.prefix.index_blocks_per_pod, target, info.disaggregation_weight
+            knobs,
+            self.prefix.index_blocks_per_pod,
+            target,
+            info.disaggregation_weight,
+            tenants_first=info.disaggregation_tenants_first,
         )
         self.gateway.configure(info.router_gateway, info.rollout_tenants, rollout_target=info.rollout_target)
         if info.slo_ttft_ms is not None and info.slo_tpot_ms is not None:
@@ -192,7 +196,9 @@ class RouterState:
         self.prefix = settings
         self.prefix_index.resize(settings.index_blocks_per_pod)
         disagg = self.disaggregation
-        disagg.configure(disagg.knobs, settings.index_blocks_per_pod, disagg.target, disagg.weight)
+        disagg.configure(
+            disagg.knobs, settings.index_blocks_per_pod, disagg.target, disagg.weight, disagg.tenants_first
+        )
 
     def set_slo(self, targets: SloTargets | None) -> None:
         if targets != self.slo:

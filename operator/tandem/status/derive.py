@@ -199,6 +199,8 @@ def measured_slo(snapshot: Snapshot, observed_at: str) -> SLOStatus | None:
         tpot_ms_by_concurrency=_ms_by_bucket(snapshot, "tpot_by_concurrency"),
         itl_ms_by_output_length=_ms_by_bucket(snapshot, "itl_by_output_length"),
         itl_ms_by_concurrency=_ms_by_bucket(snapshot, "itl_by_concurrency"),
+        ttft_ms_by_prefill=_ms_by_bucket(snapshot, "ttft_by_prefill"),
+        tpot_ms_by_prefill=_ms_by_bucket(snapshot, "tpot_by_prefill"),
     )
 
 
@@ -347,6 +349,13 @@ def derive_status(
         # A revision change under spec.rollout, with no mode rollout: its phase is the deployment's.
         label = f"revision rollout to {revision_rollout.target}"
         phase, conditions = _with_rollout(revision_rollout, phase, conditions, label)
+    shown = observed.rollout if observed.rollout is not None else revision_rollout
+    disaggregation = observed.disaggregation.rollout if observed.disaggregation is not None else None
+    if disaggregation is not None and stalled is None and (shown is None or shown.phase == "Promoted"):
+        # A rollout of spec.router.disaggregation.mode, no other one running: its phase is the
+        # deployment's, as a serving-mode rollout's is (docs/rollout.md, "Status").
+        label = f"disaggregation rollout to {disaggregation.target}"
+        phase, conditions = _with_rollout(disaggregation, phase, conditions, label)
     kv = observed.kv_condition
     if kv is None:  # not read this pass: the condition status keeps
         kept = next((c for c in previous if c.type == ConditionType.KVTransportDegraded), None)

@@ -111,3 +111,27 @@ def test_kv_pull_failure_rate_on_the_decode_engine() -> None:
     finally:
         prefill.stop()
         decode.stop()
+
+
+def test_local_prefill_error_rate_refuses_only_what_the_decode_engine_would_prefill() -> None:
+    prefill = start_engine("--kv-transfer-config", kv_config("kv_producer"), side_channel=True)
+    decode = start_engine(
+        "--kv-transfer-config",
+        kv_config("kv_consumer"),
+        side_channel=True,
+        env={"TANDEM_SIM_FAULTS": json.dumps({"local_prefill_error_rate": 1.0})},
+    )
+    try:
+        status, reply = decode.post("/v1/completions", BODY)  # no KV to pull: a local prefill
+        assert status == 500
+        assert reply["error"]["message"] == "injected fault: local prefill refused"
+        leg = {**BODY, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}
+        params = prefill.post("/v1/completions", leg)[1]["kv_transfer_params"]
+        status, reply = decode.post("/v1/completions", {**BODY, "kv_transfer_params": params})
+        assert status == 200, reply  # remote KV: served
+        assert prefill.post("/v1/completions", BODY)[0] == 200, "a producer is not refused"
+        assert decode.request("DELETE", "/admin/faults")[0] == 200
+        assert decode.post("/v1/completions", BODY)[0] == 200
+    finally:
+        prefill.stop()
+        decode.stop()

@@ -26,6 +26,8 @@ def test_valid_against_the_model() -> None:
         "TTFT by input length: P/D", "TTFT by input length: colocated", "TPOT by output length: P/D",
         "TPOT by output length: colocated", "KV transfer time (NIXL)", "Refusals by reason", "Pool sizes",
         "GPUs by pool", "Autoscaler decisions", "Rollout weight", "Requests by tenant",
+        "Share of P/D requests by prefill side", "Prefill choices by reason", "TTFT by prefill side",
+        "TPOT by prefill side",
     ):  # fmt: skip
         assert wanted in titles
 

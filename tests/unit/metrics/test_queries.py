@@ -207,14 +207,21 @@ def test_latency_by_bucket_for_status_never_holds_a_decision() -> None:
         "tandem_router_tpot_by_concurrency_seconds_bucket"
         ' {namespace="ns",tandem_dev_pddeployment="llm",tandem_dev_role="router"} [120s])))'
     )
+    assert queries["ttft_by_prefill"] == (
+        "histogram_quantile(0.9, sum by (prefill, le) (rate("
+        "tandem_router_disaggregation_ttft_seconds_bucket"
+        ' {namespace="ns",tandem_dev_pddeployment="llm",tandem_dev_role="router"} [120s])))'
+    )
     answers = fresh_answers(
         tpot_by_concurrency=[sample(0.02, concurrency="0-4"), sample("NaN", concurrency="4-16")],
         itl_by_output_length=[sample(0.01, output_length="0-128")],
+        ttft_by_prefill=[sample(0.2, prefill="remote"), sample(0.01, prefill="local")],
     )
     snap = snapshot(answers)
     assert snap.latency_by_bucket == {
         "tpot_by_concurrency": {"0-4": 0.02},  # NaN: no request in that bucket in the window
         "itl_by_output_length": {"0-128": 0.01},
+        "ttft_by_prefill": {"remote": 0.2, "local": 0.01},
     }
     failed = snapshot(answers, errors={"itl_by_concurrency": "HTTP 500"})
     assert failed.missing == ()  # shown in status only: its failure is not "metrics missing"

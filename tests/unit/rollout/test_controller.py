@@ -498,3 +498,126 @@ def test_budget_order() -> None:
     assert budget_order(None, cut_over) is None, "a cut-over keeps the old pair whole"
     promoted = RevisionsStatus(current=new, previous=old, weight=100, rollout=record("Promoted", 100, "b"))
     assert budget_order(None, promoted) == [["previous/prefill", "previous/decode"], pd, colo]
+
+
+@dataclass
+class ModeTraffic(Traffic):
+    """The routers' per-mode series of a disaggregation rollout (`mode` label), besides the paths."""
+
+    by_mode: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+
+    def run(self, queries: dict[str, str], at: float) -> tuple[dict[str, Any], dict[str, str]]:
+        if not any(name.startswith("disaggregation_") for name in queries):
+            return super().run(queries, at)
+
+        def answer(index: int) -> list[dict[str, Any]]:
+            return [{"metric": {"mode": m}, "value": [at, str(v[index])]} for m, v in self.by_mode.items()]
+
+        names = ("disaggregation_requests", "disaggregation_within_slo", "disaggregation_errors")
+        return {name: answer(i) for i, name in enumerate(names)}, {}
+
+
+def pd_only() -> World:
+    """A P/D-only deployment (no colocated replicas) under spec.rollout with a tenants stage, serving
+    with the mode Always; a steady P/D window that fails throughout (it has no arm to fall back to)."""
+    doc = manifest(
+        mode="Disaggregated",
+        steps=[{"weight": 0, "pauseSeconds": 0}, {"weight": 100, "pauseSeconds": 0}],
+        tenants=["team-a"],
+    )
+    doc["spec"]["colocated"] = {"replicas": 0}
+    doc["spec"]["router"]["tenants"] = [{"name": "team-a"}]
+    world = World(doc)
+    world.traffic = ModeTraffic()
+    world.traffic.by_path = {"disaggregated": (100, 10, 0)}
+    world.run()
+    world.run(1.0)
+    assert world.pdd["status"]["phase"] == "Healthy"
+    world.pdd["spec"]["router"]["disaggregation"] = {"mode": "Auto"}
+    world.pdd["metadata"]["generation"] += 1
+    world.run(1.0)
+    return world
+
+
+def disaggregation_rollout(world: World) -> tuple[Any, ...]:
+    r = world.pdd["status"]["disaggregation"].get("rollout") or {}
+    return (world.pdd["status"]["disaggregation"]["mode"], r.get("phase"), r.get("step"), r.get("weight"))
+
+
+def test_a_pd_only_deployment_rolls_its_disaggregation_mode_and_shows_it_in_status() -> None:
+    world = pd_only()
+    # The tenants stage: team-a's P/D requests decided by Auto, everyone else's by Always.
+    assert disaggregation_rollout(world) == ("Always", "Shifting", 0, 0)
+    info = pdd_info_from(world.pdd)
+    assert (info.disaggregation_target, info.disaggregation_weight, info.disaggregation_tenants_first) == (
+        "Auto",
+        0,
+        True,
+    )
+    status = world.pdd["status"]
+    assert status["phase"] == "Progressing"
+    reconciling = world.condition("Reconciling")
+    assert (reconciling["status"], reconciling["reason"]) == ("True", "RolloutShifting")
+    assert reconciling["message"].startswith("disaggregation rollout to Auto Shifting at 0%")
+    progressing = world.condition("RolloutProgressing")
+    assert (progressing["status"], progressing["reason"]) == ("True", "Shifting")
+    assert progressing["message"].startswith("disaggregation Always -> Auto, weight 0%")
+    assert "rollout" not in status, "no serving-mode rollout"
+    assert status["mode"] == "Disaggregated"
+    assert world.size("colocated") == 0
+
+    world.traffic.by_mode = {"Auto": (40, 40, 0), "Always": (60, 60, 0)}
+    for _ in range(12):
+        world.run(6.0)
+        assert "rollout" not in world.pdd["status"], "a P/D-only deployment never falls back to colocated"
+        if disaggregation_rollout(world)[1] == "Promoted":
+            break
+    assert disaggregation_rollout(world) == ("Auto", "Promoted", 1, 100)
+    assert world.size("colocated") == 0
+    world.run(30.0)
+    assert world.pdd["status"]["phase"] == "Healthy"
+    progressing = world.condition("RolloutProgressing")
+    assert (progressing["status"], progressing["reason"]) == ("False", "Promoted")
+
+
+def test_a_failed_disaggregation_window_degrades_the_deployment_until_retry() -> None:
+    world = pd_only()
+    world.traffic.by_mode = {"Auto": (40, 10, 0), "Always": (60, 60, 0)}
+    for _ in range(10):
+        world.run(6.0)
+        if disaggregation_rollout(world)[1] == "RolledBack":
+            break
+    assert disaggregation_rollout(world) == ("Always", "RolledBack", 0, 0)
+    assert pdd_info_from(world.pdd).disaggregation_tenants_first is False
+    assert world.pdd["status"]["phase"] == "Degraded"
+    stalled, rolled = world.condition("Stalled"), world.condition("RolledBack")
+    assert (stalled["status"], stalled["reason"]) == ("True", "RolledBack")
+    assert (rolled["status"], rolled["reason"]) == ("True", "RolledBack")
+    assert "rollout" not in world.pdd["status"]
+    # The spec back at the mode in effect ends it: healthy again, no rollout running.
+    world.pdd["spec"]["router"]["disaggregation"] = {"mode": "Always"}
+    world.pdd["metadata"]["generation"] += 1
+    world.run(1.0)
+    world.run(1.0)
+    assert world.pdd["status"]["phase"] == "Healthy"
+    assert world.condition("RolloutProgressing")["reason"] == "NoRollout"
+
+
+def test_a_disaggregation_rollout_holds_the_steady_pd_fall_back() -> None:
+    """With a colocated arm, the steady P/D fall-back waits while a disaggregation rollout judges."""
+    doc = manifest(mode="Disaggregated", steps=[{"weight": 50, "pauseSeconds": 0}, {"weight": 100}])
+    world = World(doc)
+    world.traffic = ModeTraffic()
+    world.run()
+    world.pdd["spec"]["router"]["disaggregation"] = {"mode": "Auto"}
+    world.run(1.0)
+    assert disaggregation_rollout(world) == ("Always", "Shifting", 0, 50)
+    world.traffic.by_path = {"disaggregated": (100, 10, 0)}
+    world.traffic.by_mode = {}  # no verdict either way: the step holds
+    world.run(6.0)
+    world.run(6.0)
+    assert "rollout" not in world.pdd["status"]
+    world.pdd["spec"]["router"]["disaggregation"] = {"mode": "Always"}
+    world.run(1.0)  # the rollout ends: the fall-back watches again
+    world.run(6.0)
+    assert world.rollout["phase"] == "RollingBack"

@@ -66,6 +66,35 @@ def test_a_rollout_splits_requests_by_id() -> None:
         assert {disagg.knobs_for(f"req-{i}").mode for i in range(200)} == {"Always"}
 
 
+def test_the_tenants_stage_sends_the_named_tenants_to_the_target_mode_first() -> None:
+    """spec.rollout.tenants: decided by the target mode while it takes traffic (Shifting, Paused), at
+    weight 0 too; everyone else by the weight; back to the mode in effect on a rollback."""
+    router = state()
+    obj = pdd({"mode": "Auto"}, None)
+    obj["spec"]["rollout"] = {"tenants": ["team-a"], "steps": [{"weight": 0}, {"weight": 100}]}
+    disagg = router.disaggregation
+    record = {"target": "Auto", "weight": 0, "startedAt": 0, "stepStartedAt": 0, "phaseSince": 0}
+    for phase, first in (("Shifting", True), ("Paused", True), ("RollingBack", False)):
+        obj["status"] = {"disaggregation": {"mode": "Always", "rollout": {**record, "phase": phase}}}
+        info = pdd_info_from(obj)
+        assert (info.disaggregation_target, info.disaggregation_tenants_first) == ("Auto", first)
+        router.on_pdd(info)
+        chosen = {disagg.knobs_for(f"req-{i}", first=True).mode for i in range(200)}
+        assert chosen == ({"Auto"} if first else {"Always"}), phase
+        assert {disagg.knobs_for(f"req-{i}").mode for i in range(200)} == {"Always"}, "weight 0: nobody else"
+    # A weighted step: the named tenants all on the target, the others split by the weight.
+    obj["status"] = {
+        "disaggregation": {"mode": "Always", "rollout": {**record, "phase": "Shifting", "weight": 50}}
+    }
+    router.on_pdd(pdd_info_from(obj))
+    assert {disagg.knobs_for(f"req-{i}", first=True).mode for i in range(200)} == {"Auto"}
+    assert {disagg.knobs_for(f"req-{i}").mode for i in range(200)} == {"Always", "Auto"}
+    # No rollout: nothing goes first.
+    obj["status"] = {"disaggregation": {"mode": "Always"}}
+    router.on_pdd(pdd_info_from(obj))
+    assert {disagg.knobs_for(f"req-{i}", first=True).mode for i in range(200)} == {"Always"}
+
+
 def test_every_arms_series_exists_from_zero() -> None:
     metrics = RouterMetrics()
     registry = metrics.registry

@@ -149,6 +149,8 @@ def test_measured_slo_by_bucket_in_ms() -> None:
             "tpot_by_concurrency": {"0-4": 0.02, "64-256": 0.0455},
             "itl_by_output_length": {"128-512": 0.019},
             "itl_by_concurrency": {"4-16": 0.0301},
+            "ttft_by_prefill": {"remote": 0.25, "local": 0.0121},
+            "tpot_by_prefill": {"local": 0.0305},
         },
     )
     slo = measured_slo(snapshot, NOW)
@@ -158,6 +160,8 @@ def test_measured_slo_by_bucket_in_ms() -> None:
     assert slo.tpot_ms_by_concurrency == {"0-4": 20.0, "64-256": 45.5}
     assert slo.itl_ms_by_output_length == {"128-512": 19.0}
     assert slo.itl_ms_by_concurrency == {"4-16": 30.1}
+    assert slo.ttft_ms_by_prefill == {"local": 12.1, "remote": 250.0}
+    assert slo.tpot_ms_by_prefill == {"local": 30.5}
     shown = slo.model_dump(by_alias=True)
     assert shown["tpotMsByConcurrency"] == {"0-4": 20.0, "64-256": 45.5}
 
