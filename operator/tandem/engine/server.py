@@ -175,6 +175,14 @@ class EngineServer:
                 "draining": self.draining,
                 "loading": self.loading,
                 "faults": core.faults.model_dump(),
+                "requests_seen": self.requests_seen,
+                "group": None
+                if self.group is None
+                else {
+                    "node_rank": self.group.spec.node_rank,
+                    "formed": self.group.formed,
+                    "in_flight": self.group.in_flight,
+                },
             }
         )
 
