@@ -391,7 +391,9 @@ def _shape_rules(role: str) -> list[Rule]:
                 or (
                     (shape := _shape(s, role)).pipeline == 1
                     and not shape.expert
-                    and (shape.data == 1 or (shape.data == shape.nodes and shape.load_balancing == "Internal"))
+                    and (
+                        shape.data == 1 or (shape.data == shape.nodes and shape.load_balancing == "Internal")
+                    )
                 )
             ),
             reason="FieldValueForbidden",
