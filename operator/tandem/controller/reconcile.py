@@ -475,7 +475,7 @@ class Reconciler:
             current = ctx.existing.get(key)
             role = obj["metadata"]["labels"].get(meta.LABEL_ROLE, "")
             transfer: handover.Step = "none"
-            if obj["kind"] == "StatefulSet":  # (the HPA hand-over of a LeaderWorkerSet: issue 27 item 5)
+            if obj["kind"] in WORKLOAD_KINDS:  # an HPA or KEDA scales either through its scale subresource
                 transfer = handover.step(current, is_external(ctx.pdd.spec, role))
             if transfer == "none" and current is not None and is_subset(obj, current):
                 out.live[key] = current
@@ -620,7 +620,8 @@ class Reconciler:
             return exc
 
     def _apply_child(self, obj: Obj, current: Obj | None, transfer: handover.Step) -> Obj:
-        """Server-side apply of one child; for a StatefulSet, with the replicas hand-over or hand-back."""
+        """Server-side apply of one child; for a workload (a StatefulSet or a LeaderWorkerSet), with the
+        replicas hand-over or hand-back."""
         kind = KINDS[obj["kind"]]
         if transfer == "hand-over" and current is not None:
             self.kube.apply(kind, handover.pin_replicas(current), handover.HANDOVER_MANAGER)

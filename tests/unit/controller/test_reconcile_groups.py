@@ -16,19 +16,21 @@ from .test_reconcile_autoscaling import NAME, NS, World
 LWS = ("LeaderWorkerSet", NS, f"{NAME}-decode")
 
 
-def manifest(decode_replicas: int = 2) -> dict[str, Any]:
-    return stored(
-        {
-            "model": {"name": "m", "uri": "hf://meta-llama/Llama-3.1-8B-Instruct"},
-            "engine": {"image": "img"},
-            "prefill": {"replicas": 1, "tensorParallelSize": 8},
-            # Each decode replica: one group of 2 pods x 8 GPUs (TP16).
-            "decode": {"replicas": decode_replicas, "tensorParallelSize": 16, "nodesPerInstance": 2},
-            "router": {"replicas": 1},
-        },
-        name=NAME,
-        namespace=NS,
-    )
+def manifest(decode_replicas: int = 2, external: bool = False) -> dict[str, Any]:
+    # Each decode replica: one group of 2 pods x 8 GPUs (TP16).
+    decode: dict[str, Any] = {"replicas": decode_replicas, "tensorParallelSize": 16, "nodesPerInstance": 2}
+    spec: dict[str, Any] = {
+        "model": {"name": "m", "uri": "hf://meta-llama/Llama-3.1-8B-Instruct"},
+        "engine": {"image": "img"},
+        "prefill": {"replicas": 1, "tensorParallelSize": 8},
+        "decode": decode,
+        "router": {"replicas": 1},
+    }
+    if external:  # an HPA or KEDA sizes decode, in groups, through the LeaderWorkerSet's scale subresource
+        decode["autoscaling"] = {"minReplicas": 1, "maxReplicas": 4, "external": True}
+        spec["slo"] = {"ttftMs": 1000, "tpotMs": 50}
+        spec["autoscaling"] = {"enabled": True, "intervalSeconds": 5}
+    return stored(spec, name=NAME, namespace=NS)
 
 
 def group_status(world: World, replicas: int, ready: int) -> None:
@@ -122,3 +124,37 @@ def test_without_the_crd_nothing_is_applied_and_stalled_names_it() -> None:
     assert "(decode)" in message
     assert world.pdd["status"]["phase"] == "Degraded"
     assert "CRDNotInstalled" in world.events()
+
+
+def test_an_external_pool_of_groups_is_handed_over_and_back_without_moving() -> None:
+    """The HPA hand-over by field ownership works on a LeaderWorkerSet's spec.replicas as on a
+    StatefulSet's: a second manager pins the group count, the operator's configuration leaves it out,
+    the HPA's count is reported, and the hand-back takes it over where the HPA left it."""
+    world = World(manifest())
+    world.run()
+    group_status(world, replicas=2, ready=2)
+    world.kube.objects[("PDDeployment", NS, NAME)] = {
+        **manifest(external=True),
+        "status": world.pdd["status"],
+    }
+    world.pdd["metadata"]["generation"] = 2
+    world.run(1.0)
+    applies = [w for w in world.kube.writes if w[0] == "apply" and w[1] == "LeaderWorkerSet"]
+    assert applies[-2:] == [
+        ("apply", "LeaderWorkerSet", f"{NAME}-decode", "tandem-handover", 2),
+        ("apply", "LeaderWorkerSet", f"{NAME}-decode", "tandem-operator", None),
+    ]
+    assert world.kube.objects[LWS]["spec"]["replicas"] == 2
+    world.kube.objects[LWS]["spec"]["replicas"] = 3  # the HPA scales by one group
+    group_status(world, replicas=3, ready=3)
+    world.run(5.0)
+    decode = world.pdd["status"]["pools"]["decode"]
+    assert (decode["source"], decode["desiredReplicas"], decode["gpus"]) == ("external", 3, 3 * 16)
+    world.kube.objects[("PDDeployment", NS, NAME)] = {
+        **manifest(decode_replicas=3),
+        "status": world.pdd["status"],
+    }
+    world.pdd["metadata"]["generation"] = 3
+    world.run(5.0)
+    assert world.kube.objects[LWS]["spec"]["replicas"] == 3, "the hand-back moved the count"
+    assert {e["manager"] for e in world.kube.objects[LWS]["metadata"]["managedFields"]} == {"tandem-operator"}
