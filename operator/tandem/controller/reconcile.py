@@ -482,15 +482,23 @@ class Reconciler:
                 continue
             changes.append((obj, current, transfer))
         # Children differ independently: applied at once (each one's hand-over steps stay in order),
-        # reported in the rendered order.
-        outcomes = self._each(self._try_apply, changes)
-        for (obj, _, _), outcome in zip(changes, outcomes, strict=True):
-            key = _key(obj)
-            if isinstance(outcome, KubeError):
-                out.errors.append(f"{key[0]}/{key[1]}: {outcome.message}")
-            else:
-                out.live[key] = outcome
-                out.applied.append(f"{key[0]}/{key[1]}")
+        # reported in the rendered order. LeaderWorkerSets go last, each only once its headless Service
+        # (of its name, the group's DNS subdomain) is there: LeaderWorkerSet's controller makes its own
+        # Service of that name, as its controller, where none exists, and the operator's could then
+        # never be applied (two controller references).
+        first = [change for change in changes if change[0]["kind"] not in OPTIONAL_KINDS]
+        outcomes = self._apply_each(first, out)
+        groups = []
+        for change in changes:
+            if change[0]["kind"] in OPTIONAL_KINDS:
+                name = change[0]["metadata"]["name"]
+                if ("Service", name) in out.live:
+                    groups.append(change)
+                else:
+                    out.errors.append(
+                        f"{change[0]['kind']}/{name}: not applied: its Service {name} is not there"
+                    )
+        outcomes += self._apply_each(groups, out)
         if any(isinstance(outcome, KubeError) and outcome.namespace_terminating for outcome in outcomes):
             out.terminating = True
             return out
@@ -506,6 +514,20 @@ class Reconciler:
                 except KubeError as exc:
                     out.errors.append(f"delete {key[0]}/{key[1]}: {exc.message}")
         return out
+
+    def _apply_each(
+        self, changes: list[tuple[Obj, Obj | None, handover.Step]], out: Applied
+    ) -> list[Obj | KubeError]:
+        """`changes` applied at once; each result recorded in `out` in their order."""
+        outcomes = self._each(self._try_apply, changes)
+        for (obj, _, _), outcome in zip(changes, outcomes, strict=True):
+            key = _key(obj)
+            if isinstance(outcome, KubeError):
+                out.errors.append(f"{key[0]}/{key[1]}: {outcome.message}")
+            else:
+                out.live[key] = outcome
+                out.applied.append(f"{key[0]}/{key[1]}")
+        return outcomes
 
     def _apply_shares(self, ctx: PassContext, desired: Desired, out: Applied) -> None:
         """The kept previous pair's StatefulSets at the sizes the chain gave them (replicas only)."""

@@ -158,3 +158,30 @@ def test_an_external_pool_of_groups_is_handed_over_and_back_without_moving() -> 
     world.run(5.0)
     assert world.kube.objects[LWS]["spec"]["replicas"] == 3, "the hand-back moved the count"
     assert {e["manager"] for e in world.kube.objects[LWS]["metadata"]["managedFields"]} == {"tandem-operator"}
+
+
+def test_the_leaderworkerset_goes_after_its_headless_service_and_not_without_it() -> None:
+    """LeaderWorkerSet's controller makes a Service of the set's name, as its controller, where none
+    exists; the operator's would then never apply. So the set is applied after its Service, and not
+    at all in a pass whose Service failed."""
+    world = World(manifest())
+    world.run()
+    applies = [(w[1], w[2]) for w in world.kube.writes if w[0] == "apply"]
+    assert applies.index(("Service", f"{NAME}-decode")) < applies.index(("LeaderWorkerSet", f"{NAME}-decode"))
+    assert applies[-1] == ("LeaderWorkerSet", f"{NAME}-decode")
+
+    failing = World(manifest())
+    real_apply = failing.kube.apply
+
+    def apply(kind: Kind, obj: dict[str, Any], field_manager: str | None = None) -> dict[str, Any]:
+        if (obj["kind"], obj["metadata"]["name"]) == ("Service", f"{NAME}-decode"):
+            raise KubeError(422, "Invalid", "bad service")
+        return real_apply(kind, obj, field_manager)
+
+    failing.kube.apply = apply  # type: ignore[method-assign]
+    result = failing.run()
+    assert f"LeaderWorkerSet/{NAME}-decode" not in result.applied
+    assert LWS not in failing.kube.objects
+    status, reason, message = conditions(failing)["Stalled"]
+    assert (status, reason) == ("True", "ApplyFailed")
+    assert f"LeaderWorkerSet/{NAME}-decode: not applied: its Service {NAME}-decode is not there" in message
