@@ -32,7 +32,7 @@ from tandem.api.models import PDDeployment
 from tandem.controller.main import CHILD_WATCHES, build_registry
 from tandem.kube.rest import PDDEPLOYMENT
 from tandem.render import router
-from tandem.render.desired import CHILD_KINDS
+from tandem.render.desired import CHILD_KINDS, GROUP_KINDS
 
 from .helm import REPO, template
 
@@ -114,7 +114,7 @@ def code_uses() -> dict[Grant, list[str]]:
     """Every grant the operator's code needs, with where each comes from."""
     kinds = _kind_constants()
     methods = _method_verbs()
-    children = [(_group(api_version), plural) for api_version, _, plural in CHILD_KINDS]
+    children = [(_group(api_version), plural) for api_version, _, plural in (*CHILD_KINDS, *GROUP_KINDS)]
     uses: dict[Grant, list[str]] = defaultdict(list)
 
     def kinds_of(expr: ast.expr, where: str) -> list[tuple[str, str]]:
@@ -240,6 +240,8 @@ def test_the_audit_sees_every_kind_of_call() -> None:
         ("", "events", "create"),
         ("", "secrets", "get"),
         ("networking.k8s.io", "networkpolicies", "list"),
+        ("leaderworkerset.x-k8s.io", "leaderworkersets", "patch"),  # a multi-node pool's workload
+        ("leaderworkerset.x-k8s.io", "leaderworkersets", "watch"),
     ]:
         assert grant in uses, grant
     assert ("", "secrets", "list") not in uses  # secrets are read one by name, never listed

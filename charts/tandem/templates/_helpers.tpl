@@ -84,6 +84,12 @@ the code and fails on a grant without a use, or a use without a grant. */ -}}
 - apiGroups: [apps]
   resources: [statefulsets, deployments]
   verbs: [list, watch, create, patch, delete]
+# A multi-node pool's LeaderWorkerSet (sigs.k8s.io/lws; optional: without its CRD the operator
+# reports CRDNotInstalled for such pools). Its replicas are set by server-side apply, not through
+# the scale subresource, which the operator never calls.
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets]
+  verbs: [list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [services, serviceaccounts]
   verbs: [list, watch, create, patch, delete]

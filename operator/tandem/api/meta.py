@@ -71,6 +71,8 @@ LWS_GROUP_SIZE: Final = "LWS_GROUP_SIZE"
 LWS_WORKER_INDEX: Final = "LWS_WORKER_INDEX"  # 0 on the leader, 1.. on the workers
 LWS_EXCLUSIVE_TOPOLOGY: Final = "leaderworkerset.sigs.k8s.io/exclusive-topology"
 LWS_WORKER_INDEX_LABEL: Final = "leaderworkerset.sigs.k8s.io/worker-index"
+LWS_GROUP_KEY_LABEL: Final = "leaderworkerset.sigs.k8s.io/group-key"  # one value per group of a set
+LWS_SIZE_ANNOTATION: Final = "leaderworkerset.sigs.k8s.io/size"  # pods of the group
 ROUTER_METRICS_PATH: Final = "/metrics"
 
 

@@ -377,21 +377,23 @@ def _shape_rules(role: str) -> list[Rule]:
         ),
         Rule(
             cel=(
-                f"self.engine.type != 'sim' || ({nodes} == 1 && {par}.pipeline == 1 && {par}.data == 1 && "
-                f"!{par}.expert)"
+                f"self.engine.type != 'sim' || ({par}.pipeline == 1 && !{par}.expert && ({par}.data == 1 || "
+                f"({par}.data == {nodes} && {par}.loadBalancing == 'Internal')))"
             ),
             message=(
-                f"spec.{role}.parallelism and spec.{role}.nodesPerInstance must keep their defaults with "
-                "spec.engine.type sim (the sim engine runs one rank's engine per pod)"
+                f"spec.{role}.parallelism with spec.engine.type sim: the sim engine runs one rank's engine "
+                "per pod, so pipeline 1, no expert, and data 1 or, for a multi-node group, one data-parallel "
+                f"rank per pod (parallelism.data = spec.{role}.nodesPerInstance) with loadBalancing Internal"
             ),
             field_path=f".{role}.parallelism",
             check=lambda s: (
                 (s.get("engine") or {}).get("type") != "sim"
                 or (
-                    (shape := _shape(s, role)).nodes == 1
-                    and shape.pipeline == 1
-                    and shape.data == 1
+                    (shape := _shape(s, role)).pipeline == 1
                     and not shape.expert
+                    and (
+                        shape.data == 1 or (shape.data == shape.nodes and shape.load_balancing == "Internal")
+                    )
                 )
             ),
             reason="FieldValueForbidden",

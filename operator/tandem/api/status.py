@@ -69,10 +69,28 @@ class SizingStage(StrEnum):
 
 
 class PoolStatus(ApiModel):
-    replicas: Annotated[int, Field(ge=0, description="Pods that exist (StatefulSet status.replicas).")] = 0
-    ready_replicas: Annotated[int, Field(ge=0, description="Pods that pass readiness.")] = 0
-    desired_replicas: Annotated[int, Field(ge=0, description="Replicas the operator asks for.")] = 0
-    gpus: Annotated[int, Field(ge=0, description="GPUs the desired replicas request.")] = 0
+    replicas: Annotated[
+        int,
+        Field(
+            ge=0,
+            description="Replicas (instances) that exist: pods of a StatefulSet, groups of a multi-node "
+            "pool's LeaderWorkerSet (its status.replicas).",
+        ),
+    ] = 0
+    ready_replicas: Annotated[
+        int,
+        Field(
+            ge=0,
+            description="Replicas that are ready: pods that pass readiness; for a multi-node pool, groups "
+            "whose every pod (the leader and each worker) is Ready.",
+        ),
+    ] = 0
+    desired_replicas: Annotated[
+        int, Field(ge=0, description="Replicas the operator asks for (groups for a multi-node pool).")
+    ] = 0
+    gpus: Annotated[
+        int, Field(ge=0, description="GPUs the desired replicas request (every pod of every group).")
+    ] = 0
     ready: Annotated[str, Field(description="readyReplicas/desiredReplicas, for printer columns.")] = "0/0"
     shape: Annotated[
         str,

@@ -1,5 +1,6 @@
-"""Handing a StatefulSet's `spec.replicas` to an HPA or KEDA and back, by server-side apply field
-ownership (pure: what to apply, from the live object's `managedFields`).
+"""Handing a pool's workload's `spec.replicas` (a StatefulSet's pods, a LeaderWorkerSet's groups) to an
+HPA or KEDA and back, by server-side apply field ownership (pure: what to apply, from the live
+object's `managedFields`).
 
 Server-side apply removes a field when its only manager applies a configuration without it, so
 the operator cannot simply stop sending `spec.replicas`: the count would fall to the default. The

@@ -40,7 +40,7 @@ from tandem.controller.workqueue import WorkQueue
 from tandem.kube.informer import Cache, EventType, Handler, strip_managed_fields
 from tandem.kube.rest import PDDEPLOYMENT, POD, Kind, KubeError, KubeRest, Obj, load_api_client
 from tandem.metrics import PrometheusReader
-from tandem.render.desired import CHILD_KINDS
+from tandem.render.desired import CHILD_KINDS, GROUP_KINDS
 from tandem.status.derive import UNSCHEDULABLE_GRACE_SECONDS
 
 log = logging.getLogger("tandem.operator")
@@ -53,8 +53,10 @@ MAX_CHILD_EVENT_DELAY_SECONDS = 60.0
 MAX_UNSCHEDULABLE_GRACE_SECONDS = 86400.0
 CACHE_SYNC_RETRY_SECONDS = 1.0  # a key popped before the caches' first lists: again this much later
 # What the operator watches into its caches: the PDDeployments, and the children and pods that carry
-# a PDDeployment's label (`tandem.dev/pddeployment`), indexed by it.
-CHILD_WATCHES: tuple[Kind, ...] = (*(Kind(*child) for child in CHILD_KINDS), POD)
+# a PDDeployment's label (`tandem.dev/pddeployment`), indexed by it. LeaderWorkerSets (multi-node
+# pools) are optional: a cluster without their CRD has an empty, synced cache of them (`Cache.served`).
+OPTIONAL_WATCHES: tuple[Kind, ...] = tuple(Kind(*group) for group in GROUP_KINDS)
+CHILD_WATCHES: tuple[Kind, ...] = (*(Kind(*child) for child in CHILD_KINDS), *OPTIONAL_WATCHES, POD)
 
 
 def build_cache(kube: KubeRest, namespaces: Sequence[str | None], on_event: Handler | None) -> Cache:
@@ -70,6 +72,7 @@ def build_cache(kube: KubeRest, namespaces: Sequence[str | None], on_event: Hand
             label_selector=meta.LABEL_PDD,
             index_label=meta.LABEL_PDD,
             transform=strip_managed_fields if kind == POD else None,  # nothing reads a pod's
+            optional=kind in OPTIONAL_WATCHES,
         )
     kube.on_written = cache.written
     kube.on_deleted = cache.deleted

@@ -31,7 +31,7 @@ from tandem.controller.replicas import is_external
 from tandem.controller.rollout import ConditionTuple, RolloutController, RolloutOutcome
 from tandem.kube.informer import Cache
 from tandem.kube.rest import PDDEPLOYMENT, POD, Kind, KubeError, KubeRest, Obj
-from tandem.render import CHILD_KINDS, names, render
+from tandem.render import CHILD_KINDS, GROUP_KINDS, names, render
 from tandem.render.revision import revision_id
 from tandem.status.container_error import error_line
 from tandem.status.derive import (
@@ -47,14 +47,15 @@ log = logging.getLogger(__name__)
 _In = TypeVar("_In")
 _Out = TypeVar("_Out")
 
-KINDS: dict[str, Kind] = {kind: Kind(api_version, kind, plural) for api_version, kind, plural in CHILD_KINDS}
-# A multi-node pool renders a LeaderWorkerSet (render.GROUP_KINDS), which this operator does not apply
-# yet: it would also have to watch and prune it, and hand a pool over between it and a StatefulSet
-# (docs/multinode.md, "Status"). The pass says so in the Stalled condition instead of half-applying.
-UNMANAGED_KIND = (
-    "not applied: this operator does not manage LeaderWorkerSets yet, so pools with "
-    "nodesPerInstance > 1 are rendered (tandem render) but not created (docs/multinode.md)"
-)
+KINDS: dict[str, Kind] = {
+    kind: Kind(api_version, kind, plural) for api_version, kind, plural in (*CHILD_KINDS, *GROUP_KINDS)
+}
+# Kinds of an add-on's API (LeaderWorkerSet, for multi-node pools) that a cluster may not serve.
+OPTIONAL_KINDS = frozenset(kind for _, kind, _ in GROUP_KINDS)
+# The workload kinds of a pool: a StatefulSet, or a LeaderWorkerSet for a multi-node pool. Both have
+# spec.replicas and status.replicas/readyReplicas/updatedReplicas (pods of a StatefulSet, groups of a
+# LeaderWorkerSet: one instance each), which is all the rollout, autoscaler and revision steps read.
+WORKLOAD_KINDS = ("StatefulSet", meta.LWS_KIND)
 SECRET = Kind("v1", "Secret", "secrets")
 
 # Waiting reasons of a container that need a human (image or config), mapped to status reasons.
@@ -101,8 +102,10 @@ class PassContext:
     previous: PDDeploymentStatus | None
     existing: Mapping[tuple[str, str], Obj]  # owned children by (kind, name)
     pods: list[Obj]
-    statefulsets: Mapping[str, Obj | None]  # the serving revision's, by role
+    # The serving revision's workloads by role: a StatefulSet, or a multi-node pool's LeaderWorkerSet.
+    statefulsets: Mapping[str, Obj | None]
     routed: commands.Routed  # the command annotation, routed to one rollout
+    absent: frozenset[str] = frozenset()  # optional kinds the cluster does not serve (no CRD)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -143,6 +146,7 @@ class Applied:
     applied: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    unserved: list[str] = field(default_factory=list)  # kinds the cluster does not serve: applied nothing
     terminating: bool = False  # the namespace is being deleted: the pass stops here
 
 
@@ -177,12 +181,29 @@ def _key(obj: Obj) -> tuple[str, str]:
 
 def _workload_state(obj: Obj) -> WorkloadState:
     status = obj.get("status") or {}
+    generation = int(obj["metadata"].get("generation", 0))
+    observed = int(status.get("observedGeneration", 0))
+    if obj["kind"] == meta.LWS_KIND:
+        # LeaderWorkerSet's status has no observedGeneration (v0.7.0); its controller recounts groups
+        # (replicas, ready: the leader and every worker Ready; updated: the template's revision) on
+        # each of its passes, so its counts stand for the current generation.
+        observed = generation
     return WorkloadState(
-        generation=int(obj["metadata"].get("generation", 0)),
-        observed_generation=int(status.get("observedGeneration", 0)),
+        generation=generation,
+        observed_generation=observed,
         replicas=int(status.get("replicas", 0)),
         ready_replicas=int(status.get("readyReplicas", 0)),
         updated_replicas=int(status.get("updatedReplicas", 0)),
+    )
+
+
+def missing_api(kind: str, roles: Sequence[str]) -> str:
+    """The Stalled message for objects of a kind the cluster does not serve (its CRD is missing)."""
+    api_version, plural = KINDS[kind].api_version, KINDS[kind].plural
+    return (
+        f"the cluster does not serve {kind} ({plural}.{api_version.split('/')[0]}): the CRD is not "
+        f"installed; pools with nodesPerInstance > 1 ({', '.join(roles)}) need LeaderWorkerSet "
+        "(sigs.k8s.io/lws, v0.7.0 or later). Nothing was applied (docs/multinode.md)"
     )
 
 
@@ -306,13 +327,18 @@ class Reconciler:
         previous = _previous_status(body)
         existing: dict[tuple[str, str], Obj] = {}
         kinds = [*KINDS.values(), POD]
+        absent: set[str] = set()
         if self.cache is not None:
             # From the watch caches (`tandem.kube.informer`): no request at all.
             cache = self.cache
             *listed, pods = [cache.by_label(kind, ns, name) for kind in kinds]
+            absent = {kind for kind in OPTIONAL_KINDS if not cache.served(KINDS[kind])}
         else:
             # The reads of a pass are independent: at once, on the API pool (`api_parallelism`).
-            *listed, pods = self._each(lambda kind: self.kube.list(kind, ns, selector), kinds)
+            *found, pods_or_none = self._each(lambda kind: self._list_served(kind, ns, selector), kinds)
+            absent = {kind.kind for kind, objs in zip(kinds, found, strict=False) if objs is None}
+            listed = [objs or [] for objs in found]
+            pods = pods_or_none or []
         for objs in listed:
             for obj in objs:
                 if _owned_by(obj, pdd.metadata.uid):
@@ -333,8 +359,10 @@ class Reconciler:
             pods=pods,
             statefulsets={
                 role: existing.get(("StatefulSet", names.child_name(pdd, role, serving)))
+                or existing.get((meta.LWS_KIND, names.workload_name(pdd, role, serving)))
                 for role in meta.POOL_ROLES
             },
+            absent=frozenset(absent),
             routed=commands.route(
                 command_value if isinstance(command_value, str) else None,
                 previous.rollout if previous is not None else None,
@@ -421,33 +449,57 @@ class Reconciler:
     def _apply(self, ctx: PassContext, desired: Desired) -> Applied:
         """The drain marks, every child that differs from its live object, the kept pair's shares,
         and the prune of children no longer rendered."""
-        self.autoscaler.mark(ctx.pdd, desired.sizes.serving, ctx.epoch)
         out = Applied()
+        ns, selector = ctx.pdd.metadata.namespace, f"{meta.LABEL_PDD}={ctx.pdd.metadata.name}"
+        # A kind the cache found unserved is asked once more when this spec needs it: its informer
+        # lists again only every 30 s, and a CRD just installed should not stall the pass meanwhile.
+        unserved = sorted(
+            kind
+            for kind in {obj["kind"] for obj in desired.objects} & ctx.absent
+            if self.cache is None or self._list_served(KINDS[kind], ns, selector) is None
+        )
+        if unserved:
+            # A multi-node pool's LeaderWorkerSet where its CRD is missing: nothing is applied (no
+            # router or decode pool without the prefill it needs), nothing pruned, Stalled says why.
+            for kind in unserved:
+                roles = [
+                    o["metadata"]["labels"].get(meta.LABEL_ROLE, "")
+                    for o in desired.objects
+                    if o["kind"] == kind
+                ]
+                out.unserved.append(missing_api(kind, roles))
+            return out
+        self.autoscaler.mark(ctx.pdd, desired.sizes.serving, ctx.epoch)
         changes: list[tuple[Obj, Obj | None, handover.Step]] = []
         for obj in desired.objects:
             key = _key(obj)
-            if key[0] not in KINDS:  # a multi-node pool's LeaderWorkerSet: not applied yet
-                out.errors.append(f"{key[0]}/{key[1]}: {UNMANAGED_KIND}")
-                continue
             current = ctx.existing.get(key)
             role = obj["metadata"]["labels"].get(meta.LABEL_ROLE, "")
             transfer: handover.Step = "none"
-            if obj["kind"] == "StatefulSet":
+            if obj["kind"] in WORKLOAD_KINDS:  # an HPA or KEDA scales either through its scale subresource
                 transfer = handover.step(current, is_external(ctx.pdd.spec, role))
             if transfer == "none" and current is not None and is_subset(obj, current):
                 out.live[key] = current
                 continue
             changes.append((obj, current, transfer))
         # Children differ independently: applied at once (each one's hand-over steps stay in order),
-        # reported in the rendered order.
-        outcomes = self._each(self._try_apply, changes)
-        for (obj, _, _), outcome in zip(changes, outcomes, strict=True):
-            key = _key(obj)
-            if isinstance(outcome, KubeError):
-                out.errors.append(f"{key[0]}/{key[1]}: {outcome.message}")
-            else:
-                out.live[key] = outcome
-                out.applied.append(f"{key[0]}/{key[1]}")
+        # reported in the rendered order. LeaderWorkerSets go last, each only once its headless Service
+        # (of its name, the group's DNS subdomain) is there: LeaderWorkerSet's controller makes its own
+        # Service of that name, as its controller, where none exists, and the operator's could then
+        # never be applied (two controller references).
+        first = [change for change in changes if change[0]["kind"] not in OPTIONAL_KINDS]
+        outcomes = self._apply_each(first, out)
+        groups = []
+        for change in changes:
+            if change[0]["kind"] in OPTIONAL_KINDS:
+                name = change[0]["metadata"]["name"]
+                if ("Service", name) in out.live:
+                    groups.append(change)
+                else:
+                    out.errors.append(
+                        f"{change[0]['kind']}/{name}: not applied: its Service {name} is not there"
+                    )
+        outcomes += self._apply_each(groups, out)
         if any(isinstance(outcome, KubeError) and outcome.namespace_terminating for outcome in outcomes):
             out.terminating = True
             return out
@@ -463,6 +515,20 @@ class Reconciler:
                 except KubeError as exc:
                     out.errors.append(f"delete {key[0]}/{key[1]}: {exc.message}")
         return out
+
+    def _apply_each(
+        self, changes: list[tuple[Obj, Obj | None, handover.Step]], out: Applied
+    ) -> list[Obj | KubeError]:
+        """`changes` applied at once; each result recorded in `out` in their order."""
+        outcomes = self._each(self._try_apply, changes)
+        for (obj, _, _), outcome in zip(changes, outcomes, strict=True):
+            key = _key(obj)
+            if isinstance(outcome, KubeError):
+                out.errors.append(f"{key[0]}/{key[1]}: {outcome.message}")
+            else:
+                out.live[key] = outcome
+                out.applied.append(f"{key[0]}/{key[1]}")
+        return outcomes
 
     def _apply_shares(self, ctx: PassContext, desired: Desired, out: Applied) -> None:
         """The kept previous pair's StatefulSets at the sizes the chain gave them (replicas only)."""
@@ -489,13 +555,14 @@ class Reconciler:
         workloads = {
             obj["metadata"]["labels"][meta.LABEL_ROLE]: _workload_state(obj)
             for (kind, _), obj in applied.live.items()
-            if kind in ("StatefulSet", "Deployment")
+            if kind in (*WORKLOAD_KINDS, "Deployment")
         }
         observed = Observed(
             workloads=workloads,
             desired_replicas=_status_replicas(pdd, desired.sizes, applied.live),
             pod_problems=missing_secrets(self.kube, pdd) + pod_problems(ctx.pods),
             apply_errors=applied.errors,
+            unserved=applied.unserved,
             sources=scaling.sources,
             limited_by={role: pool.limited_by for role, pool in desired.sizes.pools.items()},
             autoscaling=scaling.state,
@@ -562,6 +629,15 @@ class Reconciler:
             result.requeue(step.requeue_after)
         return result
 
+    def _list_served(self, kind: Kind, namespace: str, selector: str) -> list[Obj] | None:
+        """The objects of `kind` with `selector`; None for an optional kind the cluster does not serve."""
+        try:
+            return self.kube.list(kind, namespace, selector)
+        except KubeError as exc:
+            if exc.status == 404 and kind.kind in OPTIONAL_KINDS:
+                return None
+            raise
+
     def _each(self, call: Callable[[_In], _Out], items: Sequence[_In]) -> list[_Out]:
         """`call` over `items`, results in order: on the API pool when there is one, else in turn."""
         if self._pool is None or len(items) < 2:
@@ -575,7 +651,8 @@ class Reconciler:
             return exc
 
     def _apply_child(self, obj: Obj, current: Obj | None, transfer: handover.Step) -> Obj:
-        """Server-side apply of one child; for a StatefulSet, with the replicas hand-over or hand-back."""
+        """Server-side apply of one child; for a workload (a StatefulSet or a LeaderWorkerSet), with the
+        replicas hand-over or hand-back."""
         kind = KINDS[obj["kind"]]
         if transfer == "hand-over" and current is not None:
             self.kube.apply(kind, handover.pin_replicas(current), handover.HANDOVER_MANAGER)
@@ -659,12 +736,17 @@ def _status_replicas(
     pdd: PDDeployment, sizes: sizing.Sizes, live: Mapping[tuple[str, str], Obj]
 ) -> dict[str, int]:
     """status.pools.<role>.desiredReplicas: the size the chain gave the pool; for an external pool,
-    the count its controller set on the StatefulSet."""
+    the count its controller set on the StatefulSet (or LeaderWorkerSet: groups)."""
     counts: dict[str, int] = {"router": sizes.router}
-    for role, pool in sizes.pools.items():
+    for role in meta.POOL_ROLES:
+        pool = sizes.pools.get(role)
+        if pool is None:
+            continue
         size = pool.desired
         if size is None:
-            sts = live.get(("StatefulSet", f"{pdd.metadata.name}-{role}"))
+            sts = live.get(("StatefulSet", f"{pdd.metadata.name}-{role}")) or live.get(
+                (meta.LWS_KIND, names.workload_name(pdd, role))
+            )
             size = int(((sts or {}).get("spec") or {}).get("replicas", 1)) if sts is not None else 0
         counts[role] = size
     return counts

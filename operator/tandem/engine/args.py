@@ -67,6 +67,26 @@ class KVTransferConfig(BaseModel):
         return self.kv_role in ("kv_consumer", "kv_both")
 
 
+class GroupArgs(BaseModel):
+    """This pod's place in a multi-node replica (a LeaderWorkerSet group): vLLM's multi-node flags.
+
+    The sim engine runs one rank per pod: `data` is 1 (one rank spans the pods: multi-node TP) or
+    the node count (a data-parallel rank per pod, balanced by the leader: Internal)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    nodes: int  # --nnodes
+    node_rank: int  # --node-rank: 0 on the leader
+    address: str  # where the group meets: --data-parallel-address (DP) or --master-addr
+    port: int  # --data-parallel-rpc-port (DP) or --master-port
+    data: int  # --data-parallel-size
+    headless: bool  # --headless: a worker without an API endpoint of its own
+
+    @property
+    def leader(self) -> bool:
+        return self.node_rank == 0
+
+
 class ServeArgs(BaseModel):
     """The parsed command line; None means "vLLM's default", resolved in `config.py`."""
 
@@ -92,6 +112,7 @@ class ServeArgs(BaseModel):
     api_key: str | None
     enable_request_id_headers: bool
     enable_force_include_usage: bool
+    group: GroupArgs | None = None  # a multi-node replica's member (`--nnodes` > 1)
 
 
 def human_int(text: str) -> int:
@@ -131,6 +152,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
     p.add_argument("--data-parallel-size", "-dp", type=int, default=1)
+    p.add_argument("--data-parallel-size-local", "-dpl", type=int, default=None)
+    p.add_argument("--data-parallel-rank", "-dpn", type=int, default=None)
+    p.add_argument("--data-parallel-address", "-dpa", default=None)
+    p.add_argument("--data-parallel-rpc-port", "-dpp", type=int, default=None)
+    p.add_argument("--data-parallel-hybrid-lb", "-dph", action="store_true")
+    p.add_argument("--data-parallel-external-lb", "-dpe", action="store_true")
+    p.add_argument("--nnodes", "-n", type=int, default=1)
+    p.add_argument("--node-rank", "-r", type=int, default=0)
+    p.add_argument("--master-addr", default="127.0.0.1")
+    p.add_argument("--master-port", type=int, default=29501)
+    p.add_argument("--headless", action="store_true")
     p.add_argument("--max-model-len", type=human_int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=human_int, default=None)
@@ -235,14 +267,12 @@ def parse_serve_args(argv: Sequence[str]) -> ServeArgs:
         raise ArgumentError(
             f"model given twice with different values: {ns.model_tag!r} and --model {ns.model_flag!r}"
         )
-    for flag, value in (
-        ("--pipeline-parallel-size", ns.pipeline_parallel_size),
-        ("--data-parallel-size", ns.data_parallel_size),
-    ):
-        if value != 1:
-            raise ArgumentError(
-                f"{flag} {value}: the tandem sim engine simulates one engine per process; use 1"
-            )
+    if ns.pipeline_parallel_size != 1:
+        raise ArgumentError(
+            f"--pipeline-parallel-size {ns.pipeline_parallel_size}: the tandem sim engine simulates one "
+            "engine per process; use 1"
+        )
+    group = _group(ns)
     if ns.api_server_count != 1:
         raise ArgumentError("--api-server-count: the tandem sim engine runs one API server")
     kv_raw = _merge(ns.kv_transfer_config or {}, dotted)
@@ -267,6 +297,46 @@ def parse_serve_args(argv: Sequence[str]) -> ServeArgs:
         api_key=ns.api_key,
         enable_request_id_headers=ns.enable_request_id_headers,
         enable_force_include_usage=ns.enable_force_include_usage,
+        group=group,
+    )
+
+
+def _group(ns: argparse.Namespace) -> GroupArgs | None:
+    """The multi-node flags, as far as the sim engine runs them (one rank per pod, Internal balancing)."""
+    data, nodes = ns.data_parallel_size, ns.nnodes
+    if ns.data_parallel_hybrid_lb or ns.data_parallel_external_lb or ns.data_parallel_rank is not None:
+        raise ArgumentError(
+            "the tandem sim engine balances a data-parallel group on its leader only (Internal): "
+            "--data-parallel-hybrid-lb, --data-parallel-external-lb and --data-parallel-rank are vLLM's"
+        )
+    if ns.data_parallel_size_local not in (None, 1) and data > 1:
+        raise ArgumentError(
+            f"--data-parallel-size-local {ns.data_parallel_size_local}: the tandem sim engine runs one "
+            "data-parallel rank per pod; use 1"
+        )
+    if data != 1 and data != nodes:
+        raise ArgumentError(
+            f"--data-parallel-size {data}: the tandem sim engine runs one engine per process, so 1 or "
+            f"one rank per node (--nnodes {nodes})"
+        )
+    if nodes < 1 or not 0 <= ns.node_rank < nodes:
+        raise ArgumentError(f"--node-rank {ns.node_rank} is not in 0..{nodes - 1} (--nnodes {nodes})")
+    if nodes == 1:
+        if ns.headless:
+            raise ArgumentError("--headless needs --nnodes > 1 (a worker of a multi-node group)")
+        return None
+    if data > 1:
+        if ns.data_parallel_address is None or ns.data_parallel_rpc_port is None:
+            raise ArgumentError(
+                "a data-parallel group over nodes needs --data-parallel-address and --data-parallel-rpc-port"
+            )
+        address, port = ns.data_parallel_address, ns.data_parallel_rpc_port
+    else:
+        address, port = ns.master_addr, ns.master_port
+    if ns.headless and ns.node_rank == 0:
+        raise ArgumentError("--headless on node rank 0: the leader serves the group's API")
+    return GroupArgs(
+        nodes=nodes, node_rank=ns.node_rank, address=address, port=port, data=data, headless=ns.headless
     )
 
 

@@ -18,6 +18,7 @@ from aiohttp import web
 from tandem.engine.args import ArgumentError, parse_serve_args
 from tandem.engine.config import ConfigError, EngineConfig, resolve
 from tandem.engine.core import EngineCore
+from tandem.engine.group import Group
 from tandem.engine.server import EngineServer
 from tandem.engine.settings import SettingsError, SimSettings
 
@@ -64,7 +65,11 @@ def _use_uvloop() -> None:
 
 async def serve(config: EngineConfig) -> int:
     core = EngineCore(config, config.sim.faults)
-    server = EngineServer(config, core)
+    group = None
+    if config.args.group is not None:
+        host = config.args.host or "127.0.0.1"
+        group = Group(config.args.group, f"http://{host}:{config.args.port}")
+    server = EngineServer(config, core, group)
     # handler_cancellation: a client that disconnects cancels its handler, which aborts the request
     # (frees its KV blocks, counts finished_reason="abort"), as vLLM does.
     runner = web.AppRunner(
@@ -79,6 +84,9 @@ async def serve(config: EngineConfig) -> int:
         await core.start()
         site = web.TCPSite(runner, config.args.host, config.args.port, backlog=1024)
         await site.start()
+        if group is not None:
+            await group.start()
+            watcher = asyncio.ensure_future(_stop_when(group.failed, stop))
         kv = config.kv_transfer
         role = (
             f", kv_role={kv.kv_role}, side channel "
@@ -96,14 +104,27 @@ async def serve(config: EngineConfig) -> int:
             f"INFO: Uvicorn running on http://{config.args.host or '0.0.0.0'}:{config.args.port}", flush=True
         )
         await stop.wait()
+        if group is not None and group.failed.is_set():
+            # vLLM's engines fail with a dead rank's collectives and the API server exits: no drain.
+            print(f"ERROR: {group.reason}", file=sys.stderr, flush=True)
+            return 1
         print("INFO: shutting down", flush=True)
         server.draining = True
         await _drain(core, config.args.shutdown_timeout)
     finally:
+        if group is not None:
+            watcher.cancel()
+            await group.stop()
+        await server.close()
         await core.stop()
         with contextlib.suppress(Exception):
             await runner.cleanup()
     return 0
+
+
+async def _stop_when(event: asyncio.Event, stop: asyncio.Event) -> None:
+    await event.wait()
+    stop.set()
 
 
 async def _drain(core: EngineCore, shutdown_timeout: float) -> None:

@@ -4,6 +4,8 @@ Routes: GET /health, GET|POST /ping, GET /version, GET /v1/models, POST /v1/comp
 POST /v1/chat/completions, GET /metrics, GET /debug/kv, GET /debug/state, GET|POST|DELETE /admin/faults.
 Until TANDEM_SIM_LOAD_SECONDS have passed since start the engine is "loading weights": /health,
 /ping, /v1/* and /metrics answer 503 (vLLM serves nothing then; a readiness probe sees "not yet").
+A member of a multi-node group (`group.py`) answers /health 503 until the group has formed; its
+leader sends each generation request of a data-parallel group to the least busy rank.
 Streaming responses start (status 200) when the first token is ready, so failures before it, such
 as a failed KV pull under policy `fail`, are plain HTTP 500s; later failures are an error event
 inside the 200 stream followed by `data: [DONE]`, as in vLLM.
@@ -19,11 +21,12 @@ import time
 import uuid
 from typing import Any
 
-from aiohttp import web
+from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 from tandem import __version__
 from tandem.engine.config import EngineConfig
 from tandem.engine.core import EngineCore, Job, RemotePrefill, revision_mismatch
+from tandem.engine.group import Group
 from tandem.engine.openai import (
     ChunkWriter,
     GenerationRequest,
@@ -54,10 +57,16 @@ def _error(message: str, status: int, kind: str) -> web.Response:
     return _json(error_body(message, kind, status), status)
 
 
+# Forwarded generation requests: the headers the rank's engine reads (auth, ids, body type).
+_FORWARDED_HEADERS = ("Authorization", "Content-Type", "X-Request-Id", "Accept")
+
+
 class EngineServer:
-    def __init__(self, config: EngineConfig, core: EngineCore) -> None:
+    def __init__(self, config: EngineConfig, core: EngineCore, group: Group | None = None) -> None:
         self.config = config
         self.core = core
+        self.group = group
+        self._client: ClientSession | None = None  # the leader's, to its workers' engines
         self.draining = False
         self.requests_seen = 0
         self._started = time.time()
@@ -105,6 +114,10 @@ class EngineServer:
         await self._hang_if_asked()
         if (loading := self._loading_answer()) is not None:
             return loading
+        if self.group is not None and not self.group.formed:
+            return _error(
+                "The engine's group has not formed: a rank has not joined.", 503, "ServiceUnavailableError"
+            )
         return web.Response(status=503 if self.draining else 200)
 
     async def version(self, request: web.Request) -> web.Response:
@@ -162,6 +175,14 @@ class EngineServer:
                 "draining": self.draining,
                 "loading": self.loading,
                 "faults": core.faults.model_dump(),
+                "requests_seen": self.requests_seen,
+                "group": None
+                if self.group is None
+                else {
+                    "node_rank": self.group.spec.node_rank,
+                    "formed": self.group.formed,
+                    "in_flight": self.group.in_flight,
+                },
             }
         )
 
@@ -225,6 +246,52 @@ class EngineServer:
             return _error("The server is shutting down.", 503, "ServiceUnavailableError")
         if (loading := self._loading_answer()) is not None:
             return loading
+        group = self.group
+        if group is None:
+            return await self._generate_here(request, chat)
+        if not group.formed:
+            return _error(
+                "The engine's group has not formed: a rank has not joined.", 503, "ServiceUnavailableError"
+            )
+        rank, url = group.pick()
+        group.in_flight[rank] += 1
+        try:
+            if url is None:
+                return await self._generate_here(request, chat)
+            return await self._forward(request, url)
+        finally:
+            group.in_flight[rank] -= 1
+
+    async def _forward(self, request: web.Request, url: str) -> web.StreamResponse:
+        """The request as the rank at `url` answers it, streamed through (the leader's API server
+        handing a request to another rank's engine)."""
+        if self._client is None:
+            self._client = ClientSession(timeout=ClientTimeout(total=None, sock_connect=5))
+        headers = {h: request.headers[h] for h in _FORWARDED_HEADERS if h in request.headers}
+        try:
+            async with self._client.post(
+                url + request.path, data=await request.read(), headers=headers
+            ) as answer:
+                response = web.StreamResponse(status=answer.status)
+                for name in ("Content-Type", "X-Request-Id", "Cache-Control"):
+                    if name in answer.headers:
+                        response.headers[name] = answer.headers[name]
+                await response.prepare(request)
+                async for chunk in answer.content.iter_any():
+                    await response.write(chunk)
+                await response.write_eof()
+                return response
+        except (ClientError, OSError) as exc:
+            # The rank is gone: the group is about to break (its connection ends), as vLLM's would.
+            return _error(f"the data-parallel rank at {url} failed: {exc}", 500, "InternalServerError")
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+    async def _generate_here(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        """A generation request served by this pod's own engine."""
+        faults = self.core.faults
         try:
             body = await request.json()
         except ValueError:

@@ -9,6 +9,11 @@ last resourceVersion seen; one the apiserver refuses as too old (410 Gone, as an
 ERROR event) relists, and the replace reports what changed meanwhile, deletions included, so
 nothing missed while disconnected stays in the cache. Failures back off (doubling, capped).
 
+An optional kind (an add-on's custom resource, LeaderWorkerSet) may not be served at all: a list
+the apiserver answers 404 leaves the store empty, counts as synced (every other cache keeps
+answering) and marks the kind absent (`Cache.served`); the list is tried again every
+`ABSENT_RETRY_SECONDS`, so a CRD installed later is picked up.
+
 Each change is handed to `on_event(kind, type, object)` from the informer's thread: the operator
 enqueues the owning PDDeployment, as a controller's informer does.
 
@@ -36,6 +41,7 @@ Handler = Callable[[Kind, EventType, Obj], None]
 Key = tuple[str, str]  # (namespace, name)
 
 WATCH_TIMEOUT_SECONDS = 300  # the apiserver ends a watch after this; it is opened again at once
+ABSENT_RETRY_SECONDS = 30.0  # an optional kind not served: listed again this much later
 
 
 def resource_version(obj: Mapping[str, Any]) -> str:
@@ -186,8 +192,13 @@ class Informer:
         label_selector: str = "",
         watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
         backoff: tuple[float, float] = (0.5, 30.0),
+        optional: bool = False,
+        absent_retry_seconds: float = ABSENT_RETRY_SECONDS,
     ) -> None:
         self.kube = kube
+        self.optional = optional
+        self.absent_retry_seconds = absent_retry_seconds
+        self.absent = False  # an optional kind the apiserver does not serve (its last list: 404)
         self.kind = kind
         self.namespace = namespace
         self.store = store
@@ -219,7 +230,23 @@ class Informer:
                 log.exception("informer %s: event handler failed", self.name)
 
     def _list(self) -> str:
-        items, version = self.kube.list_with_version(self.kind, self.namespace, self.label_selector)
+        try:
+            items, version = self.kube.list_with_version(self.kind, self.namespace, self.label_selector)
+        except KubeError as exc:
+            if not (self.optional and exc.status == 404):
+                raise
+            if not self.absent:
+                log.info(
+                    "informer %s: the kind is not served (no CRD); listed again every %.0fs",
+                    self.name,
+                    self.absent_retry_seconds,
+                )
+            self.absent = True
+            for event_type, obj in self.store.replace([], self.namespace):
+                self._emit(event_type, obj)
+            self.synced.set()
+            raise
+        self.absent = False
         for event_type, obj in self.store.replace(items, self.namespace):
             self._emit(event_type, obj)
         self.synced.set()
@@ -279,8 +306,12 @@ class Informer:
             except KubeError as exc:
                 if self._stop.is_set():
                     return
-                if exc.status == 410:
+                if exc.status == 410 or (self.optional and exc.status == 404 and not self.absent):
+                    version = None  # a 404 watch: the CRD was removed; the list says so
+                    continue
+                if self.absent:
                     version = None
+                    self._stop.wait(self.absent_retry_seconds)
                     continue
                 log.warning("informer %s: %s; again in %.1fs", self.name, exc, delay)
                 self._stop.wait(delay)
@@ -310,10 +341,14 @@ class Cache:
         label_selector: str = "",
         index_label: str = "",
         transform: Callable[[Obj], Obj] | None = None,
+        optional: bool = False,
     ) -> None:
+        """Watch `kind` in `namespaces`; `optional`: a kind the cluster may not serve (see the module)."""
         store = self.stores.setdefault(kind.plural, Store(index_label, transform))
         for namespace in namespaces:
-            self.informers.append(Informer(kube, kind, namespace, store, on_event, label_selector))
+            self.informers.append(
+                Informer(kube, kind, namespace, store, on_event, label_selector, optional=optional)
+            )
 
     def start(self) -> None:
         for informer in self.informers:
@@ -331,6 +366,11 @@ class Cache:
 
     def watches(self, kind: Kind) -> bool:
         return kind.plural in self.stores
+
+    def served(self, kind: Kind) -> bool:
+        """Whether the apiserver serves `kind`, as its informers' last lists found (an optional
+        kind's CRD may be missing)."""
+        return not any(i.absent for i in self.informers if i.kind.plural == kind.plural)
 
     def get(self, kind: Kind, namespace: str, name: str) -> Obj | None:
         return self.stores[kind.plural].get(namespace, name)

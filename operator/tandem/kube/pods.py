@@ -26,6 +26,9 @@ from tandem.api.meta import (
     LABEL_PDD,
     LABEL_REVISION,
     LABEL_ROLE,
+    LWS_GROUP_KEY_LABEL,
+    LWS_SIZE_ANNOTATION,
+    LWS_WORKER_INDEX_LABEL,
     PLURAL,
     POOL_ROLES,
     VERSION,
@@ -50,6 +53,12 @@ class PodInfo:
     terminating: bool
     draining: bool = False  # annotated tandem.dev/draining: finishes its work, takes no new requests
     revision: str = ""  # the tandem.dev/revision label: the pod's serving revision ("" = legacy)
+    # A member of a multi-node replica (a LeaderWorkerSet group): its group's key, its size, and
+    # whether this pod serves the API (the leader; a worker only when it declares the http port;
+    # a headless worker does not).
+    group: str | None = None
+    group_size: int = 1
+    serves: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +128,25 @@ def pod_info_from(obj: Mapping[str, Any]) -> PodInfo:
         terminating=_get(obj, "metadata", "deletionTimestamp") is not None,
         draining=isinstance(annotations, Mapping) and ANNOTATION_DRAINING in annotations,
         revision=str(labels.get(LABEL_REVISION) or ""),
+        group=labels.get(LWS_GROUP_KEY_LABEL),
+        group_size=_size(annotations),
+        serves=labels.get(LWS_WORKER_INDEX_LABEL) in (None, "0") or _declares_http(obj),
+    )
+
+
+def _size(annotations: Any) -> int:
+    value = annotations.get(LWS_SIZE_ANNOTATION) if isinstance(annotations, Mapping) else None
+    return int(value) if isinstance(value, str) and value.isdigit() else 1
+
+
+def _declares_http(obj: Mapping[str, Any]) -> bool:
+    """Whether the pod's containers declare the engine's `http` port (a group worker that serves)."""
+    containers = _get(obj, "spec", "containers") or []
+    return any(
+        isinstance(port, Mapping) and port.get("name") == "http"
+        for container in containers
+        if isinstance(container, Mapping)
+        for port in container.get("ports") or []
     )
 
 

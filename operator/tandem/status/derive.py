@@ -72,6 +72,7 @@ class Observed:
     desired_replicas: Mapping[str, int] = field(default_factory=dict)  # role -> replicas asked for
     pod_problems: Sequence[PodProblem] = ()
     apply_errors: Sequence[str] = ()
+    unserved: Sequence[str] = ()  # kinds the spec needs that the cluster does not serve (no CRD)
     sources: Mapping[str, ReplicaSource] = field(default_factory=dict)  # role -> who sizes it (spec)
     limited_by: Mapping[str, SizingStage] = field(default_factory=dict)  # role -> sizing stage (spec)
     autoscaling: AutoscalingStatus | None = None  # the autoscaler's state after this pass
@@ -302,8 +303,10 @@ def derive_status(
     converged = all(_converged(role, observed) for role in roles)
 
     stalling = [p for p in observed.pod_problems if _stalling(p, now, unschedulable_grace_seconds)]
-    if observed.apply_errors:
-        stalled: tuple[str, str] | None = ("ApplyFailed", "; ".join(observed.apply_errors))
+    if observed.unserved:
+        stalled: tuple[str, str] | None = ("CRDNotInstalled", "; ".join(observed.unserved))
+    elif observed.apply_errors:
+        stalled = ("ApplyFailed", "; ".join(observed.apply_errors))
     elif stalling:
         stalled = _problem_summary(stalling)
     else:

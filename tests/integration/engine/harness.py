@@ -84,7 +84,10 @@ class Engine:
         return self.proc.returncode
 
 
-def start_engine(*args: str, env: dict[str, str] | None = None, side_channel: bool = False) -> Engine:
+def start_engine(
+    *args: str, env: dict[str, str] | None = None, side_channel: bool = False, healthy: bool = True
+) -> Engine:
+    """A sim engine with `args`; `healthy`: once its /health answers 200 (else: once started)."""
     port = free_port()
     side_port = free_port() if side_channel else None
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TANDEM_SIM_", "VLLM_"))}
@@ -107,6 +110,8 @@ def start_engine(*args: str, env: dict[str, str] | None = None, side_channel: bo
     cmd += ["--served-model-name", NAME, "--max-model-len", "16384", *args]
     proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     engine = Engine(proc, port, side_port)
+    if not healthy:
+        return engine
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -14,7 +14,9 @@ import pytest
 import yaml
 
 from tandem.api.models import PDDeployment
+from tandem.devcluster import cluster as devcluster
 from tandem.devcluster.handle import ClusterHandle
+from tandem.devcluster.layout import ClusterDir
 from tandem.devcluster.testing import OperatorProcess
 from tandem.render import render
 
@@ -28,15 +30,9 @@ def _multi_node(path: Path) -> bool:
     )
 
 
-# Multi-node examples render LeaderWorkerSets: converging them needs the LeaderWorkerSet controller in
-# the dev cluster and the operator applying, watching and pruning that kind (issue 27, items 3 and 5;
-# docs/multinode.md, "Status"). Their rendering is pinned by golden files and vLLM's own checks.
-CONVERGING = [
-    pytest.param(p, id=p.stem, marks=[pytest.mark.skip(reason="LeaderWorkerSet pools: issue 27 items 3, 5")])
-    if _multi_node(p)
-    else pytest.param(p, id=p.stem)
-    for p in EXAMPLES
-]
+# Multi-node examples render LeaderWorkerSets: the dev cluster runs LeaderWorkerSet's controller for
+# them (started on first use, `devcluster.start_lws`).
+CONVERGING = [pytest.param(p, id=p.stem) for p in EXAMPLES]
 RDMA_LABEL = "network.tandem.dev/rdma"
 WRITE_VERBS = {"POST", "PUT", "PATCH", "APPLY", "DELETE"}
 OWNED_RESOURCES = {
@@ -141,11 +137,24 @@ def test_volumes(cluster: ClusterHandle) -> Iterator[None]:
     cluster.kubectl("delete", "pv", "-l", "tandem.dev/test=true", "--wait=false", check=False)
 
 
+def start_lws(cluster: ClusterHandle) -> None:
+    """The LeaderWorkerSet controller on the dev cluster (a no-op while it runs)."""
+    try:
+        devcluster.start_lws(ClusterDir(cluster.dir))
+    except devcluster.ClusterError as e:
+        pytest.fail(f"the LeaderWorkerSet controller did not start: {e}", pytrace=False)
+
+
+WORKLOADS = ("StatefulSet", "LeaderWorkerSet")
+
+
 @pytest.mark.usefixtures("test_volumes")
 @pytest.mark.parametrize("example", CONVERGING)
 def test_example_converges_and_children_match_render(
     cluster: ClusterHandle, operator: OperatorProcess, namespace: str, example: Path
 ) -> None:
+    if _multi_node(example):
+        start_lws(cluster)
     wait_for(
         "earlier test namespaces to be gone",
         lambda: no_namespace_terminating(cluster),
@@ -155,9 +164,8 @@ def test_example_converges_and_children_match_render(
     started = time.monotonic()
     live = apply_example(cluster, namespace, example)
     name = live["metadata"]["name"]
-    expected = render(
-        PDDeployment.from_object({**live, "metadata": {**live["metadata"], "namespace": namespace}})
-    )
+    model = PDDeployment.from_object({**live, "metadata": {**live["metadata"], "namespace": namespace}})
+    expected = render(model)
     kinds = sorted({obj["kind"].lower() for obj in expected})
 
     def children() -> set[tuple[str, str]]:
@@ -173,15 +181,22 @@ def test_example_converges_and_children_match_render(
     assert children() == want
 
     for obj in expected:
-        if obj["kind"] != "StatefulSet":
+        if obj["kind"] not in WORKLOADS:
             continue
-        sts = get(cluster, namespace, "statefulset", obj["metadata"]["name"])
+        sts = get(cluster, namespace, obj["kind"].lower(), obj["metadata"]["name"])
         assert sts["spec"]["replicas"] == obj["spec"]["replicas"]
-        live_container = sts["spec"]["template"]["spec"]["containers"][0]
-        want_container = obj["spec"]["template"]["spec"]["containers"][0]
-        assert live_container["command"] + live_container.get("args", []) == want_container[
-            "command"
-        ] + want_container.get("args", [])
+        if obj["kind"] == "StatefulSet":
+            templates = [(sts["spec"]["template"], obj["spec"]["template"])]
+        else:  # the leader's and the workers' command lines
+            group, want_group = sts["spec"]["leaderWorkerTemplate"], obj["spec"]["leaderWorkerTemplate"]
+            assert group["size"] == want_group["size"]
+            templates = [(group[t], want_group[t]) for t in ("leaderTemplate", "workerTemplate")]
+        for live_template, want_template in templates:
+            live_container = live_template["spec"]["containers"][0]
+            want_container = want_template["spec"]["containers"][0]
+            assert live_container["command"] + live_container.get("args", []) == want_container[
+                "command"
+            ] + want_container.get("args", [])
         assert sts["metadata"]["ownerReferences"][0]["uid"] == live["metadata"]["uid"]
 
     pools = pdd["status"]["pools"]
@@ -190,14 +205,15 @@ def test_example_converges_and_children_match_render(
     rendered = {
         obj["metadata"]["labels"]["tandem.dev/role"]: obj["spec"]["replicas"]
         for obj in expected
-        if obj["kind"] == "StatefulSet"
+        if obj["kind"] in WORKLOADS
     }
     for role in ("prefill", "decode", "colocated"):
         spec_pool = live["spec"].get(role) or {}
         assert rendered.get(role, 0) <= spec_pool.get("replicas", 0)
         assert pools[role]["desiredReplicas"] == rendered.get(role, 0)
         assert pools[role]["readyReplicas"] == rendered.get(role, 0)
-        assert pools[role]["gpus"] == rendered.get(role, 0) * spec_pool.get("tensorParallelSize", 1)
+        # GPUs of whole replicas (a multi-node pool's: every pod of every group).
+        assert pools[role]["gpus"] == rendered.get(role, 0) * model.spec.pool(role).gpus_per_instance
         # The sizing chain's last stage that changed the count: none (the source's) or the idle arm's.
         at_rest = rendered.get(role, 0) == spec_pool.get("replicas", 0)
         assert pools[role]["limitedBy"] == (pools[role]["source"] if at_rest else "rolloutArm")

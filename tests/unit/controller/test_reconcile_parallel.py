@@ -102,19 +102,3 @@ def test_only_a_namespace_being_deleted_stops_a_pass_quietly(error: KubeError, t
     assert result.status_written is not terminating
     assert (world.events() == []) is terminating
     assert ("status" not in world.pdd) is terminating
-
-
-def test_a_multi_node_pool_is_reported_not_applied() -> None:
-    """A pool of LeaderWorkerSet groups is rendered but not created by this operator (not yet watched or
-    pruned): the pass applies the other children and says so in Stalled, naming the object."""
-    doc = manifest()
-    doc["spec"]["engine"]["type"] = "vllm"
-    doc["spec"]["decode"] = {"replicas": 1, "nodesPerInstance": 2, "tensorParallelSize": 16}
-    doc["spec"].pop("autoscaling")
-    world = World(doc)
-    result = world.run()
-    assert f"StatefulSet/{NAME}-prefill" in result.applied
-    assert not [key for key in world.kube.objects if key[0] == "LeaderWorkerSet"]
-    stalled = [c for c in world.pdd["status"]["conditions"] if c["type"] == "Stalled"]
-    assert stalled[0]["status"] == "True"
-    assert f"LeaderWorkerSet/{NAME}-decode: not applied" in stalled[0]["message"]

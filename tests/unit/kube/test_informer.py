@@ -129,7 +129,9 @@ class ScriptedKube:
     watch the next of `watches` (a list of events, or an exception to raise)."""
 
     def __init__(
-        self, lists: list[tuple[list[Obj], str]], watches: list[list[WatchEvent] | Exception]
+        self,
+        lists: list[tuple[list[Obj], str] | Exception],
+        watches: list[list[WatchEvent] | Exception],
     ) -> None:
         self.lists = lists
         self.watches = watches
@@ -140,7 +142,10 @@ class ScriptedKube:
         self, kind: Kind, namespace: str | None, label_selector: str = ""
     ) -> tuple[list[Obj], str]:
         assert label_selector == LABEL
-        return self.lists.pop(0)
+        step = self.lists.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        return step
 
     def watch(
         self, kind: Kind, namespace: str | None, query: dict[str, str], timeout: float
@@ -157,7 +162,9 @@ class ScriptedKube:
         return iter(step)
 
 
-def run_informer(kube: ScriptedKube) -> tuple[Store, list[tuple[EventType, str]], Informer]:
+def run_informer(
+    kube: ScriptedKube, optional: bool = False
+) -> tuple[Store, list[tuple[EventType, str]], Informer]:
     store = Store(LABEL)
     seen: list[tuple[EventType, str]] = []
     informer = Informer(
@@ -168,6 +175,8 @@ def run_informer(kube: ScriptedKube) -> tuple[Store, list[tuple[EventType, str]]
         lambda _kind, t, o: seen.append((t, o["metadata"]["name"])),
         label_selector=LABEL,
         backoff=(0.01, 0.01),
+        optional=optional,
+        absent_retry_seconds=0.01,
     )
     informer.start()
     assert kube.done.wait(10), "the informer did not play its script"
@@ -242,3 +251,54 @@ def test_cache_synced_needs_every_informer(synced: bool) -> None:
         cache.informers[1].synced.set()
     assert cache.synced() is synced
     assert cache.wait_synced(0.01) is synced
+
+
+NOT_SERVED = KubeError(404, "NotFound", "the server could not find the requested resource")
+
+
+def test_an_optional_kind_not_served_is_synced_empty_and_listed_again() -> None:
+    """LeaderWorkerSets where the CRD is missing: the cache syncs (empty, the kind absent), the
+    other caches keep answering, and a CRD installed later is listed (and no longer absent)."""
+    kube = ScriptedKube(lists=[NOT_SERVED, NOT_SERVED, ([obj("a", "3")], "3")], watches=[])
+    store, seen, informer = run_informer(kube, optional=True)
+    assert informer.synced.is_set()
+    assert not informer.absent
+    assert seen == [("ADDED", "a")]
+    assert store.names() == [("ns", "a")]
+
+
+def test_a_removed_crd_empties_the_optional_kinds_store() -> None:
+    kube = ScriptedKube(
+        lists=[([obj("a", "1")], "1"), NOT_SERVED, NOT_SERVED],
+        watches=[KubeError(404, "NotFound", "gone")],
+    )
+    cache = Cache()
+    cache.add(kube, STS, ["ns"], None, label_selector=LABEL, index_label=LABEL, optional=True)  # type: ignore[arg-type]
+    informer = cache.informers[0]
+    informer.absent_retry_seconds = 0.01
+    informer.start()
+    deadline = threading.Event()
+    for _ in range(500):
+        if not kube.lists:
+            break
+        deadline.wait(0.01)
+    informer.stop()
+    assert not kube.lists, "the informer did not list again after the 404 watch"
+    assert informer.absent
+    assert not cache.served(STS)
+    assert len(cache.stores[STS.plural]) == 0
+
+
+def test_a_required_kind_not_served_never_syncs() -> None:
+    informer = Informer(
+        ScriptedKube([NOT_SERVED] * 50, []),
+        STS,
+        "ns",
+        Store(LABEL),
+        label_selector=LABEL,
+        backoff=(0.01, 0.01),
+    )  # type: ignore[arg-type]
+    informer.start()
+    assert not informer.synced.wait(0.2)
+    informer.stop()
+    assert not informer.absent

@@ -296,3 +296,36 @@ def test_render_prints_each_pools_shape(make_pdd: MakePdd) -> None:
         cli.shape_lines(plain)[1]
         == "# demo decode: StatefulSet, 1 replica x 1 pod x 2 GPUs = 2 GPUs (1x2 TP2)"
     )
+
+
+@pytest.mark.parametrize(
+    ("pool", "data", "address_flag"),
+    [
+        ({"nodesPerInstance": 2, "parallelism": {"data": 2}}, 2, "--data-parallel-address"),  # a rank per pod
+        ({"nodesPerInstance": 2, "tensorParallelSize": 16}, 1, "--master-addr"),  # one rank over both pods
+    ],
+)
+def test_the_sim_engine_runs_each_member_of_a_sim_group(
+    make_pdd: MakePdd, pool: dict[str, Any], data: int, address_flag: str
+) -> None:
+    """engine.type sim: every member's line (the LeaderWorkerSet variables expanded as its webhook
+    and the kubelet would) is one the sim engine's parser takes, with the group the spec means."""
+    from tandem.engine.args import parse_serve_args
+
+    lws = _group(make_pdd({"engine": {"type": "sim"}, "decode": pool}), "decode")
+    assert lws["spec"]["leaderWorkerTemplate"]["size"] == 2
+    for member, index in (("leader", 0), ("worker", 1)):
+        command = _container(lws, member)["command"]
+        assert command[:3] == ["tandem", "engine", "serve"]
+        expanded = [
+            arg.replace("$(POD_IP)", f"127.20.0.{index + 1}")
+            .replace("$(LWS_LEADER_ADDRESS)", "127.20.0.1")
+            .replace("$(LWS_WORKER_INDEX)", str(index))
+            for arg in command[3:]
+        ]
+        group = parse_serve_args(expanded).group
+        assert group is not None
+        assert (group.nodes, group.node_rank, group.data) == (2, index, data)
+        assert group.address == "127.20.0.1"
+        assert group.headless is (member == "worker")  # Internal: the leader is the group's endpoint
+        assert _flag(command, address_flag) is not None

@@ -191,3 +191,68 @@ def test_the_gray_split_is_stable_per_request_id_and_even_across_ids() -> None:
     # A 30 % weight sends about 30 % of distinct ids to P/D (binomial sd is about 0.3 %).
     share = sum(d * 100 < 30 for d in draws) / len(draws)
     assert 0.28 < share < 0.32
+
+
+def group_pod(lws: str, group: int, index: int, *, http: bool, ready: bool = True) -> dict[str, Any]:
+    """A pod of a 2-pod LeaderWorkerSet group as the API shows it."""
+    labels = {
+        "tandem.dev/pddeployment": "llm",
+        "tandem.dev/role": "prefill",
+        "leaderworkerset.sigs.k8s.io/group-key": f"{lws}-key-{group}",
+        "leaderworkerset.sigs.k8s.io/worker-index": str(index),
+    }
+    name = f"{lws}-{group}" if index == 0 else f"{lws}-{group}-{index}"
+    ports = [{"name": "http", "containerPort": 8000}] if http else []
+    return {
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "annotations": {"leaderworkerset.sigs.k8s.io/size": "2"},
+        },
+        "spec": {"containers": [{"name": "engine", "ports": ports}]},
+        "status": {
+            "phase": "Running",
+            "podIP": f"127.20.{group}.{index + 1}",
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def test_group_members_are_read_from_leaderworkerset_labels() -> None:
+    leader = pod_info_from(group_pod("llm-prefill", 0, 0, http=True))
+    headless = pod_info_from(group_pod("llm-prefill", 0, 1, http=False))
+    serving_worker = pod_info_from(group_pod("llm-prefill", 0, 1, http=True))
+    assert (leader.group, leader.group_size, leader.serves) == ("llm-prefill-key-0", 2, True)
+    assert (headless.serves, serving_worker.serves) == (False, True)
+    plain = pod("llm-decode-0")
+    assert (plain.group, plain.group_size, plain.serves) == (None, 1, True)
+
+
+@pytest.mark.parametrize(
+    ("worker_http", "worker_ready", "expected"),
+    [
+        (False, True, ["http://127.20.0.1:8000", "http://127.20.1.1:8000"]),  # one endpoint per group
+        (True, True, ["http://127.20.0.1:8000", "http://127.20.0.2:8000", "http://127.20.1.1:8000",
+                      "http://127.20.1.2:8000"]),  # every pod serves (Hybrid)
+        # Group 0's worker is down: the whole group is out, its Ready leader with it.
+        (False, False, ["http://127.20.1.1:8000"]),
+        (True, False, ["http://127.20.1.1:8000", "http://127.20.1.2:8000"]),
+    ],
+)  # fmt: skip
+def test_groups_are_endpoints_as_units(worker_http: bool, worker_ready: bool, expected: list[str]) -> None:
+    objs = [
+        group_pod("llm-prefill", 0, 0, http=True),
+        group_pod("llm-prefill", 0, 1, http=worker_http, ready=worker_ready),
+        group_pod("llm-prefill", 1, 0, http=True),
+        group_pod("llm-prefill", 1, 1, http=worker_http),
+    ]
+    pods = apply_pod_event({}, "SYNC", [pod_info_from(o) for o in objs])
+    assert endpoints_by_role(pods, "llm", 8000)["prefill"] == expected
+
+
+def test_a_group_missing_a_pod_is_out() -> None:
+    """A worker deleted (LeaderWorkerSet is recreating the group): its leader is no endpoint."""
+    objs = [group_pod("llm-prefill", 0, 0, http=True), group_pod("llm-prefill", 1, 0, http=True),
+            group_pod("llm-prefill", 1, 1, http=False)]  # fmt: skip
+    pods = apply_pod_event({}, "SYNC", [pod_info_from(o) for o in objs])
+    assert endpoints_by_role(pods, "llm", 8000)["prefill"] == ["http://127.20.1.1:8000"]

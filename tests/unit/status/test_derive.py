@@ -84,6 +84,12 @@ def conditions(status_conditions: list[Condition]) -> dict[str, tuple[str, str]]
             "Degraded",
             {"Stalled": ("True", "ApplyFailed")},
         ),
+        (
+            Observed(desired_replicas=DESIRED, unserved=["the cluster does not serve LeaderWorkerSet"],
+                     apply_errors=["StatefulSet/x: no"]),
+            "Degraded",  # a missing CRD is named before any apply error
+            {"Stalled": ("True", "CRDNotInstalled"), "Ready": ("False", "CRDNotInstalled")},
+        ),
     ],
 )  # fmt: skip
 def test_conditions_and_phase(observed: Observed, phase: str, expected: dict[str, tuple[str, str]]) -> None:
