@@ -83,12 +83,24 @@ def traces(seconds: float) -> list[Trace]:
             SLO(ttft_ms=1000, tpot_ms=50),
             f"multi-turn sessions from Azure conversation x4, {minutes}",
         ),
-        Trace("azure-code", window(scale_rate(code, 10.0), 0.0, seconds), SLO(ttft_ms=1000, tpot_ms=30),
-              f"Azure code x10, {minutes}"),
-        Trace("azure-conv", window(scale_rate(conv, 16.0), 0.0, seconds), SLO(ttft_ms=1000, tpot_ms=30),
-              f"Azure conversation x16, {minutes}"),
-        Trace("short", _short(window(scale_rate(conv, 16.0), 0.0, seconds)), SLO(ttft_ms=1000, tpot_ms=30),
-              f"Azure conversation x16 arrivals and outputs, prompts log-uniform 16..512 tokens, {minutes}"),
+        Trace(
+            "azure-code",
+            window(scale_rate(code, 10.0), 0.0, seconds),
+            SLO(ttft_ms=1000, tpot_ms=30),
+            f"Azure code x10, {minutes}",
+        ),
+        Trace(
+            "azure-conv",
+            window(scale_rate(conv, 16.0), 0.0, seconds),
+            SLO(ttft_ms=1000, tpot_ms=30),
+            f"Azure conversation x16, {minutes}",
+        ),
+        Trace(
+            "short",
+            _short(window(scale_rate(conv, 16.0), 0.0, seconds)),
+            SLO(ttft_ms=1000, tpot_ms=30),
+            f"Azure conversation x16 arrivals and outputs, prompts log-uniform 16..512 tokens, {minutes}",
+        ),
     ]
 
 
@@ -163,8 +175,8 @@ def print_table(trace: Trace, layout: StaticLayout, rows: Sequence[Row]) -> None
     always, best = rows[0], best_threshold(rows)
     print(f"\n### {trace.name}: {trace.what}; {len(trace.requests):,} requests")
     print(
-        f"Layout {layout.prefill}P+{layout.decode}D (Always's static peak); SLO TTFT {trace.slo.ttft_ms:g} ms, "
-        f"TPOT {trace.slo.tpot_ms:g} ms; best threshold: {best.arm}\n"
+        f"Layout {layout.prefill}P+{layout.decode}D (Always's static peak); "
+        f"SLO TTFT {trace.slo.ttft_ms:g} ms, TPOT {trace.slo.tpot_ms:g} ms; best threshold: {best.arm}\n"
     )
     print(
         "| arm | attainment | TTFT p50 ms | TTFT p90 ms | TPOT p90 ms | local | busy GPU-h "

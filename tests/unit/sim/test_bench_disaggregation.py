@@ -18,7 +18,8 @@ def test_quick_short_prompt_run_prints_every_arm_and_the_verdicts(capsys: pytest
     bench = load_file("bench_disaggregation_sim", ROOT / "bench" / "disaggregation_sim.py")
     assert bench.main(["--quick", "--traces", "short"]) == 0
     out = capsys.readouterr().out
-    assert out.count("### ") == 1 and "### short:" in out
+    assert out.count("### ") == 1
+    assert "### short:" in out
     rows = {}
     for line in out.splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
@@ -26,11 +27,13 @@ def test_quick_short_prompt_run_prints_every_arm_and_the_verdicts(capsys: pytest
             rows[cells[0]] = cells
     assert list(rows) == ["Always", "Auto"] + [f"Threshold {t}" for t in bench.THRESHOLDS]
     assert rows["Always"][5] == "0%"  # Always never prefills on the decode pod
-    assert rows["Always"][7].startswith("1.00x /") and rows["Always"][8].startswith("1.00x /")
+    assert rows["Always"][7].startswith("1.00x /")
+    assert rows["Always"][8].startswith("1.00x /")
     # short prompts: a threshold above every prompt sends all of them to the decode pod
     assert rows[f"Threshold {bench.THRESHOLDS[-1]}"][5] == "100%"
     best = out.split("best threshold: ")[1].split("\n")[0]
     assert rows[best][7].endswith("/ 1.00x")
     verdicts = [line for line in out.splitlines() if line.startswith("short: ")]
-    assert len(verdicts) == 3 and all(": PASS " in v or ": MISS " in v for v in verdicts)
+    assert len(verdicts) == 3
+    assert all(": PASS " in v or ": MISS " in v for v in verdicts)
     assert "Auto's choices by reason: " in out
