@@ -137,7 +137,10 @@ class Cluster:
         heappush(self.heap, (now + seconds, self.order, _PULL, seq, 0))
 
     def first_token(self, seq: Seq, replica: Replica) -> None:
-        self.windows.totals.pool_prompt[ROLE_INDEX[replica.role]] += seq.prompt
+        totals = self.windows.totals
+        totals.pool_prompt[ROLE_INDEX[replica.role]] += seq.prompt
+        if replica.role == "decode":  # vLLM's local_compute: a local prefill's tokens, or the one
+            totals.pool_local_prompt[ROLE_INDEX["decode"]] += seq.pull_x if seq.local else 1  # recomputed
         if seq.choice_x < 0 or replica.role != "decode":
             return
         if seq.local:  # the local prefill is done: the replica's slot is free again
@@ -196,6 +199,7 @@ class Cluster:
         totals.pool_finished_output[r] += out
         totals.observe_prompt(r, seq.prompt)
         totals.path_finished[p] += 1
+        totals.path_local += seq.local
         totals.path_prompt[p] += seq.prompt
         totals.path_generation[p] += out
         ttft = seq.first - seq.arrival
