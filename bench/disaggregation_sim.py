@@ -14,10 +14,12 @@ blocks, seed 0):
 Per trace, the layout is Always's static peak: the P/D layout with the fewest GPUs where Always reaches
 95% attainment (`sim.baselines.search_static_pd`); every arm then replays the same requests on it. Arms:
 Always, Auto (default knobs, the same on every trace) and Threshold N for N in `THRESHOLDS`; the best
-threshold is the one with the highest attainment (ties: lower TTFT p90). Figures per arm: attainment,
-TTFT p50 / p90, TPOT p90, the share of P/D requests prefilled on their decode pod, and busy GPU-hours
-(GPU time spent in steps; at one static layout the GPU-hours held are the same for every arm), with
-TTFT p90 and busy GPU-hours as ratios to Always and to the best threshold. Then a verdict per trace
+threshold is the one with the highest attainment (ties: lower TTFT p90). Then Always and Auto again with
+vLLM's bidirectional mode (`SimConfig.bidirectional_kv`: a remote prefill reads the earlier turns' KV
+back from the decode replica instead of computing it; only prompts with a prefix can gain). Figures
+per arm: attainment, TTFT p50 / p90, TPOT p90, the share of P/D requests prefilled on their decode pod,
+and busy GPU-hours (GPU time in steps; at one static layout the GPU-hours held are the same for every
+arm), with TTFT p90 and busy GPU-hours as ratios to Always and to the best threshold. Then a verdict per trace
 against the issue's target: Auto's attainment within 0.5 points of the best threshold's, its TTFT p90
 and busy GPU-hours no worse (1% allowed for GPU-hours), and on the sessions better than Always.
 
@@ -118,14 +120,21 @@ def _layout(prefill: int, decode: int) -> Layout:
     )
 
 
+BIDIRECTIONAL = ", bidirectional"
+
+
 def arms() -> list[tuple[str, DisaggregationKnobs]]:
-    out = [("Always", DisaggregationKnobs()), ("Auto", DisaggregationKnobs(mode="Auto"))]
+    """Always, Auto, each threshold, then Always and Auto with vLLM's bidirectional mode (the prefill
+    replica reads earlier turns' KV back from the decode replica: `SimConfig.bidirectional_kv`)."""
+    always, auto = DisaggregationKnobs(), DisaggregationKnobs(mode="Auto")
+    out = [("Always", always), ("Auto", auto)]
     out += [(f"Threshold {t}", DisaggregationKnobs(mode="Threshold", threshold_tokens=t)) for t in THRESHOLDS]
+    out += [("Always" + BIDIRECTIONAL, always), ("Auto" + BIDIRECTIONAL, auto)]
     return out
 
 
-def _run(trace: Trace, layout: Layout, knobs: DisaggregationKnobs) -> Summary:
-    config = SimConfig(slo=trace.slo, routing="prefix", disaggregation=knobs)
+def _run(trace: Trace, layout: Layout, knobs: DisaggregationKnobs, bidirectional: bool = False) -> Summary:
+    config = SimConfig(slo=trace.slo, routing="prefix", disaggregation=knobs, bidirectional_kv=bidirectional)
     return simulate(trace.requests, layout, config).summary
 
 
@@ -194,6 +203,11 @@ def print_table(trace: Trace, layout: StaticLayout, rows: Sequence[Row]) -> None
     auto = next(r for r in rows if r.arm == "Auto")
     reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(auto.summary.prefill_choices.items()))
     print(f"\nAuto's choices by reason: {reasons}")
+    back = {r.arm: r.summary.pulled_back_tokens for r in rows if r.arm.endswith(BIDIRECTIONAL)}
+    print(
+        "Prompt tokens read back from decode (bidirectional): "
+        + ", ".join(f"{k} {v:,}" for k, v in back.items())
+    )
 
 
 def verdicts(trace: Trace, rows: Sequence[Row]) -> list[str]:
@@ -234,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for trace in chosen:
         layout = always_peak(trace)
         pd = _layout(layout.prefill, layout.decode)
-        rows = [Row(name, _run(trace, pd, knobs)) for name, knobs in arms()]
+        rows = [Row(name, _run(trace, pd, knobs, name.endswith(BIDIRECTIONAL))) for name, knobs in arms()]
         print_table(trace, layout, rows)
         lines += verdicts(trace, rows)
     print("\n" + "\n".join(lines))

@@ -25,7 +25,16 @@ def test_quick_short_prompt_run_prints_every_arm_and_the_verdicts(capsys: pytest
         cells = [c.strip() for c in line.strip("|").split("|")]
         if len(cells) == 9 and cells[1].endswith("%"):
             rows[cells[0]] = cells
-    assert list(rows) == ["Always", "Auto"] + [f"Threshold {t}" for t in bench.THRESHOLDS]
+    assert list(rows) == [
+        "Always",
+        "Auto",
+        *(f"Threshold {t}" for t in bench.THRESHOLDS),
+        "Always, bidirectional",
+        "Auto, bidirectional",
+    ]
+    # the short-prompt mix has no prefix: the bidirectional mode has nothing to read back
+    assert "Always, bidirectional 0, Auto, bidirectional 0" in out
+    assert rows["Always, bidirectional"][1:5] == rows["Always"][1:5]
     assert rows["Always"][5] == "0%"  # Always never prefills on the decode pod
     assert rows["Always"][7].startswith("1.00x /")
     assert rows["Always"][8].startswith("1.00x /")
