@@ -410,7 +410,11 @@ def _decode_arrivals(obs: _Observed, snapshot: Snapshot) -> float:
 def local_prefill_tokens_rate(decode: PoolSignals, path: PathSignals) -> float:
     """Prompt tokens/s the decode engines compute for requests prefilled on them: their locally computed
     prompt tokens less one per pulled request (vLLM recomputes a pulled prompt's last token to sample
-    the first output; pulled = decode requests finished - those the routers counted local)."""
+    the first output; pulled = decode requests finished - those the routers counted local). None
+    counted local by the routers (Always, or routers that do not count): none (the engines count a
+    prompt at its first token and the request at its end, so the difference is not exactly 0)."""
+    if not path.local_prefill_rate > 0:
+        return 0.0
     pulled = max(0.0, decode.request_rate - path.local_prefill_rate)
     return max(0.0, decode.local_prompt_tokens_rate - pulled)
 

@@ -34,7 +34,8 @@ LOCAL_CASES = [
     ("all-pulled", 10.0, 10.0, 0.0, 0.0),  # one recomputed token per pulled request: no local prefill
     ("some-local", 4010.0, 10.0, 2.0, 4002.0),  # 8 pulled requests' tokens taken out
     ("all-local", 5000.0, 5.0, 5.0, 5000.0),
-    ("extrapolation-below-zero", 9.0, 10.0, 0.0, 0.0),
+    ("extrapolation-below-zero", 9.0, 10.0, 0.5, 0.0),
+    ("none-counted-local", 500.0, 10.0, 0.0, 0.0),  # Always: first tokens and ends fall in other windows
 ]
 
 
