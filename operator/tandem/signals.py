@@ -56,6 +56,11 @@ class PoolSignals:
     # vllm:prefix_cache_queries and vllm:prefix_cache_hits, summed over the pool; 0: not exported).
     prefix_cache_queries_rate: float = 0.0
     prefix_cache_hits_rate: float = 0.0
+    # Prompt tokens/s the pool computed itself (rate of vllm:prompt_tokens_by_source{source=
+    # "local_compute"}; 0: not exported). On decode: the prompts spec.router.disaggregation sent there
+    # without a remote prefill, plus the one prompt token a decode engine recomputes per pulled request
+    # (`local_prefill_tokens_rate` takes those out).
+    local_prompt_tokens_rate: float = 0.0
 
     @property
     def uncached_fraction(self) -> float:

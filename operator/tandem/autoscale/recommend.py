@@ -5,8 +5,14 @@ correction)`; arriving = computed, plus the queue's growth over the window when 
 the queue one window earlier (`queued_prompt_tokens_before`). The capacity counts only the prompt
 tokens the pool computes: with the engines' prefix-cache hits over queries, a replica serves that
 many more prompt tokens (`capacity.busy_prefill_tokens_per_second`); colocated likewise.
-Decode: `max(max(running / sequences per replica, output tokens/s / tokens/s per replica) + waiting /
-sequences per replica, KV used / kv_target_usage)`, capacities x correction. Output tokens/s is the
+Decode: `max(max(running / sequences per replica, output tokens/s / tokens/s per replica) + local
+prefill tokens/s / prefill tokens/s per replica + waiting / sequences per replica, KV used /
+kv_target_usage)`, capacities x correction. The local prefill term is the share of a replica's time
+spent prefilling the requests spec.router.disaggregation sent to decode without a remote prefill
+(`local_prefill_tokens_rate`: the engines' locally computed prompt tokens, less the one a decode engine
+recomputes per pulled request), at a busy replica's prefill rate (`capacity.busy_prefill_tokens_per_second`
+at the pool's mean prompt, as colocated adds its two shares). Prefill's demand never includes those
+prompts: it is what the prefill engines compute. Output tokens/s is the
 larger of those generated and those arriving (requests prefill finished x mean output tokens), so
 decode grows with a load step as prefill sees it rather than once its KV cache is full. Sizing by
 throughput matters: running sequences alone understate the need of a lightly loaded pool, since
@@ -54,7 +60,13 @@ from dataclasses import dataclass, replace
 
 from tandem.api.models import PDDeploymentSpec, SLOSpec
 from tandem.autoscale.attribution import FIGURE, Attribution, Floors, attribute_ttft
-from tandem.autoscale.capacity import PoolModel, decode_capacity, pool_model, prefill_capacity
+from tandem.autoscale.capacity import (
+    PoolModel,
+    busy_prefill_tokens_per_second,
+    decode_capacity,
+    pool_model,
+    prefill_capacity,
+)
 from tandem.autoscale.knobs import Knobs
 from tandem.perf import kv_transfer_seconds
 from tandem.signals import (
@@ -381,7 +393,9 @@ def _decode_arrivals(obs: _Observed, snapshot: Snapshot) -> float:
     prefill = snapshot.pools.get("prefill")
     if prefill is None:
         return 0.0
+    # Requests prefilled on decode itself (spec.router.disaggregation) reach it without prefill.
     requests = prefill.request_rate
+    local = obs.path.local_prefill_rate
     if (
         prefill.queued_prompt_tokens_before is not None
         and snapshot.window_seconds > 0
@@ -390,7 +404,19 @@ def _decode_arrivals(obs: _Observed, snapshot: Snapshot) -> float:
         growth = max(0.0, prefill.queued_prompt_tokens - prefill.queued_prompt_tokens_before)
         arriving = prefill.prompt_tokens_rate + growth / snapshot.window_seconds
         requests = max(requests, arriving / obs.prompt_tokens)
-    return requests * obs.output_tokens
+    return (requests + local) * obs.output_tokens
+
+
+def local_prefill_tokens_rate(decode: PoolSignals, path: PathSignals) -> float:
+    """Prompt tokens/s the decode engines compute for requests prefilled on them: their locally computed
+    prompt tokens less one per pulled request (vLLM recomputes a pulled prompt's last token to sample
+    the first output; pulled = decode requests finished - those the routers counted local). None
+    counted local by the routers (Always, or routers that do not count): none (the engines count a
+    prompt at its first token and the request at its end, so the difference is not exactly 0)."""
+    if not path.local_prefill_rate > 0:
+        return 0.0
+    pulled = max(0.0, decode.request_rate - path.local_prefill_rate)
+    return max(0.0, decode.local_prompt_tokens_rate - pulled)
 
 
 def _queue_tokens(obs: _Observed) -> float:
@@ -638,14 +664,22 @@ def _decode(
     generation = obs.signals.generation_tokens_rate
     arriving = _decode_arrivals(obs, snapshot)
     demand = max(generation, arriving)
+    local = local_prefill_tokens_rate(obs.signals, obs.path)
+    prefill_each = busy_prefill_tokens_per_second(
+        model.profile, obs.prompt_tokens, obs.prompt_second_moment, model.limits.max_num_batched_tokens
+    )
+    local_share = local / max(prefill_each * correction, 1e-9)  # replicas' worth of time prefilling
     forecast_figures: dict[str, float] = {}
-    base = max(running / per_replica, _ahead(demand, forecast, forecast_figures) / tokens_each)
+    base = max(running / per_replica, _ahead(demand, forecast, forecast_figures) / tokens_each) + local_share
     total = max(base + waiting / per_replica, kv_exact)
-    measured_base = max(running / per_replica, demand / tokens_each)
+    measured_base = max(running / per_replica, demand / tokens_each) + local_share
     measured_total = max(measured_base + waiting / per_replica, kv_exact)
     model_exact_before = max(
-        (running + waiting) / max(seeded * before, 1e-9),
-        demand / max(cap.tokens_per_second * before, 1e-9),
+        max(
+            (running + waiting) / max(seeded * before, 1e-9),
+            demand / max(cap.tokens_per_second * before, 1e-9),
+        )
+        + local / max(prefill_each * before, 1e-9),
         kv_exact,
     )
     slo_state = _slo_state("decode", obs, slo, knobs, attribution)
@@ -667,13 +701,17 @@ def _decode(
         "tpotTargetSeconds": slo.tpot_ms / 1000.0,
         **forecast_figures,
     }
+    if local > 0:
+        figures["localPrefillTokensPerSecond"] = local
+        figures["localPrefillReplicas"] = local_share
     if tpot is not None:
         figures["tpotSeconds"] = tpot
     if model.fallback:
         figures["profileFallback"] = 1.0
+    locally = f", local prefills {fmt(local)} prompt tokens/s" if local > 0 else ""
     what = (
-        f"output tokens {fmt(demand)}/s, running {fmt(running)} + waiting {fmt(waiting)} sequences and KV "
-        f"usage {obs.signals.kv_usage_mean * 100:.0f}% over {obs.signals.scraped_pods} pods",
+        f"output tokens {fmt(demand)}/s{locally}, running {fmt(running)} + waiting {fmt(waiting)} sequences "
+        f"and KV usage {obs.signals.kv_usage_mean * 100:.0f}% over {obs.signals.scraped_pods} pods",
         f"{fmt(tokens_each)} tokens/s or {fmt(per_replica)} sequences each ({fmt(cap.context_tokens)} "
         "context tokens)",
     )

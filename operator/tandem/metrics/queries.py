@@ -177,6 +177,12 @@ ENGINE_QUERIES: Final[tuple[Query, ...]] = (
         "prompt tokens found in the prefix caches per second (not computed)",
     ),
     Query(
+        "local_prompt_tokens_rate",
+        "sum by (tandem_dev_role, source) (rate(vllm:prompt_tokens_by_source_total SEL [WINDOW]))",
+        "prompt tokens per second by source; source local_compute: computed by the pool's own engines "
+        "(decode: its local prefills, and one recomputed token per pulled request)",
+    ),
+    Query(
         "queue_seconds_mean",
         "sum by (tandem_dev_role) (rate(vllm:request_queue_time_seconds_sum SEL [WINDOW]))"
         " / sum by (tandem_dev_role) (rate(vllm:request_queue_time_seconds_count SEL [WINDOW]))",
@@ -341,7 +347,14 @@ _BREAKDOWN_ENGINE: Final = ("queue_seconds_mean", "kv_read_seconds_mean", "engin
 _POOL_SIGNALS: Final = tuple(
     q.name
     for q in ENGINE_QUERIES
-    if q.name not in ("engine_age", "engine_samples", "prompt_tokens_buckets", *_BREAKDOWN_ENGINE)
+    if q.name
+    not in (
+        "engine_age",
+        "engine_samples",
+        "prompt_tokens_buckets",
+        "local_prompt_tokens_rate",
+        *_BREAKDOWN_ENGINE,
+    )
 )
 
 QUERIES: Final[dict[str, Query]] = {
@@ -563,6 +576,14 @@ def build_snapshot(
 
     per_role = {name: by_label(get(name), LABEL_ROLE) for name in _POOL_SIGNALS}
     prompt_buckets = buckets_by_role(get("prompt_tokens_buckets"))
+    computed_locally = by_label(
+        [
+            s
+            for s in get("local_prompt_tokens_rate")
+            if (s.get("metric") or {}).get("source") == "local_compute"
+        ],
+        LABEL_ROLE,
+    )
     pools: dict[str, PoolSignals] = {}
     for role in POOL_ROLES:
         value = {name: _finite(per_role[name].get(role)) for name in _POOL_SIGNALS}
@@ -591,6 +612,7 @@ def build_snapshot(
             mean_output_tokens=value["mean_output_tokens"],
             prefix_cache_queries_rate=value["prefix_cache_queries_rate"],
             prefix_cache_hits_rate=value["prefix_cache_hits_rate"],
+            local_prompt_tokens_rate=_finite(computed_locally.get(role)),
         )
 
     requests = by_label(get("path_request_rate"), "path")

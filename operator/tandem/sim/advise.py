@@ -8,7 +8,11 @@ requests, or a length distribution and a rate) and an SLO:
   from the simulator (`baselines.search_static_pd` / `search_static_colocated`);
 - a P:D ratio sweep: for each ratio a:b, the smallest k with k*a prefill and k*b decode replicas meeting
   the SLO, and the GPUs that takes (each ratio starts at the per-pool lower bounds the search found);
-- a ready-to-apply PDDeployment of the winner: P/D, or colocated when P/D needs at least as many GPUs.
+- a ready-to-apply PDDeployment of the winner: P/D, or colocated when P/D needs at least as many GPUs;
+- on the P/D layout found, spec.router.disaggregation's modes side by side on the same requests (Always,
+  Auto, Threshold at `DEFAULT_THRESHOLDS`) and colocated on as many GPUs (`compare_modes`), and which to
+  use (`best_mode`: the highest attainment, then the lowest TTFT p90, then the simplest mode); a P/D
+  deployment carries the chosen mode.
 When no layout within the GPU budget meets the SLO, the report says "not achievable" and why.
 
 `layout_of_spec` maps a PDDeployment onto the simulator's pools; `tandem sim` uses it too, so an advised
@@ -39,6 +43,7 @@ from tandem.perf import (
     model_arch,
 )
 from tandem.perf.stats import nearest_rank
+from tandem.routing.disaggregation import DisaggregationKnobs
 from tandem.sim.baselines import (
     DEFAULT_ATTAINMENT_TARGET,
     PlannerConfig,
@@ -59,6 +64,8 @@ from tandem.versions import VLLM_IMAGE
 GIB = 1 << 30
 DEFAULT_RATIOS: tuple[tuple[int, int], ...] = ((1, 1), (1, 2), (1, 3), (2, 1), (3, 1))
 DEFAULT_ENGINE_IMAGE = VLLM_IMAGE
+DEFAULT_THRESHOLDS: tuple[int, ...] = (256, 512, 1024, 2048)
+COLOCATED = "Colocated"
 
 
 class AdviseError(ValueError):
@@ -337,6 +344,17 @@ class AdviseRequest:
     ratios: tuple[tuple[int, int], ...] = DEFAULT_RATIOS
     seed: int = 0
     load_description: str = ""
+    thresholds: tuple[int, ...] = DEFAULT_THRESHOLDS  # Threshold values compare_modes runs
+
+
+@dataclass(frozen=True, slots=True)
+class ModeRow:
+    """One way to serve the load on the P/D layout's GPUs: a disaggregation mode on that layout
+    (`knobs`), or colocated on as many GPUs (`knobs` None)."""
+
+    name: str  # Always, Auto, Threshold N, Colocated
+    knobs: DisaggregationKnobs | None
+    summary: Summary
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,6 +390,12 @@ class Advice:
     ratios: list[RatioRow]
     notes: list[str] = field(default_factory=list)
     simulations: int = 0
+    modes: list[ModeRow] = field(default_factory=list)  # compare_modes on the P/D layout (none without one)
+
+    @property
+    def mode(self) -> ModeRow | None:
+        """Which of `modes` to use (`best_mode`)."""
+        return best_mode(self.modes) if self.modes else None
 
     @property
     def recommended(self) -> Candidate | None:
@@ -445,7 +469,9 @@ def advise(req: AdviseRequest, on_simulation: Callable[[str], None] | None = Non
         ):
             pd = row.found
     advice = Advice(req, prefill_spec, decode_spec, colocated_spec, transfer, pd, colocated, rows, notes)
-    advice.simulations = len(cache)
+    if pd is not None:
+        advice.modes = compare_modes(req, pd, evaluate, prefill_spec, decode_spec, config)
+    advice.simulations = len(cache) + max(0, len(advice.modes) - 2)
     if pd is None and pd_search.note:
         advice.notes.append(pd_search.note)
     if colocated is None and co_search.note:
@@ -453,6 +479,38 @@ def advise(req: AdviseRequest, on_simulation: Callable[[str], None] | None = Non
     if not advice.achievable:
         advice.notes.append(unachievable_reason(req, prefill_spec, decode_spec))
     return advice
+
+
+def mode_name(knobs: DisaggregationKnobs) -> str:
+    return f"Threshold {knobs.threshold_tokens}" if knobs.mode == "Threshold" else knobs.mode
+
+
+def compare_modes(
+    req: AdviseRequest,
+    pd: Candidate,
+    evaluate: Callable[[StaticLayout], Summary],
+    prefill: ReplicaSpec,
+    decode: ReplicaSpec,
+    config: SimConfig,
+) -> list[ModeRow]:
+    """Always (the search's own run), Auto and each Threshold of `req.thresholds` on the P/D layout `pd`,
+    and colocated on as many GPUs (`evaluate`'s, shared with the searches), over the same requests."""
+    rows = [ModeRow("Always", DisaggregationKnobs(), pd.summary)]
+    knobs = [DisaggregationKnobs(mode="Auto")]
+    knobs += [DisaggregationKnobs(mode="Threshold", threshold_tokens=t) for t in req.thresholds]
+    layout = static_layout(pd.layout, prefill, decode, prefill)
+    for k in knobs:
+        summary = simulate(req.requests, layout, config.model_copy(update={"disaggregation": k})).summary
+        rows.append(ModeRow(mode_name(k), k, summary))
+    co_gpus = max(1, pd.gpus // req.colocated_tp)
+    rows.append(ModeRow(COLOCATED, None, evaluate(StaticLayout(colocated=co_gpus))))
+    return rows
+
+
+def best_mode(rows: Sequence[ModeRow]) -> ModeRow:
+    """The highest attainment, then the lowest TTFT p90, then the earlier row (Always before Auto before
+    a Threshold before colocated: the simpler change from today's behaviour wins a tie)."""
+    return min(enumerate(rows), key=lambda ir: (-ir[1].summary.attainment, ir[1].summary.ttft_p90, ir[0]))[1]
 
 
 def static_layout(
@@ -571,6 +629,12 @@ def deployment(advice: Advice, name: str = "", namespace: str = "default") -> di
         spec["kvTransfer"] = {"connector": "NixlConnector", "bandwidthGbps": round(req.bandwidth_gbps)}
         spec["prefill"] = {"replicas": layout.prefill, "tensorParallelSize": req.prefill_tp}
         spec["decode"] = {"replicas": layout.decode, "tensorParallelSize": req.decode_tp}
+        mode = advice.mode
+        if mode is not None and mode.knobs is not None and mode.knobs.mode != "Always":
+            block: dict[str, Any] = {"mode": mode.knobs.mode}
+            if mode.knobs.mode == "Threshold":
+                block["thresholdTokens"] = mode.knobs.threshold_tokens
+            spec["router"] = {"disaggregation": block}
     obj = {
         "apiVersion": "tandem.dev/v1alpha1",
         "kind": "PDDeployment",
@@ -610,6 +674,9 @@ class SpecLayout:
     model: ModelInfo
     max_gpus: int | None
     notes: tuple[str, ...]
+    disaggregation: DisaggregationKnobs = field(
+        default_factory=DisaggregationKnobs
+    )  # spec.router.disaggregation
 
 
 def layout_of_spec(spec: PDDeploymentSpec, model_load_seconds: float = 120.0) -> SpecLayout:
@@ -647,4 +714,8 @@ def layout_of_spec(spec: PDDeploymentSpec, model_load_seconds: float = 120.0) ->
     if spec.slo is not None:
         slo = SLO(ttft_ms=spec.slo.ttft_ms, tpot_ms=spec.slo.tpot_ms)
         target = spec.slo.attainment_percent / 100
-    return SpecLayout(layout, slo, target, gpu, info, spec.max_gpus, tuple(notes))
+    block = spec.router.disaggregation
+    knobs = DisaggregationKnobs.from_spec(
+        block.model_dump(by_alias=True, exclude_none=True) if block is not None else None
+    )
+    return SpecLayout(layout, slo, target, gpu, info, spec.max_gpus, tuple(notes), knobs)

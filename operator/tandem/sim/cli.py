@@ -219,9 +219,16 @@ def sim_main(argv: Sequence[str]) -> int:
             raise CliError(str(exc)) from None
         slo = _slo(sim.slo, args.ttft_ms, args.tpot_ms)
         sim = adv.SpecLayout(
-            sim.layout, slo, sim.attainment_target, sim.gpu, sim.model, sim.max_gpus, sim.notes
+            sim.layout,
+            slo,
+            sim.attainment_target,
+            sim.gpu,
+            sim.model,
+            sim.max_gpus,
+            sim.notes,
+            sim.disaggregation,
         )
-        config = SimConfig(slo=slo, seed=args.seed)
+        config = SimConfig(slo=slo, seed=args.seed, disaggregation=sim.disaggregation)
         policy = make_policy(args.policy, spec, sim, config.window_seconds)
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -451,6 +458,22 @@ def render_advice(advice: adv.Advice, wall_seconds: float) -> str:
                 f"  {row.prefill}:{row.decode}  {f.layout!s:<8} {f.gpus:>3} GPUs  attainment "
                 f"{f.summary.attainment:.1%}  goodput {f.goodput_per_gpu:.2f} req/s per GPU"
             )
+    if advice.modes and advice.pd is not None:
+        lines += [
+            "",
+            f"Remote or local prefill on P/D {advice.pd.layout} (colocated: as many GPUs), same requests:",
+        ]
+        for mode_row in advice.modes:
+            s = mode_row.summary
+            lines.append(
+                f"  {mode_row.name:<15} attainment {s.attainment:.2%}  TTFT p50 {s.ttft_p50 * 1e3:.0f} ms  "
+                f"p90 {s.ttft_p90 * 1e3:.0f} ms  TPOT p90 {s.tpot_p90 * 1e3:.1f} ms"
+            )
+        mode = advice.mode
+        assert mode is not None
+        lines.append(
+            f"  best on these {advice.pd.gpus} GPUs: {mode.name} (highest attainment, then lowest TTFT p90)"
+        )
     lines.append("")
     chosen = advice.recommended
     if chosen is None:

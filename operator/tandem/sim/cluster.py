@@ -53,7 +53,7 @@ from tandem.sim.results import (
 from tandem.sim.traces.prefix import route_keys
 from tandem.sim.windows import ROLE_INDEX, PoolGauges, Windows
 
-_STEP, _PULL, _READY, _SCRAPE, _POLICY = range(5)
+_STEP, _PULL, _BACK, _READY, _SCRAPE, _POLICY = range(6)
 _EXPECTED_OUTPUT_CAP = 4096  # the router weighs a leg by prompt + min(max_tokens, 4096) tokens
 
 
@@ -117,6 +117,7 @@ class Cluster:
         self.costs = CostModel()  # the router's lines, fed by the simulated legs
         self.decode_stats: dict[str, DecodePodStats] = {}
         self.choices: dict[str, int] = {}  # by reason
+        self.pulled_back = 0  # prompt tokens prefill replicas read from decode replicas (bidirectional)
         for role, pool in layout.pools.items():
             for _ in range(pool.replicas):
                 self._add_replica(role, 0.0, ready=True)
@@ -137,7 +138,10 @@ class Cluster:
         heappush(self.heap, (now + seconds, self.order, _PULL, seq, 0))
 
     def first_token(self, seq: Seq, replica: Replica) -> None:
-        self.windows.totals.pool_prompt[ROLE_INDEX[replica.role]] += seq.prompt
+        totals = self.windows.totals
+        totals.pool_prompt[ROLE_INDEX[replica.role]] += seq.prompt
+        if replica.role == "decode":  # vLLM's local_compute: a local prefill's tokens, or the one
+            totals.pool_local_prompt[ROLE_INDEX["decode"]] += seq.pull_x if seq.local else 1  # recomputed
         if seq.choice_x < 0 or replica.role != "decode":
             return
         if seq.local:  # the local prefill is done: the replica's slot is free again
@@ -196,6 +200,7 @@ class Cluster:
         totals.pool_finished_output[r] += out
         totals.observe_prompt(r, seq.prompt)
         totals.path_finished[p] += 1
+        totals.path_local += seq.local
         totals.path_prompt[p] += seq.prompt
         totals.path_generation[p] += out
         ttft = seq.first - seq.arrival
@@ -298,6 +303,8 @@ class Cluster:
             prefill.load_tokens += seq.prompt
             self.windows.totals.pool_routed[0] += 1
             self.outstanding += 1
+            if self.config.bidirectional_kv and self._pull_back(seq, request, prefill, now):
+                return
             prefill.submit(seq, now)
         elif path == "colocated":
             if request.prompt_tokens + request.output_tokens > self.longest_colocated:
@@ -327,12 +334,7 @@ class Cluster:
         decodes, prefills = self.ready["decode"], self.ready["prefill"]
         if not decodes:
             return False
-        knobs = self.config.prefix_knobs
-        loads = [PodLoad(r.name, r.load_requests, r.load_tokens) for r in decodes]
-        first = route_keys(request.prefix, self.config.route_block_tokens, 1)  # for its tie-breaks
-        view = _CacheView({r.name: r for r in decodes}, request.prefix)
-        name = choose_prefill(loads, first, view, knobs)
-        decode = next(r for r in decodes if r.name == name)
+        decode = self._decode_by_cache(request)
         prompt = seq.prompt
 
         def uncached(replica: Replica) -> int:
@@ -374,6 +376,57 @@ class Cluster:
         self.outstanding += 1
         decode.submit(seq, now)
         return True
+
+    def _decode_by_cache(self, request: Request) -> Replica:
+        """The ready decode replica holding most of the prompt, within the load bound (the router's
+        `choose_prefill` over the decode pods' caches)."""
+        decodes = self.ready["decode"]
+        loads = [PodLoad(r.name, r.load_requests, r.load_tokens) for r in decodes]
+        first = route_keys(request.prefix, self.config.route_block_tokens, 1)  # for its tie-breaks
+        view = _CacheView({r.name: r for r in decodes}, request.prefix)
+        name = choose_prefill(loads, first, view, self.config.prefix_knobs)
+        return next(r for r in decodes if r.name == name)
+
+    def _pull_back(self, seq: Seq, request: Request, prefill: Replica, now: float) -> bool:
+        """Bidirectional mode, a remote prefill: when the decode replica the request goes to (chosen now,
+        by its cache) holds at least `kv_recompute_threshold` prompt tokens beyond what `prefill` has
+        cached, the prefill replica first reads them over the KV link (at the slower side's bandwidth,
+        as a decode pull), then prefills the rest (`_pulled_back`). True: the read is under way."""
+        if not request.prefix or not self.ready["decode"]:
+            return False
+        if seq.decode is None:
+            seq.decode = self._decode_by_cache(request)
+        held = min(seq.decode.cached_blocks(request.prefix) * BLOCK, (seq.prompt - 1) // BLOCK * BLOCK)
+        extra = held - prefill.cached_blocks(request.prefix) * BLOCK
+        if extra <= 0 or extra < self.config.kv_recompute_threshold:
+            return False
+        spec = prefill.spec
+        bandwidth = min(spec.kv_bandwidth_gbps, seq.decode.spec.kv_bandwidth_gbps)
+        seconds = extra * spec.kv_bytes_per_token_per_gpu * 8 / (bandwidth * 1e9)
+        seq.preloaded = held
+        self.pulled_back += extra
+        self.order += 1
+        heappush(self.heap, (now + seconds, self.order, _BACK, seq, 0))
+        return True
+
+    def _pulled_back(self, seq: Seq, now: float) -> None:
+        """The prefill replica has read the decode side's blocks: it prefills the rest. Gone meanwhile
+        (scaled down): another ready prefill replica computes the whole prompt, or the router refuses."""
+        prefill = seq.prefill
+        assert prefill is not None
+        if prefill.state != READY:
+            prefill.load_requests -= 1
+            prefill.load_tokens -= seq.prefill_load
+            prefill = self._pick(self.ready["prefill"])
+            if prefill is None:
+                self.outstanding -= 1
+                self._refuse(seq.index, 0)
+                return
+            seq.prefill = prefill
+            seq.preloaded = 0
+            prefill.load_requests += 1
+            prefill.load_tokens += seq.prefill_load
+        prefill.submit(seq, now)
 
     def _refuse(self, index: int, path: int) -> None:
         self.path[index] = REFUSED
@@ -543,6 +596,8 @@ class Cluster:
                     seq.pulled = time
                     seq.prefill.release_held(seq, time)
                     seq.decode.pull_done(seq, time)
+                elif kind == _BACK:
+                    self._pulled_back(obj, time)  # type: ignore[arg-type]
                 elif kind == _READY:
                     replica: Replica = obj  # type: ignore[assignment]
                     if replica.state == STARTING:
@@ -565,7 +620,7 @@ class Cluster:
                     if self._more_to_come():
                         self.order += 1
                         heappush(heap, (time + self.policy.interval_seconds, self.order, _POLICY, None, 0))
-                if kind <= _PULL:
+                if kind <= _BACK:
                     self.last_event = time
             elif i < stop:
                 if next_time > until:
@@ -647,6 +702,7 @@ class Cluster:
             prefix_hits={role: totals.pool_prefix_hits[ROLE_INDEX[role]] for role in self.layout.pools},
             busy_gpu_hours={role: busy.get(role, 0.0) for role in self.layout.pools},
             prefill_choices=dict(self.choices),
+            pulled_back_tokens=self.pulled_back,
         )
         return SimResult(records=records, series=self.series, summary=summary)
 

@@ -138,6 +138,13 @@ class SimConfig(BaseModel):
     # spec.router.disaggregation: Always (every P/D request prefilled on a prefill replica), or
     # per request remote or on its decode replica (Threshold, Auto), as `routing.disaggregation.decide`
     disaggregation: DisaggregationKnobs = DisaggregationKnobs()
+    # vLLM's bidirectional NIXL mode (`kv_connector_extra_config.bidirectional_kv_xfer` on both pools,
+    # and a router that hands each turn the decode side's blocks, as vLLM's multi-turn proxy does): a
+    # remote prefill first pulls from the decode replica the request goes to the prompt blocks that
+    # replica holds beyond the prefill replica's cache, when they are at least `kv_recompute_threshold`
+    # tokens (fewer: recomputed), then computes only the rest (`Cluster._pull_back`).
+    bidirectional_kv: bool = False
+    kv_recompute_threshold: int = Field(default=64, ge=0)
     # Tokens per router key in the simulator (the router hashes `block_chars` characters, about
     # block_chars / 4 tokens: 16 for the default 64). A multiple of 16.
     route_block_tokens: int = Field(default=16, ge=16, multiple_of=16)

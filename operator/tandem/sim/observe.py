@@ -53,6 +53,7 @@ def snapshot_of(view: WindowView, quantile: float) -> Snapshot:
             mean_output_tokens=inc.pool_finished_output[r] / finished if finished else 0.0,
             prefix_cache_queries_rate=view.rate(inc.pool_prefix_queries[r]),
             prefix_cache_hits_rate=view.rate(inc.pool_prefix_hits[r]),
+            local_prompt_tokens_rate=view.rate(inc.pool_local_prompt[r]),
         )
     paths: dict[str, PathSignals] = {}
     for p, name in enumerate(PATH_NAMES):
@@ -65,6 +66,8 @@ def snapshot_of(view: WindowView, quantile: float) -> Snapshot:
             ttft_seconds=_or_none(view.ttft_quantile(quantile, p)),
             tpot_seconds=_or_none(view.tpot_quantile(quantile, p)),
             ttft_breakdown=_breakdown(view) if p == 0 else None,
+            local_prefill_rate=view.rate(inc.path_local) if p == 0 else 0.0,
+            remote_prefill_rate=view.rate(finished - inc.path_local) if p == 0 else 0.0,
         )
     missing = () if view.seconds > 0 else ("no scrape window yet",)
     return Snapshot(

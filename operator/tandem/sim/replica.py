@@ -99,6 +99,7 @@ class Seq:
         "prefill",
         "prefill_load",
         "prefilled",
+        "preloaded",
         "prompt",
         "pull",
         "pull_start",
@@ -147,6 +148,9 @@ class Seq:
         self.local = False
         self.choice_x = -1  # -1: Always (nothing to measure)
         self.pull_x = 0
+        # bidirectional mode: leading prompt tokens the prefill replica pulled back from the decode
+        # replica before its prefill (they count as computed when admitted, not as cache hits)
+        self.preloaded = 0
 
 
 class Replica:
@@ -464,6 +468,8 @@ class Replica:
                     self.pc_queries[self._pc_index] += rem
                     if seq.runs:
                         hit = self._lookup(seq)
+                        if seq.preloaded > hit:
+                            hit = min(seq.preloaded, (seq.prompt - 1) // BLOCK * BLOCK)
                         if hit:
                             seq.computed = hit
                             self.other += hit

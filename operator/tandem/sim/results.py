@@ -114,6 +114,8 @@ class Summary(BaseModel):
     # P/D requests by the reason of spec.router.disaggregation's choice (SimConfig.disaggregation;
     # empty under Always)
     prefill_choices: dict[str, int] = {}
+    # SimConfig.bidirectional_kv: prompt tokens prefill replicas read back from decode replicas
+    pulled_back_tokens: int = 0
 
 
 @dataclass(slots=True)

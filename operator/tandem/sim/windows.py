@@ -59,6 +59,7 @@ class Totals:
         "arrivals",
         "path_finished",
         "path_generation",
+        "path_local",
         "path_prompt",
         "path_refused",
         "path_within",
@@ -72,6 +73,7 @@ class Totals:
         "pool_finished_output",
         "pool_finished_prompt",
         "pool_generation",
+        "pool_local_prompt",
         "pool_prefix_hits",
         "pool_prefix_queries",
         "pool_prompt",
@@ -98,6 +100,9 @@ class Totals:
         self.pool_generation = [0] * n  # tokens sampled, counted when the leg ends
         self.pool_finished_prompt = [0] * n
         self.pool_finished_output = [0] * n
+        # prompt tokens each pool computed itself (vllm:prompt_tokens_by_source{source="local_compute"})
+        self.pool_local_prompt = [0] * n
+        self.path_local = 0  # P/D requests finished that were prefilled on their decode replica
         # prompt tokens looked up in the replicas' prefix caches and found there, as vLLM's
         # vllm:prefix_cache_queries and vllm:prefix_cache_hits (summed over the pool)
         self.pool_prefix_queries = [0] * n

@@ -175,7 +175,9 @@ def test_snapshot_of_a_live_deployment(cluster: ClusterHandle, deployed: Deploye
         # Each target is scraped on its own schedule: the router's counters may be seen before the
         # engines' are, so wait for both sides of the requests.
         engines = all(snap.pools[role].scraped_pods == 1 for role in ("prefill", "decode")) and (
-            snap.pools["decode"].generation_tokens_rate > 0 and snap.pools["prefill"].prompt_tokens_rate > 0
+            snap.pools["decode"].generation_tokens_rate > 0
+            and snap.pools["prefill"].prompt_tokens_rate > 0
+            and snap.pools["decode"].local_prompt_tokens_rate > 0
         )
         return snap if seen and engines and not snap.missing else None
 
@@ -198,6 +200,15 @@ def test_snapshot_of_a_live_deployment(cluster: ClusterHandle, deployed: Deploye
         <= 1.07 * prefill.mean_prompt_tokens**2
     )
     assert snap.pools["decode"].mean_output_tokens == pytest.approx(8)
+    # vllm:prompt_tokens_by_source{source="local_compute"}: prefill computes its prompts; decode (every
+    # request pulled, Always) only the one last prompt token per request it recomputes.
+    decode = snap.pools["decode"]
+    assert (
+        0.5 * prefill.prompt_tokens_rate
+        < prefill.local_prompt_tokens_rate
+        <= prefill.prompt_tokens_rate * 1.01
+    )
+    assert 0 < decode.local_prompt_tokens_rate <= 2 * decode.request_rate
     assert snap.paths["colocated"].request_rate == 0
 
     # status.slo's latencies by bucket, from the router's bucketed histograms (one request at a time,

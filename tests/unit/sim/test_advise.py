@@ -9,11 +9,15 @@ import pytest
 
 from tandem.api.models import PDDeployment
 from tandem.perf import load_profile
+from tandem.routing.disaggregation import DisaggregationKnobs
 from tandem.sim.advise import (
+    COLOCATED,
     Advice,
     AdviseError,
     AdviseRequest,
+    ModeRow,
     advise,
+    best_mode,
     default_load_seconds,
     deployment,
     layout_of_spec,
@@ -24,6 +28,7 @@ from tandem.sim.advise import (
 )
 from tandem.sim.cluster import simulate
 from tandem.sim.layout import SLO, SimConfig
+from tandem.sim.results import Summary
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 GIB = 1 << 30
@@ -129,9 +134,17 @@ def test_advice_is_replayed_through_the_simulator() -> None:
     spec = PDDeployment.from_object(obj).spec
     sim = layout_of_spec(spec)
     assert sim.slo == SLO(ttft_ms=1500, tpot_ms=12)
-    replayed = simulate(advice.request.requests, sim.layout, SimConfig(slo=sim.slo)).summary
+    # the deployment carries the disaggregation mode advise chose (none: Always), and replays to its figures
+    mode = advice.mode
+    assert mode is not None
+    carried = mode.knobs if mode.knobs is not None else DisaggregationKnobs()
+    assert sim.disaggregation == carried
+    expected = mode.summary if mode.knobs is not None else chosen.summary
+    config = SimConfig(slo=sim.slo, disaggregation=sim.disaggregation)
+    replayed = simulate(advice.request.requests, sim.layout, config).summary
     assert replayed.attainment >= 0.95
-    assert replayed.attainment == pytest.approx(chosen.summary.attainment)
+    assert replayed.attainment == pytest.approx(expected.attainment)
+    assert replayed.ttft_p90 == pytest.approx(expected.ttft_p90)
     assert replayed.peak_gpus == chosen.gpus
     # every ratio row that found a layout meets the target at that ratio
     for row in advice.ratios:
@@ -188,3 +201,57 @@ def test_unknown_model_deployment_carries_its_kv_bytes() -> None:
     assert obj["spec"]["model"]["uri"] == "hf://acme/secret-8b"
     sim = layout_of_spec(PDDeployment.from_object(obj).spec)
     assert math.isclose(sim.layout.model_load_seconds, 120.0)
+
+
+def _row(name: str, attainment: float, ttft_p90: float) -> ModeRow:
+    knobs = None if name == COLOCATED else DisaggregationKnobs()
+    return ModeRow(name, knobs, Summary.model_construct(attainment=attainment, ttft_p90=ttft_p90))
+
+
+@pytest.mark.parametrize(
+    ("rows", "best"),
+    [
+        ([("Always", 0.95, 0.4), ("Auto", 0.97, 0.5), ("Threshold 512", 0.96, 0.2)], "Auto"),
+        ([("Always", 0.97, 0.4), ("Auto", 0.97, 0.3), ("Threshold 512", 0.97, 0.35)], "Auto"),
+        ([("Always", 0.97, 0.3), ("Auto", 0.97, 0.3), ("Threshold 512", 0.97, 0.3)], "Always"),  # tie
+        ([("Always", 0.9, 0.3), ("Auto", 0.9, 0.3), (COLOCATED, 0.99, 0.9)], COLOCATED),
+        ([("Always", 1.0, 0.3), ("Threshold 256", 1.0, 0.29), (COLOCATED, 1.0, 0.29)], "Threshold 256"),
+    ],
+)
+def test_best_mode_is_the_highest_attainment_then_ttft_p90_then_the_simpler(
+    rows: list[tuple[str, float, float]], best: str
+) -> None:
+    assert best_mode([_row(*r) for r in rows]).name == best
+
+
+def test_modes_compared_on_the_pd_layout_and_colocated_on_as_many_gpus() -> None:
+    advice = _advise(4000, 150, 12, ttft_ms=1500, tpot_ms=12)
+    pd = advice.pd
+    assert pd is not None
+    assert advice.recommended is pd
+    names = [row.name for row in advice.modes]
+    assert names == [
+        "Always",
+        "Auto",
+        "Threshold 256",
+        "Threshold 512",
+        "Threshold 1024",
+        "Threshold 2048",
+        COLOCATED,
+    ]
+    assert advice.modes[0].summary is pd.summary  # the search's own run of the layout
+    # each mode replays to its row on the P/D layout
+    layout = layout_of_spec(PDDeployment.from_object(deployment(advice)).spec).layout
+    for row in advice.modes[1:-1]:
+        assert row.knobs is not None
+        config = SimConfig(slo=SLO(ttft_ms=1500, tpot_ms=12), disaggregation=row.knobs)
+        again = simulate(advice.request.requests, layout, config).summary
+        assert again.attainment == pytest.approx(row.summary.attainment)
+    # the Threshold rows differ: a higher threshold prefills at least as many prompts on decode
+    local = [
+        sum(v for k, v in row.summary.prefill_choices.items() if k == "below_threshold")
+        for row in advice.modes[2:-1]
+    ]
+    assert local == sorted(local)
+    assert local[-1] > 0
+    assert advice.mode is best_mode(advice.modes)

@@ -111,6 +111,9 @@ def test_advise_writes_a_deployment_that_sim_replays(
     assert "KV transfer share" in out
     assert "transfer" in out
     assert f"PDDeployment written to {deployment}" in out
+    modes = out.split("Remote or local prefill on P/D ")[1].split("\n\n")[0].splitlines()[1:]
+    assert [line.split()[0] for line in modes[:-1]] == ["Always", "Auto", *["Threshold"] * 4, "Colocated"]
+    assert modes[-1].startswith("  best on these ")
     obj = yaml.safe_load(deployment.read_text())
     assert obj["kind"] == "PDDeployment"
     assert obj["metadata"]["name"] == "advised"

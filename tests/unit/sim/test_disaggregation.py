@@ -60,3 +60,45 @@ def test_auto_on_multi_turn_sessions_prefills_later_turns_on_decode(kit: SimKit)
     assert auto.finished == always.finished == len(trace)
     assert auto.prefill_choices.get("local_faster", 0) > len(trace) // 4
     assert auto.ttft_p50 < always.ttft_p50
+
+
+def _bidirectional(kit: SimKit, on: bool, threshold: int = 64) -> object:
+    return kit.config().model_copy(
+        update={"bidirectional_kv": on, "kv_recompute_threshold": threshold, "routing": "power-of-two"}
+    )
+
+
+def test_bidirectional_prefill_pulls_earlier_turns_back_from_decode(kit: SimKit) -> None:
+    """vLLM's bidirectional mode: a later turn's remote prefill reads the conversation the decode replica
+    holds instead of recomputing it (the prefill replicas, picked by load here, often lack it)."""
+    base = [Request(0.5 * i, 150, 60) for i in range(400)]
+    trace = sessions(base, SessionParams(turns=4, think_seconds=5.0, system_prompt_tokens=1500, seed=2))
+    layout = kit.pd(prefill=3, decode=2)
+    off = simulate(trace, layout, _bidirectional(kit, False)).summary  # type: ignore[arg-type]
+    on = simulate(trace, layout, _bidirectional(kit, True)).summary  # type: ignore[arg-type]
+    assert on.finished == off.finished == len(trace)
+    assert off.pulled_back_tokens == 0
+    assert on.pulled_back_tokens > 0
+    # what is read back is not computed: the prefill pool's GPU time falls, its cache hits do not change
+    # meaning (a pulled block is not a hit)
+    assert on.busy_gpu_hours["prefill"] < off.busy_gpu_hours["prefill"]
+    assert on.ttft_p50 <= off.ttft_p50
+    # under the recompute threshold nothing is read (the decode replica is still picked at arrival, by
+    # its cache, so the runs are not identical): a threshold above every prompt computes it all again
+    never = simulate(trace, layout, _bidirectional(kit, True, threshold=10**9)).summary  # type: ignore[arg-type]
+    assert never.pulled_back_tokens == 0
+    assert never.busy_gpu_hours["prefill"] > on.busy_gpu_hours["prefill"]
+    # requests without a prefix (nothing cached anywhere) never pull back
+    plain = simulate(TRACE, kit.pd(), _bidirectional(kit, True)).summary  # type: ignore[arg-type]
+    assert plain.pulled_back_tokens == 0
+
+
+def test_a_slow_link_makes_the_pull_back_cost_time(kit: SimKit) -> None:
+    base = [Request(2.0 * i, 150, 20) for i in range(120)]
+    trace = sessions(base, SessionParams(turns=4, think_seconds=5.0, system_prompt_tokens=3000, seed=3))
+    fast = simulate(trace, kit.pd(prefill=2, decode=2), _bidirectional(kit, True)).summary  # type: ignore[arg-type]
+    slow_layout = kit.pd(replica=kit.spec(bandwidth=1.0), prefill=2, decode=2)
+    slow = simulate(trace, slow_layout, _bidirectional(kit, True)).summary  # type: ignore[arg-type]
+    assert fast.pulled_back_tokens > 0
+    assert slow.pulled_back_tokens > 0
+    assert slow.ttft_p90 > fast.ttft_p90
