@@ -31,7 +31,7 @@ from aiohttp import web
 
 from tandem.api import meta
 from tandem.api.times import rfc3339
-from tandem.controller import metrics
+from tandem.controller import handover, metrics
 from tandem.controller.autoscaler import Autoscaler
 from tandem.controller.events import EventRecorder
 from tandem.controller.leader import LeaderElector
@@ -69,7 +69,9 @@ def build_cache(kube: KubeRest, namespaces: Sequence[str | None], on_event: Hand
             on_event,
             label_selector=meta.LABEL_PDD,
             index_label=meta.LABEL_PDD,
-            transform=strip_managed_fields if kind == POD else None,  # nothing reads a pod's
+            # Only a StatefulSet's managedFields are read (the replicas hand-over), and of them only
+            # who holds spec.replicas: the caches keep that much, nothing of the others'.
+            transform=handover.trim_managed_fields if kind.kind == "StatefulSet" else strip_managed_fields,
         )
     kube.on_written = cache.written
     kube.on_deleted = cache.deleted
