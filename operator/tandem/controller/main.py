@@ -60,7 +60,7 @@ CHILD_WATCHES: tuple[Kind, ...] = (*(Kind(*child) for child in CHILD_KINDS), POD
 def build_cache(kube: KubeRest, namespaces: Sequence[str | None], on_event: Handler | None) -> Cache:
     """The informers of the operator's objects (not started), in every watched namespace (or all)."""
     cache = Cache()
-    cache.add(kube, PDDEPLOYMENT, namespaces, on_event)
+    cache.add(kube, PDDEPLOYMENT, namespaces, on_event, transform=strip_managed_fields)  # nothing reads them
     for kind in CHILD_WATCHES:
         cache.add(
             kube,

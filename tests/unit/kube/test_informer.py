@@ -242,3 +242,17 @@ def test_cache_synced_needs_every_informer(synced: bool) -> None:
         cache.informers[1].synced.set()
     assert cache.synced() is synced
     assert cache.wait_synced(0.01) is synced
+
+
+def test_the_store_holds_what_was_stored_exactly_and_apart_from_the_callers_object() -> None:
+    store = Store(LABEL)
+    original = obj("a-prefill", "7")
+    original["spec"] = {"ratio": 0.1, "big": 2**63, "text": "caf\u00e9 \U0001f600", "none": None, "list": [1, {}]}
+    expected = copy.deepcopy(original)
+    store.upsert(original)
+    original["spec"]["list"].append("changed after the upsert")  # the store kept its own form
+    original["metadata"]["labels"][LABEL] = "b"
+    assert store.get("ns", "a-prefill") == expected
+    assert store.by_label("ns", "a") == [expected]
+    assert store.by_label("ns", "b") == []
+    assert store.remove("ns", "a-prefill") == expected
