@@ -247,7 +247,13 @@ def test_cache_synced_needs_every_informer(synced: bool) -> None:
 def test_the_store_holds_what_was_stored_exactly_and_apart_from_the_callers_object() -> None:
     store = Store(LABEL)
     original = obj("a-prefill", "7")
-    original["spec"] = {"ratio": 0.1, "big": 2**63, "text": "caf\u00e9 \U0001f600", "none": None, "list": [1, {}]}
+    original["spec"] = {
+        "ratio": 0.1,
+        "big": 2**63,
+        "text": "caf\u00e9 \U0001f600",
+        "none": None,
+        "list": [1, {}],
+    }
     expected = copy.deepcopy(original)
     store.upsert(original)
     original["spec"]["list"].append("changed after the upsert")  # the store kept its own form
