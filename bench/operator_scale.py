@@ -46,13 +46,17 @@ import json
 import os
 import pstats
 import re
+import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +98,31 @@ def event_counts(cluster: ClusterHandle) -> dict[str, int]:
     }
 
 
+def _stamp(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def audit_latency(path: Path, offset: int) -> None:
+    """Every request the apiserver's audit log holds after byte `offset` (the operator's kinds,
+    pods, Secrets, Leases; not Events), by client and verb: how many, and how long the apiserver
+    took (receipt to response complete), watches apart. Whether a phase waited on the apiserver
+    or on its client."""
+    latencies: dict[tuple[str, str], list[float]] = {}
+    for event in fleet.audit_events(path, offset):
+        if event.get("verb") == "watch" or event.get("stage") != "ResponseComplete":
+            continue
+        agent = str(event.get("userAgent", "")).split("/")[0].split(" ")[0]
+        took = _stamp(event["stageTimestamp"]) - _stamp(event["requestReceivedTimestamp"])
+        latencies.setdefault((agent, str(event.get("verb"))), []).append(took)
+    for (agent, verb), values in sorted(latencies.items(), key=lambda item: -len(item[1]))[:8]:
+        values.sort()
+        print(
+            f"  apiserver (audit): {agent} {verb}: {len(values)}, latency mean "
+            f"{1000 * sum(values) / len(values):.0f} ms, p50 {1000 * values[len(values) // 2]:.0f} ms, "
+            f"p99 {1000 * values[int(len(values) * 0.99)]:.0f} ms"
+        )
+
+
 def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
     out = []
     for line in text.splitlines():
@@ -129,9 +158,7 @@ class Snapshot:
         pid = operator.proc.pid
         stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         cpu = (int(stat[11]) + int(stat[12])) / CLK_TCK  # utime, stime (fields 14, 15)
-        status = dict(
-            line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
-        )
+        status = proc_status(pid)
         return cls(
             at=time.monotonic(),
             requests=requests,
@@ -142,6 +169,16 @@ class Snapshot:
             rss_mb=int(status["VmRSS"].split()[0]) / 1024,
             hwm_mb=int(status["VmHWM"].split()[0]) / 1024,
         )
+
+
+def proc_status(pid: int) -> dict[str, str]:
+    """/proc/<pid>/status as a mapping (VmRSS, VmHWM, ...)."""
+    text = Path(f"/proc/{pid}/status").read_text()
+    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+
+
+def rss_mb(operator: OperatorProcess) -> float:
+    return int(proc_status(operator.proc.pid)["VmRSS"].split()[0]) / 1024
 
 
 def quantile(q: float, before: dict[float, float], after: dict[float, float]) -> float:
@@ -224,10 +261,14 @@ def floor(cluster: ClusterHandle, api: Any, args: argparse.Namespace, prefix: st
                 obj["metadata"].pop("ownerReferences", None)  # no owner: the GC would delete them
                 objects.append(obj)
     rest = KubeRest(api, field_manager="bench-floor")
+    audit_log = ClusterDir(cluster.dir).audit_log
+    audit_from = fleet.audit_offset(audit_log)
     t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=16) as pool:
         list(pool.map(lambda o: rest.apply(KINDS[o["kind"]], o), objects))
     created = time.monotonic() - t0
+    print(f"floor: {len(objects)} objects applied in {created:.1f} s")
+    audit_latency(audit_log, audit_from)
     namespaces = list(docs)
     while time.monotonic() - t0 < args.timeout:
         ready, total = workloads_ready(cluster, namespaces)
@@ -249,10 +290,19 @@ def profile_passes(cluster: ClusterHandle, namespaces: list[str]) -> None:
     os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
     kube_rest = KubeRest(load_api_client(pool_size=64))
     cache = build_cache(kube_rest, namespaces, None)
+    tracemalloc.start()
     cache.start()
     if not cache.wait_synced(120):
         print("profile: the caches did not sync")
         return
+    time.sleep(2)  # the last lists' responses freed
+    held, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    counts = {plural: len(store) for plural, store in cache.stores.items()}
+    print(
+        f"profile: the caches hold {sum(counts.values())} objects in {held / 2**20:.1f} MB "
+        f"(tracemalloc, Python allocations since their start) {counts}"
+    )
     reconciler = Reconciler(kube_rest, EventRecorder(kube_rest), cache=cache)
     steps: Counter[str] = Counter()
 
@@ -292,6 +342,42 @@ def profile_passes(cluster: ClusterHandle, namespaces: list[str]) -> None:
     print("\n".join("  " + line for line in text.getvalue().splitlines() if line.strip())[-4000:])
 
 
+def start_py_spy(out: Path | None, pid: int, number: int) -> subprocess.Popen[bytes] | None:
+    """py-spy sampling the operator's process (on CPU only, not pausing it) until `stop_py_spy`:
+    collapsed stacks in `out`/operator-r<number>.txt. py-spy is not a project dependency."""
+    if out is None:
+        return None
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / f"operator-r{number + 1}.txt"
+    return subprocess.Popen(
+        [
+            spy,
+            "record",
+            "--pid",
+            str(pid),
+            "--format",
+            "raw",
+            "--nonblocking",
+            "--rate",
+            "50",
+            "--output",
+            str(target),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def stop_py_spy(spy: subprocess.Popen[bytes] | None) -> None:
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+        try:
+            spy.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+
+
 def run_once(cluster: ClusterHandle, api: Any, args: argparse.Namespace, number: int) -> dict[str, float]:
     """One run: the floor, then the operator on the same specs; its figures."""
     figures: dict[str, float] = {}
@@ -320,8 +406,10 @@ def run_once(cluster: ClusterHandle, api: Any, args: argparse.Namespace, number:
     if args.child_event_delay is not None:
         flags += ["--child-event-delay-seconds", str(args.child_event_delay)]
     operator = OperatorProcess(cluster, flags, log)
+    spy = None
     try:
         operator.wait_leader(timeout=120)
+        spy = start_py_spy(args.py_spy, operator.proc.pid, number)  # once the interpreter is up
         idle = Snapshot.take(operator)
         custom = client.CustomObjectsApi(api)
 
@@ -330,6 +418,8 @@ def run_once(cluster: ClusterHandle, api: Any, args: argparse.Namespace, number:
             custom.create_namespaced_custom_object("tandem.dev", "v1alpha1", ns, "pddeployments", doc)
 
         # Created 8 at a time, as a GitOps sync would (kubectl apply sends one object at a time).
+        audit_log = ClusterDir(cluster.dir).audit_log
+        converging_from = fleet.audit_offset(audit_log)
         t0 = time.monotonic()
         with ThreadPoolExecutor(max_workers=8) as pool:
             list(pool.map(create, [doc for items in docs.values() for doc in items]))
@@ -345,7 +435,9 @@ def run_once(cluster: ClusterHandle, api: Any, args: argparse.Namespace, number:
                     for item in json.loads(out.stdout)["items"]
                     if item["metadata"]["namespace"] in namespaces and ready_at_generation(item)
                 )
-            peak_rss = max(peak_rss, Snapshot.take(operator).rss_mb)
+            # From /proc only: a scrape of the operator's /metrics each poll (a thousand PDDeployments'
+            # gauges) weighed on the operator it measures.
+            peak_rss = max(peak_rss, rss_mb(operator))
             if ready >= args.deployments:
                 converged_at = time.monotonic() - t0
                 break
@@ -365,8 +457,8 @@ def run_once(cluster: ClusterHandle, api: Any, args: argparse.Namespace, number:
                 f"{converged_at:.1f} s{ratio}"
             )
         report_phase("converging", idle, converged)
+        audit_latency(audit_log, converging_from)
         time.sleep(args.settle_seconds)  # the last passes' writes, the garbage collector's owner checks
-        audit_log = ClusterDir(cluster.dir).audit_log
         audit_from = fleet.audit_offset(audit_log)
         before_text = cluster.kubectl("get", "--raw", "/metrics").stdout
         before_writes, before_events = apiserver_writes(cluster), event_counts(cluster)
@@ -417,6 +509,7 @@ def run_once(cluster: ClusterHandle, api: Any, args: argparse.Namespace, number:
             audited_writes=float(audited_writes),
         )
     finally:
+        stop_py_spy(spy)
         operator.stop()
     if args.profile:
         profile_passes(cluster, namespaces)
@@ -482,6 +575,9 @@ def main() -> int:
         "--child-event-delay",
         type=float,
         help="operator --child-event-delay-seconds (unset: its default, 1 s; 0: a pass per event)",
+    )
+    parser.add_argument(
+        "--py-spy", type=Path, help="sample the operator with py-spy (installed apart) into this folder"
     )
     parser.add_argument(
         "--kubeconfig", type=Path, help="use this running dev cluster (started with pod_runner=False)"

@@ -31,6 +31,27 @@ def _entries(live: Mapping[str, Any], manager: str) -> list[Mapping[str, Any]]:
     ]
 
 
+def trim_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
+    """`obj` with only what `step` reads of its managedFields: each entry's manager and operation,
+    and whether it holds `spec.replicas`. A StatefulSet's full field sets are most of its size; the
+    watch cache keeps this form (tested to decide as the full one does)."""
+    md = obj.get("metadata") or {}
+    entries = md.get("managedFields")
+    if isinstance(entries, list):
+        md["managedFields"] = [
+            {
+                "manager": entry.get("manager"),
+                "operation": entry.get("operation"),
+                "fieldsV1": {"f:spec": {"f:replicas": {}}}
+                if "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {})
+                else {},
+            }
+            for entry in entries
+            if isinstance(entry, dict)
+        ]
+    return obj
+
+
 def owns_replicas(live: Mapping[str, Any], manager: str) -> bool:
     """Whether `manager`'s applied configuration includes `spec.replicas`."""
     entries = _entries(live, manager)

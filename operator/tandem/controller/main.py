@@ -31,7 +31,7 @@ from aiohttp import web
 
 from tandem.api import meta
 from tandem.api.times import rfc3339
-from tandem.controller import metrics
+from tandem.controller import handover, metrics
 from tandem.controller.autoscaler import Autoscaler
 from tandem.controller.events import EventRecorder
 from tandem.controller.leader import LeaderElector
@@ -62,7 +62,7 @@ CHILD_WATCHES: tuple[Kind, ...] = (*(Kind(*child) for child in CHILD_KINDS), *OP
 def build_cache(kube: KubeRest, namespaces: Sequence[str | None], on_event: Handler | None) -> Cache:
     """The informers of the operator's objects (not started), in every watched namespace (or all)."""
     cache = Cache()
-    cache.add(kube, PDDEPLOYMENT, namespaces, on_event)
+    cache.add(kube, PDDEPLOYMENT, namespaces, on_event, transform=strip_managed_fields)  # nothing reads them
     for kind in CHILD_WATCHES:
         cache.add(
             kube,
@@ -71,7 +71,13 @@ def build_cache(kube: KubeRest, namespaces: Sequence[str | None], on_event: Hand
             on_event,
             label_selector=meta.LABEL_PDD,
             index_label=meta.LABEL_PDD,
-            transform=strip_managed_fields if kind == POD else None,  # nothing reads a pod's
+            # Only a StatefulSet's or LeaderWorkerSet's managedFields are read (the replicas hand-over),
+            # and of them only who holds spec.replicas: the caches keep that much, nothing of the others'.
+            transform=(
+                handover.trim_managed_fields
+                if kind.kind in ("StatefulSet", "LeaderWorkerSet")
+                else strip_managed_fields
+            ),
             optional=kind in OPTIONAL_WATCHES,
         )
     kube.on_written = cache.written

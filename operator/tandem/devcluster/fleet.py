@@ -12,6 +12,7 @@ import copy
 import json
 import re
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -175,12 +176,32 @@ def audit_offset(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
 
 
-def audit_requests(path: Path, offset: int, user_agent: str) -> Counter[str]:
-    """Requests in an apiserver's audit log (`devcluster.up(audit=True)`) after byte `offset`, by
-    clients whose user agent starts with `user_agent`: "verb resource[/subresource]" -> count."""
-    totals: Counter[str] = Counter()
+def audit_events(path: Path, offset: int) -> Iterator[dict[str, Any]]:
+    """The events of an apiserver's audit log (`devcluster.up(audit=True)`) after byte `offset`."""
     if not path.exists():
-        return totals
+        return
+    with path.open("rb") as log:
+        log.seek(offset)
+        for line in log:
+            try:
+                event = json.loads(line)
+            except ValueError:  # a line being written
+                continue
+            if isinstance(event, dict):
+                yield event
+
+
+def audit_requests(path: Path, offset: int, user_agent: str) -> Counter[str]:
+    """Requests in an apiserver's audit log after byte `offset`, by clients whose user agent starts
+    with `user_agent`: "verb resource[/subresource]" -> count."""
+    totals: Counter[str] = Counter()
+    for event in audit_events(path, offset):
+        if not str(event.get("userAgent", "")).startswith(user_agent):
+            continue
+        ref = event.get("objectRef") or {}
+        sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
+        totals[f"{event.get('verb', '')} {ref.get('resource', '')}{sub}"] += 1
+    return totals
     with path.open("rb") as log:
         log.seek(offset)
         for line in log:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from tandem.controller import handover
@@ -63,3 +64,29 @@ def test_update_operations_are_not_applied_configurations() -> None:
         {"manager": "tandem-handover", "operation": "Update", "fieldsV1": {"f:spec": {"f:replicas": {}}}}
     )
     assert not handover.has_manager(live, "tandem-handover")
+
+
+def test_the_trimmed_form_the_cache_keeps_decides_as_the_full_one() -> None:
+    cases = [
+        [("tandem-operator", True)],
+        [("tandem-operator", False), ("tandem-handover", True)],
+        [("tandem-operator", False)],
+        [("tandem-operator", True), ("tandem-handover", True)],
+        [("tandem-handover", False)],
+        [("kube-controller-manager", True)],
+        [],
+    ]
+    for managers in cases:
+        full = sts(*managers)
+        full["metadata"]["managedFields"].append(
+            {"manager": "tandem-operator", "operation": "Update", "fieldsV1": {"f:spec": {"f:replicas": {}}}}
+        )
+        trimmed = handover.trim_managed_fields(copy.deepcopy(full))
+        assert "f:template" not in str(trimmed)
+        if managers:  # their f:template field sets are gone
+            assert len(str(trimmed)) < len(str(full))
+        for external in (True, False):
+            assert handover.step(trimmed, external) == handover.step(full, external), managers
+        for manager in ("tandem-operator", "tandem-handover"):
+            assert handover.owns_replicas(trimmed, manager) == handover.owns_replicas(full, manager)
+            assert handover.has_manager(trimmed, manager) == handover.has_manager(full, manager)

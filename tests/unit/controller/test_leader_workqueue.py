@@ -65,3 +65,38 @@ async def test_queue_honours_delay_and_keeps_earliest() -> None:
     queue.add("b", delay=10)
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(queue.get(), 0.05)
+
+
+async def test_queue_gives_keys_in_due_order_and_skips_forgotten_ones() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    for key, delay in [("c", 0.03), ("a", 0.01), ("b", 0.02), ("d", 0.04)]:
+        queue.add(key, delay)
+    queue.add("d", 0.0)  # moved earlier: its first entry is stale
+    queue.add("b", 5.0)  # later: the earlier due time holds
+    queue.forget("c")
+    taken = [await asyncio.wait_for(queue.get(), 1) for _ in range(3)]
+    assert taken == ["d", "a", "b"]
+    assert len(queue) == 0
+    with pytest.raises(TimeoutError):  # "c" was forgotten, and no stale entry comes back
+        await asyncio.wait_for(queue.get(), 0.1)
+
+
+async def test_queue_holds_a_key_due_while_processing_until_done_and_keeps_its_earliest_time() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    queue.add("a")
+    assert await queue.get() == "a"
+    queue.add("a", 5.0)
+    queue.add("b", 0.05)
+    assert await asyncio.wait_for(queue.get(), 1) == "b"  # "a" is parked, not blocking "b"
+    queue.add("a", 0.0)  # earlier, still processing: still held
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(queue.get(), 0.05)
+    queue.done("a")
+    assert await asyncio.wait_for(queue.get(), 1) == "a"
+    queue.done("a")
+    queue.done("b")
+    assert len(queue) == 0
+    queue.add("a")
+    queue.forget("a")
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(queue.get(), 0.05)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
 from tandem.controller import metrics
 
@@ -42,3 +43,20 @@ def test_pools_and_revision_weight_then_forgotten() -> None:
     metrics.forget_status("ns", "p")
     assert value("tandem_operator_pool_gpus", **labels, pool="decode") is None
     assert value("tandem_operator_revision_weight_percent", **labels) is None
+
+
+async def test_metrics_endpoint_serves_the_gauges() -> None:
+    metrics.observe_status("ns-endpoint", "served", {"pools": {"decode": {"readyReplicas": 3, "gpus": 8}}})
+    async with TestClient(TestServer(metrics.make_app(metrics.Health(max_silence=60)))) as client:
+        response = await client.get("/metrics")
+        assert response.status == 200
+        text = await response.text()
+    line = next(
+        line
+        for line in text.splitlines()
+        if line.startswith("tandem_operator_pool_ready_replicas{")
+        and 'pddeployment="served"' in line
+        and 'pool="decode"' in line
+    )
+    assert line.endswith(" 3.0")
+    metrics.forget_status("ns-endpoint", "served")

@@ -302,3 +302,23 @@ def test_a_required_kind_not_served_never_syncs() -> None:
     assert not informer.synced.wait(0.2)
     informer.stop()
     assert not informer.absent
+
+
+def test_the_store_holds_what_was_stored_exactly_and_apart_from_the_callers_object() -> None:
+    store = Store(LABEL)
+    original = obj("a-prefill", "7")
+    original["spec"] = {
+        "ratio": 0.1,
+        "big": 2**63,
+        "text": "caf\u00e9 \U0001f600",
+        "none": None,
+        "list": [1, {}],
+    }
+    expected = copy.deepcopy(original)
+    store.upsert(original)
+    original["spec"]["list"].append("changed after the upsert")  # the store kept its own form
+    original["metadata"]["labels"][LABEL] = "b"
+    assert store.get("ns", "a-prefill") == expected
+    assert store.by_label("ns", "a") == [expected]
+    assert store.by_label("ns", "b") == []
+    assert store.remove("ns", "a-prefill") == expected
