@@ -75,7 +75,7 @@ def build_cache(kube: KubeRest, namespaces: Sequence[str | None], on_event: Hand
             # and of them only who holds spec.replicas: the caches keep that much, nothing of the others'.
             transform=(
                 handover.trim_managed_fields
-                if kind.kind in ("StatefulSet", "LeaderWorkerSet")
+                if kind.kind in ("StatefulSet", meta.LWS_KIND)
                 else strip_managed_fields
             ),
             optional=kind in OPTIONAL_WATCHES,
