@@ -184,6 +184,9 @@ class Case:
     # The decision interval of tandem (spec.autoscaling.intervalSeconds), the HPA (its sync period) and
     # the oracle; None: each its own default (30 s, 15 s, 60 s). The planners keep their own.
     interval_seconds: int | None = None
+    # A policy run still going after this much wall time is stopped (`WallClockGuard`); a day at scale
+    # takes minutes of CPU, more on a busy machine.
+    wall_limit_seconds: float = 600.0  # JOB_WALL_LIMIT_SECONDS
 
 
 # Rate scales put static peak at 8 GPUs or more (the evaluation's rule); the SLOs are per trace (Mooncake's
@@ -281,6 +284,7 @@ SCALE_CASES: tuple[Case, ...] = (
         seconds=86400.0,
         model=SCALE_MODEL,
         tp=SCALE_TP,
+        wall_limit_seconds=4 * 3600.0,
     ),
     # Several days, so that the forecast's seasonal profile learns from the earlier ones (tandem+forecast).
     Case(
@@ -295,6 +299,7 @@ SCALE_CASES: tuple[Case, ...] = (
         seconds=SERVEGEN_DAYS,
         model=SCALE_MODEL,
         tp=SCALE_TP,
+        wall_limit_seconds=12 * 3600.0,
     ),
 )
 # --quick --scale: one hour of the same day and scale (the morning rise, 08:00-09:00), under 5 minutes.
@@ -531,7 +536,7 @@ def with_forecast(spec: PDDeploymentSpec, case: Case) -> PDDeploymentSpec:
 
 # --- one job -----------------------------------------------------------------------------------------------
 
-JOB_WALL_LIMIT_SECONDS = 600.0  # a policy run still going after this is stopped and reported as such
+JOB_WALL_LIMIT_SECONDS = 600.0  # `Case.wall_limit_seconds` by default: a run still going then is stopped
 
 
 class JobTooSlow(Exception):
@@ -625,7 +630,7 @@ def run_job(
     instance = make_policy(policy, setup, knobs, hpa)
     layout = setup.layout_pd
     note = f"from {StaticLayout(setup.initial['prefill'], setup.initial['decode'])}"
-    guarded = WallClockGuard(instance, started, JOB_WALL_LIMIT_SECONDS)
+    guarded = WallClockGuard(instance, started, case.wall_limit_seconds)
     try:
         result = simulate(requests_of(case), layout, setup.config, guarded)
     except JobTooSlow as exc:
@@ -687,7 +692,7 @@ def run_oracle(setup: Setup, started: float) -> Outcome:
         f"{schedule.interval_seconds:g}-s intervals, grid 1-{per_pool} x 1-{per_pool} "
         f"<= {case.max_gpus} GPUs, "
         f"margin {margin:g}; {len(sizes)} intervals, {schedule.infeasible} beyond the grid; "
-        f"{min(map(sum, sizes))}-{max(map(sum, sizes))} GPUs{missed}"
+        f"{min(map(sum, sizes)) * case.tp}-{max(map(sum, sizes)) * case.tp} GPUs{missed}"
     )
     extra: dict[str, Any] = {
         "margin": margin,
