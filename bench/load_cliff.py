@@ -2,7 +2,7 @@
 as the model load time and the decision interval change.
 
 The curve is `bench/autoscale.py`'s realistic-scale day (`servegen-70b-day`: ServeGen m-mid day 1 at its
-real pace, Llama-3.1-70B on H100 at TP4, static peak expected at 32+ GPUs) unless `--trace` names another
+real pace, Llama-3.1-70B on H100 at TP4, static peak 24 GPUs at x0.03) unless `--trace` names another
 of its cases. Per decision interval (tandem's `intervalSeconds`, the HPA's sync period and the oracle's
 interval, `Case.interval_seconds`; the Dynamo-style planners keep their own) and model load time, every
 policy runs from the same initial layout (static peak's, searched once: a static layout does not depend on
