@@ -33,6 +33,11 @@ table as JSON there.
                                                         # hour-long trace and ~30 min for the 4x day)
     .venv/bin/python bench/autoscale.py --quick         # a small fixed-seed run (tests/unit/sim)
     .venv/bin/python bench/autoscale.py --traces azure-conv --policies tandem,hpa
+    .venv/bin/python bench/autoscale.py --scale         # the realistic-scale day: ServeGen m-mid day 1 at
+                                                        # its real pace, 70B TP4, 3.5M requests
+    .venv/bin/python bench/autoscale.py --quick --scale # one hour of it (~2 min on two busy cores)
+    .venv/bin/python bench/autoscale.py --traces servegen-70b-days --policies tandem,tandem+forecast
+                                                        # three days of it, the forecast learning
     .venv/bin/python bench/autoscale.py --tune-hpa      # the HPA targets' grid on the Azure traces
     .venv/bin/python bench/autoscale.py --trace my.csv --format plain --rate-scale 4 --window 0:3600
                                                         # everything on your own trace (docs/simulator.md)
@@ -173,6 +178,15 @@ class Case:
     fmt: str = ""  # its format: azure, mooncake, plain or servegen
     # spec.router.disaggregation the simulated router runs (--disaggregation): Always, Auto, Threshold:N
     disaggregation: str = "Always"
+    model: str = MODEL  # served by every replica, on GPU at TP `tp` (perf's calibrated profile)
+    tp: int = TP
+    load_seconds: float = 120.0  # model load: a requested replica is ready this long after
+    # The decision interval of tandem (spec.autoscaling.intervalSeconds), the HPA (its sync period) and
+    # the oracle; None: each its own default (30 s, 15 s, 60 s). The planners keep their own.
+    interval_seconds: int | None = None
+    # A policy run still going after this much wall time is stopped (`WallClockGuard`); a day at scale
+    # takes minutes of CPU, more on a busy machine.
+    wall_limit_seconds: float = 600.0  # JOB_WALL_LIMIT_SECONDS
 
 
 # Rate scales put static peak at 8 GPUs or more (the evaluation's rule); the SLOs are per trace (Mooncake's
@@ -247,6 +261,55 @@ EXTRA_CASES: tuple[Case, ...] = (
 )
 QUICK = Case(
     "azure-conv-quick", "Azure conversation, 10 min (quick)", "azure-conv", 8.0, 1000, 30, 16, True, 600.0
+)
+
+# Realistic scale (issue 25, item 2): ServeGen m-mid at its real pace (no compression), Llama-3.1-70B on
+# H100 at TP4 (perf's calibrated `h100-llama-3.1-70b-tp4`), rate x0.03: static peak measured 24 GPUs
+# (4P+2D) on the day, under issue 25's 32 (x0.04 should need about 32, not run; docs/simulator.md); on request
+# (--traces, or --scale). A day is ~3.5M requests. Issue 25 lets policies
+# tune on ServeGen m-mid's first days; none was tuned at this scale (frozen before these rows ran).
+SCALE_MODEL = "meta-llama/Llama-3.1-70B-Instruct"
+SCALE_TP = 4
+SCALE_RATE = 0.03
+SCALE_GPUS = 128
+SCALE_CASES: tuple[Case, ...] = (
+    Case(
+        "servegen-70b-day",
+        "ServeGen language m-mid, day 1 at its real pace, Llama-3.1-70B TP4",
+        "servegen-day",
+        SCALE_RATE,
+        1000,
+        30,
+        SCALE_GPUS,
+        tuned=False,
+        seconds=86400.0,
+        model=SCALE_MODEL,
+        tp=SCALE_TP,
+        wall_limit_seconds=4 * 3600.0,
+    ),
+    # Several days, so that the forecast's seasonal profile learns from the earlier ones (tandem+forecast).
+    Case(
+        "servegen-70b-days",
+        "ServeGen language m-mid, days 1-3 at their real pace, Llama-3.1-70B TP4",
+        "servegen-day",
+        SCALE_RATE,
+        1000,
+        30,
+        SCALE_GPUS,
+        tuned=False,
+        seconds=SERVEGEN_DAYS,
+        model=SCALE_MODEL,
+        tp=SCALE_TP,
+        wall_limit_seconds=12 * 3600.0,
+    ),
+)
+# --quick --scale: one hour of the same day and scale (the morning rise, 08:00-09:00), under 5 minutes.
+SCALE_QUICK = replace(
+    SCALE_CASES[0],
+    name="servegen-70b-quick",
+    title="ServeGen language m-mid, day 1 08:00-09:00 at its real pace, Llama-3.1-70B TP4 (quick)",
+    seconds=3600.0,
+    start=8 * 3600.0,
 )
 
 
@@ -369,31 +432,29 @@ def setup_of(case: Case, initial: dict[str, int] | None = None) -> Setup:
     slo = SLO(ttft_ms=case.ttft_ms, tpot_ms=case.tpot_ms)
     if initial is None:
         initial = guess_size(case)
-    spec = autoscaled_spec(
-        MODEL,
-        ttft_ms=case.ttft_ms,
-        tpot_ms=case.tpot_ms,
-        max_gpus=case.max_gpus,
-        initial=initial,
-        gpu=GPU,
-        tp=TP,
-    )
-    co_spec = autoscaled_spec(
-        MODEL,
-        ttft_ms=case.ttft_ms,
-        tpot_ms=case.tpot_ms,
-        max_gpus=case.max_gpus,
-        initial={"colocated": max(initial.values())},
-        gpu=GPU,
-        tp=TP,
-    )
+    spec = case_spec(case, initial)
+    co_spec = case_spec(case, {"colocated": max(initial.values())})
     return Setup(
         case=case,
         slo=slo,
-        layout_pd=layout_of_spec(spec).layout,
-        layout_colocated=layout_of_spec(co_spec).layout,
+        layout_pd=layout_of_spec(spec, case.load_seconds).layout,
+        layout_colocated=layout_of_spec(co_spec, case.load_seconds).layout,
         initial=initial,
         config=SimConfig(slo=slo, seed=SEED, disaggregation=disaggregation_knobs(case.disaggregation)),
+    )
+
+
+def case_spec(case: Case, initial: dict[str, int]) -> PDDeploymentSpec:
+    """The autoscaled PDDeployment spec of `case` (its model, TP, SLO, budget, decision interval)."""
+    return autoscaled_spec(
+        case.model,
+        ttft_ms=case.ttft_ms,
+        tpot_ms=case.tpot_ms,
+        max_gpus=case.max_gpus,
+        initial=initial,
+        gpu=GPU,
+        tp=case.tp,
+        interval_seconds=case.interval_seconds or 30,
     )
 
 
@@ -408,7 +469,7 @@ def disaggregation_knobs(text: str) -> DisaggregationKnobs:
 
 
 def planner_config(case: Case, interval: float, predictor: str, tightness: float = 1.0) -> PlannerConfig:
-    profile = load_profile(MODEL, GPU, TP)
+    profile = load_profile(case.model, GPU, case.tp)
     return PlannerConfig(
         prefill_profile=profile,
         decode_profile=profile,
@@ -423,7 +484,7 @@ def planner_config(case: Case, interval: float, predictor: str, tightness: float
 
 
 def load_planner_config(case: Case, with_throughput: bool, tightness: float = 1.0) -> LoadPlannerConfig:
-    profile = load_profile(MODEL, GPU, TP)
+    profile = load_profile(case.model, GPU, case.tp)
     return LoadPlannerConfig(
         prefill_profile=profile,
         decode_profile=profile,
@@ -439,21 +500,16 @@ def load_planner_config(case: Case, with_throughput: bool, tightness: float = 1.
 def make_policy(name: str, setup: Setup, knobs: Knobs = KNOBS, hpa: HPAConfig | None = None) -> Policy:
     case = setup.case
     if name in (TANDEM, TANDEM_FORECAST):
-        spec = autoscaled_spec(
-            MODEL,
-            ttft_ms=case.ttft_ms,
-            tpot_ms=case.tpot_ms,
-            max_gpus=case.max_gpus,
-            initial=setup.initial,
-            gpu=GPU,
-            tp=TP,
-        )
+        spec = case_spec(case, setup.initial)
         if name == TANDEM_FORECAST:
             spec = with_forecast(spec, case)
         return TandemPolicy(spec, knobs=knobs)
     if name == HPA:
+        hpa_config = hpa or HPAConfig()
+        if case.interval_seconds is not None:
+            hpa_config = replace(hpa_config, sync_seconds=float(case.interval_seconds))
         return HPAPolicy(
-            hpa or HPAConfig(), gpus_per_replica={"prefill": TP, "decode": TP}, max_gpus=case.max_gpus
+            hpa_config, gpus_per_replica={"prefill": case.tp, "decode": case.tp}, max_gpus=case.max_gpus
         )
     name, _, factor = name.partition("@")
     tightness = float(factor) if factor else 1.0
@@ -470,16 +526,18 @@ def make_policy(name: str, setup: Setup, knobs: Knobs = KNOBS, hpa: HPAConfig | 
 
 
 def with_forecast(spec: PDDeploymentSpec, case: Case) -> PDDeploymentSpec:
-    """`spec` with the forecast on: a day's period in the case's virtual time, the model load (120 s) as
-    the horizon until the pools' start-to-ready time is measured."""
+    """`spec` with the forecast on: a day's period in the case's virtual time, the model load as the
+    horizon until the pools' start-to-ready time is measured."""
     period = max(600, round(86400 / case.compress))
-    forecast = ForecastSpec(enabled=True, season_period_seconds=period, horizon_seconds=120)
+    forecast = ForecastSpec(
+        enabled=True, season_period_seconds=period, horizon_seconds=round(case.load_seconds)
+    )
     return spec.model_copy(update={"autoscaling": spec.autoscaling.model_copy(update={"forecast": forecast})})
 
 
 # --- one job -----------------------------------------------------------------------------------------------
 
-JOB_WALL_LIMIT_SECONDS = 600.0  # a policy run still going after this is stopped and reported as such
+JOB_WALL_LIMIT_SECONDS = 600.0  # `Case.wall_limit_seconds` by default: a run still going then is stopped
 
 
 class JobTooSlow(Exception):
@@ -538,12 +596,13 @@ def _static(
         return result.summary
 
     guess = peak_size(planner_config(setup.case, 60.0, "constant"), requests)
+    tp = setup.case.tp
     if colocated:
         co_guess = guess["prefill"] + guess["decode"]
-        found = search_static_colocated(evaluate, setup.case.max_gpus, TP, ATTAINMENT, guess=co_guess)
+        found = search_static_colocated(evaluate, setup.case.max_gpus, tp, ATTAINMENT, guess=co_guess)
     else:
         pd_guess = (guess["prefill"], guess["decode"])
-        found = search_static_pd(evaluate, setup.case.max_gpus, TP, TP, ATTAINMENT, guess=pd_guess)
+        found = search_static_pd(evaluate, setup.case.max_gpus, tp, tp, ATTAINMENT, guess=pd_guess)
     return found, results
 
 
@@ -572,7 +631,7 @@ def run_job(
     instance = make_policy(policy, setup, knobs, hpa)
     layout = setup.layout_pd
     note = f"from {StaticLayout(setup.initial['prefill'], setup.initial['decode'])}"
-    guarded = WallClockGuard(instance, started, JOB_WALL_LIMIT_SECONDS)
+    guarded = WallClockGuard(instance, started, case.wall_limit_seconds)
     try:
         result = simulate(requests_of(case), layout, setup.config, guarded)
     except JobTooSlow as exc:
@@ -596,13 +655,13 @@ def run_job(
 
 
 def oracle_grid(case: Case, margin: float = 0.0) -> OracleGrid:
-    per_pool = max(1, case.max_gpus // (2 * TP))
+    per_pool = max(1, case.max_gpus // (2 * case.tp))
     return OracleGrid(
         max_prefill=per_pool,
         max_decode=per_pool,
         max_gpus=case.max_gpus,
         target=ATTAINMENT,
-        interval_seconds=ORACLE_INTERVAL,
+        interval_seconds=float(case.interval_seconds or ORACLE_INTERVAL),
         margin=margin,
     )
 
@@ -631,9 +690,10 @@ def run_oracle(setup: Setup, started: float) -> Outcome:
     per_pool = oracle_grid(case).max_prefill
     missed = "" if loaded.summary.attainment >= ATTAINMENT else "; REPLAY MISSES THE TARGET"
     note = (
-        f"{ORACLE_INTERVAL:g}-s intervals, grid 1-{per_pool} x 1-{per_pool} <= {case.max_gpus} GPUs, "
+        f"{schedule.interval_seconds:g}-s intervals, grid 1-{per_pool} x 1-{per_pool} "
+        f"<= {case.max_gpus} GPUs, "
         f"margin {margin:g}; {len(sizes)} intervals, {schedule.infeasible} beyond the grid; "
-        f"{min(map(sum, sizes))}-{max(map(sum, sizes))} GPUs{missed}"
+        f"{min(map(sum, sizes)) * case.tp}-{max(map(sum, sizes)) * case.tp} GPUs{missed}"
     )
     extra: dict[str, Any] = {
         "margin": margin,
@@ -711,9 +771,12 @@ def _hours(o: Outcome | None) -> str:
 
 def run_all(cases: Sequence[Case], policies: Sequence[str], jobs: int) -> list[Outcome]:
     """Every (case, policy) job, `jobs` at a time. The static-peak searches run first: their layout is
-    every dynamic policy's initial size (without them, the planner's arithmetic on the busiest minute)."""
-    first = [(case, STATIC_PEAK) for case in cases if STATIC_PEAK in policies]
-    rest = [(case, policy) for case in cases for policy in policies if policy != STATIC_PEAK]
+    every dynamic policy's initial size (without them, the planner's arithmetic on the busiest minute).
+    The jobs that need no initial size (the static colocated search, the oracle, whose schedule sets its
+    own) run beside them, so a long sequential search does not leave the other processes idle."""
+    independent = (STATIC_PEAK, STATIC_COLOCATED, ORACLE) if STATIC_PEAK in policies else ()
+    first = [(case, policy) for policy in independent for case in cases if policy in policies]
+    rest = [(case, policy) for case in cases for policy in policies if policy not in independent]
     initial = {case.name: guess_size(case) for case in cases}
     outcomes = _run(first, initial, jobs)
     for outcome in outcomes:
@@ -892,6 +955,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="ServeGen's day compressed this many times, its rate scaled to keep the load per second "
         "(default 4; 1 is its real pace, 4x the requests)",
     )
+    parser.add_argument(
+        "--scale",
+        action="store_true",
+        help="the realistic-scale day instead (ServeGen m-mid day 1 at its real pace, 70B TP4, 24 GPUs; "
+        "with --quick one hour of it)",
+    )
     parser.add_argument("--tune-hpa", action="store_true", help="grid of HPA targets on the Azure traces")
     parser.add_argument(
         "--tune-tandem",
@@ -949,12 +1018,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("--trace runs one file; leave out --traces")
         cases = [_file_case(parser, args)]
     elif args.quick:
-        cases = [QUICK]
+        cases = [SCALE_QUICK if args.scale else QUICK]
+    elif args.scale and not args.traces:
+        cases = [SCALE_CASES[0]]
     else:
         names = [n for n in args.traces.split(",") if n]
-        cases = [c for c in (*CASES, *EXTRA_CASES) if c.name in names or (not names and c in CASES)]
+        known = (*CASES, *EXTRA_CASES, *SCALE_CASES)
+        cases = [c for c in known if c.name in names or (not names and c in CASES)]
         if names and len(cases) != len(names):
-            parser.error(f"unknown trace in {args.traces!r}; known: {', '.join(c.name for c in CASES)}")
+            parser.error(f"unknown trace in {args.traces!r}; known: {', '.join(c.name for c in known)}")
         if args.servegen_compress is not None:
             if not args.servegen_compress > 0:
                 parser.error("--servegen-compress must be positive")
@@ -965,7 +1037,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     rate_scale=c.rate_scale * c.compress / args.servegen_compress,
                     title=f"ServeGen language m-mid, day 1 compressed {args.servegen_compress:g}x",
                 )
-                if c.loader == "servegen-day"
+                if c.loader == "servegen-day" and c.model == MODEL
                 else c
                 for c in cases
             ]
@@ -991,7 +1063,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return tune_hpa(args.jobs)
     if args.tune_tandem:
         return tune_tandem(cases, args.tune_tandem)
-    print(f"seed {SEED}; model {MODEL} on {GPU} TP{TP}, model load 120 s; attainment target {ATTAINMENT:.0%}")
+    models = sorted({(c.model, c.tp, c.load_seconds, c.interval_seconds) for c in cases}, key=str)
+    served = "; ".join(
+        f"model {m} on {GPU} TP{tp}, model load {load:g} s"
+        + (f", decision interval {interval} s" if interval is not None else "")
+        for m, tp, load, interval in models
+    )
+    print(f"seed {SEED}; {served}; attainment target {ATTAINMENT:.0%}")
     swept = [p for p in SWEPT if p in policies and factors]
     if swept:
         print(f"  planner sweep: {', '.join(swept)}, TTFT/ITL targets = SLO x {_listed((1, *factors), ', ')}")
