@@ -35,11 +35,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "operator"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import autoscale as bench  # noqa: E402
+from tandem.devcluster.testing import load_file  # noqa: E402
 from tandem.sim import simulate  # noqa: E402
 from tandem.sim.oracle import SchedulePolicy, hindsight_schedule, replay_layout, schedule_sizes  # noqa: E402
 from tandem.sim.report import ORACLE, ORACLE_INSTANT, STATIC_PEAK  # noqa: E402
 from tandem.sim.results import Summary  # noqa: E402
+
+# bench/autoscale.py by path under a name of its own: `import autoscale` would take whatever module of
+# that name is already imported (a test package under pytest).
+bench = load_file("tandem_bench_autoscale", ROOT / "bench" / "autoscale.py")
 
 LOADS = (10.0, 30.0, 120.0, 300.0)
 INTERVALS = (15, 30, 60)

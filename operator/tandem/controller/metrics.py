@@ -54,8 +54,11 @@ ASYNCIO_TASKS = Gauge(
 )
 
 
-# Read by the /metrics handler, on the operator's loop (nan off it).
-ASYNCIO_TASKS.set_function(running_tasks)
+def count_tasks() -> None:
+    """Sets the task gauge from the running loop's tasks (nan off a loop). The /metrics handler calls
+    it on the operator's loop before it renders the registry in a thread, where no loop runs."""
+    ASYNCIO_TASKS.set(running_tasks())
+
 
 # The autoscaler (controller/autoscaler.py).
 DECISIONS = Counter(
@@ -164,6 +167,7 @@ def make_app(health: Health) -> web.Application:
     async def metrics(_: web.Request) -> web.Response:
         # Off the event loop: with a thousand PDDeployments' gauges a scrape takes long enough to
         # hold up the workers' dispatch and the informers' enqueues.
+        count_tasks()
         body = await asyncio.to_thread(generate_latest, REGISTRY)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

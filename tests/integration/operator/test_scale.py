@@ -26,13 +26,13 @@ import pytest
 import yaml
 
 from tandem.api.meta import LABEL_PDD
-from tandem.controller.main import CHILD_WATCHES, build_cache
+from tandem.controller.main import CHILD_WATCHES, OPTIONAL_WATCHES, build_cache
 from tandem.devcluster import cluster as devcluster
 from tandem.devcluster import fleet, kube
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.layout import ClusterDir
 from tandem.devcluster.testing import OperatorProcess, eventually, metric_total
-from tandem.kube.rest import PDDEPLOYMENT, USER_AGENT, Kind, KubeRest
+from tandem.kube.rest import PDDEPLOYMENT, USER_AGENT, Kind, KubeError, KubeRest
 
 pytestmark = pytest.mark.cluster
 
@@ -200,8 +200,8 @@ def test_namespaced_caches_hold_what_the_api_lists(
 ) -> None:
     """The operator's informers as a namespace-scoped operator builds them (one per kind and
     namespace, one store per kind) against the real apiserver: once synced, each kind's store holds
-    exactly what a list of each namespace returns, and a child deleted by hand leaves the cache by
-    its watch event."""
+    exactly what a list of each namespace returns (an optional kind the cluster does not serve, none),
+    and a child deleted by hand leaves the cache by its watch event."""
     api = fleet_cluster.api_client()
     rest = KubeRest(api)
     events: list[tuple[str, str]] = []
@@ -211,6 +211,13 @@ def test_namespaced_caches_hold_what_the_api_lists(
         assert cache.wait_synced(60), "the caches did not list"
         for kind in (PDDEPLOYMENT, *CHILD_WATCHES):
             selector = "" if kind == PDDEPLOYMENT else LABEL_PDD
+            if kind in OPTIONAL_WATCHES and not cache.served(kind):
+                # LeaderWorkerSets on a cluster without their CRD: synced, empty, and the API agrees.
+                assert cache.stores[kind.plural].names() == [], kind.plural
+                with pytest.raises(KubeError) as refused:
+                    rest.list(kind, NAMESPACES[0], selector)
+                assert refused.value.status == 404
+                continue
             listed = sorted(
                 (o["metadata"]["namespace"], o["metadata"]["name"])
                 for ns in NAMESPACES
