@@ -471,6 +471,14 @@ def gray(cluster: ClusterHandle, deployed: Deployed, colocated: Run) -> Iterator
         )
         print(f"promoted {promoted.at - rolled.at:.0f} s after the retry")
         load.stop(timeout=400)
+        # The rollout is done: spec.rollout goes, so that the steady P/D watch (autoRollback) cannot
+        # fall back to colocated during the correctness tests that follow. One clean-clone run fell back
+        # there: the P/D pair's slow requests on these CPU engines missed the loose SLO at its fixed
+        # (maximum) size, which is the watch doing its job, not what these tests are about.
+        d.cluster.kubectl(
+            "patch", "-n", d.namespace, "pdd", NAME, "--type", "json",
+            "-p", json.dumps([{"op": "remove", "path": "/spec/rollout"}]),
+        )  # fmt: skip
         eventually(lambda: not d.pods("colocated"), timeout=300, interval=2, what="the colocated pod gone")
         phases: list[tuple[str, int]] = []
         for seen in watch.since(began):
@@ -513,8 +521,7 @@ def disaggregated(pd: Deployed) -> Run:
     after = {role: pd.metrics(role) for role in ("prefill", "decode")}
     # Still P/D throughout: a steady-P/D fall-back to colocated (autoRollback) would answer the same.
     seen = json.loads(pd.cluster.kubectl("get", "-n", pd.namespace, "pdd", pd.name, "-o", "json").stdout)
-    rollout = seen["status"].get("rollout") or {}
-    assert (seen["status"].get("mode"), rollout.get("phase")) == ("Disaggregated", "Promoted"), rollout
+    assert seen["status"].get("mode") == "Disaggregated", seen["status"].get("rollout")
     rss = ", ".join(f"{role} {engine_rss(pd.pod(role)):.2f} GB" for role in ("prefill", "decode"))
     print(f"engine RSS: {rss}; P/D latency {latency(answers)}")
     return Run(answers, seconds, before, after)
