@@ -51,9 +51,8 @@ REAL_DIR = Path(__file__).resolve().parent / "real"
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """tests/real/ (real vLLM engines on CPU: the serial phase of `make test`, and `make test-real`) is
-    collected only when a command-line argument names it or a path inside it: the parallel phase's
-    `pytest tests` leaves it out."""
+    """tests/real/ (real vLLM engines on CPU, `make test-real`) is collected only when a command-line
+    argument names it or a path inside it: `make test`'s `pytest tests` leaves it out."""
     if collection_path.resolve() != REAL_DIR:
         return None
     base = config.invocation_params.dir
