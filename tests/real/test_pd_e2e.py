@@ -471,14 +471,16 @@ def gray(cluster: ClusterHandle, deployed: Deployed, colocated: Run) -> Iterator
         )
         print(f"promoted {promoted.at - rolled.at:.0f} s after the retry")
         load.stop(timeout=400)
-        # The rollout is done: spec.rollout goes, so that the steady P/D watch (autoRollback) cannot
-        # fall back to colocated during the correctness tests that follow. One clean-clone run fell back
-        # there: the P/D pair's slow requests on these CPU engines missed the loose SLO at its fixed
-        # (maximum) size, which is the watch doing its job, not what these tests are about.
-        d.cluster.kubectl(
-            "patch", "-n", d.namespace, "pdd", NAME, "--type", "json",
-            "-p", json.dumps([{"op": "remove", "path": "/spec/rollout"}]),
-        )  # fmt: skip
+        # The rollout is done: spec.rollout goes (and the colocated pool with it, which would otherwise
+        # start again without a rollout to hold it at 0), so that the steady P/D watch (autoRollback)
+        # cannot fall back to colocated during the correctness tests that follow. One clean-clone run
+        # fell back there: the P/D pair's slow requests on these CPU engines missed the loose SLO at its
+        # fixed (maximum) size, which is the watch doing its job, not what these tests are about.
+        done = [
+            {"op": "remove", "path": "/spec/rollout"},
+            {"op": "replace", "path": "/spec/colocated/replicas", "value": 0},
+        ]
+        d.cluster.kubectl("patch", "-n", d.namespace, "pdd", NAME, "--type", "json", "-p", json.dumps(done))
         eventually(lambda: not d.pods("colocated"), timeout=300, interval=2, what="the colocated pod gone")
         phases: list[tuple[str, int]] = []
         for seen in watch.since(began):
