@@ -68,6 +68,8 @@ class Job:
     seq: Sequence
     internal_id: str
     max_tokens_param: int
+    caller_id: str | None = None  # the X-Request-Id it came with: a router's release may name it
+    released: bool = False  # released before its prefill finished: its KV is not held
     prompt_key: int | None = None
     remote: RemotePrefill | None = None
     waiter: asyncio.Future[None] | None = None
@@ -202,7 +204,9 @@ class EngineCore:
             self.idle.set()
         # vLLM's NIXL connector only hands out KV of prefills that finished length-capped.
         if seq.finish_reason == "length" and seq.hold_blocks_on_finish and seq.blocks:
-            self.held.hold(job.internal_id, seq.blocks, seq.prompt_tokens, self.now(), job.prompt_key)
+            self.held.hold(
+                job.internal_id, seq.blocks, seq.prompt_tokens, self.now(), job.prompt_key, job.caller_id
+            )
             job.kv_transfer_params = {
                 "do_remote_prefill": True,
                 "do_remote_decode": False,
@@ -215,6 +219,8 @@ class EngineCore:
                 REVISION_PARAM: self.config.sim.serving_revision,
             }
             seq.blocks = []
+            if job.released:  # its caller left before it finished: nobody will read the KV
+                self.pool.free(self.held.release(job.internal_id))
         self.metrics.observe_finished(seq, job.max_tokens_param)
         self._notify(job)
         self._refresh_gauges()
@@ -378,12 +384,17 @@ class EngineCore:
 
     def release_held(self, remote_request_ids: list[str]) -> int:
         """Frees the KV held for these requests now (a router's release for a request whose client
-        left before its decode leg); returns the blocks freed (0 for unknown ids)."""
+        left before its decode leg); returns the blocks freed (0 for unknown ids). An id is a
+        remote_request_id or the X-Request-Id a prefill came with; a prefill of that X-Request-Id
+        still running holds nothing when it finishes."""
         freed = 0
         for rid in remote_request_ids:
             blocks = self.held.release(rid)
             self.pool.free(blocks)
             freed += len(blocks)
+            for job in self.jobs.values():
+                if job.caller_id == rid:
+                    job.released = True
         if freed:
             self._refresh_gauges()
             self._wake.set()

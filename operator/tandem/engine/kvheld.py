@@ -20,6 +20,7 @@ class HeldKV:
     held_at: float
     expires_at: float
     prompt_key: int | None = None  # identity of the prompt the KV was computed for
+    caller_id: str | None = None  # the X-Request-Id the prefill came with (a release may name it)
     reading: bool = False  # a decode engine is reading it right now
     released: bool = False  # released while being read: freed when the read ends, however it ends
 
@@ -32,6 +33,7 @@ class HeldKVTable:
     def __init__(self, lease_seconds: float) -> None:
         self.lease_seconds = lease_seconds
         self._held: dict[str, HeldKV] = {}
+        self._by_caller: dict[str, str] = {}  # caller_id -> remote_request_id
         self.expired_total = 0
         self.expired_ids: list[str] = []  # most recent last, capped
 
@@ -52,10 +54,20 @@ class HeldKVTable:
         prompt_tokens: int,
         now: float,
         prompt_key: int | None = None,
+        caller_id: str | None = None,
     ) -> HeldKV:
-        entry = HeldKV(remote_request_id, blocks, prompt_tokens, now, now + self.lease_seconds, prompt_key)
+        entry = HeldKV(
+            remote_request_id, blocks, prompt_tokens, now, now + self.lease_seconds, prompt_key, caller_id
+        )
         self._held[remote_request_id] = entry
+        if caller_id is not None:
+            self._by_caller[caller_id] = remote_request_id
         return entry
+
+    def _drop(self, entry: HeldKV) -> None:
+        del self._held[entry.remote_request_id]
+        if entry.caller_id is not None and self._by_caller.get(entry.caller_id) == entry.remote_request_id:
+            del self._by_caller[entry.caller_id]
 
     def begin_read(
         self,
@@ -89,18 +101,19 @@ class HeldKVTable:
         entry.reading = False
         if not ok and not entry.released:
             return []
-        del self._held[remote_request_id]
+        self._drop(entry)
         return entry.blocks
 
-    def release(self, remote_request_id: str) -> list[int]:
-        """Blocks to free now; none while a read is under way (they go when it ends)."""
-        entry = self._held.get(remote_request_id)
+    def release(self, request_id: str) -> list[int]:
+        """Blocks to free now; none while a read is under way (they go when it ends). `request_id`
+        is the entry's remote_request_id or the X-Request-Id its prefill came with."""
+        entry = self._held.get(request_id) or self._held.get(self._by_caller.get(request_id, ""))
         if entry is None:
             return []
         if entry.reading:
             entry.released = True
             return []
-        del self._held[remote_request_id]
+        self._drop(entry)
         return entry.blocks
 
     def extend(self, remote_request_id: str, now: float) -> bool:
@@ -115,7 +128,7 @@ class HeldKVTable:
         """Drops every lease that has lapsed (not while being read) and returns them."""
         lapsed = [h for h in self._held.values() if h.expires_at <= now and not h.reading]
         for entry in lapsed:
-            del self._held[entry.remote_request_id]
+            self._drop(entry)
             self.expired_ids.append(entry.remote_request_id)
         self.expired_total += len(lapsed)
         del self.expired_ids[:-100]

@@ -329,6 +329,7 @@ class EngineServer:
         internal_id = f"{response_id}{'' if chat else '-0'}-{secrets.token_hex(4)}"
         headers = {"X-Request-Id": base_id} if cfg.args.enable_request_id_headers else None
         job = self._make_job(req, internal_id)
+        job.caller_id = base_id
         self.core.submit(job)
         try:
             if req.stream:

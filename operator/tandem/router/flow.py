@@ -478,12 +478,19 @@ class Flow:
         attempt) instead of holding it for the lease; best effort, in the background. Freeing KV
         a decode pod already read or released is a no-op."""
         for pod, remote_request_id in held:
-            task = asyncio.get_running_loop().create_task(
-                self._send_release(pod, remote_request_id, self._headers(request, remote_request_id))
-            )
-            self._releases.add(task)
-            task.add_done_callback(self._releases.discard)
+            self._spawn_release(request, pod, remote_request_id)
         held.clear()
+
+    def _spawn_release(self, request: ClientRequest, pod: str, request_id: str) -> None:
+        """Sends one release in the background. `request_id` is P's `remote_request_id`, or the
+        `X-Request-Id` an attempt's prefill leg was sent with when its answer (the handle) never
+        reached the router: the sim engine frees that attempt's KV at once, or as its prefill
+        finishes."""
+        task = asyncio.get_running_loop().create_task(
+            self._send_release(pod, request_id, self._headers(request, request_id))
+        )
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
 
     async def _send_release(self, pod: str, remote_request_id: str, headers: dict[str, str]) -> None:
         body = json.dumps({"request_ids": [remote_request_id]}).encode()
@@ -785,6 +792,12 @@ class Flow:
                     balancer.mark_ok(pod)
         except LegError as error:
             outcome = _Failed(error.failure, error.detail)
+        except BaseException:
+            # The client left (or the router failed) with the leg in flight: P may finish, or may
+            # have finished with its answer not yet read, so the KV handle would never reach us.
+            # P is asked to free what this attempt holds by the request id it was sent with.
+            self._spawn_release(request, pod, request_id)
+            raise
         finally:
             balancer.release(pod, tokens)
             in_flight.dec()

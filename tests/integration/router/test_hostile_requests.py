@@ -300,6 +300,31 @@ async def test_a_client_gone_before_its_decode_leg_frees_the_prefill_kv_at_once(
     await until(lambda: quiet(setup), 20, "quiet")
 
 
+async def test_clients_gone_10_ms_after_sending_leave_no_kv_held(setup: Setup) -> None:
+    """Streaming requests dropped by their clients 10 ms after sending, 20 at a time: some leave
+    while their prefill runs, some as it finishes. No prefill may keep KV for its lease. Two paths
+    once did: the engine's handler cancelled, or answering onto a closing connection, after the
+    prefill finished (the sim engine frees that KV itself); and the router's prefill leg cancelled
+    with P's answer written but not yet read (the router releases the attempt by its X-Request-Id)."""
+    abandoned = 1000
+
+    async def drop(index: int) -> None:
+        # Prompts of 20 to 2,000 words: prefills that end before, around and after the 10 ms.
+        words = 20 + (index * 97) % 1980
+        body = {"model": NAME, "prompt": f"drop {index} " + "w " * words, "max_tokens": 20, "stream": True}
+        _, writer = await _open_stream(setup, body)
+        await asyncio.sleep(0.01)
+        writer.close()
+
+    for start in range(0, abandoned, 20):
+        await asyncio.gather(*(drop(i) for i in range(start, start + 20)))
+    expired_before = json.loads(_get(setup.prefill.url + "/debug/kv"))["expired_total"]
+    # Far below the 30 s lease: every held KV was freed by a release, none by its lease.
+    waited = await until(lambda: quiet(setup), 20, f"quiet after {abandoned} abandoned requests")
+    print(f"quiet {waited:.0f} s after {abandoned} requests dropped 10 ms after sending")
+    assert json.loads(_get(setup.prefill.url + "/debug/kv"))["expired_total"] == expired_before
+
+
 async def test_a_client_gone_mid_stream_stops_the_decode(setup: Setup) -> None:
     reader, writer = await _open_stream(
         setup, {"model": NAME, "prompt": "stream me", "max_tokens": 3000, "stream": True}

@@ -80,3 +80,30 @@ def test_a_release_during_a_read_frees_when_the_read_ends(ok: bool) -> None:
 def test_releasing_an_unknown_handle_frees_nothing() -> None:
     table = HeldKVTable(lease_seconds=30)
     assert table.release("nobody") == []
+
+
+@pytest.mark.parametrize(
+    ("gone", "named"),
+    [
+        ("released", "cmpl-req-7-0-ab"),  # by the handle
+        ("released", "req-7"),  # by the X-Request-Id the prefill came with (its handle never arrived)
+        ("read", "req-7"),
+        ("expired", "req-7"),
+    ],
+)
+def test_a_release_may_name_the_caller_id_until_the_entry_is_gone(gone: str, named: str) -> None:
+    table = HeldKVTable(lease_seconds=30)
+    table.hold("cmpl-req-7-0-ab", [3, 4], 20, now=0, caller_id="req-7")
+    if gone == "released":
+        assert table.release(named) == [3, 4]
+    elif gone == "read":
+        table.begin_read("cmpl-req-7-0-ab", [3, 4], 20)
+        assert table.end_read("cmpl-req-7-0-ab", ok=True) == [3, 4]
+    else:
+        assert len(table.expire(now=31)) == 1
+    assert len(table) == 0
+    # Gone however it went: a later release by either name frees nothing, and a new prefill that
+    # reuses the caller id is released by it, not confused with the old one.
+    assert table.release(named) == []
+    table.hold("cmpl-req-7-0-cd", [5], 5, now=40, caller_id="req-7")
+    assert table.release("req-7") == [5]

@@ -49,3 +49,28 @@ async def test_nothing_is_freed_for_a_job_that_holds_nothing_or_has_not_finished
     running.seq.status, running.seq.finish_reason = Status.RUNNING, None
     assert core.release_unclaimed(running) == 0
     assert core.held.num_blocks == 4
+
+
+async def test_a_release_by_caller_id_frees_held_kv_or_a_running_prefills_kv_when_it_finishes() -> None:
+    """The router releases an attempt by the X-Request-Id it sent when the prefill's answer never
+    reached it (its client left with the leg in flight): freed at once when held, else at finish."""
+    core = prefill_core()
+    free = core.pool.num_free
+    blocks = core.pool.allocate(4)
+    assert blocks is not None
+    core.held.hold("cmpl-x-0-ab", blocks, 64, 0.0, caller_id="x")
+    assert core.release_held(["x"]) == 4
+    assert core.held.num_blocks == 0
+
+    seq = Sequence(request_id="cmpl-y-0-cd", prompt_tokens=64, max_tokens=1, arrival=0.0)
+    seq.hold_blocks_on_finish = True
+    running = Job(seq=seq, internal_id="cmpl-y-0-cd", max_tokens_param=1, caller_id="y")
+    core.submit(running)
+    assert core.release_held(["y"]) == 0  # nothing held yet
+    assert running.released
+    seq.blocks = core.pool.allocate(4) or []
+    seq.status, seq.finish_reason = Status.FINISHED, "length"
+    core._finished(running)  # noqa: SLF001 - the step loop's end of a sequence, without the loop
+    assert running.kv_transfer_params is not None  # answered as usual, to nobody
+    assert core.held.num_blocks == 0
+    assert core.pool.num_free == free
