@@ -70,7 +70,7 @@ async def test_a_release_by_caller_id_frees_held_kv_or_a_running_prefills_kv_whe
     assert running.released
     seq.blocks = core.pool.allocate(4) or []
     seq.status, seq.finish_reason = Status.FINISHED, "length"
-    core._finished(running)  # noqa: SLF001 - the step loop's end of a sequence, without the loop
+    core._finished(running)  # the step loop's end of a sequence, without the loop
     assert running.kv_transfer_params is not None  # answered as usual, to nobody
     assert core.held.num_blocks == 0
     assert core.pool.num_free == free
