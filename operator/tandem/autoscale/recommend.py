@@ -7,8 +7,15 @@ tokens the pool computes: with the engines' prefix-cache hits over queries, a re
 many more prompt tokens (`capacity.busy_prefill_tokens_per_second`); colocated likewise.
 Decode: `max(max(running / sequences per replica, output tokens/s / tokens/s per replica) + local
 prefill tokens/s / prefill tokens/s per replica + waiting / sequences per replica, KV used /
-kv_target_usage)`, capacities x correction. The local prefill term is the share of a replica's time
-spent prefilling the requests spec.router.disaggregation sent to decode without a remote prefill
+kv_target_usage, KV heading / kv_target_usage)`, capacities x correction. The capacities assume each
+running sequence holds `running_context_tokens`: the prompt plus E[n^2] / (2 E[n]) of the outputs n
+(second moment from vLLM's request_generation_tokens buckets), the length-biased mean, since the long
+outputs run longest (E[n] / 2 only when all outputs are alike; with 1-8k-token outputs E[n] / 2
+sized decode for KV that then filled to 100% and preempted). KV heading: the running and waiting
+sequences at that context, whatever they hold now (a sequence just admitted grows with every output
+token; and a correction above 1, learnt from fast steps, does not raise the KV a replica has).
+The local prefill term is the share of a replica's time spent prefilling the requests
+spec.router.disaggregation sent to decode without a remote prefill
 (`local_prefill_tokens_rate`: the engines' locally computed prompt tokens, less the one a decode engine
 recomputes per pulled request), at a busy replica's prefill rate (`capacity.busy_prefill_tokens_per_second`
 at the pool's mean prompt, as colocated adds its two shares). Prefill's demand never includes those
@@ -47,7 +54,12 @@ is starting:
 - decode, with a measured TPOT and a batch per replica of at least `decode_learn_min_share` of the
   seeded capacity (a light batch's step time says little about a full one's): the profile's step
   time is scaled by measured TPOT / profile step time at the observed batch, and the sample is the
-  batch that then fits the TPOT target over the seeded batch;
+  batch that then fits the TPOT target over the seeded batch. Not from a window whose TPOT says
+  nothing of today's step (`_stale_tpot`): decode preempted in it (vllm:num_preemptions_total) or a
+  pod's KV cache is at `kv_full_usage` (the requests waited for blocks and recomputed), or its
+  requests ran longer than the window (mean output x TPOT: they measured the batches of minutes
+  ago); a TPOT miss in such a window still adds a replica but does not shrink the correction (a
+  colocated miss likewise when KV-bound);
 - all pools, comfortably within SLO (latency under `comfortable_ratio` of target, attainment met): a
   correction below 1 relaxes towards 1 by `relax_rate`.
 """
@@ -416,6 +428,16 @@ def kv_replicas(signals: PoolSignals, cap: DecodeCapacity, knobs: Knobs) -> tupl
     return now, heading
 
 
+def _stale_tpot(kv_bound: bool, lived: float, window_seconds: float) -> str:
+    """Why a TPOT measured over the window says nothing of the pool's step time today ("" when it does):
+    the pool ran out of KV in it (`kv_saturated`), or its requests lived longer than the window."""
+    if kv_bound:
+        return "KV-bound (preempting, or a KV cache full)"
+    if lived > window_seconds:
+        return f"TPOT of requests that ran {fmt(lived)} s, longer than the {fmt(window_seconds)}-s window"
+    return ""
+
+
 def _can_learn(obs: _Observed) -> bool:
     return obs.starting == 0 and obs.size.ready >= 1 and obs.signals.scraped_pods >= obs.size.ready
 
@@ -493,11 +515,11 @@ def _finish(
     activation: bool,
     attribution: Attribution | None = None,
     present: bool = True,
-    kv_bound: bool = False,
+    stale_miss: str = "",
 ) -> Sizing:
-    """Starting-pod credit, SLO floor, the miss/relax corrections, and the sentence. `kv_bound`: the
-    pool preempted or filled a pod's KV cache in the window: a miss still adds a replica, but does not
-    shrink the capacity correction (the steps were slow for want of KV, not compute)."""
+    """Starting-pod credit, SLO floor, the miss/relax corrections, and the sentence. `stale_miss`: why
+    the window's latency says nothing of the pool's capacity today (`_stale_tpot`; empty: it does):
+    a miss then still adds a replica, but does not shrink the capacity correction."""
     # the backlog is the loading pods' to serve: it may not add more (but a share)
     exact = _credited(total, base, obs, current, knobs)
     if activation and current == 0:
@@ -516,7 +538,7 @@ def _finish(
     if slo_state.missed:
         floor = current + 1 if obs.starting == 0 and loaded else current
         replicas = max(replicas, floor)
-        if obs.starting == 0 and loaded and model_exact_before <= current and not kv_bound:
+        if obs.starting == 0 and loaded and model_exact_before <= current and not stale_miss:
             shrink = min(knobs.miss_shrink_max, max(knobs.miss_shrink_min, 1.0 / (slo_state.ratio or 1.0)))
             correction *= shrink
     elif slo_state.comfortable and correction < 1.0:
@@ -546,8 +568,8 @@ def _finish(
     reason = parts[0] + (f" ({'; '.join(parts[1:])})" if len(parts) > 1 else "")
     if floor is not None and floor > math.ceil(exact - 1e-9):
         reason += f"; SLO missed: at least {floor}"
-    if slo_state.missed and kv_bound:
-        reason += "; KV-bound (preempting or a KV cache full): the capacity correction is kept"
+    if slo_state.missed and stale_miss:
+        reason += f"; {stale_miss}: the capacity correction is kept"
     if slo_state.missed and not present:
         reason += "; the miss is the window's past (today's queue drains within the target): holding"
     elif held_down:
@@ -698,8 +720,13 @@ def _decode(
     learnt = False
     tpot = obs.path.tpot_seconds
     busy = running >= max(1.0, knobs.decode_learn_min_share * seeded) * ready
+    # What the window's TPOT says of today's step: nothing when the pool ran out of KV (the requests
+    # waited for blocks and recomputed), nor when those requests ran longer than the window (mean output
+    # x TPOT: they measured the batches of minutes ago, not today's).
     kv_bound = kv_saturated(obs.signals, knobs)
-    if _can_learn(obs) and tpot is not None and tpot > 0 and busy and not kv_bound:
+    lived = obs.output_tokens * tpot if tpot is not None and tpot > 0 else 0.0
+    outlived = lived > snapshot.window_seconds
+    if _can_learn(obs) and tpot is not None and tpot > 0 and busy and not kv_bound and not outlived:
         batch = running / ready
         step = model.profile.decode_step_seconds(math.ceil(batch), math.ceil(batch * cap.context_tokens))
         if step > 0:
@@ -782,7 +809,7 @@ def _decode(
         what=what,
         activation=obs.path.request_rate > 0,
         attribution=attribution,
-        kv_bound=kv_bound,
+        stale_miss=_stale_tpot(kv_bound, lived, snapshot.window_seconds),
     )
     sizing = replace(sizing, demand=demand)
     measured_exact = _credited(measured_total, measured_base, obs, current, knobs)
@@ -869,7 +896,7 @@ def _colocated(
         figures=figures,
         what=what,
         activation=obs.path.request_rate > 0,
-        kv_bound=kv_bound,
+        stale_miss=_stale_tpot(kv_bound, 0.0, snapshot.window_seconds),
     )
     sizing = replace(sizing, demand=rate)
     measured_exact = _credited(measured_total, measured_base, obs, current, knobs)

@@ -4,6 +4,7 @@ that ran out of KV (preemptions, a full cache) teaches no slower step. Fake cloc
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING
 
@@ -136,58 +137,56 @@ def test_decode_sizes_its_kv_for_where_the_running_sequences_are_heading(
 # A TPOT miss (55 ms against 50, attainment 80%) on 4 busy decode pods at the capacity the model
 # gives them: without KV trouble the step is slower than profiled (the correction shrinks, learnt from
 # the TPOT); with preemptions or a full KV cache in the window the TPOT holds recomputes and waits for
-# blocks: the miss still adds a replica, the correction stays.
-GUARD_CASES: list[tuple[str, float, float, bool]] = [
-    # id, preemptions/s, fullest pod's KV usage, correction kept
-    ("slow-step-is-learnt", 0.0, 0.80, False),
-    ("preempting-window-teaches-nothing", 0.5, 0.80, True),
-    ("kv-full-window-teaches-nothing", 0.0, KNOBS.kv_full_usage, True),
+# blocks, and requests of 2,000 output tokens ran 110 s, longer than the 60-s window (their TPOT is of
+# the batches of minutes ago): the miss still adds a replica, the correction stays.
+GUARD_CASES: list[tuple[str, float, float, float, str]] = [
+    # id, preemptions/s, fullest pod's KV usage, mean output, why the correction is kept ("": learnt)
+    ("slow-step-is-learnt", 0.0, 0.80, 200.0, ""),
+    ("preempting-window-teaches-nothing", 0.5, 0.80, 200.0, "KV-bound"),
+    ("kv-full-window-teaches-nothing", 0.0, KNOBS.kv_full_usage, 200.0, "KV-bound"),
+    ("requests-longer-than-the-window-teach-nothing", 0.0, 0.80, 2000.0, "longer than the 60-s window"),
 ]
 
 
 @pytest.mark.parametrize(
-    ("preemptions", "kv_max", "kept"), [c[1:] for c in GUARD_CASES], ids=[c[0] for c in GUARD_CASES]
+    ("preemptions", "kv_max", "output", "why"), [c[1:] for c in GUARD_CASES], ids=[c[0] for c in GUARD_CASES]
 )
 def test_a_window_out_of_kv_teaches_no_slower_step(
-    kit: Kit, preemptions: float, kv_max: float, kept: bool
+    kit: Kit, preemptions: float, kv_max: float, output: float, why: str
 ) -> None:
     k = unlimited(kit)
     slo = k.spec.slo
     assert slo is not None
-    sequences = decode_capacity(pool_model(k.spec, "decode"), slo, 1100, KNOBS).sequences
+    context = running_context_tokens(PROMPT, output, output**2)
+    sequences = decode_capacity(pool_model(k.spec, "decode"), slo, context, KNOBS).sequences
     running = 4 * 0.9 * sequences
     state = status(4)
-    corrections, targets = [], []
-    for i in range(5):  # five passes, 30 s apart, the cluster at the target each time
+    corrections, targets, reasons = [], [], []
+    for i in range(5):  # five passes, 30 s apart on the fake clock, the cluster at the target each time
         now = T0 + 30 * i
+        size = state.pools.decode.desired_replicas or 4
         snapshot = window(
-            decode=state.pools.decode.desired_replicas or 4,
+            decode=size,
             running=running,
             kv=0.75,
-            output=200.0,
-            moment=200.0**2,
+            output=output,
+            moment=output**2,
             tpot=0.055,
             attainment=0.8,
             preemptions=preemptions,
             kv_max=kv_max,
         )
-        snapshot = Snapshot(
-            observed_at=now,
-            window_seconds=snapshot.window_seconds,
-            sizes=snapshot.sizes,
-            pools=snapshot.pools,
-            paths=snapshot.paths,
-        )
-        decision = decide(k.spec, snapshot, state, now)
+        decision = decide(k.spec, dataclasses.replace(snapshot, observed_at=now), state, now)
         state = decision.state
         corrections.append(state.pools.decode.capacity_correction)
         targets.append(decision.pools["decode"].target)
+        reasons.append(decision.pools["decode"].reason)
     assert targets[0] == 5  # the miss adds a replica either way
-    if kept:
+    if why:
         assert corrections == [1.0] * 5
-        assert "KV-bound" in (
-            state.pools.decode.last_decision.reason if state.pools.decode.last_decision else ""
-        )
+        assert why in reasons[0]
+        assert "the capacity correction is kept" in reasons[0]
     else:
         assert all(c < 1.0 for c in corrections)
         assert corrections == sorted(corrections, reverse=True)
+        assert "the capacity correction is kept" not in reasons[0]
