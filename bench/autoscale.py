@@ -170,7 +170,7 @@ class Case:
     ttft_ms: int
     tpot_ms: int
     max_gpus: int
-    tuned: bool  # the policies were tuned on it (Azure); the others are held out
+    tuned: bool  # the policies were tuned on it (Azure, the decode-heavy mix); the others are held out
     seconds: float | None = None  # replay only this much of the trace (None: all of it)
     start: float = 0.0
     compress: float = 1.0  # virtual time = trace time / compress (ServeGen's day, or --compression)
