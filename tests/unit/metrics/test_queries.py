@@ -335,6 +335,12 @@ def test_recorded_answers_from_the_dev_cluster() -> None:
     assert snap.paths["disaggregated"].within_slo_rate > 0
     assert snap.pools["prefill"].scraped_pods == snap.pools["decode"].scraped_pods == 1
     assert snap.pools["decode"].generation_tokens_rate > 0
+    # 8-token outputs, all in vLLM's bucket (5, 10]; no preemption (a series that reads 0)
+    decode = snap.pools["decode"]
+    assert 64 < decode.output_tokens_second_moment <= 1.07 * decode.mean_output_tokens**2
+    assert decode.mean_output_tokens == pytest.approx(8)
+    assert decode.preemptions_rate == 0
+    assert {"preemptions_rate", "output_tokens_buckets"} <= set(recorded["results"])
     parts = snap.paths["disaggregated"].ttft_breakdown
     assert parts is not None
     assert parts.prefill_queue is not None
