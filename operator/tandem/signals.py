@@ -52,6 +52,14 @@ class PoolSignals:
     # replica's tokens/s depends on it, not only on the mean.
     prompt_tokens_second_moment: float = 0.0
     mean_output_tokens: float = 0.0  # over the window's finished requests (0 if none)
+    # E[n^2] of the same outputs' lengths n, tokens^2 (0: unknown), from vLLM's
+    # request_generation_tokens histogram by `second_moment` (both producers): a running sequence's KV
+    # grows with its output, and the running sequences are the long ones (a sequence runs as long as its
+    # output), so the KV they hold on average depends on the spread of the outputs, not only their mean.
+    output_tokens_second_moment: float = 0.0
+    # Sequences preempted per second (rate of vllm:num_preemptions_total, summed over the pool; 0: none
+    # or not exported): the KV cache ran out and running sequences were dropped to be recomputed.
+    preemptions_rate: float = 0.0
     # Prompt tokens looked up in the engines' prefix caches per second, and found there (rates of
     # vllm:prefix_cache_queries and vllm:prefix_cache_hits, summed over the pool; 0: not exported).
     prefix_cache_queries_rate: float = 0.0

@@ -7,8 +7,15 @@ tokens the pool computes: with the engines' prefix-cache hits over queries, a re
 many more prompt tokens (`capacity.busy_prefill_tokens_per_second`); colocated likewise.
 Decode: `max(max(running / sequences per replica, output tokens/s / tokens/s per replica) + local
 prefill tokens/s / prefill tokens/s per replica + waiting / sequences per replica, KV used /
-kv_target_usage)`, capacities x correction. The local prefill term is the share of a replica's time
-spent prefilling the requests spec.router.disaggregation sent to decode without a remote prefill
+kv_target_usage, KV heading / kv_target_usage)`, capacities x correction. The capacities assume each
+running sequence holds `running_context_tokens`: the prompt plus E[n^2] / (2 E[n]) of the outputs n
+(second moment from vLLM's request_generation_tokens buckets), the length-biased mean, since the long
+outputs run longest (E[n] / 2 only when all outputs are alike; with 1-8k-token outputs E[n] / 2
+sized decode for KV that then filled to 100% and preempted). KV heading: the running and waiting
+sequences at that context, whatever they hold now (a sequence just admitted grows with every output
+token; and a correction above 1, learnt from fast steps, does not raise the KV a replica has).
+The local prefill term is the share of a replica's time spent prefilling the requests
+spec.router.disaggregation sent to decode without a remote prefill
 (`local_prefill_tokens_rate`: the engines' locally computed prompt tokens, less the one a decode engine
 recomputes per pulled request), at a busy replica's prefill rate (`capacity.busy_prefill_tokens_per_second`
 at the pool's mean prompt, as colocated adds its two shares). Prefill's demand never includes those
@@ -47,7 +54,12 @@ is starting:
 - decode, with a measured TPOT and a batch per replica of at least `decode_learn_min_share` of the
   seeded capacity (a light batch's step time says little about a full one's): the profile's step
   time is scaled by measured TPOT / profile step time at the observed batch, and the sample is the
-  batch that then fits the TPOT target over the seeded batch;
+  batch that then fits the TPOT target over the seeded batch. Not from a window whose TPOT says
+  nothing of today's step (`_stale_tpot`): decode preempted in it (vllm:num_preemptions_total) or a
+  pod's KV cache is at `kv_full_usage` (the requests waited for blocks and recomputed), or its
+  requests ran longer than the window (mean output x TPOT: they measured the batches of minutes
+  ago); a TPOT miss in such a window still adds a replica but does not shrink the correction (a
+  colocated miss likewise when KV-bound);
 - all pools, comfortably within SLO (latency under `comfortable_ratio` of target, attainment met): a
   correction below 1 relaxes towards 1 by `relax_rate`.
 """
@@ -61,6 +73,7 @@ from dataclasses import dataclass, replace
 from tandem.api.models import PDDeploymentSpec, SLOSpec
 from tandem.autoscale.attribution import FIGURE, Attribution, Floors, attribute_ttft
 from tandem.autoscale.capacity import (
+    DecodeCapacity,
     PoolModel,
     busy_prefill_tokens_per_second,
     decode_capacity,
@@ -145,6 +158,7 @@ class _Observed:
     prompt_tokens: float
     prompt_second_moment: float  # E[n^2] of the prompts `prompt_tokens` is the mean of (0: unknown)
     output_tokens: float
+    output_second_moment: float  # E[n^2] of the outputs `output_tokens` is the mean of (0: unknown)
     drain_seconds: float
     quantile: str
     attainment_target: float
@@ -170,6 +184,14 @@ def _observe(
     # Decode sees every output token; prefill's outputs are one token each, so it comes last.
     out_order = [r for r in ("decode", "colocated", "prefill") if r in pools]
     output = _first_positive(*(pools[r].mean_output_tokens for r in out_order if r != "prefill"))
+    output_moment = next(
+        (
+            pools[r].output_tokens_second_moment
+            for r in out_order
+            if r != "prefill" and pools[r].mean_output_tokens == output
+        ),
+        0.0,
+    )
     drain = knobs.queue_drain_seconds or float(spec.autoscaling.interval_seconds)
     return _Observed(
         size=size,
@@ -179,6 +201,7 @@ def _observe(
         prompt_tokens=prompt or knobs.default_prompt_tokens,
         prompt_second_moment=moment if prompt else 0.0,
         output_tokens=output or knobs.default_output_tokens,
+        output_second_moment=output_moment if output else 0.0,
         drain_seconds=drain,
         quantile=f"p{slo.attainment_percent:g}",
         attainment_target=slo.attainment_percent / 100.0,
@@ -373,6 +396,48 @@ def _forecast_note(
     return replace(sizing, reason=sizing.reason + note, forecast_drove=True)
 
 
+def running_context_tokens(prompt: float, output: float, output_second_moment: float = 0.0) -> float:
+    """The mean context (KV tokens) of a running sequence: prompt + E[n^2] / (2 E[n]) over the outputs n.
+
+    A sequence runs for as long as its output, so the running ones are a length-biased sample (a
+    sequence of output n is running n times as long as one of output 1), each on average halfway
+    through: its expected context is the prompt plus E[n^2] / (2 E[n]), which is E[n] / 2 only when
+    every output has the same length. With 1k-8k outputs log-uniform (E[n] 3.4k) it is 2.3k, not 1.7k:
+    sized at E[n] / 2, decode's KV fills to 100%, not 85%. `output_second_moment` 0 (unknown): E[n] / 2.
+    """
+    if output <= 0:
+        return prompt
+    ratio = max(1.0, output_second_moment / (output * output)) if output_second_moment > 0 else 1.0
+    return prompt + output * ratio / 2.0
+
+
+def kv_saturated(signals: PoolSignals, knobs: Knobs) -> bool:
+    """The pool ran out of KV in the window: it preempted sequences, or a pod's KV cache is at
+    `kv_full_usage`. Its TPOT then holds recomputes and waits for blocks, not the step time."""
+    return signals.preemptions_rate > 0 or signals.kv_usage_max >= knobs.kv_full_usage
+
+
+def kv_replicas(signals: PoolSignals, cap: DecodeCapacity, knobs: Knobs) -> tuple[float, float]:
+    """Replicas the pool's KV needs at `kv_target_usage`: for what the pods hold now, and for where the
+    running and waiting sequences' KV is heading (each holds `cap.context_tokens` over its life on
+    average, `running_context_tokens`, whatever it holds now: a sequence just admitted holds its prompt
+    and grows with every output token)."""
+    now = signals.kv_usage_mean * signals.scraped_pods / knobs.kv_target_usage
+    sequences = signals.running_requests + signals.waiting_requests
+    heading = sequences * cap.context_tokens / max(cap.kv_tokens * knobs.kv_target_usage, 1e-9)
+    return now, heading
+
+
+def _stale_tpot(kv_bound: bool, lived: float, window_seconds: float) -> str:
+    """Why a TPOT measured over the window says nothing of the pool's step time today ("" when it does):
+    the pool ran out of KV in it (`kv_saturated`), or its requests lived longer than the window."""
+    if kv_bound:
+        return "KV-bound (preempting, or a KV cache full)"
+    if lived > window_seconds:
+        return f"TPOT of requests that ran {fmt(lived)} s, longer than the {fmt(window_seconds)}-s window"
+    return ""
+
+
 def _can_learn(obs: _Observed) -> bool:
     return obs.starting == 0 and obs.size.ready >= 1 and obs.signals.scraped_pods >= obs.size.ready
 
@@ -450,8 +515,11 @@ def _finish(
     activation: bool,
     attribution: Attribution | None = None,
     present: bool = True,
+    stale_miss: str = "",
 ) -> Sizing:
-    """Starting-pod credit, SLO floor, the miss/relax corrections, and the sentence."""
+    """Starting-pod credit, SLO floor, the miss/relax corrections, and the sentence. `stale_miss`: why
+    the window's latency says nothing of the pool's capacity today (`_stale_tpot`; empty: it does):
+    a miss then still adds a replica, but does not shrink the capacity correction."""
     # the backlog is the loading pods' to serve: it may not add more (but a share)
     exact = _credited(total, base, obs, current, knobs)
     if activation and current == 0:
@@ -470,7 +538,7 @@ def _finish(
     if slo_state.missed:
         floor = current + 1 if obs.starting == 0 and loaded else current
         replicas = max(replicas, floor)
-        if obs.starting == 0 and loaded and model_exact_before <= current:
+        if obs.starting == 0 and loaded and model_exact_before <= current and not stale_miss:
             shrink = min(knobs.miss_shrink_max, max(knobs.miss_shrink_min, 1.0 / (slo_state.ratio or 1.0)))
             correction *= shrink
     elif slo_state.comfortable and correction < 1.0:
@@ -500,6 +568,8 @@ def _finish(
     reason = parts[0] + (f" ({'; '.join(parts[1:])})" if len(parts) > 1 else "")
     if floor is not None and floor > math.ceil(exact - 1e-9):
         reason += f"; SLO missed: at least {floor}"
+    if slo_state.missed and stale_miss:
+        reason += f"; {stale_miss}: the capacity correction is kept"
     if slo_state.missed and not present:
         reason += "; the miss is the window's past (today's queue drains within the target): holding"
     elif held_down:
@@ -641,7 +711,7 @@ def _decode(
     attribution: Attribution,
     forecast: Forecast | None = None,
 ) -> Sizing:
-    context = obs.prompt_tokens + obs.output_tokens / 2.0
+    context = running_context_tokens(obs.prompt_tokens, obs.output_tokens, obs.output_second_moment)
     cap = decode_capacity(model, slo, context, knobs)
     seeded = max(cap.sequences, 1.0)
     running, waiting = obs.signals.running_requests, obs.signals.waiting_requests
@@ -650,7 +720,13 @@ def _decode(
     learnt = False
     tpot = obs.path.tpot_seconds
     busy = running >= max(1.0, knobs.decode_learn_min_share * seeded) * ready
-    if _can_learn(obs) and tpot is not None and tpot > 0 and busy:
+    # What the window's TPOT says of today's step: nothing when the pool ran out of KV (the requests
+    # waited for blocks and recomputed), nor when those requests ran longer than the window (mean output
+    # x TPOT: they measured the batches of minutes ago, not today's).
+    kv_bound = kv_saturated(obs.signals, knobs)
+    lived = obs.output_tokens * tpot if tpot is not None and tpot > 0 else 0.0
+    outlived = lived > snapshot.window_seconds
+    if _can_learn(obs) and tpot is not None and tpot > 0 and busy and not kv_bound and not outlived:
         batch = running / ready
         step = model.profile.decode_step_seconds(math.ceil(batch), math.ceil(batch * cap.context_tokens))
         if step > 0:
@@ -660,7 +736,8 @@ def _decode(
             learnt = True
     per_replica = max(seeded * correction, 1e-9)
     tokens_each = max(cap.tokens_per_second * correction, 1e-9)
-    kv_exact = obs.signals.kv_usage_mean * obs.signals.scraped_pods / knobs.kv_target_usage
+    kv_now, kv_heading = kv_replicas(obs.signals, cap, knobs)
+    kv_exact = max(kv_now, kv_heading)
     generation = obs.signals.generation_tokens_rate
     arriving = _decode_arrivals(obs, snapshot)
     demand = max(generation, arriving)
@@ -698,9 +775,13 @@ def _decode(
         "kvUsageMean": obs.signals.kv_usage_mean,
         "kvUsageMax": obs.signals.kv_usage_max,
         "kvReplicas": kv_exact,
+        "kvHeadingReplicas": kv_heading,
+        "preemptionsPerSecond": obs.signals.preemptions_rate,
         "tpotTargetSeconds": slo.tpot_ms / 1000.0,
         **forecast_figures,
     }
+    if obs.output_second_moment > 0:
+        figures["outputSquareRatio"] = obs.output_second_moment / obs.output_tokens**2
     if local > 0:
         figures["localPrefillTokensPerSecond"] = local
         figures["localPrefillReplicas"] = local_share
@@ -728,6 +809,7 @@ def _decode(
         what=what,
         activation=obs.path.request_rate > 0,
         attribution=attribution,
+        stale_miss=_stale_tpot(kv_bound, lived, snapshot.window_seconds),
     )
     sizing = replace(sizing, demand=demand)
     measured_exact = _credited(measured_total, measured_base, obs, current, knobs)
@@ -754,14 +836,17 @@ def _colocated(
         prompt_second_moment=obs.prompt_second_moment,
         uncached_fraction=uncached,
     )
-    decode = decode_capacity(model, slo, obs.prompt_tokens + obs.output_tokens / 2.0, knobs)
+    context = running_context_tokens(obs.prompt_tokens, obs.output_tokens, obs.output_second_moment)
+    decode = decode_capacity(model, slo, context, knobs)
     prompt_cap = max(prefill.at_target * correction, 1e-9)
     seq_cap = max(max(decode.sequences, 1.0) * correction, 1e-9)
     tokens_cap = max(decode.tokens_per_second * correction, 1e-9)
     rate, queue = _arrival(obs, snapshot), _queue_tokens(obs)
     running, waiting = obs.signals.running_requests, obs.signals.waiting_requests
     generation = obs.signals.generation_tokens_rate
-    kv_exact = obs.signals.kv_usage_mean * obs.signals.scraped_pods / knobs.kv_target_usage
+    kv_now, kv_heading = kv_replicas(obs.signals, decode, knobs)
+    kv_exact = max(kv_now, kv_heading)
+    kv_bound = kv_saturated(obs.signals, knobs)
     measured_base = rate / prompt_cap + max(running / seq_cap, generation / tokens_cap)
     forecast_figures: dict[str, float] = {}
     # A replica's prompt and sequence shares grow together with the arrivals: the forecast of prompt
@@ -784,6 +869,8 @@ def _colocated(
         "capacitySequences": seq_cap,
         "kvUsageMean": obs.signals.kv_usage_mean,
         "kvReplicas": kv_exact,
+        "kvHeadingReplicas": kv_heading,
+        "preemptionsPerSecond": obs.signals.preemptions_rate,
         "ttftTargetSeconds": slo.ttft_ms / 1000.0,
         "tpotTargetSeconds": slo.tpot_ms / 1000.0,
         **forecast_figures,
@@ -809,6 +896,7 @@ def _colocated(
         figures=figures,
         what=what,
         activation=obs.path.request_rate > 0,
+        stale_miss=_stale_tpot(kv_bound, 0.0, snapshot.window_seconds),
     )
     sizing = replace(sizing, demand=rate)
     measured_exact = _credited(measured_total, measured_base, obs, current, knobs)

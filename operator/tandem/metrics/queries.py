@@ -25,7 +25,10 @@ tokens the pool computes (`PoolSignals.uncached_fraction`); engines without them
 
 The prompts' second moment E[n^2] (prefill's attention is quadratic in n) comes from the window's
 increase of `vllm:request_prompt_tokens_bucket` by `signals.second_moment`, with the exact
-mean from `_sum / _count`: the simulator estimates it from the same buckets the same way.
+mean from `_sum / _count`: the simulator estimates it from the same buckets the same way. The
+outputs' second moment likewise from `vllm:request_generation_tokens_bucket` (decode's KV per running
+sequence, `autoscale.capacity.kv_context_tokens`), and preemptions from `vllm:num_preemptions_total`
+(a window that preempted teaches decode no TPOT correction).
 
 Freshness: every query is evaluated at the snapshot's `now`. A series whose newest sample is older
 than 3 scrape intervals (the interval given to the reader, else estimated per series as the window
@@ -159,6 +162,16 @@ ENGINE_QUERIES: Final[tuple[Query, ...]] = (
         "prompt_tokens_buckets",
         "sum by (tandem_dev_role, le) (increase(vllm:request_prompt_tokens_bucket SEL [WINDOW]))",
         "the window's finished prompts by length bucket (cumulative, by le): their second moment",
+    ),
+    Query(
+        "output_tokens_buckets",
+        "sum by (tandem_dev_role, le) (increase(vllm:request_generation_tokens_bucket SEL [WINDOW]))",
+        "the window's finished outputs by length bucket (cumulative, by le): their second moment",
+    ),
+    Query(
+        "preemptions_rate",
+        "sum by (tandem_dev_role) (rate(vllm:num_preemptions_total SEL [WINDOW]))",
+        "sequences preempted per second (the KV cache ran out; 0 when none)",
     ),
     Query(
         "mean_prompt_tokens_lifetime",
@@ -352,6 +365,7 @@ _POOL_SIGNALS: Final = tuple(
         "engine_age",
         "engine_samples",
         "prompt_tokens_buckets",
+        "output_tokens_buckets",
         "local_prompt_tokens_rate",
         *_BREAKDOWN_ENGINE,
     )
@@ -576,6 +590,7 @@ def build_snapshot(
 
     per_role = {name: by_label(get(name), LABEL_ROLE) for name in _POOL_SIGNALS}
     prompt_buckets = buckets_by_role(get("prompt_tokens_buckets"))
+    output_buckets = buckets_by_role(get("output_tokens_buckets"))
     computed_locally = by_label(
         [
             s
@@ -610,6 +625,10 @@ def build_snapshot(
                 *prompt_buckets.get(role, ([], [])), value["mean_prompt_tokens"]
             ),
             mean_output_tokens=value["mean_output_tokens"],
+            output_tokens_second_moment=second_moment(
+                *output_buckets.get(role, ([], [])), value["mean_output_tokens"]
+            ),
+            preemptions_rate=value["preemptions_rate"],
             prefix_cache_queries_rate=value["prefix_cache_queries_rate"],
             prefix_cache_hits_rate=value["prefix_cache_hits_rate"],
             local_prompt_tokens_rate=_finite(computed_locally.get(role)),

@@ -166,6 +166,7 @@ class Cluster:
         totals.pool_finished_prompt[r] += seq.prompt
         totals.pool_finished_output[r] += 1
         totals.observe_prompt(r, seq.prompt)
+        totals.observe_output(r, 1)
         decode = seq.decode if seq.decode is not None else self._pick(self.ready["decode"])
         if decode is not None and decode.state != READY:  # chosen at arrival, gone since
             decode = self._pick(self.ready["decode"])
@@ -199,6 +200,7 @@ class Cluster:
         totals.pool_finished_prompt[r] += seq.prompt
         totals.pool_finished_output[r] += out
         totals.observe_prompt(r, seq.prompt)
+        totals.observe_output(r, out)
         totals.path_finished[p] += 1
         totals.path_local += seq.local
         totals.path_prompt[p] += seq.prompt

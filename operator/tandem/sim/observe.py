@@ -4,11 +4,13 @@ Rates are increases over the window divided by its span; gauges are the last scr
 pool's serving replicas (KV usage averaged and maxed), and the queued prompt tokens also one window
 earlier (`queued_prompt_tokens_before`, as the live reader's `offset`). The prompts' second moment comes
 from a histogram with vLLM's `vllm:request_prompt_tokens` buckets through the same
-`signals.second_moment` the live reader uses. Prefix-cache queries and hits are rates of the
-replicas' counters, as the live reader's of vLLM's. TTFT and TPOT are PromQL-style quantiles of the
-router's histograms at the SLO's quantile; `None` where the window saw no request of that kind. The
-P/D path's TTFT breakdown (`autoscale.attribution`) is the means of its parts over the window's
-finished P/D requests, as the live reader's ratios of the histograms' `_sum` and `_count`.
+`signals.second_moment` the live reader uses, the outputs' likewise from the same buckets (vLLM's
+`vllm:request_generation_tokens`). Preemptions, prefix-cache queries and hits are rates of the
+replicas' counters, as the live reader's of vLLM's (`vllm:num_preemptions_total`, ...). TTFT and
+TPOT are PromQL-style quantiles of the router's histograms at the SLO's quantile; `None` where the
+window saw no request of that kind. The P/D path's TTFT breakdown (`autoscale.attribution`) is the
+means of its parts over the window's finished P/D requests, as the live reader's ratios of the
+histograms' `_sum` and `_count`.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def snapshot_of(view: WindowView, quantile: float) -> Snapshot:
         r = ROLE_INDEX[role]
         finished = inc.pool_finished[r]
         mean_prompt = inc.pool_finished_prompt[r] / finished if finished else 0.0
+        mean_output = inc.pool_finished_output[r] / finished if finished else 0.0
         before = view.gauges_before.get(role) if view.gauges_before is not None else None
         pools[role] = PoolSignals(
             scraped_pods=gauges.ready + gauges.draining,
@@ -50,7 +53,9 @@ def snapshot_of(view: WindowView, quantile: float) -> Snapshot:
             queued_prompt_tokens_before=float(before.queued_prompt_tokens) if before is not None else None,
             mean_prompt_tokens=mean_prompt,
             prompt_tokens_second_moment=second_moment(PROMPT_BUCKETS, inc.pool_prompt_hist[r], mean_prompt),
-            mean_output_tokens=inc.pool_finished_output[r] / finished if finished else 0.0,
+            mean_output_tokens=mean_output,
+            output_tokens_second_moment=second_moment(PROMPT_BUCKETS, inc.pool_output_hist[r], mean_output),
+            preemptions_rate=view.rate(inc.pool_preemptions[r]),
             prefix_cache_queries_rate=view.rate(inc.pool_prefix_queries[r]),
             prefix_cache_hits_rate=view.rate(inc.pool_prefix_hits[r]),
             local_prompt_tokens_rate=view.rate(inc.pool_local_prompt[r]),

@@ -194,6 +194,7 @@ class Replica:
         "pc_queries",
         "pending_pulls",
         "plan",
+        "preempted_counts",
         "preemptions",
         "prefilling",
         "pull_blocked",
@@ -286,6 +287,7 @@ class Replica:
         index = ROLE_INDEX[role]
         self.pc_queries = totals.pool_prefix_queries  # the pool's counters, indexed by role
         self.pc_hits = totals.pool_prefix_hits
+        self.preempted_counts = totals.pool_preemptions
         self._pc_index = index
 
     # --- the router's and the cluster's view --------------------------------------------------------
@@ -653,6 +655,7 @@ class Replica:
         seq.computed = 0
         seq.preemptions += 1
         self.preemptions += 1
+        self.preempted_counts[self._pc_index] += 1
         if self.held:
             self._cache_release(seq)
         self._queue(seq, first=True)

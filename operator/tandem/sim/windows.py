@@ -74,6 +74,8 @@ class Totals:
         "pool_finished_prompt",
         "pool_generation",
         "pool_local_prompt",
+        "pool_output_hist",
+        "pool_preemptions",
         "pool_prefix_hits",
         "pool_prefix_queries",
         "pool_prompt",
@@ -109,6 +111,9 @@ class Totals:
         self.pool_prefix_hits = [0] * n
         # finished legs by prompt length, vLLM's vllm:request_prompt_tokens (PROMPT_BUCKETS, then +Inf)
         self.pool_prompt_hist = [[0] * (len(PROMPT_BUCKETS) + 1) for _ in range(n)]
+        # ... and by output length, vLLM's vllm:request_generation_tokens (the same buckets)
+        self.pool_output_hist = [[0] * (len(PROMPT_BUCKETS) + 1) for _ in range(n)]
+        self.pool_preemptions = [0] * n  # running sequences preempted (vllm:num_preemptions_total)
         # P/D requests' TTFT and its parts, summed (the routers' and engines' histograms' _sum and
         # _count, as `metrics.queries` reads them for the TTFT breakdown); the router never queues here
         self.pd_timed = 0
@@ -120,6 +125,9 @@ class Totals:
 
     def observe_prompt(self, role_index: int, prompt: int) -> None:
         self.pool_prompt_hist[role_index][bisect_left(PROMPT_BUCKETS, prompt)] += 1
+
+    def observe_output(self, role_index: int, output: int) -> None:
+        self.pool_output_hist[role_index][bisect_left(PROMPT_BUCKETS, output)] += 1
 
     def observe_latency(self, path: int, ttft: float, tpot: float | None) -> None:
         self.ttft[path][bisect_left(TTFT_BUCKETS, ttft)] += 1

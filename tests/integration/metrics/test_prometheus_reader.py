@@ -200,6 +200,11 @@ def test_snapshot_of_a_live_deployment(cluster: ClusterHandle, deployed: Deploye
         <= 1.07 * prefill.mean_prompt_tokens**2
     )
     assert snap.pools["decode"].mean_output_tokens == pytest.approx(8)
+    # Every output is 8 tokens, in vLLM's bucket (5, 10]: E[n^2] read from
+    # vllm:request_generation_tokens_bucket is 64 times that bucket's uniform ratio (1.037); and a
+    # decode pod this light preempts nothing (the rate of vllm:num_preemptions_total is 0).
+    assert 64 < snap.pools["decode"].output_tokens_second_moment <= 1.07 * 64
+    assert snap.pools["decode"].preemptions_rate == 0
     # vllm:prompt_tokens_by_source{source="local_compute"}: prefill computes its prompts; decode (every
     # request pulled, Always) only the one last prompt token per request it recomputes.
     decode = snap.pools["decode"]

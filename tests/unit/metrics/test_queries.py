@@ -335,6 +335,12 @@ def test_recorded_answers_from_the_dev_cluster() -> None:
     assert snap.paths["disaggregated"].within_slo_rate > 0
     assert snap.pools["prefill"].scraped_pods == snap.pools["decode"].scraped_pods == 1
     assert snap.pools["decode"].generation_tokens_rate > 0
+    # 8-token outputs, all in vLLM's bucket (5, 10]; no preemption (a series that reads 0)
+    decode = snap.pools["decode"]
+    assert 64 < decode.output_tokens_second_moment <= 1.07 * decode.mean_output_tokens**2
+    assert decode.mean_output_tokens == pytest.approx(8)
+    assert decode.preemptions_rate == 0
+    assert {"preemptions_rate", "output_tokens_buckets"} <= set(recorded["results"])
     parts = snap.paths["disaggregated"].ttft_breakdown
     assert parts is not None
     assert parts.prefill_queue is not None
@@ -393,3 +399,31 @@ def test_the_prompt_buckets_give_the_second_moment() -> None:
     assert pools["prefill"].prompt_tokens_second_moment == pytest.approx(192.0)
     assert pools["decode"].prompt_tokens_second_moment == 0.0  # no prompts in the window
     assert pools["colocated"].prompt_tokens_second_moment == 0.0  # no series
+
+
+def test_the_output_buckets_and_preemptions() -> None:
+    """vllm:request_generation_tokens' buckets give decode's outputs' second moment as the prompts'
+    (2 in (0, 10], 2 in (10, 20], mean 12: 192), and vllm:num_preemptions_total's rate is the pool's
+    preemptions per second; a pool without either series reads 0 (none, or not exported)."""
+    role = "tandem_dev_role"
+    buckets = [
+        sample(2, le="10.0", **{role: "decode"}),
+        sample(4, le="20.0", **{role: "decode"}),
+        sample(4, le="+Inf", **{role: "decode"}),
+    ]
+    answers = fresh_answers(
+        output_tokens_buckets=buckets,
+        mean_output_tokens=[sample(1, **{role: "prefill"}), sample(12, **{role: "decode"})],
+        preemptions_rate=[sample(0.25, **{role: "decode"}), sample(0, **{role: "prefill"})],
+    )
+    pools = snapshot(answers).pools
+    assert pools["decode"].output_tokens_second_moment == pytest.approx(192.0)
+    assert pools["decode"].preemptions_rate == 0.25
+    assert pools["prefill"].preemptions_rate == 0.0
+    assert pools["prefill"].output_tokens_second_moment == 0.0  # no buckets for it
+    queries = snapshot_queries("ns", "llm", 120, 0.95)
+    assert queries["preemptions_rate"] == (
+        'sum by (tandem_dev_role) (rate(vllm:num_preemptions_total {namespace="ns",'
+        'tandem_dev_pddeployment="llm",tandem_dev_role=~"prefill|decode|colocated"} [120s]))'
+    )
+    assert "vllm:request_generation_tokens_bucket" in queries["output_tokens_buckets"]

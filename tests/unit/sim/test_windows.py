@@ -9,8 +9,8 @@ import pytest
 
 from tandem.autoscale.attribution import Floors, attribute_ttft
 from tandem.router.metrics import ITL_BUCKETS, TTFT_BUCKETS
-from tandem.signals import TtftBreakdown
-from tandem.sim import Request, StaticPolicy, simulate
+from tandem.signals import PoolSignals, TtftBreakdown
+from tandem.sim import PoolSpec, Request, StaticPolicy, simulate
 from tandem.sim.layout import Layout, Role
 from tandem.sim.windows import PoolGauges, Windows, histogram_quantile
 
@@ -183,3 +183,34 @@ def test_arrivals_are_counted_before_service() -> None:
     assert view.rate(view.increase.arrivals) == 2.0
     assert view.increase.arrival_prompt / view.increase.arrivals == 300.0
     assert view.gauges_before == {}
+
+
+def test_the_snapshot_carries_output_spread_and_preemptions(kit: SimKit) -> None:
+    """Outputs alternate 100 and 900 tokens: decode's second moment comes from vLLM's
+    vllm:request_generation_tokens buckets as the prompts' does (the same ratio, 1.731, as above). A
+    decode replica whose KV cache holds 20k tokens, with ~50 sequences each growing to 1k, preempts;
+    one holding 450k does not."""
+
+    def decode_at_90s(cap: int) -> PoolSignals:
+        requests = [Request(0.1 * i, 100, 100 if i % 2 else 900) for i in range(1200)]
+        policy = StaticPolicy(interval_seconds=30.0, keep_snapshots=True)
+        layout = Layout(
+            pools={
+                "prefill": PoolSpec(replica=kit.spec(), replicas=1),
+                "decode": PoolSpec(replica=kit.spec(cap=cap), replicas=1),
+            },
+            model_load_seconds=120.0,
+        )
+        simulate(requests, layout, kit.config(), policy)
+        return policy.seen[2].pools["decode"]  # the window 30..90 s
+
+    roomy = decode_at_90s(450_000)
+    assert roomy.mean_output_tokens == pytest.approx(500.0, rel=0.01)
+    expected = (((50**2 + 50 * 100 + 100**2) / 3 + (500**2 + 500 * 1000 + 1000**2) / 3) / 2) / 412.5**2
+    assert roomy.output_tokens_second_moment == pytest.approx(
+        expected * roomy.mean_output_tokens**2, rel=0.02
+    )
+    assert roomy.preemptions_rate == 0.0
+    tight = decode_at_90s(20_000)
+    assert tight.preemptions_rate > 0.1
+    assert tight.kv_usage_max > 0.9
