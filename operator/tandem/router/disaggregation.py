@@ -8,8 +8,11 @@ and the metrics that count the choices and split TTFT and TPOT by side.
 
 The decode index learns from answers: after a successful decode leg the pod holds the prompt (computed
 there, or pulled) and the reply it generated, so the keys of `prompt text + reply` are recorded for
-it. `ReplyTap` keeps the bytes the client was sent (only in Auto and Threshold: in Always nothing of
-this runs) and `reply_text` reads the generated text back out of them, once per request.
+it. `ReplyTap` keeps the bytes the client was sent and `reply_text` reads the generated text back out of
+them, once per request. All of this learning runs in every mode, Always included (only Auto and
+Threshold choose from it): a switch to Auto, a rollout's first step, then decides from its first
+request with lines and an index the Always traffic measured, instead of sending its first requests
+remote as `unmeasured` and its conversations' next turns to a decode index that knows nothing.
 """
 
 from __future__ import annotations
