@@ -5,6 +5,7 @@ live run itself is not in `make test`."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 from pathlib import Path
@@ -29,13 +30,9 @@ BASE = [Request(10.0 * i, 100 + i, 20) for i in range(8)]
 
 
 def shared_blocks(a: str, b: str) -> int:
-    ha, hb = block_hashes(prompt_tokens_of(a), 16), block_hashes(prompt_tokens_of(b), 16)
-    n = 0
-    for x, y in zip(ha, hb, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+    """The leading engine blocks (16 tokens) two texts share."""
+    pairs = zip(block_hashes(prompt_tokens_of(a), 16), block_hashes(prompt_tokens_of(b), 16), strict=False)
+    return len(list(itertools.takewhile(lambda pair: pair[0] == pair[1], pairs)))
 
 
 def test_turns_share_text_within_an_arm_and_none_across_arms() -> None:
