@@ -72,7 +72,7 @@ def test_kubectl_get_wide_shows_the_disaggregation_mode(
     cluster: ClusterHandle, crd: None, namespace: str
 ) -> None:
     """The CRD's printer column, as the real apiserver's table and kubectl print it: status.disaggregation
-    .mode under -o wide only; `<none>` while the status has none (the mode absent: Always)."""
+    .mode under -o wide only; empty while the status has none (the mode absent: Always)."""
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=manifest("columns", CASES["base"]))
 
     def table(*wide: str) -> dict[str, str]:
@@ -84,7 +84,7 @@ def test_kubectl_get_wide_shows_the_disaggregation_mode(
         return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, bounds, strict=True)}
 
     assert "DISAGGREGATION" not in table()
-    assert table("-o", "wide")["DISAGGREGATION"] == "<none>"
+    assert table("-o", "wide")["DISAGGREGATION"] == ""
     status = '{"status": {"disaggregation": {"mode": "Auto"}}}'
     cluster.kubectl(
         "patch", "-n", namespace, "pdd/columns", "--subresource=status", "--type=merge", "-p", status
