@@ -90,6 +90,11 @@ class TtftBreakdown:
     (`vllm:request_queue_time_seconds` on prefill) and each KV read (`vllm:nixl_xfer_time_seconds`, on
     the decode side). What the legs leave of the TTFT is the router's own queue: a request held before
     its prefill leg while every decode pod is near its KV capacity (decode backpressure), and retries.
+
+    With spec.router.disaggregation Auto or Threshold some requests are prefilled on their decode pod
+    (`local_share` of them): they have no prefill leg and no KV read, and their decode leg's first
+    token includes their prefill. `ttft`, `decode_first_token` and `decode_engine_first_token` are
+    means over every P/D request; `prefill_leg`, `prefill_queue` and `kv_transfer` over the remote ones.
     """
 
     ttft: float  # client-seen TTFT
@@ -100,10 +105,16 @@ class TtftBreakdown:
     # The decode engines' own TTFT (`vllm:time_to_first_token_seconds` on decode): the KV read, the
     # wait for room and the first step, timed in the same scrape as the KV read (None: not exported).
     decode_engine_first_token: float | None = None
+    local_share: float = 0.0  # share of the P/D requests prefilled on their decode pod (0..1)
+
+    @property
+    def remote_share(self) -> float:
+        """Share of the P/D requests prefilled on a prefill pod (those with a prefill leg, a KV read)."""
+        return 1.0 - min(1.0, max(0.0, self.local_share))
 
     @property
     def router_queue(self) -> float:
-        return max(0.0, self.ttft - self.prefill_leg - self.decode_first_token)
+        return max(0.0, self.ttft - self.remote_share * self.prefill_leg - self.decode_first_token)
 
 
 @dataclass(frozen=True, slots=True)

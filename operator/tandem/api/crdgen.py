@@ -146,6 +146,13 @@ def crd() -> Schema:
             "priority": 1,
         },
         {"name": "Rev Weight", "type": "integer", "jsonPath": ".status.revisions.weight", "priority": 1},
+        # spec.router.disaggregation's mode in effect (status.disaggregation; absent: Always): -o wide.
+        {
+            "name": "Disaggregation",
+            "type": "string",
+            "jsonPath": ".status.disaggregation.mode",
+            "priority": 1,
+        },
         {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

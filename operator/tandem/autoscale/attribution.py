@@ -20,6 +20,14 @@ its excess, and the miss is charged to the part with the largest excess:
   engine) counts with the KV transfer: the router's leg and the engines' reads are scraped apart, so
   their difference alone misreads a link that just slowed as decode's wait.
 
+Requests prefilled on their decode pod (spec.router.disaggregation Auto or Threshold,
+`TtftBreakdown.local_share` of them) have no prefill leg and no KV read: their whole time to first
+token is the decode leg's, and decode did the work, so it counts in `decodeWait` (beyond one decode
+step, the local prefill's compute included) and is charged to decode. The parts are each request's
+share of the mean TTFT: the prefill leg's and the KV read's means (over the remote requests) and
+their floors weigh by the remote share, so that a window of mostly local prefills does not charge
+prefill for the few prompts it computed.
+
 The prefill queue and compute are one part when charging (the same pool); the breakdown still shows
 which of the two dominates (`cause`). Without any excess the miss is the compute floor itself (prompts
 too long for the target), charged to prefill as before. TPOT misses are decode's and are not
@@ -114,15 +122,17 @@ def _seconds(value: float) -> str:
 
 
 def split(breakdown: TtftBreakdown, floors: Floors) -> tuple[dict[Part, float], dict[Part, float]]:
-    """Each part's seconds and its excess over its floor. A part the engines do not time is folded into
-    its neighbour: no prefill queue, the whole leg is compute; no KV read time, the modelled read is
-    taken out of the decode leg."""
-    leg = max(0.0, breakdown.prefill_leg)
-    queue = min(leg, max(0.0, breakdown.prefill_queue or 0.0))
+    """Each part's seconds and its excess over its floor, as shares of the mean TTFT over every P/D
+    request (the remote-only parts and their floors weighed by the remote share). A part the engines
+    do not time is folded into its neighbour: no prefill queue, the whole leg is compute; no KV read
+    time, the modelled read is taken out of the decode leg."""
+    remote = breakdown.remote_share
+    leg = remote * max(0.0, breakdown.prefill_leg)
+    queue = min(leg, remote * max(0.0, breakdown.prefill_queue or 0.0))
     compute = leg - queue
     first = max(0.0, breakdown.decode_first_token)
     kv = breakdown.kv_transfer
-    kv_seconds = min(first, max(0.0, kv if kv is not None else floors.kv_transfer))
+    kv_seconds = min(first, remote * max(0.0, kv if kv is not None else floors.kv_transfer))
     wait = first - kv_seconds
     engine_first = breakdown.decode_engine_first_token
     if engine_first is not None:
@@ -143,8 +153,8 @@ def split(breakdown: TtftBreakdown, floors: Floors) -> tuple[dict[Part, float], 
     excess: dict[Part, float] = {
         "routerQueue": breakdown.router_queue,
         "prefillQueue": queue,
-        "prefillCompute": max(0.0, compute - floors.prefill_compute),
-        "kvTransfer": 0.0 if kv is None else max(0.0, kv_seconds - floors.kv_transfer),
+        "prefillCompute": max(0.0, compute - remote * floors.prefill_compute),
+        "kvTransfer": 0.0 if kv is None else max(0.0, kv_seconds - remote * floors.kv_transfer),
         "decodeWait": max(0.0, wait - floors.decode_step),
     }
     return seconds, excess
@@ -182,4 +192,10 @@ def _usable(breakdown: TtftBreakdown) -> bool:
     values = [breakdown.ttft, breakdown.prefill_leg, breakdown.decode_first_token]
     optional = (breakdown.prefill_queue, breakdown.kv_transfer, breakdown.decode_engine_first_token)
     values += [v for v in optional if v is not None]
-    return all(math.isfinite(v) and v >= 0 for v in values) and breakdown.ttft > 0
+    share = breakdown.local_share
+    return (
+        all(math.isfinite(v) and v >= 0 for v in values)
+        and breakdown.ttft > 0
+        and math.isfinite(share)
+        and 0.0 <= share <= 1.0
+    )

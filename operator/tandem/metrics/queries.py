@@ -677,17 +677,30 @@ def build_snapshot(
 def ttft_breakdown(results: Mapping[str, Result]) -> TtftBreakdown | None:
     """The P/D path's TTFT parts over the window (`autoscale.attribution`): None unless the routers
     timed the TTFT, successful prefill legs and decode legs to their first token; the engines' prefill
-    queue, KV read and decode TTFT means are optional (None: not exported, or no request in the window)."""
+    queue, KV read and decode TTFT means are optional (None: not exported, or no request in the window).
+    The share of P/D requests prefilled on their decode pod (`local_share`) is the routers' count by
+    side; a window of local prefills only has no prefill leg (taken as 0: it weighs nothing)."""
     ttft = _latency(by_label(results.get("path_ttft_mean") or [], "path").get(PATH_DISAGGREGATED))
     leg = _latency(by_label(results.get("prefill_leg_mean") or [], "outcome").get("ok"))
     first = _latency(by_label(results.get("decode_first_token_mean") or [], "path").get(PATH_DISAGGREGATED))
+    sides = by_label(results.get("prefill_side_rate") or [], "prefill")
+    local, remote = _finite(sides.get("local")), _finite(sides.get("remote"))
+    share = local / (local + remote) if local + remote > 0 else 0.0
+    if leg is None and share >= 1.0:
+        leg = 0.0
     if ttft is None or leg is None or first is None:
         return None
     queue = _latency(by_label(results.get("queue_seconds_mean") or [], LABEL_ROLE).get("prefill"))
     kv = _latency(by_label(results.get("kv_read_seconds_mean") or [], LABEL_ROLE).get("decode"))
     engine_first = _latency(by_label(results.get("engine_ttft_seconds_mean") or [], LABEL_ROLE).get("decode"))
     return TtftBreakdown(
-        ttft, leg, first, prefill_queue=queue, kv_transfer=kv, decode_engine_first_token=engine_first
+        ttft,
+        leg,
+        first,
+        prefill_queue=queue,
+        kv_transfer=kv,
+        decode_engine_first_token=engine_first,
+        local_share=share,
     )
 
 

@@ -134,12 +134,11 @@ class _Tally:
 
 
 _ALWAYS: Final = Choice("remote", "always")
-_NOTHING_KNOWN: Final = PrefillRequest(0, 0)
 
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
-    """What the remote-or-local choice reads of a request, computed once (Auto and Threshold)."""
+    """What the remote-or-local choice reads (and every mode learns from) of a request, computed once."""
 
     text: str  # prefix.prompt_text
     data: bytes  # the text in UTF-8, what the chunks cut
@@ -515,7 +514,10 @@ class Flow:
         prefill_bytes = dump_body(prefill_body(request.body))
         keys = self._prefix_keys(request)
         knobs = tally.knobs or self.state.disaggregation.knobs
-        plan = self._plan(request) if knobs.mode != "Always" else None
+        # Every mode learns (the cost lines, the decode index, the decode pods' TPOT): a switch to
+        # Auto then decides from its first request. Only Auto and Threshold choose from it.
+        plan = self._plan(request, keys)
+        choosing = knobs.mode != "Always"
         attempt = 0
         while True:
             request_id = request.request_id if attempt == 0 else f"{request.request_id}-{attempt}"
@@ -526,11 +528,13 @@ class Flow:
                 self._count_revision_stood_in(request, revision)
             if attempt == 0 and not await self._decode_room(request, responder, tally, revision):
                 return
-            decode_pod, choice, uncached = None, _ALWAYS, _NOTHING_KNOWN
-            if plan is not None:  # Auto, Threshold: the decode pod first, then where to prefill
+            decode_pod, choice = None, _ALWAYS
+            if choosing:  # Auto, Threshold: the decode pod first, then where to prefill
                 decode_pod, choice, uncached = self._decide(
                     request, knobs, plan, tried_decode, revision, keys
                 )
+            else:  # Always: what the prefill pod lacks, measured below as Auto would have it
+                uncached = PrefillRequest(self._remote_view(request, plan, revision, keys)[0], 0)
             self.state.disaggregation.count(choice)
             tally.side = choice.side
             outcome: dict[str, Any] | None = None  # P's kv_transfer_params; None: D prefills itself
@@ -554,10 +558,9 @@ class Flow:
                         continue
                     await self._give_up(responder, tally, prefilled, action)
                     return
-                if plan is not None:
-                    now = self.clock()
-                    x = queued + uncached.uncached_remote
-                    self.state.disaggregation.costs.prefill.observe(x, now - started, now)
+                now = self.clock()
+                x = queued + uncached.uncached_remote
+                self.state.disaggregation.costs.prefill.observe(x, now - started, now)
                 outcome = prefilled
                 remote_request_id = outcome.get("remote_request_id") if outcome is not None else None
                 if isinstance(remote_request_id, str):
@@ -572,25 +575,24 @@ class Flow:
                 return
             tried_decode.add(decode_pod)
             tally.decode_pod = decode_pod
+            if not choosing:  # Always: the tokens the decode pod it went to lacks (what it pulls)
+                uncached = PrefillRequest(
+                    uncached.uncached_remote, self._local_uncached(request, plan, decode_pod)
+                )
             leg_body = decode_body(request.body, outcome)
             body = dump_body(_with_usage(leg_body) if request.facts.stream else leg_body)
-            if plan is None:
-                failed = await self._relay(
-                    request, "decode", decode_pod, body, request_id, responder, tally, metrics
-                )
-            else:
-                failed = await self._decode_and_learn(
-                    request,
-                    plan,
-                    choice.side,
-                    uncached.uncached_local,
-                    decode_pod,
-                    body,
-                    request_id,
-                    responder,
-                    tally,
-                    metrics,
-                )
+            failed = await self._decode_and_learn(
+                request,
+                plan,
+                choice.side,
+                uncached.uncached_local,
+                decode_pod,
+                body,
+                request_id,
+                responder,
+                tally,
+                metrics,
+            )
             if failed is None:
                 return
             self._leg_failed("decode", decode_pod, failed)
@@ -607,9 +609,12 @@ class Flow:
 
     # -- remote or local prefill (spec.router.disaggregation Auto and Threshold) ----------------------
 
-    def _plan(self, request: ClientRequest) -> _Plan:
+    def _plan(self, request: ClientRequest, keys: list[int] | None) -> _Plan:
+        """The prompt's text and sampled keys (`keys`: those `_prefix_keys` computed, the same)."""
         text = prompt_text(request.body)
-        return _Plan(text, text.encode(), text_keys(text, self.state.prefix.knobs))
+        return _Plan(
+            text, text.encode(), keys if keys is not None else text_keys(text, self.state.prefix.knobs)
+        )
 
     def _uncached(self, request: ClientRequest, plan: _Plan, held_chunks: int) -> int:
         block_chars = self.state.prefix.knobs.block_chars
@@ -637,16 +642,8 @@ class Flow:
         if decode_pod is None:
             decode_pod = self._pick_decode(tried_decode, revision)
         prefill_pool = "prefill" if revision is None else pool_key("prefill", revision)
-        prefills = self._candidates(prefill_pool, now, set())
-        # The prefill pod a prefix-aware choice would take (what it holds, its queue); by load, the
-        # lightest queue.
-        best = choose_prefill(prefills, keys, state.prefix_index, prefix) if keys else None
-        queues = [p.outstanding_tokens for p in prefills if best is None or p.name == best]
-        remote_held = held_chunks(state.prefix_index.matched_keys(best, plan.keys)) if best else 0
-        local_held = disagg.index.held_chunks(decode_pod, plan.data, plan.keys, prefix) if decode_pod else 0
-        uncached = PrefillRequest(
-            self._uncached(request, plan, remote_held), self._uncached(request, plan, local_held)
-        )
+        uncached_remote, queued = self._remote_view(request, plan, revision, keys)
+        uncached = PrefillRequest(uncached_remote, self._local_uncached(request, plan, decode_pod))
         stats = disagg.stats(decode_pod) if decode_pod is not None else None
         view = DecodeView()
         if stats is not None and decode_pod is not None:
@@ -657,13 +654,33 @@ class Flow:
         choice = decide(
             knobs,
             uncached,
-            PrefillView(bool(state.balancer.pool(prefill_pool)), min(queues, default=0)),
+            PrefillView(bool(state.balancer.pool(prefill_pool)), queued),
             view,
             disagg.costs,
             now,
             state.slo.tpot_s if state.slo is not None else None,
         )
         return decode_pod, choice, uncached
+
+    def _remote_view(
+        self, request: ClientRequest, plan: _Plan, revision: str | None, keys: list[int] | None
+    ) -> tuple[int, int]:
+        """(the prompt tokens the prefill pod would compute, the tokens queued on it): the pod a
+        prefix-aware choice would take (what it holds, its queue); by load, the lightest queue."""
+        state = self.state
+        prefill_pool = "prefill" if revision is None else pool_key("prefill", revision)
+        prefills = self._candidates(prefill_pool, self.clock(), set())
+        best = choose_prefill(prefills, keys, state.prefix_index, state.prefix.knobs) if keys else None
+        queues = [p.outstanding_tokens for p in prefills if best is None or p.name == best]
+        held = held_chunks(state.prefix_index.matched_keys(best, plan.keys)) if best else 0
+        return self._uncached(request, plan, held), min(queues, default=0)
+
+    def _local_uncached(self, request: ClientRequest, plan: _Plan, decode_pod: str | None) -> int:
+        """The prompt tokens the decode pod lacks, by the decode index (all of them: no pod)."""
+        if decode_pod is None:
+            return request.facts.prompt_tokens
+        index, prefix = self.state.disaggregation.index, self.state.prefix.knobs
+        return self._uncached(request, plan, index.held_chunks(decode_pod, plan.data, plan.keys, prefix))
 
     async def _decode_and_learn(
         self,

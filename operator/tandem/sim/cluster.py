@@ -208,7 +208,11 @@ class Cluster:
         ttft = seq.first - seq.arrival
         tpot = (now - seq.first) / (out - 1) if out > 1 else None
         totals.observe_latency(p, ttft, tpot)
-        if p == 0 and seq.pulled >= 0:
+        if p == 0 and seq.local:  # prefilled on its decode replica: the decode leg is all of it
+            totals.observe_pd_parts(
+                ttft, prefill_leg=0.0, prefill_queue=0.0, kv_read=0.0, decode_first=ttft, local=True
+            )
+        elif p == 0 and seq.pulled >= 0:
             totals.observe_pd_parts(
                 ttft,
                 prefill_leg=seq.prefilled - seq.arrival,

@@ -90,17 +90,20 @@ def snapshot_of(view: WindowView, quantile: float) -> Snapshot:
 
 
 def _breakdown(view: WindowView) -> TtftBreakdown | None:
-    """The window's P/D TTFT parts, means per request finished in it (None without any)."""
+    """The window's P/D TTFT parts, means per request finished in it (None without any); the prefill
+    leg's and the KV read's over the remote ones, as the routers' and engines' histograms have them."""
     inc = view.increase
-    n = inc.pd_timed
+    n, remote = inc.pd_timed, inc.pd_remote
     if n <= 0:
         return None
+    per_remote = max(1, remote)
     return TtftBreakdown(
         ttft=inc.pd_ttft / n,
-        prefill_leg=inc.pd_prefill_leg / n,
+        prefill_leg=inc.pd_prefill_leg / per_remote,
         decode_first_token=inc.pd_decode_first / n,
-        prefill_queue=inc.pd_prefill_queue / n,
-        kv_transfer=inc.pd_kv_read / n,
+        prefill_queue=inc.pd_prefill_queue / per_remote,
+        kv_transfer=inc.pd_kv_read / per_remote,
+        local_share=(n - remote) / n,
     )
 
 

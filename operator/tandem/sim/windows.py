@@ -67,6 +67,7 @@ class Totals:
         "pd_kv_read",
         "pd_prefill_leg",
         "pd_prefill_queue",
+        "pd_remote",
         "pd_timed",
         "pd_ttft",
         "pool_finished",
@@ -117,6 +118,7 @@ class Totals:
         # P/D requests' TTFT and its parts, summed (the routers' and engines' histograms' _sum and
         # _count, as `metrics.queries` reads them for the TTFT breakdown); the router never queues here
         self.pd_timed = 0
+        self.pd_remote = 0  # ... of which prefilled on a prefill replica (the others on their decode one)
         self.pd_ttft = 0.0
         self.pd_prefill_leg = 0.0
         self.pd_prefill_queue = 0.0
@@ -135,9 +137,18 @@ class Totals:
             self.tpot[path][bisect_left(ITL_BUCKETS, tpot)] += 1
 
     def observe_pd_parts(
-        self, ttft: float, *, prefill_leg: float, prefill_queue: float, kv_read: float, decode_first: float
+        self,
+        ttft: float,
+        *,
+        prefill_leg: float,
+        prefill_queue: float,
+        kv_read: float,
+        decode_first: float,
+        local: bool = False,
     ) -> None:
+        """A P/D request's TTFT parts; `local`: prefilled on its decode replica (no leg, no read)."""
         self.pd_timed += 1
+        self.pd_remote += not local
         self.pd_ttft += ttft
         self.pd_prefill_leg += prefill_leg
         self.pd_prefill_queue += prefill_queue

@@ -265,6 +265,8 @@ def test_snapshot_of_a_live_deployment(cluster: ClusterHandle, deployed: Deploye
     # The decode engines' own TTFT holds their KV read (both from one scrape of the same pods).
     assert parts.decode_engine_first_token is not None
     assert parts.kv_transfer <= parts.decode_engine_first_token
+    # Always (the mode absent): every request prefilled remotely, from the routers' count by side.
+    assert parts.local_share == 0.0
 
     # Quiet: a 10 s window with no request in it reads zero, and zero is data, not a gap. The router
     # and the engines are scraped on their own schedules, so the router's window may empty a scrape

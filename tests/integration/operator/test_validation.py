@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +66,27 @@ def test_unknown_field_is_refused(cluster: ClusterHandle, crd: None, namespace: 
     result = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=manifest("typo", spec), check=False)
     assert result.returncode != 0
     assert "replicaz" in result.stderr
+
+
+def test_kubectl_get_wide_shows_the_disaggregation_mode(
+    cluster: ClusterHandle, crd: None, namespace: str
+) -> None:
+    """The CRD's printer column, as the real apiserver's table and kubectl print it: status.disaggregation
+    .mode under -o wide only; empty while the status has none (the mode absent: Always)."""
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=manifest("columns", CASES["base"]))
+
+    def table(*wide: str) -> dict[str, str]:
+        lines = cluster.kubectl("get", "-n", namespace, "pdd/columns", *wide).stdout.splitlines()
+        header, row = lines[0], lines[1]
+        # Columns are padded by at least 3 spaces; a header may hold one ("PREFILL SHAPE").
+        starts = [m.start() for m in re.finditer(r"\S+(?: \S+)*", header)]
+        bounds = [*starts[1:], None]
+        return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, bounds, strict=True)}
+
+    assert "DISAGGREGATION" not in table()
+    assert table("-o", "wide")["DISAGGREGATION"] == ""
+    status = '{"status": {"disaggregation": {"mode": "Auto"}}}'
+    cluster.kubectl(
+        "patch", "-n", namespace, "pdd/columns", "--subresource=status", "--type=merge", "-p", status
+    )
+    assert table("-o", "wide")["DISAGGREGATION"] == "Auto"

@@ -379,7 +379,7 @@ def test_a_decode_engine_that_cannot_prefill_rolls_back_to_always(pd: Pd) -> Non
 
 DECISIONS = "tandem_router_disaggregation_total"
 SESSIONS = 6  # per tenant, one request at a time, the tenants taking turns
-WARM_UP = 6  # single-turn Auto requests before the sessions
+WARM_UP = 6  # single-turn Always requests before the sessions
 FIRST_TURN, NEXT_TURN, REPLY = 1500, 40, 16  # words (the sim's tokens); 1500 > maxLocalTokens 1024
 
 
@@ -453,9 +453,10 @@ def test_multi_turn_sessions_prefill_later_turns_on_decode_under_auto(pd: Pd) ->
         lambda s: (at(s) or ("",))[0] in ("Shifting", "Paused") and record(s)["step"] == 0,
         30,
     )
-    # Auto's cost lines learn from its own legs only (remote until they weigh enough: `unmeasured`).
+    # Auto's cost lines learn from every leg, Always's too (`unmeasured` until they weigh enough):
+    # the warm-up goes through Always (team-b), and Auto's first decision is already an estimate.
     for k in range(WARM_UP):
-        streamed_chat(pd.router, "team-a", [{"role": "user", "content": words(f"warm{k}", 200)}])
+        streamed_chat(pd.router, "team-b", [{"role": "user", "content": words(f"warm{k}", 200)}])
     ttfts: dict[tuple[str, int], list[float]] = {}
     sides: dict[tuple[str, int], list[tuple[str, str]]] = {}
     for session in range(SESSIONS):

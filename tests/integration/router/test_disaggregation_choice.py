@@ -16,6 +16,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tandem.routing.disaggregation import DisaggregationKnobs
+
 from .harness import RunningRouter, running_router, stream
 from .sim import NAME, SimEngine, start_sim
 from .test_stub_flow import until
@@ -190,3 +192,44 @@ async def test_next_turn_is_prefilled_on_the_decode_pod_holding_the_last_one(
         assert min(gained) == 0
         computed = by_source(decode, "local_compute") - local
         assert 0 < computed < 64  # the new message, the template and the unfinished blocks
+
+
+async def test_auto_decides_from_its_first_request_after_always_traffic(
+    sims: dict[str, list[SimEngine]], session: aiohttp.ClientSession
+) -> None:
+    """A router serving Always learns what Auto reads (the prefill and pull lines, the decode index):
+    switched to Auto (as a rollout's promotion does), its first short prompt is an estimate, not
+    `unmeasured`, and a conversation's next turn goes to the decode pod that served turn 1 under
+    Always and is prefilled there."""
+    decode = sims["decode"]
+    async with running_router(**urls(sims)) as router:
+        for index in range(4):
+            await complete(session, router, words(f"pre{index}w", LONG + 40 * index))
+        messages = [{"role": "user", "content": words("always", LONG)}]
+        body = {"model": NAME, "messages": messages, "max_tokens": 40}
+        first = await stream(session, router.url + "/v1/chat/completions", body)
+        assert first.status == 200
+        assert choices(router, "remote", "always") == 5
+        disagg = router.state.disaggregation
+        auto = DisaggregationKnobs(mode="Auto", max_local_tokens=MAX_LOCAL)
+        disagg.configure(auto, disagg.index.capacity_blocks_per_pod)
+
+        local = by_source(decode, "local_compute")
+        await complete(session, router, words("firstauto", 20))
+        assert choices(router, "remote", "unmeasured") == 0
+        assert choices(router, "local", "local_faster") == 1
+        assert by_source(decode, "local_compute") - local == 20
+
+        hits = [engine_sample(e, "vllm:prefix_cache_hits_total") for e in decode]
+        messages += [
+            {"role": "assistant", "content": first.text},
+            {"role": "user", "content": words("next", 10)},
+        ]
+        second = await stream(session, router.url + "/v1/chat/completions", {**body, "messages": messages})
+        assert second.status == 200
+        assert choices(router, "local", "local_faster") == 2
+        assert choices(router, "remote", "unmeasured") == 0
+        gained = [
+            engine_sample(e, "vllm:prefix_cache_hits_total") - h for e, h in zip(decode, hits, strict=True)
+        ]
+        assert max(gained) >= LONG + 16  # turn 1 and its reply, found where Always decoded them

@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from tandem.api import crdgen, rules
+from tandem.api.status import DisaggregationStatus, PDDeploymentStatus
 
 CRD_PATH = Path(__file__).parents[3] / "crds" / "pddeployment.yaml"
 FORBIDDEN_KEYS = {"$ref", "definitions", "$defs", "anyOf", "oneOf", "allOf", "title", "nullable"}
@@ -71,8 +72,37 @@ def test_names_and_printer_columns() -> None:
     wide = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"] if c.get("priority")}
     assert wide["Rev Rollout"] == ".status.revisions.rollout.phase", "a revision rollout's phase"
     assert wide["Rev Weight"] == ".status.revisions.weight"
+    assert wide["Disaggregation"] == ".status.disaggregation.mode", (
+        "spec.router.disaggregation's mode in effect"
+    )
     conditions = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"]
     assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+
+
+def test_every_printer_column_reads_a_field_of_the_schema_of_its_type() -> None:
+    """A column whose jsonPath names no field prints nothing forever: each plain path (no filter) under
+    spec or status must be a property of the CRD's schema, of the column's type."""
+    version = crdgen.crd()["spec"]["versions"][0]
+    root = version["schema"]["openAPIV3Schema"]
+    checked = []
+    for column in version["additionalPrinterColumns"]:
+        path = column["jsonPath"]
+        if "[" in path or path.startswith(".metadata."):
+            continue
+        node = root
+        for part in path.strip(".").split("."):
+            assert part in node.get("properties", {}), (column["name"], path, part)
+            node = node["properties"][part]
+        assert node.get("type") == column["type"], (column["name"], node.get("type"))
+        checked.append(column["name"])
+    assert "Disaggregation" in checked
+    assert len(checked) >= 12
+
+
+def test_the_disaggregation_column_reads_the_status_the_operator_writes() -> None:
+    status = PDDeploymentStatus(disaggregation=DisaggregationStatus(mode="Auto"))
+    dumped = status.model_dump(by_alias=True, exclude_none=True, mode="json")
+    assert dumped["disaggregation"]["mode"] == "Auto"
 
 
 def test_exclusive_bounds_are_openapi_v3_flags() -> None:

@@ -105,6 +105,35 @@ CASES: list[tuple[str, TtftBreakdown, str, str | None]] = [
         "prefillQueue",
         "prefill",
     ),
+    # spec.router.disaggregation Auto/Threshold: `local_share` of the requests prefilled on decode.
+    (
+        # 9 in 10 prefilled on decode, 1 s to their first token there; the 1 in 10 remote queued 1.5 s on
+        # prefill. Weighed as if every request had that prefill leg, prefill's 1.5 s beat decode's
+        # 0.9 s; a request's share of the mean TTFT is 0.15 s on prefill, 0.9 s on decode.
+        "mostly-local-prefills-are-decodes",
+        TtftBreakdown(1.135, 2.3, 0.905, prefill_queue=1.5, kv_transfer=0.02, local_share=0.9),
+        "decodeWait",
+        "decode",
+    ),
+    (
+        "the-same-window-all-remote-is-prefills",  # the same figures with no local prefill: prefill's
+        TtftBreakdown(1.135, 2.3, 0.905, prefill_queue=1.5, kv_transfer=0.02),
+        "prefillQueue",
+        "prefill",
+    ),
+    (
+        "only-local-prefills",  # no prefill leg at all in the window: the whole TTFT is decode's leg
+        TtftBreakdown(1.5, 0.0, 1.5, prefill_queue=None, kv_transfer=None, local_share=1.0),
+        "decodeWait",
+        "decode",
+    ),
+    (
+        # 2 in 10 local, 0.1 s each; the remote 8 queue 3 s on prefill: still prefill's.
+        "a-few-local-prefills-and-a-prefill-queue",
+        TtftBreakdown(3.14, 3.85, 0.06, prefill_queue=3.0, kv_transfer=0.02, local_share=0.2),
+        "prefillQueue",
+        "prefill",
+    ),
 ]
 
 
@@ -149,6 +178,7 @@ seconds = st.floats(min_value=0.0, max_value=100.0, allow_nan=False)
     kv=st.none() | seconds,
     engine_first=st.none() | seconds,
     floors=st.builds(Floors, seconds, seconds, seconds),
+    local=st.sampled_from([0.0, 1.0]) | st.floats(min_value=0.0, max_value=1.0),
 )
 def test_parts_are_never_negative_and_excess_never_exceeds_its_part(
     ttft: float,
@@ -158,9 +188,16 @@ def test_parts_are_never_negative_and_excess_never_exceeds_its_part(
     kv: float | None,
     engine_first: float | None,
     floors: Floors,
+    local: float,
 ) -> None:
     breakdown = TtftBreakdown(
-        ttft, leg, first, prefill_queue=queue, kv_transfer=kv, decode_engine_first_token=engine_first
+        ttft,
+        leg,
+        first,
+        prefill_queue=queue,
+        kv_transfer=kv,
+        decode_engine_first_token=engine_first,
+        local_share=local,
     )
     parts, excess = split(breakdown, floors)
     without_engine, _ = split(dataclasses.replace(breakdown, decode_engine_first_token=None), floors)
@@ -168,11 +205,17 @@ def test_parts_are_never_negative_and_excess_never_exceeds_its_part(
     assert parts["decodeWait"] <= without_engine["decodeWait"] + 1e-9
     assert all(v >= 0 for v in parts.values())
     assert all(0 <= excess[p] <= parts[p] + 1e-9 for p in PARTS)
-    # The legs' parts add up to the legs; with the router's queue, to the TTFT when the legs fit in it.
-    assert parts["prefillQueue"] + parts["prefillCompute"] == pytest.approx(leg)
+    # The legs' parts add up to the legs (the prefill leg weighed by the requests that had one); with
+    # the router's queue, to the TTFT when the legs fit in it.
+    assert parts["prefillQueue"] + parts["prefillCompute"] == pytest.approx((1 - local) * leg)
     assert parts["kvTransfer"] + parts["decodeWait"] == pytest.approx(first)
-    if ttft >= leg + first:
+    if ttft >= (1 - local) * leg + first:
         assert sum(parts.values()) == pytest.approx(ttft)
+    if local == 1.0:  # no request had a prefill leg or a KV read: nothing on prefill
+        assert parts["prefillQueue"] + parts["prefillCompute"] == 0
+    if local == 1.0 and engine_first is None:  # ... nor on the link (the engines' TTFT aside: the
+        # leg's time outside the decode engine, the network to it, goes with the link)
+        assert parts["prefillQueue"] + parts["prefillCompute"] + excess["kvTransfer"] == 0
     attribution = attribute_ttft(breakdown, floors, decode_full=False, prefill_queued=False)
     assert attribution.charged in ("prefill", "decode", None)
 

@@ -200,6 +200,40 @@ def test_the_ttft_breakdown_comes_from_the_legs_and_the_engines() -> None:
     assert no_legs.missing == ()  # optional parts never hold a decision
 
 
+@pytest.mark.parametrize(
+    ("sides", "leg", "share", "router_queue"),
+    [
+        ([], 0.7, 0.0, 0.05),  # no count by side (Always before the counter): every request remote
+        ([sample(0.0, prefill="local"), sample(4.0, prefill="remote")], 0.7, 0.0, 0.05),
+        # 3 in 4 prefilled on decode: the 0.7 s leg weighs 0.175 s of the 0.9 s mean TTFT
+        ([sample(3.0, prefill="local"), sample(1.0, prefill="remote")], 0.7, 0.75, 0.575),
+        # Only local prefills: no prefill leg in the window, taken as 0 (it weighs nothing)
+        ([sample(4.0, prefill="local"), sample(0.0, prefill="remote")], None, 1.0, 0.75),
+    ],
+    ids=["no-sides", "all-remote", "mostly-local", "all-local"],
+)
+def test_the_ttft_breakdown_weighs_the_prefill_leg_by_the_remote_share(
+    sides: list[dict[str, Any]], leg: float | None, share: float, router_queue: float
+) -> None:
+    legs = {
+        "path_ttft_mean": [sample(0.9, path="disaggregated")],
+        "prefill_leg_mean": [sample(leg if leg is not None else "NaN", outcome="ok")],
+        "decode_first_token_mean": [sample(0.15, path="disaggregated")],
+    }
+    parts = snapshot(fresh_answers(**legs, prefill_side_rate=sides)).paths["disaggregated"].ttft_breakdown
+    assert parts is not None
+    assert parts.prefill_leg == (leg if leg is not None else 0.0)
+    assert parts.local_share == share
+    assert parts.router_queue == pytest.approx(router_queue)
+    # Some remote requests but no timed prefill leg: no breakdown, as before.
+    if 0 < share < 1:
+        no_leg = {**legs, "prefill_leg_mean": [sample("NaN", outcome="ok")]}
+        assert (
+            snapshot(fresh_answers(**no_leg, prefill_side_rate=sides)).paths["disaggregated"].ttft_breakdown
+            is None
+        )
+
+
 def test_latency_by_bucket_for_status_never_holds_a_decision() -> None:
     queries = snapshot_queries("ns", "llm", 120, 0.9)
     assert queries["tpot_by_concurrency"] == (

@@ -133,6 +133,10 @@ def test_the_reply_is_read_back_from_what_the_client_got() -> None:
     whole = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "all of it"}}]}
     assert reply_text(json.dumps(whole).encode(), stream=False) == "all of it"
     assert reply_text(b"not json", stream=False) == ""
+    # A chunk that is not JSON (or a keep-alive comment) is skipped; the others still read.
+    broken = sse(" bazou", chat=True).replace(b"data: [DONE]", b"data: {oops\n\n: ping\n\ndata: [DONE]")
+    assert reply_text(broken, stream=True) == " bazou"
+    assert reply_text(b"data: [DONE]\n\n", stream=True) == ""
 
 
 def test_the_next_turn_starts_with_the_prompt_and_the_reply() -> None:

@@ -46,3 +46,14 @@ def test_quick_short_prompt_run_prints_every_arm_and_the_verdicts(capsys: pytest
     assert len(verdicts) == 3
     assert all(": PASS " in v or ": MISS " in v for v in verdicts)
     assert "Auto's choices by reason: " in out
+
+
+def test_each_table_says_whether_it_replayed_the_whole_trace() -> None:
+    bench = load_file("bench_disaggregation_sim_window", ROOT / "bench" / "disaggregation_sim.py")
+    full = [bench.Request(30.0 * i, 100, 10) for i in range(21)]  # 10 minutes
+    kept, what = bench.replayed(full, 1800.0)
+    assert kept == full
+    assert what == "the whole trace, 21 requests over 10.0 min"
+    kept, what = bench.replayed(full, 300.0)
+    assert len(kept) == 10
+    assert what == "its first 5 min of 10.0, 10 of 21 requests"

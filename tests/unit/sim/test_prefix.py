@@ -22,6 +22,7 @@ from tandem.sim.traces.prefix import (
     mooncake_prefix,
     mooncake_tokens,
     route_keys,
+    session_turns,
     sessions,
     shared_blocks,
     token_block_keys,
@@ -132,6 +133,22 @@ def test_sessions_resend_the_conversation_so_far() -> None:
     a, b = by_system[tenants[0]][0], by_system[tenants[-1]][0]
     if len(tenants) > 1:
         assert shared_blocks(a.prefix, b.prefix) == 0
+
+
+@pytest.mark.parametrize("think", [0.0, 5.0])
+def test_session_turns_number_each_sessions_turns(think: float) -> None:
+    params = SessionParams(turns=3, think_seconds=think, system_prompt_tokens=1000, system_prompts=2, seed=1)
+    numbered = session_turns(BASE, params)
+    assert [r for r, _, _ in numbered] == sessions(BASE, params)
+    by_session: dict[int, list[tuple[int, Request]]] = {}
+    for request, session, turn in numbered:
+        by_session.setdefault(session, []).append((turn, request))
+    assert len(by_session) == 4
+    for turns in by_session.values():
+        assert [turn for turn, _ in turns] == [0, 1, 2]  # in arrival order
+        for (_, earlier), (_, later) in itertools.pairwise(turns):
+            assert later.arrival >= earlier.arrival
+            assert shared_blocks(earlier.prefix, later.prefix) == earlier.prompt_tokens // 16
 
 
 def test_sessions_think_time_hot_share_limit_and_seed() -> None:

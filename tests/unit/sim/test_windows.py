@@ -9,6 +9,7 @@ import pytest
 
 from tandem.autoscale.attribution import Floors, attribute_ttft
 from tandem.router.metrics import ITL_BUCKETS, TTFT_BUCKETS
+from tandem.routing.disaggregation import DisaggregationKnobs
 from tandem.signals import PoolSignals, TtftBreakdown
 from tandem.sim import PoolSpec, Request, StaticPolicy, simulate
 from tandem.sim.layout import Layout, Role
@@ -135,6 +136,33 @@ def test_the_snapshot_splits_the_pd_ttft_into_its_parts(kit: SimKit) -> None:
     assert parts.kv_transfer > 0.5 * parts.ttft
     attribution = attribute_ttft(parts, floors, decode_full=False, prefill_queued=False)
     assert (attribution.cause, attribution.charged) == ("kvTransfer", None)
+
+
+@pytest.mark.parametrize(("threshold", "share"), [(100, 0.5), (4000, 1.0)])
+def test_local_prefills_are_in_the_breakdown_as_decode_legs(
+    kit: SimKit, threshold: int, share: float
+) -> None:
+    """Threshold 100 (4,000) over prompts of 50 and 2,000 tokens in turn: half (all) the requests are
+    prefilled on their decode replica, with no prefill leg and no read; their TTFT is all decode leg.
+    The parts still add up to the mean TTFT, the prefill leg and the read weighed by the remote share;
+    with every request local, a miss is decode's."""
+    requests = [Request(0.1 * i, 50 if i % 2 else 2000, 30) for i in range(1200)]
+    knobs = DisaggregationKnobs(mode="Threshold", threshold_tokens=threshold)
+    policy = StaticPolicy(interval_seconds=30.0, keep_snapshots=True)
+    config = kit.config().model_copy(update={"disaggregation": knobs})
+    simulate(requests, kit.pd(prefill=2, decode=2), config, policy)
+    parts = policy.seen[2].paths["disaggregated"].ttft_breakdown
+    assert parts is not None
+    assert parts.local_share == pytest.approx(share, abs=0.02)
+    assert parts.router_queue == pytest.approx(0.0, abs=1e-9)
+    assert parts.remote_share * parts.prefill_leg + parts.decode_first_token == pytest.approx(parts.ttft)
+    if share < 1:  # the remote ones' means: 2k-token prompts, 5.4 ms reads at 400 Gb/s
+        assert parts.kv_transfer == pytest.approx(2000 * 131072 * 8 / 400e9, rel=0.01)
+    else:
+        assert parts.prefill_leg == 0.0
+        floors = Floors(prefill_compute=0.05, kv_transfer=0.002, decode_step=0.001)
+        attribution = attribute_ttft(parts, floors, decode_full=False, prefill_queued=False)
+        assert (attribution.cause, attribution.charged) == ("decodeWait", "decode")
 
 
 def test_the_time_series_follows_the_load(kit: SimKit) -> None:

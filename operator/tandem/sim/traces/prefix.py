@@ -209,10 +209,15 @@ def _session_prefix(
 def sessions(base: Sequence[Request], params: SessionParams) -> list[Request]:
     """Multi-turn sessions from `base` (sorted by arrival), sorted by arrival; `tenant` is
     `system-<n>` (which system prompt), deterministic for a given `params.seed`."""
+    return [request for request, _, _ in session_turns(base, params)]
+
+
+def session_turns(base: Sequence[Request], params: SessionParams) -> list[tuple[Request, int, int]]:
+    """`sessions`, each request with its session's number and its turn in it (0: the first)."""
     rng = random.Random(params.seed)
     system_tokens = params.system_prompt_tokens
     system_blocks = system_tokens // ENGINE_BLOCK_TOKENS
-    out: list[Request] = []
+    out: list[tuple[Request, int, int]] = []
     for session, start in enumerate(range(0, len(base), params.turns)):
         turns = base[start : start + params.turns]
         system = _system_prompt(rng, params)
@@ -233,8 +238,8 @@ def sessions(base: Sequence[Request], params: SessionParams) -> list[Request]:
         items = _session_prefix(system, session, system_blocks, prompts[-1][1] // ENGINE_BLOCK_TOKENS)
         keys = chain_keys([item for item, _ in items])
         sizes = [size for _, size in items]
-        for arrival, prompt, output in prompts:
+        for number, (arrival, prompt, output) in enumerate(prompts):
             prefix = _runs(keys, prompt // ENGINE_BLOCK_TOKENS, sizes)
-            out.append(Request(arrival, prompt, output, f"system-{system}", None, prefix))
-    out.sort(key=lambda r: r.arrival)
+            out.append((Request(arrival, prompt, output, f"system-{system}", None, prefix), session, number))
+    out.sort(key=lambda found: found[0].arrival)
     return out
