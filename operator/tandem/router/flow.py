@@ -134,6 +134,13 @@ class _Tally:
 
 
 _ALWAYS: Final = Choice("remote", "always")
+_NOTHING_KNOWN: Final = PrefillRequest(0, 0)
+# In Always, one request in this many teaches what Auto reads (the cost lines, the decode index, the
+# decode pods' TPOT): enough for a switch to Auto to decide from its first request (a cost line wants
+# a few points a minute), at an eighth of the learning's CPU (about 150 us a request, measured by
+# bench/router_overhead.py: learning from every request cost 28% of the router's requests per
+# CPU-second).
+ALWAYS_LEARNS_EVERY: Final = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,8 +224,10 @@ class Flow:
         max_retries: int,
         budget: RetryBudget,
         clock: Callable[[], float] = time.monotonic,
+        always_learns_every: int = ALWAYS_LEARNS_EVERY,
     ) -> None:
         self.state = state
+        self.always_learns_every = max(1, always_learns_every)
         self.upstream = upstream
         self.timeouts = timeouts
         self.max_retries = max_retries
@@ -226,6 +235,7 @@ class Flow:
         self.clock = clock
         self.metrics = state.metrics
         self._releases: set[asyncio.Task[None]] = set()  # KV releases in flight (kept from the GC)
+        self._always_seen = 0  # Always requests since start: every ALWAYS_LEARNS_EVERY-th learns
 
     async def serve(self, request: ClientRequest, responder: Responder) -> None:
         state = self.state
@@ -515,9 +525,10 @@ class Flow:
         keys = self._prefix_keys(request)
         knobs = tally.knobs or self.state.disaggregation.knobs
         # Every mode learns (the cost lines, the decode index, the decode pods' TPOT): a switch to
-        # Auto then decides from its first request. Only Auto and Threshold choose from it.
-        plan = self._plan(request, keys)
+        # Auto then decides from its first request. Only Auto and Threshold choose from it; Always
+        # learns from a sample of its requests (ALWAYS_LEARNS_EVERY).
         choosing = knobs.mode != "Always"
+        plan = self._plan(request, keys) if choosing or self._always_learns() else None
         attempt = 0
         while True:
             request_id = request.request_id if attempt == 0 else f"{request.request_id}-{attempt}"
@@ -529,11 +540,12 @@ class Flow:
             if attempt == 0 and not await self._decode_room(request, responder, tally, revision):
                 return
             decode_pod, choice = None, _ALWAYS
-            if choosing:  # Auto, Threshold: the decode pod first, then where to prefill
+            uncached = _NOTHING_KNOWN
+            if choosing and plan is not None:  # Auto, Threshold: the decode pod first, then where to prefill
                 decode_pod, choice, uncached = self._decide(
                     request, knobs, plan, tried_decode, revision, keys
                 )
-            else:  # Always: what the prefill pod lacks, measured below as Auto would have it
+            elif plan is not None:  # Always, learning: what the prefill pod lacks, as Auto would have it
                 uncached = PrefillRequest(self._remote_view(request, plan, revision, keys)[0], 0)
             self.state.disaggregation.count(choice)
             tally.side = choice.side
@@ -558,9 +570,10 @@ class Flow:
                         continue
                     await self._give_up(responder, tally, prefilled, action)
                     return
-                now = self.clock()
-                x = queued + uncached.uncached_remote
-                self.state.disaggregation.costs.prefill.observe(x, now - started, now)
+                if plan is not None:
+                    now = self.clock()
+                    x = queued + uncached.uncached_remote
+                    self.state.disaggregation.costs.prefill.observe(x, now - started, now)
                 outcome = prefilled
                 remote_request_id = outcome.get("remote_request_id") if outcome is not None else None
                 if isinstance(remote_request_id, str):
@@ -575,24 +588,29 @@ class Flow:
                 return
             tried_decode.add(decode_pod)
             tally.decode_pod = decode_pod
-            if not choosing:  # Always: the tokens the decode pod it went to lacks (what it pulls)
-                uncached = PrefillRequest(
-                    uncached.uncached_remote, self._local_uncached(request, plan, decode_pod)
-                )
             leg_body = decode_body(request.body, outcome)
             body = dump_body(_with_usage(leg_body) if request.facts.stream else leg_body)
-            failed = await self._decode_and_learn(
-                request,
-                plan,
-                choice.side,
-                uncached.uncached_local,
-                decode_pod,
-                body,
-                request_id,
-                responder,
-                tally,
-                metrics,
-            )
+            if plan is None:  # Always, not learning from this one
+                failed = await self._relay(
+                    request, "decode", decode_pod, body, request_id, responder, tally, metrics
+                )
+            else:
+                if not choosing:  # Always: the tokens the decode pod it went to lacks (what it pulls)
+                    uncached = PrefillRequest(
+                        uncached.uncached_remote, self._local_uncached(request, plan, decode_pod)
+                    )
+                failed = await self._decode_and_learn(
+                    request,
+                    plan,
+                    choice.side,
+                    uncached.uncached_local,
+                    decode_pod,
+                    body,
+                    request_id,
+                    responder,
+                    tally,
+                    metrics,
+                )
             if failed is None:
                 return
             self._leg_failed("decode", decode_pod, failed)
@@ -608,6 +626,12 @@ class Flow:
             return
 
     # -- remote or local prefill (spec.router.disaggregation Auto and Threshold) ----------------------
+
+    def _always_learns(self) -> bool:
+        """Whether this Always request is one of the sample that learns (the first, then every
+        `always_learns_every`-th: deterministic, so tests can count on it)."""
+        seen, self._always_seen = self._always_seen, self._always_seen + 1
+        return seen % self.always_learns_every == 0
 
     def _plan(self, request: ClientRequest, keys: list[int] | None) -> _Plan:
         """The prompt's text and sampled keys (`keys`: those `_prefix_keys` computed, the same)."""

@@ -203,6 +203,7 @@ async def test_auto_decides_from_its_first_request_after_always_traffic(
     Always and is prefilled there."""
     decode = sims["decode"]
     async with running_router(**urls(sims)) as router:
+        router.flow.always_learns_every = 1  # every Always request learns (the default samples 1 in 8)
         for index in range(4):
             await complete(session, router, words(f"pre{index}w", LONG + 40 * index))
         messages = [{"role": "user", "content": words("always", LONG)}]

@@ -14,7 +14,7 @@ from typing import Any, cast
 import pytest
 
 from tandem.router.failure import RetryBudget
-from tandem.router.flow import ClientRequest, Flow, Timeouts
+from tandem.router.flow import ALWAYS_LEARNS_EVERY, ClientRequest, Flow, Timeouts
 from tandem.router.metrics import RouterMetrics
 from tandem.router.protocol import RequestFacts
 from tandem.router.state import RouterState
@@ -90,12 +90,19 @@ class FakeClient:
         pass
 
 
-def make(clock: Clock) -> tuple[Flow, ScriptedUpstream]:
+def make(clock: Clock, every: int = 1) -> tuple[Flow, ScriptedUpstream]:
+    """A router whose every Always request learns (`every` 1; the default samples, tested last)."""
     state = RouterState(balancer=Balancer(rng=random.Random(1)), metrics=RouterMetrics())
     state.set_static({"prefill": [P], "decode": [D]})
     upstream = ScriptedUpstream(clock)
     flow = Flow(
-        state, cast(Upstream, upstream), timeouts=Timeouts(), max_retries=2, budget=RetryBudget(), clock=clock
+        state,
+        cast(Upstream, upstream),
+        timeouts=Timeouts(),
+        max_retries=2,
+        budget=RetryBudget(),
+        clock=clock,
+        always_learns_every=every,
     )
     return flow, upstream
 
@@ -165,3 +172,21 @@ async def test_after_always_traffic_auto_decides_from_its_first_request() -> Non
     assert choice.remote_s is not None
     cold = decide(auto, Request(40, 40), PrefillView(True), DecodeView(), CostModel(), clock.now)
     assert cold.reason == "unmeasured"
+
+
+async def test_by_default_always_learns_from_one_request_in_eight() -> None:
+    """Learning costs the router about 150 us a request: Always learns from the first request and then
+    every ALWAYS_LEARNS_EVERY-th (8), enough for the cost lines (a few points a minute)."""
+    clock = Clock()
+    flow, upstream = make(clock, every=ALWAYS_LEARNS_EVERY)
+    disagg, prefix = flow.state.disaggregation, flow.state.prefix.knobs
+    prompts = [words(f"s{index}w", 300) for index in range(2 * ALWAYS_LEARNS_EVERY + 1)]
+    for index, prompt in enumerate(prompts):
+        await flow.serve(request(prompt, index), cast(Any, FakeClient()))
+    learnt = [
+        index
+        for index, prompt in enumerate(prompts)
+        if disagg.index.held_chunks(D, (prompt + upstream.reply).encode(), text_keys(prompt, prefix), prefix)
+    ]
+    assert learnt == [0, ALWAYS_LEARNS_EVERY, 2 * ALWAYS_LEARNS_EVERY]
+    assert 2.5 < disagg.costs.prefill.weight(clock.now) <= 3.0  # three legs (less their age), not 17
