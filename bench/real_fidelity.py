@@ -130,10 +130,10 @@ CELLS: tuple[Cell, ...] = (
     Cell("co-steady4-long", "colocated", "steady", 4, "long", 32, 16),
     Cell("co-bursty4-short", "colocated", "bursty", 4, "short", 48, 16),
     Cell("co-bursty8-mixed", "colocated", "bursty", 8, "mixed", 32, 24),
-    Cell("pd-steady1-short", "pd", "steady", 1, "short", 48, 12),
-    Cell("pd-steady4-short", "pd", "steady", 4, "short", 48, 16),
-    Cell("pd-steady1-long", "pd", "steady", 1, "long", 32, 10),
-    Cell("pd-bursty4-mixed", "pd", "bursty", 4, "mixed", 32, 16),
+    Cell("pd-steady1-short", "pd", "steady", 1, "short", 48, 8),
+    Cell("pd-steady4-short", "pd", "steady", 4, "short", 48, 12),
+    Cell("pd-steady1-long", "pd", "steady", 1, "long", 32, 6),
+    Cell("pd-bursty4-mixed", "pd", "bursty", 4, "mixed", 32, 8),
 )
 QUICK = ("co-steady1-short", "co-steady4-short", "co-bursty8-mixed", "pd-steady1-short", "pd-steady1-long")
 
@@ -499,29 +499,50 @@ ENGINE_COUNTERS = (
 
 # --- the phases ----------------------------------------------------------------------------------------
 def calibrate(st: Stack) -> dict[str, Any]:
-    """The grid on a colocated stack: prompts alone (TTFT) and decode batches (TPOT)."""
+    """The grid on a colocated stack, after a warm-up (a fresh vLLM's first requests of each size are
+    several times slower): prompts alone (TTFT) and decode batches (TPOT, median over the batch), each
+    point `*_REPEATS` times, the repeats interleaved (a busy minute of the machine hits every point)."""
     rng = random.Random("calibration")
-    prefill = []
-    for n in PREFILL_GRID:
-        for _ in range(PREFILL_REPEATS):
+    warm = [([rng.randint(*VOCAB) for _ in range(n)], 8) for n in (*PREFILL_GRID, *PREFILL_GRID)]
+    asyncio.run(run_requests(st.router, warm, "steady", 1))
+    asyncio.run(run_requests(st.router, warm[:6], "bursty", 6))
+    prefill, decode = [], []
+    for _ in range(PREFILL_REPEATS):
+        for n in PREFILL_GRID:
             prompt = [rng.randint(*VOCAB) for _ in range(n)]
             s = asyncio.run(run_requests(st.router, [(prompt, 2)], "steady", 1))[0]
             prefill.append({"tokens": n, "ttft_s": s.ttft, "error": s.error})
-    decode = []
-    for batch in DECODE_BATCHES:
-        for context in DECODE_CONTEXTS:
-            reqs = [([rng.randint(*VOCAB) for _ in range(context)], DECODE_TOKENS) for _ in range(batch)]
-            samples = asyncio.run(run_requests(st.router, reqs, "bursty", batch, gap=0.2))
-            tpots = [s.tpot for s in samples if not s.error]
-            decode.append(
-                {
-                    "batch": batch,
-                    "context": context,
-                    "tpot_s": statistics.median(tpots) if tpots else math.nan,
-                    "errors": [s.error for s in samples if s.error],
-                }
-            )
+        for batch in DECODE_BATCHES:
+            for context in DECODE_CONTEXTS:
+                reqs = [([rng.randint(*VOCAB) for _ in range(context)], DECODE_TOKENS) for _ in range(batch)]
+                samples = asyncio.run(run_requests(st.router, reqs, "bursty", batch, gap=0.2))
+                tpots = [s.tpot for s in samples if not s.error]
+                decode.append(
+                    {
+                        "batch": batch,
+                        "context": context,
+                        "tpot_s": statistics.median(tpots) if tpots else math.nan,
+                        "errors": [s.error for s in samples if s.error],
+                    }
+                )
     return {"prefill": prefill, "decode": decode, "load_1m": os.getloadavg()[0]}
+
+
+def grid_medians(cal: Mapping[str, Any]) -> tuple[dict[int, float], dict[tuple[int, int], float]]:
+    """({prompt tokens: median TTFT s}, {(batch, context): median TPOT s}) over a grid's repeats, failed
+    or empty measurements left out (a point with none is absent)."""
+    prefill: dict[int, list[float]] = {}
+    for p in cal["prefill"]:
+        if not p["error"] and not math.isnan(float(p["ttft_s"])):
+            prefill.setdefault(int(p["tokens"]), []).append(float(p["ttft_s"]))
+    decode: dict[tuple[int, int], list[float]] = {}
+    for d in cal["decode"]:
+        if not math.isnan(float(d["tpot_s"])):
+            decode.setdefault((int(d["batch"]), int(d["context"])), []).append(float(d["tpot_s"]))
+    return (
+        {n: statistics.median(v) for n, v in sorted(prefill.items())},
+        {k: statistics.median(v) for k, v in sorted(decode.items())},
+    )
 
 
 def measure_link(st: Stack) -> dict[str, Any]:
@@ -575,25 +596,14 @@ def evaluate(st: Stack, cells: Sequence[Cell], runs: int) -> tuple[dict[str, Any
 
 def sim_overhead(calibration_sim0: Mapping[str, Any]) -> dict[int, float]:
     """Per grid prompt length, the median TTFT (s) of the sim path with steps of zero time."""
-    by_n: dict[int, list[float]] = {}
-    for p in calibration_sim0["prefill"]:
-        if not p["error"]:
-            by_n.setdefault(int(p["tokens"]), []).append(float(p["ttft_s"]))
-    return {n: statistics.median(v) for n, v in by_n.items()}
+    return grid_medians(calibration_sim0)[0]
 
 
 def fit(real_cal: Mapping[str, Any], overhead: Mapping[int, float]) -> Any:
-    """The profile through the real grid, the sim path's TTFT overhead taken off the prefill points."""
-    prefill = [
-        PrefillPoint(int(p["tokens"]), max(1e-4, float(p["ttft_s"]) - overhead.get(int(p["tokens"]), 0.0)))
-        for p in real_cal["prefill"]
-        if not p["error"]
-    ]
-    decode = [
-        decode_point(int(d["batch"]), int(d["context"]), DECODE_TOKENS, float(d["tpot_s"]))
-        for d in real_cal["decode"]
-        if not math.isnan(float(d["tpot_s"]))
-    ]
+    """The profile through the real grid's medians, the sim path's TTFT taken off the prefill points."""
+    ttft, tpot = grid_medians(real_cal)
+    prefill = [PrefillPoint(n, max(1e-3, t - overhead.get(n, 0.0))) for n, t in ttft.items()]
+    decode = [decode_point(b, c, DECODE_TOKENS, t) for (b, c), t in tpot.items()]
     return fit_profile(PERF_MODEL, GPU, GPU_MEMORY_GIB, prefill, decode)
 
 
@@ -623,16 +633,25 @@ def provenance_lines(real: Mapping[str, Any], overhead: Mapping[int, float], arg
         "prefill grid (TTFT of a prompt alone, client through tandem's router; the fit takes off",
         "  the sim path's own TTFT, the sim engine's over the same grid with steps of zero time):",
     ]
+    ttft, tpot = grid_medians(cal)
     for n in PREFILL_GRID:
         ttfts = [p["ttft_s"] * 1000 for p in cal["prefill"] if p["tokens"] == n and not p["error"]]
         lines.append(
             f"  {n} tokens: "
             + ", ".join(f"{t:.1f}" for t in ttfts)
-            + f" ms; sim path {overhead.get(n, 0) * 1000:.1f} ms"
+            + f" ms (median {ttft.get(n, math.nan) * 1000:.1f}); sim path {overhead.get(n, 0) * 1000:.1f} ms"
         )
-    lines.append(f"decode grid (TPOT median over the batch, {DECODE_TOKENS}-token answers):")
-    for d in cal["decode"]:
-        lines.append(f"  batch {d['batch']} at {d['context']} tokens: {d['tpot_s'] * 1000:.2f} ms")
+    lines.append(
+        f"decode grid (TPOT, median over the batch, then over {PREFILL_REPEATS} repeats; "
+        f"{DECODE_TOKENS}-token answers):"
+    )
+    for (b, c), t in tpot.items():
+        each = [d["tpot_s"] * 1000 for d in cal["decode"] if (d["batch"], d["context"]) == (b, c)]
+        lines.append(
+            f"  batch {b} at {c} tokens: "
+            + ", ".join(f"{x:.2f}" for x in each)
+            + f" ms (median {t * 1000:.2f})"
+        )
     return lines
 
 
@@ -641,19 +660,17 @@ def grid_lines(real_cal: Mapping[str, Any], sim_cal: Mapping[str, Any]) -> list[
     """The calibration grid, real vs sim with the fitted profile (medians over repeats): how well the
     fit fits the points it was fitted to."""
 
-    def med(values: Sequence[float]) -> float:
-        clean = [v for v in values if not math.isnan(v)]
-        return statistics.median(clean) * 1000 if clean else math.nan
-
-    out = ["calibration grid, real vs sim with the fitted profile (ms):"]
-    for n in PREFILL_GRID:
-        a = med([p["ttft_s"] for p in real_cal["prefill"] if p["tokens"] == n and not p["error"]])
-        b = med([p["ttft_s"] for p in sim_cal["prefill"] if p["tokens"] == n and not p["error"]])
-        out.append(f"  TTFT {n:>5} tokens alone: real {a:7.1f}  sim {b:7.1f}  real/sim {a / b:5.2f}")
-    for d_real, d_sim in zip(real_cal["decode"], sim_cal["decode"], strict=True):
-        a, b = d_real["tpot_s"] * 1000, d_sim["tpot_s"] * 1000
+    out = ["calibration grid, real vs sim with the fitted profile (medians, ms):"]
+    (real_ttft, real_tpot), (sim_ttft, sim_tpot) = grid_medians(real_cal), grid_medians(sim_cal)
+    for n, a in real_ttft.items():
+        b = sim_ttft.get(n, math.nan)
         out.append(
-            f"  TPOT batch {d_real['batch']} at {d_real['context']:>4} tokens: real {a:7.2f}  sim {b:7.2f}  "
+            f"  TTFT {n:>5} tokens alone: real {a * 1000:7.1f}  sim {b * 1000:7.1f}  real/sim {a / b:5.2f}"
+        )
+    for (batch, context), a in real_tpot.items():
+        b = sim_tpot.get((batch, context), math.nan)
+        out.append(
+            f"  TPOT batch {batch} at {context:>4} tokens: real {a * 1000:7.2f}  sim {b * 1000:7.2f}  "
             f"real/sim {a / b:5.2f}"
         )
     return out

@@ -131,3 +131,23 @@ def test_decode_point_counts_half_the_answer(
     batch: int, context: int, output: int, tpot: float, point: tuple[int, int, float]
 ) -> None:
     assert tuple(rf.decode_point(batch, context, output, tpot)) == point
+
+
+def test_grid_medians_take_the_median_of_repeats_and_drop_failures() -> None:
+    cal = {
+        "prefill": [
+            {"tokens": 24, "ttft_s": 0.020, "error": ""},
+            {"tokens": 24, "ttft_s": 0.080, "error": ""},  # a slow repeat does not move the median far
+            {"tokens": 24, "ttft_s": 0.022, "error": ""},
+            {"tokens": 200, "ttft_s": NAN, "error": "HTTP 500"},
+            {"tokens": 600, "ttft_s": 0.040, "error": ""},
+        ],
+        "decode": [
+            {"batch": 1, "context": 64, "tpot_s": 0.004},
+            {"batch": 1, "context": 64, "tpot_s": 0.006},
+            {"batch": 3, "context": 64, "tpot_s": NAN},
+        ],
+    }
+    ttft, tpot = rf.grid_medians(cal)
+    assert ttft == {24: pytest.approx(0.022), 600: pytest.approx(0.040)}  # 200: nothing answered
+    assert tpot == {(1, 64): pytest.approx(0.005)}
