@@ -234,6 +234,35 @@ def format_lines(lines: Sequence[Line], loads: Mapping[str, Mapping[str, Sequenc
     return "\n".join(out)
 
 
+def markdown_lines(lines: Sequence[Line], loads: Mapping[str, Mapping[str, Sequence[float]]]) -> list[str]:
+    """The table as Markdown, one row per cell: TTFT and TPOT p50/p90 real / sim (ratio), verdicts of
+    the named figures, load averages of the real and sim runs (docs/real-vllm.md)."""
+
+    def num(x: float) -> str:
+        return "-" if math.isnan(x) else (f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}")
+
+    out = [
+        "| cell | TTFT p50 ms, real / sim (ratio) | TTFT p90 | TPOT p50 | TPOT p90 | held to 25% | "
+        "load real; sim |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    by_cell: dict[str, list[Line]] = {}
+    for line in lines:
+        by_cell.setdefault(line.cell, []).append(line)
+    for cell, cell_lines in by_cell.items():
+        cols = [
+            f"{num(x.real_ms)} / {num(x.sim_ms)} ({'-' if math.isnan(x.ratio) else f'{x.ratio:.2f}'})"
+            for x in cell_lines
+        ]
+        verdicts = ", ".join(
+            f"{x.figure.replace('_', ' ').upper()} {x.verdict}" for x in cell_lines if x.named
+        )
+        load = loads.get(cell, {})
+        load_text = "; ".join(" ".join(f"{v:.0f}" for v in load.get(side, ())) for side in ("real", "sim"))
+        out.append(f"| {cell} | " + " | ".join(cols) + f" | {verdicts} | {load_text} |")
+    return out
+
+
 def decode_point(batch: int, context: int, output: int, tpot_s: float) -> DecodePoint:
     """A decode-grid measurement as a step: `batch` sequences each at `context` prompt tokens plus, on
     average over the answer, half its `output` tokens."""
@@ -770,6 +799,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print("\n".join(grid_lines(real["calibration"], sim["calibration"])))
     print(format_lines(lines, loads))
+    print("\n".join(markdown_lines(lines, loads)))
     if link:
         print(
             f"KV link: {link['bytes'] / 1e6:.2f} MB in {link['xfer_seconds'] * 1000:.1f} ms over "
