@@ -151,3 +151,16 @@ def test_grid_medians_take_the_median_of_repeats_and_drop_failures() -> None:
     ttft, tpot = rf.grid_medians(cal)
     assert ttft == {24: pytest.approx(0.022), 600: pytest.approx(0.040)}  # 200: nothing answered
     assert tpot == {(1, 64): pytest.approx(0.005)}
+
+
+def test_markdown_has_one_row_per_cell_with_its_verdicts_and_loads() -> None:
+    real = {"a": {"ttft_p50": 20.0, "ttft_p90": 150.0, "tpot_p50": 4.4, "tpot_p90": NAN}}
+    sim = {"a": {"ttft_p50": 25.0, "ttft_p90": 100.0, "tpot_p50": 4.0, "tpot_p90": 5.0}}
+    rows = rf.markdown_lines(
+        rf.table(real, sim, {"a": ("ttft_p50", "tpot_p50")}), {"a": {"real": [3.2], "sim": [9.6]}}
+    )
+    assert len(rows) == 3  # header, rule, one cell
+    assert rows[2] == (
+        "| a | 20.0 / 25.0 (0.80) | 150 / 100 (1.50) | 4.40 / 4.00 (1.10) | - / 5.00 (-) "
+        "| TTFT P50 PASS, TPOT P50 PASS | 3; 10 |"
+    )
