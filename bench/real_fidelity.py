@@ -730,11 +730,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         real = json.loads(args.out.read_text())["real"]
     else:
         real = {
-            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.processor() or 'x86'}",
             "eval": {},
         }
         with real_engines_lock():
+            real["date"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
             say(f"real engines: load average {os.getloadavg()}")
             for mode in modes:
                 with stack("vllm", mode, {}, f"real-{mode}") as st:
