@@ -681,6 +681,16 @@ def provenance_lines(real: Mapping[str, Any], overhead: Mapping[int, float], arg
             + ", ".join(f"{x:.2f}" for x in each)
             + f" ms (median {t * 1000:.2f})"
         )
+    link = real.get("link")
+    if link and link["xfer_seconds"] > 0:
+        lines.append(
+            "KV link for the P/D sim engines (TANDEM_SIM_KV_BANDWIDTH_GBPS, not part of the profile): "
+            f"{link_gbps([(link['bytes'], link['xfer_seconds'])]):.3g} Gb/s,"
+        )
+        lines.append(
+            f"  {link['bytes'] / 1e6:.1f} MB in {link['xfer_seconds']:.2f} s over "
+            f"{link['transfers']:.0f} NIXL transfers (decode's vllm:nixl_* counters)"
+        )
     return lines
 
 
