@@ -1,0 +1,166 @@
+"""The pure parts of bench/real_fidelity.py: request sets, per-run figures, medians of runs, the table."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tandem.devcluster.testing import load_file
+
+BENCH = Path(__file__).resolve().parents[3] / "bench" / "real_fidelity.py"
+
+
+def _load() -> ModuleType:
+    return load_file("real_fidelity_bench", BENCH)
+
+
+rf = _load()
+NAN = math.nan
+
+
+@pytest.mark.parametrize(
+    ("samples", "expected"),
+    [
+        # nearest rank: p50 of 4 values is the 2nd, p90 the 4th
+        (
+            [rf.Sample(0.010, 0.005, 8), rf.Sample(0.020, 0.006, 8), rf.Sample(0.030, 0.007, 8),
+             rf.Sample(0.040, 0.008, 8)],
+            {"ttft_p50": 20.0, "ttft_p90": 40.0, "tpot_p50": 6.0, "tpot_p90": 8.0},
+        ),
+        # failed requests are left out; a one-token answer has a TTFT but no TPOT
+        (
+            [rf.Sample(0.010, NAN, 1), rf.Sample(NAN, NAN, 0, "HTTP 500"), rf.Sample(0.030, 0.004, 8)],
+            {"ttft_p50": 10.0, "ttft_p90": 30.0, "tpot_p50": 4.0, "tpot_p90": 4.0},
+        ),
+        # nothing answered: every figure NaN
+        ([rf.Sample(NAN, NAN, 0, "no token")], dict.fromkeys(rf.FIGURES, NAN)),
+    ],
+)  # fmt: skip
+def test_run_figures(samples: list[object], expected: dict[str, float]) -> None:
+    got = rf.run_figures(samples)
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, nan_ok=True), key
+
+
+@pytest.mark.parametrize(
+    ("runs", "expected_ttft_p50"),
+    [
+        ([10.0, 30.0, 20.0], 20.0),  # the middle run, not the mean
+        ([10.0, 40.0], 25.0),  # two runs: their mean (statistics.median)
+        ([10.0, NAN, 30.0], 20.0),  # a run without figures is left out
+        ([NAN, NAN], NAN),
+    ],
+)
+def test_median_of_runs(runs: list[float], expected_ttft_p50: float) -> None:
+    rows = [dict.fromkeys(rf.FIGURES, x) for x in runs]
+    got = rf.median_of_runs(rows)
+    assert got["ttft_p50"] == pytest.approx(expected_ttft_p50, nan_ok=True)
+    assert set(got) == set(rf.FIGURES)
+
+
+@pytest.mark.parametrize(
+    ("real", "sim", "named", "verdict", "ratio"),
+    [
+        (125.0, 100.0, True, "PASS", 1.25),  # exactly 25% above: within
+        (75.0, 100.0, True, "PASS", 0.75),
+        (126.0, 100.0, True, "FAIL", 1.26),
+        (70.0, 100.0, True, "FAIL", 0.70),
+        (300.0, 100.0, False, "", 3.0),  # not named: shown, never judged
+        (100.0, NAN, True, "FAIL", NAN),  # a missing sim figure fails a named cell
+        (100.0, 0.0, True, "FAIL", NAN),
+    ],
+)
+def test_table_verdicts(real: float, sim: float, named: bool, verdict: str, ratio: float) -> None:
+    lines = rf.table(
+        {"c": {"ttft_p50": real}}, {"c": {"ttft_p50": sim}}, {"c": ("ttft_p50",) if named else ()}
+    )
+    line = next(x for x in lines if x.figure == "ttft_p50")
+    assert (line.verdict, line.named) == (verdict, named)
+    assert line.ratio == pytest.approx(ratio, nan_ok=True)
+    assert len(lines) == len(rf.FIGURES)  # every figure listed, the others NaN
+    assert rf.format_lines(lines, {"c": {"real": [3.0], "sim": [4.0]}}).count("\n") == len(rf.FIGURES)
+
+
+def test_cells_only_on_both_sides_are_compared() -> None:
+    real = {"a": dict.fromkeys(rf.FIGURES, 1.0), "b": dict.fromkeys(rf.FIGURES, 1.0)}
+    sim = {"a": dict.fromkeys(rf.FIGURES, 1.0)}
+    assert {line.cell for line in rf.table(real, sim, {})} == {"a"}
+
+
+def test_request_sets_are_seeded_per_cell_and_run_and_within_their_ranges() -> None:
+    cell = next(c for c in rf.CELLS if c.prompts == "mixed")
+    first, again, other = rf.cell_requests(cell, 0), rf.cell_requests(cell, 0), rf.cell_requests(cell, 1)
+    assert first == again  # real and sim get the same prompts
+    assert first != other  # every run new ones: no prefix-cache hit across runs
+    assert len(first) == cell.requests
+    lengths = [len(p) for p, _ in first]
+    short, long = rf.PROMPT_RANGES["short"], rf.PROMPT_RANGES["long"]
+    assert all(short[0] <= n <= short[1] for n in lengths[0::2])
+    assert all(long[0] <= n <= long[1] for n in lengths[1::2])
+    assert all(rf.VOCAB[0] <= t <= rf.VOCAB[1] for p, _ in first for t in p)
+    assert {n for _, n in first} == {cell.output}
+
+
+def test_evaluation_differs_from_the_calibration_grid() -> None:
+    """No evaluation cell is a grid point: other batch sizes or arrivals, random lengths."""
+    for cell in rf.CELLS:
+        assert cell.streams in {1, 2, 4, 8}
+        lengths = {len(p) for p, _ in rf.cell_requests(cell, 0)}
+        assert len(lengths) > 1
+    assert not {2, 4, 8} & set(rf.DECODE_BATCHES)
+    # the named figures: TPOT p50 everywhere, TTFT p50 on colocated steady cells only
+    for cell in rf.CELLS:
+        assert "tpot_p50" in rf.NAMED[cell.name]
+        assert ("ttft_p50" in rf.NAMED[cell.name]) == (cell.mode == "colocated" and cell.arrival == "steady")
+        assert not {"ttft_p90", "tpot_p90"} & set(rf.NAMED[cell.name])
+
+
+@pytest.mark.parametrize(
+    ("batch", "context", "output", "tpot", "point"),
+    [
+        (1, 64, 48, 0.007, (1, 88, 0.007)),  # 64 prompt + 24 (half the answer) on average
+        (6, 1000, 48, 0.012, (6, 6144, 0.012)),
+        (3, 0, 1, 0.009, (3, 0, 0.009)),
+    ],
+)
+def test_decode_point_counts_half_the_answer(
+    batch: int, context: int, output: int, tpot: float, point: tuple[int, int, float]
+) -> None:
+    assert tuple(rf.decode_point(batch, context, output, tpot)) == point
+
+
+def test_grid_medians_take_the_median_of_repeats_and_drop_failures() -> None:
+    cal = {
+        "prefill": [
+            {"tokens": 24, "ttft_s": 0.020, "error": ""},
+            {"tokens": 24, "ttft_s": 0.080, "error": ""},  # a slow repeat does not move the median far
+            {"tokens": 24, "ttft_s": 0.022, "error": ""},
+            {"tokens": 200, "ttft_s": NAN, "error": "HTTP 500"},
+            {"tokens": 600, "ttft_s": 0.040, "error": ""},
+        ],
+        "decode": [
+            {"batch": 1, "context": 64, "tpot_s": 0.004},
+            {"batch": 1, "context": 64, "tpot_s": 0.006},
+            {"batch": 3, "context": 64, "tpot_s": NAN},
+        ],
+    }
+    ttft, tpot = rf.grid_medians(cal)
+    assert ttft == {24: pytest.approx(0.022), 600: pytest.approx(0.040)}  # 200: nothing answered
+    assert tpot == {(1, 64): pytest.approx(0.005)}
+
+
+def test_markdown_has_one_row_per_cell_with_its_verdicts_and_loads() -> None:
+    real = {"a": {"ttft_p50": 20.0, "ttft_p90": 150.0, "tpot_p50": 4.4, "tpot_p90": NAN}}
+    sim = {"a": {"ttft_p50": 25.0, "ttft_p90": 100.0, "tpot_p50": 4.0, "tpot_p90": 5.0}}
+    rows = rf.markdown_lines(
+        rf.table(real, sim, {"a": ("ttft_p50", "tpot_p50")}), {"a": {"real": [3.2], "sim": [9.6]}}
+    )
+    assert len(rows) == 3  # header, rule, one cell
+    assert rows[2] == (
+        "| a | 20.0 / 25.0 (0.80) | 150 / 100 (1.50) | 4.40 / 4.00 (1.10) | - / 5.00 (-) "
+        "| TTFT P50 PASS, TPOT P50 PASS | 3; 10 |"
+    )
