@@ -50,7 +50,9 @@ import math
 import os
 import platform
 import random
+import signal
 import statistics
+import subprocess
 import sys
 import time
 import urllib.request
@@ -360,10 +362,24 @@ class Stack:
     marker: str
     pids: list[int] = field(default_factory=list)
 
+    popens: list[Any] = field(default_factory=list)
+
     def stop(self) -> None:
+        """Every process carrying the marker (vLLM's children too), then whatever this bench spawned
+        that is still alive, by its own process group."""
         from tandem.devcluster import procs
 
         procs.stop(procs.marked_pids(self.marker), self.marker, grace=30)
+        for proc in self.popens:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(10)
 
 
 @contextlib.contextmanager
@@ -387,10 +403,11 @@ def stack(kind: Kind, mode: Mode, sim_env: Mapping[str, str], tag: str) -> Itera
             (logs / f"{role}.argv").write_text(json.dumps({"argv": argv, "env": env}, indent=1))
             proc = procs.spawn(argv, log=logs / f"{role}.log", marker=marker, env={**os.environ, **env})
             st.pids.append(proc.pid)
+            st.popens.append(proc)
         for role, url in st.engines.items():
             deadline = time.monotonic() + 400
             while get(f"{url}/health", 2)[0] != 200:
-                if time.monotonic() > deadline or not procs.has_marker(st.pids[roles.index(role)], marker):
+                if time.monotonic() > deadline or st.popens[roles.index(role)].poll() is not None:
                     tail = (logs / f"{role}.log").read_text(errors="replace")[-3000:]
                     raise SystemExit(f"{kind} {role} engine not ready (log {logs}/{role}.log):\n{tail}")
                 time.sleep(1)
@@ -409,7 +426,7 @@ def stack(kind: Kind, mode: Mode, sim_env: Mapping[str, str], tag: str) -> Itera
             router += [f"--{role}", url]
         router += ["--model", SERVED, "--max-model-len", "2048", "--log-level", "WARNING"]
         router += ["--serving-mode", "Colocated" if mode == "colocated" else "Disaggregated"]
-        procs.spawn(router, log=logs / "router.log", marker=marker)
+        st.popens.append(procs.spawn(router, log=logs / "router.log", marker=marker))
         deadline = time.monotonic() + 60
         while get(f"{st.router}/ready", 2)[0] != 200:
             if time.monotonic() > deadline:
