@@ -9,9 +9,11 @@ import copy
 from typing import Any
 
 from tandem.api.testing import stored
+from tandem.controller.drain import DRAIN_SETTLE_SECONDS
 from tandem.kube.rest import Kind, KubeError
 
-from .test_reconcile_autoscaling import NAME, NS, World
+from .test_reconcile_autoscaling import DRAINING, NAME, NS, T0, World
+from .test_reconcile_autoscaling import manifest as autoscaling_manifest
 
 LWS = ("LeaderWorkerSet", NS, f"{NAME}-decode")
 
@@ -185,3 +187,63 @@ def test_the_leaderworkerset_goes_after_its_headless_service_and_not_without_it(
     status, reason, message = conditions(failing)["Stalled"]
     assert (status, reason) == ("True", "ApplyFailed")
     assert f"LeaderWorkerSet/{NAME}-decode: not applied: its Service {NAME}-decode is not there" in message
+
+
+def autoscaled_groups() -> dict[str, Any]:
+    """Decode in groups of 2 sim pods (a rank each, Internal), sized by tandem's autoscaler in [1, 3]."""
+    doc = autoscaling_manifest()
+    doc["spec"]["decode"].update({"nodesPerInstance": 2, "parallelism": {"data": 2}})
+    return doc
+
+
+class GroupWorld(World):
+    """The fake API plus what LeaderWorkerSet's controller and the kubelet would do between passes: a
+    group's leader `<lws>-<g>` (scraped) and worker `<lws>-<g>-1` (headless: not scraped) per group."""
+
+    def settle(self) -> None:
+        super().settle()
+        obj = self.kube.objects.get(LWS)
+        if obj is None:
+            return
+        count = obj["spec"].get("replicas") or 0
+        obj["metadata"]["generation"] = 1
+        obj["status"] = {"replicas": count, "readyReplicas": count, "updatedReplicas": count}
+        labels = {"tandem.dev/pddeployment": NAME, "tandem.dev/role": "decode"}
+        for group in range(6):
+            for name, scraped in ((f"{LWS[2]}-{group}", True), (f"{LWS[2]}-{group}-1", False)):
+                key = ("Pod", NS, name)
+                if group >= count:
+                    self.kube.objects.pop(key, None)
+                elif key not in self.kube.objects:
+                    annotations = {"prometheus.io/scrape": "true"} if scraped else {}
+                    self.kube.objects[key] = {
+                        "metadata": {"name": name, "labels": dict(labels), "annotations": annotations},
+                        "status": {"phase": "Running", "podIP": "127.20.0.9"},
+                    }
+
+
+def test_scale_in_drains_a_whole_group_then_removes_it_when_its_leader_is_idle() -> None:
+    world = GroupWorld(autoscaled_groups())
+    world.reader.busy = {f"{NAME}-decode-1"}  # the leader of group 1: its /metrics counts both ranks
+    world.run()
+    assert world.kube.objects[LWS]["spec"]["replicas"] == 2
+    while world.pdd["status"]["autoscaling"]["pools"]["decode"]["desiredReplicas"] == 2:
+        world.run(5.0)
+        assert world.now - T0 <= 30, "no scale-in"
+    group_1 = [f"{NAME}-decode-1", f"{NAME}-decode-1-1"]
+    for name in group_1:
+        assert DRAINING in world.kube.objects[("Pod", NS, name)]["metadata"]["annotations"], name
+    for name in (f"{NAME}-decode-0", f"{NAME}-decode-0-1"):
+        assert DRAINING not in world.kube.objects[("Pod", NS, name)]["metadata"]["annotations"], name
+    assert world.pdd["status"]["autoscaling"]["pools"]["decode"]["draining"]["pods"] == group_1
+    assert world.kube.objects[LWS]["spec"]["replicas"] == 2
+    assert world.pdd["status"]["pools"]["decode"]["limitedBy"] == "drain"
+    world.run(DRAIN_SETTLE_SECONDS + 5.0)
+    assert world.kube.objects[LWS]["spec"]["replicas"] == 2, "shrank while the group's leader streamed"
+    world.reader.busy = set()  # the headless worker has no load of its own: the leader's counts
+    world.run(5.0)
+    assert world.kube.objects[LWS]["spec"]["replicas"] == 1
+    assert all(("Pod", NS, name) not in world.kube.objects for name in group_1)
+    assert "draining" not in world.pdd["status"]["autoscaling"]["pools"]["decode"]
+    events = world.events()
+    assert events.index("ScaledDown") < events.index("Draining") < events.index("Drained")
