@@ -3,7 +3,14 @@ the LeaderWorkerSets of a PDDeployment whose prefill and decode pools are groups
 (one data-parallel rank per pod, the leader balancing: `Internal`), requests are served through the
 operator's router from a prefill group to a decode group, a pool grows by one group (within maxGPUs,
 which counts every GPU of a group), and a killed rank takes its group down until LeaderWorkerSet has
-recreated it and it serves again.
+recreated it and it serves again. Then tandem's own autoscaler sizes a second PDDeployment's decode
+pool in groups: a load of long streams through the router grows it by one group (on the KV cache and
+sequences of the group's two ranks together, which the leader's /metrics reports), and when the load
+falls it drains the highest group (both its pods marked, the router sending it nothing new) and
+removes it once idle, with no failed stream.
+
+The operator reads the dev cluster's Prometheus (`autoscaling_operator`), which scrapes every pod
+that serves /metrics every 2 s (a group's leader, not its headless worker).
 
 The dev cluster runs LeaderWorkerSet's controller (`devcluster.start_lws`); every address is a
 loopback one (127.0.0.0/8).
@@ -26,10 +33,11 @@ import yaml
 
 from tandem.api import meta
 from tandem.demo import e2e
+from tandem.demo.load import BackgroundLoad, Phase
 from tandem.devcluster import cluster as devcluster
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.layout import ClusterDir
-from tandem.devcluster.testing import OperatorProcess, eventually, scratch_namespace
+from tandem.devcluster.testing import RestartableOperator, eventually, scratch_namespace
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 
@@ -128,7 +136,7 @@ def served_at_once(router: str, count: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def deployed(cluster: ClusterHandle, operator: OperatorProcess) -> Iterator[Deployed]:
+def deployed(cluster: ClusterHandle, autoscaling_operator: RestartableOperator) -> Iterator[Deployed]:
     try:
         devcluster.start_lws(ClusterDir(cluster.dir))
     except devcluster.ClusterError as e:
@@ -229,3 +237,140 @@ def test_a_killed_rank_takes_its_group_down_until_it_is_recreated(deployed: Depl
         what="requests served again",
     )
     assert codes == [200] * 6
+
+
+# --- tandem's autoscaler in groups ------------------------------------------------------------------
+
+AS_NAME = "mn-as"
+# Every modelled latency x3; a new pod answers 503 for 4 s (its model "loads").
+AS_ENV = e2e.engine_env(3, 4)
+# A decode rank's KV cache: ~5.3k tokens (as in the autoscale e2e), so a group of 2 ranks holds ~10k.
+DECODE_ARGS = ("--gpu-memory-utilization", "0.22")
+DOWN_WINDOW = 30
+# ~11 s streams of 500 tokens (x3 time scale) at 1.2/s: ~13 at once, ~10k tokens of KV: more than
+# one group's two ranks hold at the 85% target, well within two groups.
+LONG = Phase(1.2, 500, 500, "long")
+FALL = Phase(0.4, 300, 100, "fall")  # ~2 s streams: light, often one in flight
+
+
+def autoscaled_manifest() -> dict[str, Any]:
+    decode = {
+        **group_pool(1),
+        "engineArgs": list(DECODE_ARGS),
+        "autoscaling": {"minReplicas": 1, "maxReplicas": 2},
+    }
+    return e2e.pddeployment(
+        AS_NAME,
+        {
+            "engine": {"type": "sim", "image": e2e.IMAGE, "env": AS_ENV},
+            "prefill": group_pool(1),
+            "decode": decode,
+            "maxGPUs": MAX_GPUS,  # prefill 1 group + decode 2 groups, of 2 GPUs each
+            "slo": {"ttftMs": 3000, "tpotMs": 100, "attainmentPercent": 90},
+            "autoscaling": {
+                "enabled": True,
+                "intervalSeconds": 5,
+                "scaleUp": {"stabilizationSeconds": 0, "maxStep": 1},
+                "scaleDown": {"stabilizationSeconds": DOWN_WINDOW, "maxStep": 1},
+                "drainTimeoutSeconds": 90,
+            },
+        },
+    )
+
+
+def leader_seen(pod: dict[str, Any]) -> int | None:
+    """Requests a group's leader has received (served or handed to its worker); None: gone."""
+    status, body = call(f"http://{pod['status']['podIP']}:{meta.ENGINE_PORT}/debug/state", timeout=5)
+    return int(json.loads(body)["requests_seen"]) if status == 200 else None
+
+
+def test_the_autoscaler_grows_decode_by_a_group_and_drains_it_whole_without_a_failed_stream(
+    deployed: Deployed,
+) -> None:
+    cluster, ns = deployed.cluster, deployed.namespace
+    cluster.kubectl("delete", "pdd", NAME, "-n", ns, "--wait=false")  # its 6 pods: room on 2 cores
+    began = time.monotonic()
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(autoscaled_manifest()))
+    watch = e2e.Watcher(cluster, ns, AS_NAME).start()
+    load: BackgroundLoad | None = None
+    try:
+        watch.wait("Ready, 1+1 groups", lambda s: s if s.is_ready() and s.ready("decode") == 1 else None, 300)
+        print(f"\n{AS_NAME} Ready {time.monotonic() - began:.0f} s after apply")
+        router = e2e.router_url(cluster, ns, AS_NAME)
+        eventually(lambda: all_served(router, 4), timeout=120, what="served through the router")
+        load = BackgroundLoad(router, e2e.MODEL, max_requests=1500, max_seconds=600).start(LONG)
+        started = time.time()
+
+        up = watch.wait(
+            "decode decided up by a group", lambda s: s if (s.desired("decode") or 0) >= 2 else None, 180
+        )
+        decision = up.autoscaling("decode")["lastDecision"]
+        figures = decision["figures"]
+        print(f"+{up.at - started:.0f}s decode 1 -> 2 groups: {decision['reason']}")
+        # One replica is one group of two ranks: the capacity is both ranks' together.
+        assert figures["enginesPerReplica"] == 2, figures
+        assert figures["kvTokensPerReplica"] > 0
+        grown = watch.wait("decode 2 groups Ready", lambda s: s if s.ready("decode") >= 2 else None, 180)
+        print(f"+{grown.at - started:.0f}s 2 decode groups Ready: {grown.brief()}")
+        assert grown.status["pools"]["decode"]["gpus"] == 2 * GPUS_PER_GROUP
+        assert len(deployed.pods("decode")) == 4
+
+        load.set(FALL)
+        fell = time.time()
+
+        def group_1_marked() -> list[dict[str, Any]] | None:
+            pods = [
+                p for p in deployed.pods("decode") if p["metadata"]["name"].startswith(f"{AS_NAME}-decode-1")
+            ]
+            marked = [p for p in pods if meta.ANNOTATION_DRAINING in (p["metadata"].get("annotations") or {})]
+            return pods if len(pods) == 2 and len(marked) == 2 else None
+
+        marked = eventually(group_1_marked, timeout=180, what="both pods of decode group 1 marked draining")
+        names = sorted(p["metadata"]["name"] for p in marked)
+        print(f"+{time.time() - fell:.0f}s after the load fell: {names} marked draining")
+        assert names == [f"{AS_NAME}-decode-1", f"{AS_NAME}-decode-1-1"]
+        record = deployed.pdd()["status"]["autoscaling"]["pools"]["decode"].get("draining") or {}
+        assert sorted(record.get("pods") or []) == names, record
+        # The router sends the draining group nothing new: its leader's count stops (once the
+        # router's pod watch has seen the mark), while group 0 keeps serving the load.
+        leader = next(p for p in marked if p["metadata"]["name"] == f"{AS_NAME}-decode-1")
+        time.sleep(4)
+        first = leader_seen(leader)
+        time.sleep(4)
+        second = leader_seen(leader)
+        print(f"draining group 1's leader: {first} then {second} requests")
+        if first is not None and second is not None:
+            assert second == first, "the router sent new requests to a draining group"
+
+        done = watch.wait(
+            "decode back to 1 group",
+            lambda s: s if s.replicas("decode") == 1 and s.desired("decode") == 1 else None,
+            180,
+        )
+        print(f"+{done.at - fell:.0f}s after the load fell: {done.brief()}")
+        eventually(lambda: len(deployed.pods("decode")) == 2, timeout=120, what="group 1's pods gone")
+        assert {p["metadata"]["name"] for p in deployed.pods("decode")} == {
+            f"{AS_NAME}-decode-0",
+            f"{AS_NAME}-decode-0-1",
+        }
+        time.sleep(3)
+        load.stop(timeout=90)
+        samples = load.samples(since=started)
+        failed = e2e.failures(samples)
+        print(f"{len(samples)} streams through the router, {len(failed)} failed")
+        assert samples
+        assert not failed, failed[:3]
+        reasons = [e["reason"] for e in e2e.events(cluster, ns, AS_NAME)]
+        assert "Draining" in reasons, reasons
+        assert "Drained" in reasons, reasons
+        drained = [e for e in e2e.events(cluster, ns, AS_NAME) if e["reason"] == "Drained"]
+        print(f"drain: {drained[-1].get('message')}")
+        assert "idle" in drained[-1].get("message", ""), drained[-1]
+        readings = watch.since(started)
+        assert max(s.desired("decode") or 0 for s in readings) <= 2
+    finally:
+        if load is not None and load.running:
+            load.stop(timeout=60)
+        watch.stop()
+        for e in e2e.events(cluster, ns, AS_NAME):
+            print(f"  {e.get('reason')}: {e.get('message', '')[:300]}")
