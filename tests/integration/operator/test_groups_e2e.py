@@ -55,11 +55,11 @@ def group_pool(replicas: int) -> dict[str, Any]:
     }
 
 
-def manifest(decode_groups: int) -> dict[str, Any]:
+def manifest(decode_groups: int, image: str = e2e.IMAGE) -> dict[str, Any]:
     return e2e.pddeployment(
         NAME,
         {
-            "engine": {"type": "sim", "image": e2e.IMAGE},
+            "engine": {"type": "sim", "image": image},
             "prefill": group_pool(1),
             "decode": group_pool(decode_groups),
             "maxGPUs": MAX_GPUS,
@@ -237,6 +237,73 @@ def test_a_killed_rank_takes_its_group_down_until_it_is_recreated(deployed: Depl
         what="requests served again",
     )
     assert codes == [200] * 6
+
+
+NEW_IMAGE = "ghcr.io/tandem-dev/tandem:0.1.1"  # a revision field: a new P/D pair of groups
+STEADY = Phase(1.0, 200, 16, "steady")
+
+
+def test_a_revision_change_replaces_the_groups_through_the_revision_rollout(deployed: Deployed) -> None:
+    """An image change (a revision field) on the groups deployment: the new revision's prefill and
+    decode LeaderWorkerSets start beside the old ones, the weight moves to them once every group of
+    theirs is Ready, and the old pair's LeaderWorkerSets go once their leaders report nothing in
+    flight, with requests served all along."""
+    cluster, ns = deployed.cluster, deployed.namespace
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(manifest(1)))  # fewer pods
+    eventually(lambda: deployed.ready({"prefill": 1, "decode": 1}), timeout=300, what="1+1 groups")
+    eventually(lambda: len(deployed.pods("decode")) == 2, timeout=120, what="decode's 2nd group gone")
+    old = deployed.pdd()["status"]["revisions"]["current"]
+    router = e2e.router_url(cluster, ns, NAME)
+    load = BackgroundLoad(router, e2e.MODEL, max_requests=1200, max_seconds=420).start(STEADY)
+    try:
+        time.sleep(5)
+        began = time.monotonic()
+        cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(manifest(1, NEW_IMAGE)))
+
+        def switched() -> dict[str, Any] | None:
+            revs = (deployed.pdd().get("status") or {}).get("revisions") or {}
+            current = revs.get("current") or {}
+            if current.get("id") == old["id"] or revs.get("weight") != 100 or not revs.get("previous"):
+                return None
+            return dict(revs)
+
+        revs = eventually(switched, timeout=300, what="the weight on the new revision's groups")
+        switch_s = time.monotonic() - began
+        prefix = revs["current"]["prefix"]
+        for role in ("prefill", "decode"):
+            lws = deployed.get("leaderworkerset", f"{prefix}-{role}")
+            assert lws["spec"]["leaderWorkerTemplate"]["size"] == 2, lws
+            assert lws["status"]["readyReplicas"] == 1, lws["status"]
+            assert deployed.get("leaderworkerset", f"{NAME}-{role}"), f"old {role} groups gone early"
+
+        def removed() -> bool:
+            revs = (deployed.pdd().get("status") or {}).get("revisions") or {}
+            gone = all(
+                not deployed.get("leaderworkerset", f"{NAME}-{role}") for role in ("prefill", "decode")
+            )
+            return not revs.get("previous") and gone
+
+        eventually(removed, timeout=420, what="the old pair's LeaderWorkerSets removed")
+        removed_s = time.monotonic() - began
+        time.sleep(3)
+    finally:
+        load.stop(timeout=90)
+    message = next(
+        (e.get("message", "") for e in e2e.events(cluster, ns, NAME) if e["reason"] == "RevisionRemoved"), ""
+    )
+    print(
+        f"\nrevision {old['id']} -> {revs['current']['id']} of groups: weight moved {switch_s:.0f} s "
+        f"after the apply, old pair removed after {removed_s:.0f} s ({message})"
+    )
+    assert "idle" in message, message
+    samples = load.samples()
+    failed = e2e.failures(samples)
+    print(f"{len(samples)} requests through the router during the change, {len(failed)} failed")
+    assert len(samples) >= 20
+    assert not failed, failed[:3]
+    assert {p["metadata"]["labels"].get(meta.LABEL_REVISION) for p in deployed.pods("decode")} == {
+        revs["current"]["id"]
+    }
 
 
 # --- tandem's autoscaler in groups ------------------------------------------------------------------
