@@ -88,8 +88,8 @@ class Deployed:
     def pool(self, role: str) -> dict[str, Any]:
         return dict(((self.pdd().get("status") or {}).get("pools") or {}).get(role) or {})
 
-    def pods(self, role: str) -> list[dict[str, Any]]:
-        items = self.get("pods", "-l", f"{meta.LABEL_PDD}={NAME},{meta.LABEL_ROLE}={role}").get("items", [])
+    def pods(self, role: str, name: str = NAME) -> list[dict[str, Any]]:
+        items = self.get("pods", "-l", f"{meta.LABEL_PDD}={name},{meta.LABEL_ROLE}={role}").get("items", [])
         return [p for p in items if not p["metadata"].get("deletionTimestamp")]
 
     def ready(self, groups: dict[str, int]) -> dict[str, Any] | None:
@@ -318,6 +318,7 @@ DOWN_WINDOW = 30
 # one group's two ranks hold at the 85% target, well within two groups.
 LONG = Phase(1.2, 500, 500, "long")
 FALL = Phase(0.4, 300, 100, "fall")  # ~2 s streams: light, often one in flight
+ROUTER_SEES_MARK_S = 3.0  # the router's pod watch (a second or so) after a drain's marks
 
 
 def autoscaled_manifest() -> dict[str, Any]:
@@ -345,6 +346,19 @@ def autoscaled_manifest() -> dict[str, Any]:
     )
 
 
+def groups(seen: e2e.Seen, role: str, key: str = "readyReplicas") -> int:
+    """A pool's groups in status (`replicas`, `readyReplicas`: LeaderWorkerSet's counts)."""
+    return int(((seen.status.get("pools") or {}).get(role) or {}).get(key) or 0)
+
+
+def sizes(seen: e2e.Seen) -> str:
+    return ", ".join(
+        f"{role} {groups(seen, role)}/{groups(seen, role, 'replicas')} groups ready "
+        f"(desired {seen.desired(role)})"
+        for role in ("prefill", "decode")
+    )
+
+
 def leader_seen(pod: dict[str, Any]) -> int | None:
     """Requests a group's leader has received (served or handed to its worker); None: gone."""
     status, body = call(f"http://{pod['status']['podIP']}:{meta.ENGINE_PORT}/debug/state", timeout=5)
@@ -355,13 +369,15 @@ def test_the_autoscaler_grows_decode_by_a_group_and_drains_it_whole_without_a_fa
     deployed: Deployed,
 ) -> None:
     cluster, ns = deployed.cluster, deployed.namespace
-    cluster.kubectl("delete", "pdd", NAME, "-n", ns, "--wait=false")  # its 6 pods: room on 2 cores
+    cluster.kubectl("delete", "pdd", NAME, "-n", ns, "--wait=false", check=False)  # room on 2 cores
     began = time.monotonic()
     cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(autoscaled_manifest()))
     watch = e2e.Watcher(cluster, ns, AS_NAME).start()
     load: BackgroundLoad | None = None
     try:
-        watch.wait("Ready, 1+1 groups", lambda s: s if s.is_ready() and s.ready("decode") == 1 else None, 300)
+        watch.wait(
+            "Ready, 1+1 groups", lambda s: s if s.is_ready() and groups(s, "decode") == 1 else None, 300
+        )
         print(f"\n{AS_NAME} Ready {time.monotonic() - began:.0f} s after apply")
         router = e2e.router_url(cluster, ns, AS_NAME)
         eventually(lambda: all_served(router, 4), timeout=120, what="served through the router")
@@ -377,17 +393,19 @@ def test_the_autoscaler_grows_decode_by_a_group_and_drains_it_whole_without_a_fa
         # One replica is one group of two ranks: the capacity is both ranks' together.
         assert figures["enginesPerReplica"] == 2, figures
         assert figures["kvTokensPerReplica"] > 0
-        grown = watch.wait("decode 2 groups Ready", lambda s: s if s.ready("decode") >= 2 else None, 180)
-        print(f"+{grown.at - started:.0f}s 2 decode groups Ready: {grown.brief()}")
+        grown = watch.wait("decode 2 groups Ready", lambda s: s if groups(s, "decode") >= 2 else None, 180)
+        print(f"+{grown.at - started:.0f}s 2 decode groups Ready: {sizes(grown)}")
         assert grown.status["pools"]["decode"]["gpus"] == 2 * GPUS_PER_GROUP
-        assert len(deployed.pods("decode")) == 4
+        assert len(deployed.pods("decode", AS_NAME)) == 4
 
         load.set(FALL)
         fell = time.time()
 
         def group_1_marked() -> list[dict[str, Any]] | None:
             pods = [
-                p for p in deployed.pods("decode") if p["metadata"]["name"].startswith(f"{AS_NAME}-decode-1")
+                p
+                for p in deployed.pods("decode", AS_NAME)
+                if p["metadata"]["name"].startswith(f"{AS_NAME}-decode-1")
             ]
             marked = [p for p in pods if meta.ANNOTATION_DRAINING in (p["metadata"].get("annotations") or {})]
             return pods if len(pods) == 2 and len(marked) == 2 else None
@@ -396,27 +414,37 @@ def test_the_autoscaler_grows_decode_by_a_group_and_drains_it_whole_without_a_fa
         names = sorted(p["metadata"]["name"] for p in marked)
         print(f"+{time.time() - fell:.0f}s after the load fell: {names} marked draining")
         assert names == [f"{AS_NAME}-decode-1", f"{AS_NAME}-decode-1-1"]
-        record = deployed.pdd()["status"]["autoscaling"]["pools"]["decode"].get("draining") or {}
+        record = (
+            deployed.get("pdd", AS_NAME)["status"]["autoscaling"]["pools"]["decode"].get("draining") or {}
+        )
         assert sorted(record.get("pods") or []) == names, record
-        # The router sends the draining group nothing new: its leader's count stops (once the
-        # router's pod watch has seen the mark), while group 0 keeps serving the load.
+        # The router sends the draining group nothing new: from a few seconds after the drain began
+        # (the router's pod watch has seen the mark), its leader's count of requests stops, while
+        # group 0 serves the load. Sampled once a second until the group goes (10 s at the earliest).
         leader = next(p for p in marked if p["metadata"]["name"] == f"{AS_NAME}-decode-1")
-        time.sleep(4)
-        first = leader_seen(leader)
-        time.sleep(4)
-        second = leader_seen(leader)
-        print(f"draining group 1's leader: {first} then {second} requests")
-        if first is not None and second is not None:
-            assert second == first, "the router sent new requests to a draining group"
+        settled = float(record["startedAt"]) + ROUTER_SEES_MARK_S
+        samples: list[tuple[float, int]] = []
+        until = time.monotonic() + 120  # the drain's timeout (90 s) and then some
+        while (seen := leader_seen(leader)) is not None and time.monotonic() < until:
+            samples.append((time.time(), seen))
+            time.sleep(1)
+        after = [n for at, n in samples if at >= settled]
+        print(
+            f"draining group 1's leader, requests seen once a second until it went: {[n for _, n in samples]}"
+        )
+        assert len(after) >= 2, f"too few samples after the router saw the mark: {samples}"
+        assert len(set(after)) == 1, f"the router sent new requests to a draining group: {samples}"
 
         done = watch.wait(
             "decode back to 1 group",
-            lambda s: s if s.replicas("decode") == 1 and s.desired("decode") == 1 else None,
+            lambda s: s if groups(s, "decode", "replicas") == 1 and s.desired("decode") == 1 else None,
             180,
         )
-        print(f"+{done.at - fell:.0f}s after the load fell: {done.brief()}")
-        eventually(lambda: len(deployed.pods("decode")) == 2, timeout=120, what="group 1's pods gone")
-        assert {p["metadata"]["name"] for p in deployed.pods("decode")} == {
+        print(f"+{done.at - fell:.0f}s after the load fell: {sizes(done)}")
+        eventually(
+            lambda: len(deployed.pods("decode", AS_NAME)) == 2, timeout=120, what="group 1's pods gone"
+        )
+        assert {p["metadata"]["name"] for p in deployed.pods("decode", AS_NAME)} == {
             f"{AS_NAME}-decode-0",
             f"{AS_NAME}-decode-0-1",
         }
