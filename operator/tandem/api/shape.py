@@ -94,6 +94,13 @@ class Shape:
         return self.data > 1 and SERVING_WORKERS.get(self.load_balancing, False)
 
     @property
+    def metrics_pods(self) -> int:
+        """Pods of one instance with their own engine metrics (scraped by Prometheus): every pod when
+        the workers serve, else the leader alone, whose API server reports every rank of the instance
+        (vLLM's front end counts each engine it balances over, labelled `engine`)."""
+        return self.nodes if self.workers_serve else 1
+
+    @property
     def ports_per_pod(self) -> int:
         """OpenAI API ports each serving pod has: one per local rank with MultiPortExternal, else one."""
         return self.ranks_per_pod if self.load_balancing == "MultiPortExternal" and self.data > 1 else 1

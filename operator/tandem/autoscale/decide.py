@@ -350,7 +350,8 @@ def _active(
         signals = snapshot.pools.get(role)
         size = snapshot.sizes[role]
         # Fewer pods report than are ready, or every pod is still loading: the load is not all seen.
-        partials[role] = (signals is not None and 0 < signals.scraped_pods < size.ready) or (
+        reporting = spec.pool(role).shape.metrics_pods  # pods of a replica with engine metrics
+        partials[role] = (signals is not None and 0 < signals.scraped_pods < size.ready * reporting) or (
             size.ready == 0 and size.replicas > 0
         )
         recorded, limited_by = _shape(sizing, current, bounds, partials[role], knobs)
@@ -385,7 +386,7 @@ def _active(
             Claim(
                 role=role,
                 wanted=targets[role],
-                current=max(currents[role], _running(state, role)),
+                current=max(currents[role], _running(spec, state, role)),
                 min_replicas=_bounds(spec, role).min_replicas,
                 gpus_per_replica=spec.pool(role).gpus_per_instance,
                 deficit=sizings[role].deficit,
@@ -515,21 +516,30 @@ def _forecast_down_seconds(
     )
 
 
-def _running(state: AutoscalingStatus, role: str) -> int:
-    """Pods a pool's StatefulSet still has: its drain's target plus the pods being drained."""
+def _drained(spec: PDDeploymentSpec, role: str, pods: int) -> int:
+    """Replicas a drain of `pods` pods empties: the pods, or for a multi-node pool its groups (a drain
+    names every pod of each group it empties, `nodesPerInstance` of them)."""
+    return -(-pods // max(spec.pool(role).nodes_per_instance, 1))
+
+
+def _running(spec: PDDeploymentSpec, state: AutoscalingStatus, role: str) -> int:
+    """Replicas a pool's workload still has: its drain's target plus the replicas being drained."""
     drain = _pool_state(state, role).draining
-    return 0 if drain is None else drain.target_replicas + len(drain.pods or [drain.pod])
+    if drain is None:
+        return 0
+    return drain.target_replicas + _drained(spec, role, len(drain.pods or [drain.pod]))
 
 
 def _draining_gpus(spec: PDDeploymentSpec, state: AutoscalingStatus, targets: Mapping[str, int]) -> int:
-    """GPUs of pods still draining: their StatefulSet keeps them until they are idle, so the budget
-    cannot lend them to another pool yet. A pool whose target is above its drain's target cancels
-    the drain (the operator keeps those pods in service), so its own claim covers them."""
+    """GPUs of replicas still draining (whole groups): their workload keeps them until they are idle,
+    so the budget cannot lend them to another pool yet. A pool whose target is above its drain's
+    target cancels the drain (the operator keeps those pods in service), so its own claim covers them."""
     total = 0
     for role, target in targets.items():
         drain = _pool_state(state, role).draining
         if drain is not None and target <= drain.target_replicas:
-            total += len(drain.pods or [drain.pod]) * spec.pool(role).gpus_per_instance
+            drained = _drained(spec, role, len(drain.pods or [drain.pod]))
+            total += drained * spec.pool(role).gpus_per_instance
     return total
 
 

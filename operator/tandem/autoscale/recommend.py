@@ -27,6 +27,14 @@ they grow with the batch's TPOT when a replica is removed.
 Colocated: the two shares of a replica's time add up (chunked prefill runs prompts in the same steps
 as decodes): `prompt part + sequence part`, and the KV term as decode.
 
+A replica is an instance: a multi-node pool's replica is a LeaderWorkerSet group (docs/multinode.md),
+and a data-parallel instance (`parallelism.data` ranks, one engine each at the pool's TP) has its
+ranks' capacity together: every per-replica capacity above is the profile's per engine x the ranks
+(`engines`). The signals are the pool's engines summed (a group's leader reports every rank, or each
+serving pod its own), so the learnt samples and the saturation tests are per engine, the KV term
+counts replicas' worth of KV (mean usage x pods that report / such pods per replica) and a pool's
+load is partial while fewer replicas report than are ready.
+
 Starting pods count as capacity: while any pod of the pool loads, the backlog terms (queued prompt
 tokens, waiting requests, KV pressure) cannot raise the recommendation above the current size,
 which already includes the loading pods; only the rate terms can.
@@ -162,6 +170,21 @@ class _Observed:
     drain_seconds: float
     quantile: str
     attainment_target: float
+    ranks: int = 1  # engines (data-parallel ranks) of one replica: a group's capacity is theirs together
+    metrics_pods: int = 1  # pods of one replica with engine metrics (`Shape.metrics_pods`)
+
+    @property
+    def scraped_replicas(self) -> float:
+        """Replicas whose engine metrics were fresh (the scraped pods, in replicas)."""
+        return self.signals.scraped_pods / self.metrics_pods
+
+
+def engines(spec: PDDeploymentSpec, role: str) -> tuple[int, int]:
+    """A replica of `role` in the units the signals come in: its engines (data-parallel ranks, each
+    sized by the profile at the pool's TP) and its pods with engine metrics. (1, 1) for a single-node,
+    single-rank pool; a multi-node group is one replica with the capacity of all its ranks."""
+    shape = spec.pool(role).shape
+    return shape.data, shape.metrics_pods
 
 
 def _observe(
@@ -193,6 +216,7 @@ def _observe(
         0.0,
     )
     drain = knobs.queue_drain_seconds or float(spec.autoscaling.interval_seconds)
+    ranks, metrics_pods = engines(spec, role)
     return _Observed(
         size=size,
         starting=max(0, size.replicas - size.ready),
@@ -205,6 +229,8 @@ def _observe(
         drain_seconds=drain,
         quantile=f"p{slo.attainment_percent:g}",
         attainment_target=slo.attainment_percent / 100.0,
+        ranks=ranks,
+        metrics_pods=metrics_pods,
     )
 
 
@@ -235,10 +261,12 @@ def ttft_attribution(spec: PDDeploymentSpec, snapshot: Snapshot, knobs: Knobs) -
     assert slo is not None
     prefill = snapshot.pools.get("prefill", PoolSignals())
     decode = snapshot.pools.get("decode", PoolSignals())
+    # a request waiting per engine that reports (a group's every rank)
     decode_full = (
-        decode.waiting_requests >= max(1, decode.scraped_pods) or decode.kv_usage_max >= knobs.kv_full_usage
+        decode.waiting_requests >= max(1.0, _scraped_engines(spec, "decode", decode))
+        or decode.kv_usage_max >= knobs.kv_full_usage
     )
-    prefill_queued = prefill.waiting_requests >= max(1, prefill.scraped_pods)
+    prefill_queued = prefill.waiting_requests >= max(1.0, _scraped_engines(spec, "prefill", prefill))
     path = snapshot.paths.get(PATH_DISAGGREGATED, PathSignals())
     breakdown = path.ttft_breakdown
     if breakdown is None:
@@ -265,6 +293,11 @@ def ttft_attribution(spec: PDDeploymentSpec, snapshot: Snapshot, knobs: Knobs) -
         decode_step=d_model.profile.decode_step_seconds(1, tokens),
     )
     return attribute_ttft(breakdown, floors, decode_full=decode_full, prefill_queued=prefill_queued)
+
+
+def _scraped_engines(spec: PDDeploymentSpec, role: str, signals: PoolSignals) -> float:
+    ranks, metrics_pods = engines(spec, role)
+    return signals.scraped_pods / metrics_pods * ranks
 
 
 def _slo_state(
@@ -417,14 +450,17 @@ def kv_saturated(signals: PoolSignals, knobs: Knobs) -> bool:
     return signals.preemptions_rate > 0 or signals.kv_usage_max >= knobs.kv_full_usage
 
 
-def kv_replicas(signals: PoolSignals, cap: DecodeCapacity, knobs: Knobs) -> tuple[float, float]:
+def kv_replicas(
+    signals: PoolSignals, cap: DecodeCapacity, knobs: Knobs, *, ranks: int = 1, metrics_pods: int = 1
+) -> tuple[float, float]:
     """Replicas the pool's KV needs at `kv_target_usage`: for what the pods hold now, and for where the
     running and waiting sequences' KV is heading (each holds `cap.context_tokens` over its life on
     average, `running_context_tokens`, whatever it holds now: a sequence just admitted holds its prompt
-    and grows with every output token)."""
-    now = signals.kv_usage_mean * signals.scraped_pods / knobs.kv_target_usage
+    and grows with every output token). A replica of `ranks` engines (`cap` is one engine's) whose
+    `metrics_pods` pods report: the mean usage over the engines x the replicas that report."""
+    now = signals.kv_usage_mean * signals.scraped_pods / metrics_pods / knobs.kv_target_usage
     sequences = signals.running_requests + signals.waiting_requests
-    heading = sequences * cap.context_tokens / max(cap.kv_tokens * knobs.kv_target_usage, 1e-9)
+    heading = sequences * cap.context_tokens / max(cap.kv_tokens * ranks * knobs.kv_target_usage, 1e-9)
     return now, heading
 
 
@@ -439,7 +475,7 @@ def _stale_tpot(kv_bound: bool, lived: float, window_seconds: float) -> str:
 
 
 def _can_learn(obs: _Observed) -> bool:
-    return obs.starting == 0 and obs.size.ready >= 1 and obs.signals.scraped_pods >= obs.size.ready
+    return obs.starting == 0 and obs.size.ready >= 1 and obs.scraped_replicas >= obs.size.ready
 
 
 def _arrival(obs: _Observed, snapshot: Snapshot) -> float:
@@ -552,6 +588,8 @@ def _finish(
         scrapedPods=float(obs.signals.scraped_pods),
         capacityCorrection=correction,
     )
+    if obs.ranks > 1 or obs.metrics_pods > 1:
+        figures["enginesPerReplica"] = float(obs.ranks)
     if slo_state.ratio is not None:
         figures["sloRatio"] = slo_state.ratio
     for part, seconds in (attribution.seconds if attribution is not None else {}).items():
@@ -597,10 +635,15 @@ def _square_ratio(obs: _Observed) -> float:
 def _prefill_saturated(obs: _Observed, queue: float, budget: int) -> bool:
     """Saturated over the whole window: a deep queue now and one window earlier (unknown: not saturated,
     since the window's rate may then hold idle time; see the module docstring)."""
-    ready = obs.size.ready
-    floor = max(budget, obs.prompt_tokens) * ready
+    engines_ready = obs.size.ready * obs.ranks  # every engine of every ready replica
+    floor = max(budget, obs.prompt_tokens) * engines_ready
     before = obs.signals.queued_prompt_tokens_before
-    return obs.signals.waiting_requests >= ready and queue >= floor and before is not None and before >= floor
+    return (
+        obs.signals.waiting_requests >= engines_ready
+        and queue >= floor
+        and before is not None
+        and before >= floor
+    )
 
 
 def _prefill(
@@ -637,19 +680,19 @@ def _prefill(
         and computed > 0
         and _prefill_saturated(obs, queue, model.limits.max_num_batched_tokens)
     ):
-        correction = _smooth(correction, computed / ready / cap.raw_tokens_per_second, knobs)
+        correction = _smooth(correction, computed / ready / obs.ranks / cap.raw_tokens_per_second, knobs)
         learnt = True
-    per_replica = max(cap.at_target * correction, 1e-9)
+    per_replica = max(cap.at_target * obs.ranks * correction, 1e-9)
     forecast_figures: dict[str, float] = {}
     base = _ahead(rate, forecast, forecast_figures) / per_replica
     total = base + queue / obs.drain_seconds / per_replica
     measured_total = (rate + queue / obs.drain_seconds) / per_replica
-    model_exact_before = (rate + queue / obs.drain_seconds) / max(cap.at_target * before, 1e-9)
+    model_exact_before = (rate + queue / obs.drain_seconds) / max(cap.at_target * obs.ranks * before, 1e-9)
     slo_state = _slo_state("prefill", obs, slo, knobs, attribution)
     # Seconds the prompts queued now take at the ready replicas' busy rate. Right after a scale-up the
     # window's quantile still holds requests that queued before it: a miss with a short queue now is
     # that past, not the present.
-    wait_now = queue / max(max(ready, 1) * cap.raw_tokens_per_second * correction, 1e-9)
+    wait_now = queue / max(max(ready, 1) * obs.ranks * cap.raw_tokens_per_second * correction, 1e-9)
     present = not scaled_up_within_window or wait_now >= knobs.miss_present_wait_share * slo.ttft_ms / 1000.0
     if learnt:  # the sample is a measurement: do not also relax or shrink on the same pass
         slo_state = replace(slo_state, comfortable=False)
@@ -713,13 +756,13 @@ def _decode(
 ) -> Sizing:
     context = running_context_tokens(obs.prompt_tokens, obs.output_tokens, obs.output_second_moment)
     cap = decode_capacity(model, slo, context, knobs)
-    seeded = max(cap.sequences, 1.0)
+    seeded = max(cap.sequences, 1.0)  # per engine
     running, waiting = obs.signals.running_requests, obs.signals.waiting_requests
     ready = obs.size.ready
     before = correction
     learnt = False
     tpot = obs.path.tpot_seconds
-    busy = running >= max(1.0, knobs.decode_learn_min_share * seeded) * ready
+    busy = running >= max(1.0, knobs.decode_learn_min_share * seeded) * ready * obs.ranks
     # What the window's TPOT says of today's step: nothing when the pool ran out of KV (the requests
     # waited for blocks and recomputed), nor when those requests ran longer than the window (mean output
     # x TPOT: they measured the batches of minutes ago, not today's).
@@ -727,16 +770,16 @@ def _decode(
     lived = obs.output_tokens * tpot if tpot is not None and tpot > 0 else 0.0
     outlived = lived > snapshot.window_seconds
     if _can_learn(obs) and tpot is not None and tpot > 0 and busy and not kv_bound and not outlived:
-        batch = running / ready
+        batch = running / ready / obs.ranks  # one engine's batch
         step = model.profile.decode_step_seconds(math.ceil(batch), math.ceil(batch * cap.context_tokens))
         if step > 0:
             scale = min(knobs.correction_max, max(knobs.correction_min, tpot / step))
             measured = decode_capacity(model, slo, context, knobs, headroom=1.0, tpot_scale=scale)
             correction = _smooth(correction, max(measured.sequences, 1.0) / seeded, knobs)
             learnt = True
-    per_replica = max(seeded * correction, 1e-9)
-    tokens_each = max(cap.tokens_per_second * correction, 1e-9)
-    kv_now, kv_heading = kv_replicas(obs.signals, cap, knobs)
+    per_replica = max(seeded * obs.ranks * correction, 1e-9)
+    tokens_each = max(cap.tokens_per_second * obs.ranks * correction, 1e-9)
+    kv_now, kv_heading = kv_replicas(obs.signals, cap, knobs, ranks=obs.ranks, metrics_pods=obs.metrics_pods)
     kv_exact = max(kv_now, kv_heading)
     generation = obs.signals.generation_tokens_rate
     arriving = _decode_arrivals(obs, snapshot)
@@ -745,7 +788,7 @@ def _decode(
     prefill_each = busy_prefill_tokens_per_second(
         model.profile, obs.prompt_tokens, obs.prompt_second_moment, model.limits.max_num_batched_tokens
     )
-    local_share = local / max(prefill_each * correction, 1e-9)  # replicas' worth of time prefilling
+    local_share = local / max(prefill_each * obs.ranks * correction, 1e-9)  # replicas' time prefilling
     forecast_figures: dict[str, float] = {}
     base = max(running / per_replica, _ahead(demand, forecast, forecast_figures) / tokens_each) + local_share
     total = max(base + waiting / per_replica, kv_exact)
@@ -753,10 +796,10 @@ def _decode(
     measured_total = max(measured_base + waiting / per_replica, kv_exact)
     model_exact_before = max(
         max(
-            (running + waiting) / max(seeded * before, 1e-9),
-            demand / max(cap.tokens_per_second * before, 1e-9),
+            (running + waiting) / max(seeded * obs.ranks * before, 1e-9),
+            demand / max(cap.tokens_per_second * obs.ranks * before, 1e-9),
         )
-        + local / max(prefill_each * before, 1e-9),
+        + local / max(prefill_each * obs.ranks * before, 1e-9),
         kv_exact,
     )
     slo_state = _slo_state("decode", obs, slo, knobs, attribution)
@@ -770,7 +813,7 @@ def _decode(
         "capacityTokensPerSecond": tokens_each,
         "meanContextTokens": cap.context_tokens,
         "batchAtTpot": float(cap.batch_at_tpot),
-        "kvTokensPerReplica": float(cap.kv_tokens),
+        "kvTokensPerReplica": float(cap.kv_tokens * obs.ranks),
         "capacitySequences": per_replica,
         "kvUsageMean": obs.signals.kv_usage_mean,
         "kvUsageMax": obs.signals.kv_usage_max,
@@ -838,13 +881,15 @@ def _colocated(
     )
     context = running_context_tokens(obs.prompt_tokens, obs.output_tokens, obs.output_second_moment)
     decode = decode_capacity(model, slo, context, knobs)
-    prompt_cap = max(prefill.at_target * correction, 1e-9)
-    seq_cap = max(max(decode.sequences, 1.0) * correction, 1e-9)
-    tokens_cap = max(decode.tokens_per_second * correction, 1e-9)
+    prompt_cap = max(prefill.at_target * obs.ranks * correction, 1e-9)
+    seq_cap = max(max(decode.sequences, 1.0) * obs.ranks * correction, 1e-9)
+    tokens_cap = max(decode.tokens_per_second * obs.ranks * correction, 1e-9)
     rate, queue = _arrival(obs, snapshot), _queue_tokens(obs)
     running, waiting = obs.signals.running_requests, obs.signals.waiting_requests
     generation = obs.signals.generation_tokens_rate
-    kv_now, kv_heading = kv_replicas(obs.signals, decode, knobs)
+    kv_now, kv_heading = kv_replicas(
+        obs.signals, decode, knobs, ranks=obs.ranks, metrics_pods=obs.metrics_pods
+    )
     kv_exact = max(kv_now, kv_heading)
     kv_bound = kv_saturated(obs.signals, knobs)
     measured_base = rate / prompt_cap + max(running / seq_cap, generation / tokens_cap)

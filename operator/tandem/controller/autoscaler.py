@@ -40,6 +40,7 @@ from tandem.autoscale.bounds import autoscaled_roles
 from tandem.controller import metrics, replicas
 from tandem.kube.rest import POD, KubeError, KubeRest, Obj
 from tandem.metrics import MetricsReader, PrometheusReader, ReaderFactory
+from tandem.render import names
 from tandem.rollout.arms import Bound, bounded_spec
 from tandem.signals import PoolSize, Snapshot
 from tandem.sizing import drain
@@ -239,16 +240,27 @@ class Autoscaler:
     ) -> sizing.ServingInput:
         """The sizing chain's first stages' input: the decision, the arms' bounds, the pools' pods."""
         name = pdd.metadata.name
+        stored = previous.revisions if previous is not None else None
+        serving = stored.current if stored is not None else None
+        # The serving pair's workloads, as `live` reads them: a StatefulSet, or a LeaderWorkerSet
+        workloads: dict[str, str] = {r: names.workload_name(pdd, r, serving) for r in meta.POOL_ROLES}
         return sizing.ServingInput(
             spec=pdd.spec,
             name=name,
+            workloads=workloads,
             state=decided.state,
             bounds=dict(bounds or {}),
             live=decided.live,
             now=now,
             drain_timeout=float(pdd.spec.autoscaling.drain_timeout_seconds),
             pods={
-                role: tuple(drain.pod_views([p for p in pods if _role(p) == role], f"{name}-{role}"))
+                role: tuple(
+                    drain.pod_views(
+                        [p for p in pods if _role(p) == role],
+                        workloads[role],
+                        pdd.spec.pool(role).nodes_per_instance,
+                    )
+                )
                 for role in meta.POOL_ROLES
             },
             loads=decided.loads,

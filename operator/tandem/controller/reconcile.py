@@ -436,7 +436,7 @@ class Reconciler:
             mode_rollout=mode_rollout,
             step_weights=[st.weight for st in pdd.spec.rollout.steps] if pdd.spec.rollout is not None else [],
             previous_live={
-                role: _replicas_or_one(ctx.existing.get(("StatefulSet", f"{kept.prefix}-{role}")))
+                role: _replicas_or_one(revisions.pair_workload(ctx.existing, kept, role))
                 for role in meta.REVISIONED_ROLES
             }
             if kept is not None
@@ -531,20 +531,22 @@ class Reconciler:
         return outcomes
 
     def _apply_shares(self, ctx: PassContext, desired: Desired, out: Applied) -> None:
-        """The kept previous pair's StatefulSets at the sizes the chain gave them (replicas only)."""
+        """The kept previous pair's workloads (StatefulSets, or LeaderWorkerSets: groups) at the sizes
+        the chain gave them (replicas only)."""
         kept = desired.revs.status.previous
         if kept is None:
             return
         for role, size in desired.sizes.previous.items():
-            sts = ctx.existing.get(("StatefulSet", f"{kept.prefix}-{role}"))
+            sts = revisions.pair_workload(ctx.existing, kept, role)
             if sts is None or int((sts.get("spec") or {}).get("replicas", 1)) == size:
                 continue
-            config = revisions.share_config(kept.prefix, role, ctx.pdd.metadata.namespace, size)
+            config = revisions.share_config(sts, size)
+            what = f"{config['kind']}/{config['metadata']['name']}"
             try:
-                self.kube.apply(KINDS["StatefulSet"], config, revisions.SHARE_MANAGER)
-                out.applied.append(f"StatefulSet/{kept.prefix}-{role} (replicas {size})")
+                self.kube.apply(KINDS[config["kind"]], config, revisions.SHARE_MANAGER)
+                out.applied.append(f"{what} (replicas {size})")
             except KubeError as exc:
-                out.errors.append(f"StatefulSet/{kept.prefix}-{role}: {exc.message}")
+                out.errors.append(f"{what}: {exc.message}")
 
     # -- derive ------------------------------------------------------------------------------------
 

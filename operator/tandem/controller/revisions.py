@@ -42,6 +42,7 @@ from tandem.api.status import Condition, ConditionStatus, RevisionRecord, Revisi
 from tandem.kube.rest import Obj
 from tandem.metrics.queries import quantile_of
 from tandem.metrics.revisions import pod_revision_label, read_revision_window, revision_label
+from tandem.render import names
 from tandem.render.revision import name_prefix, revision_id
 from tandem.rollout.config import RolloutConfig
 from tandem.rollout.judge import Verdict
@@ -61,8 +62,9 @@ DEFAULT_DRAIN_SECONDS: Final = 30.0  # the old pair's fixed drain before it went
 # and Prometheus has scraped a request sent just before (as a draining pod: sizing/drain.py).
 SETTLE_SECONDS: Final = 10.0
 REQUEUE_SECONDS: Final = 5.0
-# Kinds of a revision's per-role objects (all named <prefix>-<role>).
-PAIR_KINDS: Final = ("StatefulSet", "Service", "PodDisruptionBudget")
+# Kinds of a revision's per-role objects (all named <prefix>-<role>; a multi-node pool's LeaderWorkerSet
+# and headless Service cut to `names.group_name` of it).
+PAIR_KINDS: Final = ("StatefulSet", "Service", "PodDisruptionBudget", meta.LWS_KIND)
 
 Event = tuple[str, str, str]  # (type, reason, message)
 ConditionTuple = tuple[str, ConditionStatus, str, str]
@@ -158,8 +160,20 @@ def advance(
 
 
 def pair_names(record: RevisionRecord) -> set[tuple[str, str]]:
-    """(kind, name) of every object of a revision's P/D pair."""
-    return {(kind, f"{record.prefix}-{role}") for kind in PAIR_KINDS for role in meta.REVISIONED_ROLES}
+    """(kind, name) of every object a revision's P/D pair may have: a pool of either shape (a pair kept
+    across a change of `nodesPerInstance` has the other revision's kind)."""
+    return {
+        (kind, name)
+        for role in meta.REVISIONED_ROLES
+        for name in {f"{record.prefix}-{role}", names.group_name(f"{record.prefix}-{role}")}
+        for kind in PAIR_KINDS
+    }
+
+
+def pair_workload(existing: Mapping[tuple[str, str], Obj], record: RevisionRecord, role: str) -> Obj | None:
+    """The workload of `role` in `record`'s pair: its StatefulSet, or its LeaderWorkerSet (groups)."""
+    name = f"{record.prefix}-{role}"
+    return existing.get(("StatefulSet", name)) or existing.get((meta.LWS_KIND, names.group_name(name)))
 
 
 def pair_ready(statefulsets: Mapping[str, Obj | None], wanted: Mapping[str, int | None]) -> bool:
@@ -424,13 +438,15 @@ def rollout_conditions(status: RevisionsStatus, had: Sequence[Condition]) -> lis
 SHARE_MANAGER: Final = "tandem-revision-share"  # the field manager that sizes a kept previous pair
 
 
-def share_config(prefix: str, role: str, namespace: str, replicas: int) -> Obj:
-    """The apply configuration that sets a kept pair's StatefulSet to `replicas` and nothing else
-    (the pair is not rendered: its template must stay the old revision's)."""
+def share_config(workload: Obj, replicas: int) -> Obj:
+    """The apply configuration that sets a kept pair's workload (a StatefulSet, or a LeaderWorkerSet:
+    groups) to `replicas` and nothing else (the pair is not rendered: its template must stay the old
+    revision's)."""
+    md = workload.get("metadata") or {}
     return {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": {"name": f"{prefix}-{role}", "namespace": namespace},
+        "apiVersion": workload.get("apiVersion", "apps/v1"),
+        "kind": workload.get("kind", "StatefulSet"),
+        "metadata": {"name": md.get("name"), "namespace": md.get("namespace")},
         "spec": {"replicas": replicas},
     }
 
@@ -456,6 +472,13 @@ def pair_pods(pods: list[Obj], record: RevisionRecord) -> list[Obj]:
 LoadsFor = Callable[[list[str]], "Mapping[str, Any] | None"]
 
 
+def _headless(pod: Obj) -> bool:
+    """A LeaderWorkerSet worker that is not scraped (no engine metrics of its own)."""
+    md = pod.get("metadata") or {}
+    worker = ((md.get("labels") or {}).get(meta.LWS_WORKER_INDEX_LABEL) or "0") != "0"
+    return worker and (md.get("annotations") or {}).get(meta.ANNOTATION_SCRAPE) != "true"
+
+
 def idle_check(pods: list[Obj], record: RevisionRecord | None, loads_for: LoadsFor | None) -> IdleCheck:
     """Reads whether every pod of `record`'s pair is idle (sizing/drain.idle), when asked."""
 
@@ -465,10 +488,13 @@ def idle_check(pods: list[Obj], record: RevisionRecord | None, loads_for: LoadsF
         if record is None or loads_for is None:
             return None
         mine = pair_pods(pods, record)
+        # A headless worker of a group has no engine metrics: its leader's /metrics counts its ranks.
         serving = [
             p
             for p in mine
-            if (p.get("status") or {}).get("phase") == "Running" and (p.get("status") or {}).get("podIP")
+            if (p.get("status") or {}).get("phase") == "Running"
+            and (p.get("status") or {}).get("podIP")
+            and not _headless(p)
         ]
         if not serving:
             return True  # no pod left that could hold a request

@@ -19,8 +19,12 @@ that a controller and a router can observe (docs/multinode.md, "The sim engine a
   the group's engines by their queues. Multi-node TP (data 1): the leader's engine is the instance;
   the workers only belong to it.
 
-Not simulated: collectives' timing (a rank that hangs rather than dies is not noticed), one rank's
-metrics on the leader's /metrics (each pod's engine counts its own).
+- Metrics: a data-parallel leader's /metrics holds every rank's series, its own as `engine="0"` and
+  each worker's (read from the worker's /metrics at the scrape) as `engine="<node rank>"`, as vLLM's
+  API server reports each engine it balances over; a headless worker is not scraped. So a pool's
+  signals summed over its pods count every rank once (`merge_expositions`).
+
+Not simulated: collectives' timing (a rank that hangs rather than dies is not noticed).
 """
 
 from __future__ import annotations
@@ -35,6 +39,49 @@ from typing import Any
 from tandem.engine.args import GroupArgs
 
 log = logging.getLogger(__name__)
+
+_ENGINE_LABEL = 'engine="0"'
+
+
+def _relabel(sample: str, rank: int) -> str:
+    """One exposition sample line with its `engine` label set to `rank`."""
+    label = f'engine="{rank}"'
+    name, brace, rest = sample.partition("{")
+    if brace:
+        if _ENGINE_LABEL in rest:
+            return name + "{" + rest.replace(_ENGINE_LABEL, label, 1)
+        return name + "{" + label + "," + rest
+    name, _, value = sample.partition(" ")
+    return name + "{" + label + "} " + value
+
+
+def _families(text: str) -> dict[str, tuple[list[str], list[str]]]:
+    """Prometheus text exposition by metric family (in order): its comment lines and its samples."""
+    families: dict[str, tuple[list[str], list[str]]] = {}
+    current = ""
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if line.startswith("#"):
+            parts = line.split(maxsplit=3)
+            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE"):
+                current = parts[2]
+            families.setdefault(current, ([], []))[0].append(line)
+        else:
+            families.setdefault(current, ([], []))[1].append(line)
+    return families
+
+
+def merge_expositions(own: str, ranks: dict[int, str]) -> str:
+    """The leader's exposition (`engine="0"`) with every other rank's samples in their families,
+    labelled `engine="<rank>"` (text format: a family's samples stay together under its HELP/TYPE)."""
+    merged = _families(own)
+    for rank, text in sorted(ranks.items()):
+        for family, (comments, samples) in _families(text).items():
+            merged.setdefault(family, (comments, []))[1].extend(_relabel(sample, rank) for sample in samples)
+    lines = [line for comments, samples in merged.values() for line in (*comments, *samples)]
+    return "\n".join(lines) + "\n"
+
 
 JOIN_RETRY_SECONDS = 0.5
 
@@ -115,6 +162,10 @@ class Group:
                 self.fail(
                     f"node rank {rank} left the group: its engine died, so this group's cannot continue"
                 )
+
+    def rank_urls(self) -> dict[int, str]:
+        """The other ranks' engines a data-parallel leader reports (none for multi-node TP)."""
+        return dict(self.members) if self.spec.leader and self.spec.data > 1 else {}
 
     def pick(self) -> tuple[int, str | None]:
         """The rank for the next request (the fewest in flight, the lowest rank on a tie) and its

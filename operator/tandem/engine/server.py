@@ -26,7 +26,7 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, web
 from tandem import __version__
 from tandem.engine.config import EngineConfig
 from tandem.engine.core import EngineCore, Job, RemotePrefill, revision_mismatch
-from tandem.engine.group import Group
+from tandem.engine.group import Group, merge_expositions
 from tandem.engine.openai import (
     ChunkWriter,
     GenerationRequest,
@@ -150,7 +150,22 @@ class EngineServer:
         if (loading := self._loading_answer()) is not None:
             return loading
         body, content_type = self.core.metrics.exposition()
+        ranks = self.group.rank_urls() if self.group is not None else {}
+        if ranks:  # a data-parallel leader reports every rank of its group (group.py)
+            texts = await asyncio.gather(*(self._rank_metrics(url) for url in ranks.values()))
+            found = {rank: text for rank, text in zip(ranks, texts, strict=True) if text is not None}
+            body = merge_expositions(body.decode(), found).encode()
         return web.Response(body=body, headers={"Content-Type": content_type})
+
+    async def _rank_metrics(self, url: str) -> str | None:
+        """A worker rank's own exposition (None when it does not answer: its group is breaking)."""
+        if self._client is None:
+            self._client = ClientSession(timeout=ClientTimeout(total=None, sock_connect=5))
+        try:
+            async with self._client.get(url + "/metrics", timeout=ClientTimeout(total=5)) as answer:
+                return await answer.text() if answer.status == 200 else None
+        except (ClientError, OSError, TimeoutError):
+            return None
 
     async def debug_kv(self, request: web.Request) -> web.Response:
         return _json(self.core.debug_kv())

@@ -47,7 +47,15 @@ def workload_name(pdd: PDDeployment, role: Role, revision: RevisionRecord | None
     """The name of a pool's workload and headless Service: the child name, cut to `MAX_GROUP_NAME` with
     a hash of the whole when the pool renders a LeaderWorkerSet (single-node pools: `child_name`)."""
     name = child_name(pdd, role, revision)
-    if role == "router" or not pdd.spec.pool(role).shape.multi_node or len(name) <= MAX_GROUP_NAME:
+    if role == "router" or not pdd.spec.pool(role).shape.multi_node:
+        return name
+    return group_name(name)
+
+
+def group_name(name: str) -> str:
+    """A LeaderWorkerSet's name for the child name `name`: as it is, or cut to `MAX_GROUP_NAME` with a
+    hash of the whole (module docstring)."""
+    if len(name) <= MAX_GROUP_NAME:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:GROUP_NAME_HASH_LENGTH]
     head = name[: MAX_GROUP_NAME - GROUP_NAME_HASH_LENGTH - 1].rstrip("-")

@@ -34,7 +34,8 @@ NAME_HASH_LENGTH: Final = 5
 
 # The spec fields (camelCase paths) prefill and decode must agree on. Not in the list: per-pool
 # settings (resources, TP, extraArgs of a pool roll that pool as before), the link's bandwidth and
-# thresholds (figures the operator judges with, not what the engines exchange), env, scheduling.
+# thresholds (figures the operator judges with, not what the engines exchange), env, scheduling; a
+# pool's move between a StatefulSet and groups is (`revision_fields`).
 REVISION_FIELDS: Final[tuple[str, ...]] = (
     "engine.type",
     "engine.image",
@@ -46,8 +47,16 @@ REVISION_FIELDS: Final[tuple[str, ...]] = (
 )
 
 
+# Set in the revision's values only when a P/D pool renders groups, so that specs without one keep
+# the ids they always had: the P/D pools that are multi-node (`nodesPerInstance` > 1).
+GROUP_POOLS_FIELD: Final = "groupPools"
+
+
 def revision_fields(spec: PDDeploymentSpec) -> dict[str, Any]:
-    """The values of `REVISION_FIELDS` in `spec` (None where unset)."""
+    """The values of `REVISION_FIELDS` in `spec` (None where unset), and which P/D pools are groups
+    (`GROUP_POOLS_FIELD`, only when one is): a pool moving between one pod a replica (a StatefulSet)
+    and groups (a LeaderWorkerSet, whose leaders' StatefulSet takes the same name) is a new revision,
+    so the new pair runs beside the old one and the rollout moves the traffic (docs/multinode.md)."""
     data = spec.model_dump(by_alias=True, mode="json")
     values: dict[str, Any] = {}
     for path in REVISION_FIELDS:
@@ -55,6 +64,13 @@ def revision_fields(spec: PDDeploymentSpec) -> dict[str, Any]:
         for key in path.split("."):
             node = node.get(key) if isinstance(node, dict) else None
         values[path] = node
+    groups = [
+        role
+        for role in ("prefill", "decode")
+        if isinstance(data.get(role), dict) and int(data[role].get("nodesPerInstance") or 1) > 1
+    ]
+    if groups:
+        values[GROUP_POOLS_FIELD] = groups
     return values
 
 

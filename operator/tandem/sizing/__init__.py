@@ -12,7 +12,8 @@ before it left, and `PoolSizing.limited_by` names the last stage that changed it
    the traffic, the arm not in effect held at zero, a cut-over's old arm kept whole. The count here
    is `status.pools.<role>.desiredReplicas` unless a later stage other than the drain changes it;
 3. **drain** (`sizing.drain.plan`, pools the autoscaler sizes): a shrinking StatefulSet keeps the
-   pods being drained until they are idle or the drain timeout passed; a pool it no longer sizes
+   pods being drained until they are idle or the drain timeout passed (a LeaderWorkerSet its groups:
+   every pod of each group leaving is marked, and the group goes once it is idle); a pool it no longer sizes
    has the marks of a drain it left lifted; a new external pool starts at the spec's size;
 4. **revision shares** (`pair_sizes`): during a revision rollout under `spec.rollout`, the new P/D
    pair at its share of the P/D requests and the kept previous pair at the rest;
@@ -123,6 +124,8 @@ class ServingInput:
     pods: Mapping[str, Sequence[drain.PodView]] = field(default_factory=dict)  # by role
     loads: Mapping[str, Mapping[str, drain.Load] | None] = field(default_factory=dict)  # by role
     recorded: Mapping[str, frozenset[str]] = field(default_factory=dict)  # last status's drained pods
+    # each pool's workload (a StatefulSet, or a multi-node pool's LeaderWorkerSet); `<name>-<role>` if absent
+    workloads: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +182,7 @@ def serving(inp: ServingInput) -> Serving:
             before = getattr(state.pools, role).draining
             plan = drain.plan(
                 role=role,
-                statefulset=f"{inp.name}-{role}",
+                statefulset=inp.workloads.get(role, f"{inp.name}-{role}"),
                 desired=size,
                 applied=inp.live.get(role),
                 drain=before,
@@ -187,6 +190,7 @@ def serving(inp: ServingInput) -> Serving:
                 loads=inp.loads.get(role),
                 now=inp.now,
                 timeout=inp.drain_timeout,
+                nodes=inp.spec.pool(role).nodes_per_instance,
             )
             state = with_drain(state, role, plan.drain)
             held = Stage.drain if plan.replicas != size else stage

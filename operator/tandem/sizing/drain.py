@@ -7,6 +7,15 @@ pod is idle (no running or waiting requests, and for prefill no KV blocks a deco
 pull) or the drain timeout passed. A scale-up during a drain cancels it: the annotations go and the
 pods stay. Idleness counts only once the router has had time to see the annotation and Prometheus
 to scrape a request it sent just before (`DRAIN_SETTLE_SECONDS`).
+
+A multi-node pool's LeaderWorkerSet removes its highest groups first: its leaders' StatefulSet
+(`<lws>`, pods `<lws>-<group>`) loses its highest ordinals, and each leader's worker StatefulSet
+(`<lws>-<group>`, pods `<lws>-<group>-<worker>`, workers 1..size-1) goes with its leader. So a drain
+of a group pool works in groups: the ordinal is the group index, the marks name every pod of each
+group leaving (the router takes a group out as a unit when any of its pods is marked, and stops
+sending to every rank), and a group is idle when every pod of it that reports engine metrics (its
+leader, whose /metrics counts every rank, or each serving pod) is idle; a headless worker has no
+metrics of its own (`PodView.reports`).
 """
 
 from __future__ import annotations
@@ -38,9 +47,10 @@ class PodView:
     """The part of a pool's pod a drain needs."""
 
     name: str
-    ordinal: int
+    ordinal: int  # the StatefulSet ordinal; a LeaderWorkerSet pod's group index
     serving: bool  # Running with an IP: it may hold requests
     draining: bool  # carries the draining annotation
+    reports: bool = True  # has engine metrics of its own (Prometheus scrapes it); a headless worker not
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,31 +63,51 @@ class DrainPlan:
     cancelled: bool = False  # a drain in progress was called off (scale-up)
 
 
-def pod_views(pods: Sequence[Mapping[str, Any]], statefulset: str) -> list[PodView]:
-    """The pods of one StatefulSet (by name: `<statefulset>-<ordinal>`), from API objects."""
+def _ordinal(name: str, workload: str, nodes: int) -> int | None:
+    """The ordinal of a pod of `workload` by its name: `<sts>-<ordinal>`; for a group pool (`nodes` > 1)
+    `<lws>-<group>` (a leader) or `<lws>-<group>-<worker>` (a worker, 1..nodes-1). None: not its pod."""
+    if not name.startswith(workload + "-"):
+        return None
+    parts = name[len(workload) + 1 :].split("-")
+    if not all(part.isdigit() for part in parts):
+        return None
+    if len(parts) == 1:
+        return int(parts[0])
+    if nodes > 1 and len(parts) == 2 and 1 <= int(parts[1]) < nodes:
+        return int(parts[0])
+    return None
+
+
+def pod_views(pods: Sequence[Mapping[str, Any]], statefulset: str, nodes: int = 1) -> list[PodView]:
+    """The pods of one StatefulSet (by name: `<statefulset>-<ordinal>`), or of one LeaderWorkerSet of
+    groups of `nodes` pods (leaders and workers, the ordinal their group index), from API objects."""
     views = []
     for pod in pods:
         md = pod.get("metadata") or {}
         name = str(md.get("name", ""))
-        prefix, _, ordinal = name.rpartition("-")
-        if prefix != statefulset or not ordinal.isdigit():
+        ordinal = _ordinal(name, statefulset, nodes)
+        if ordinal is None:
             continue
         status = pod.get("status") or {}
         annotations = md.get("annotations") or {}
         views.append(
             PodView(
                 name=name,
-                ordinal=int(ordinal),
+                ordinal=ordinal,
                 serving=status.get("phase") == "Running" and bool(status.get("podIP")),
                 draining=meta.ANNOTATION_DRAINING in annotations,
+                reports=nodes == 1 or str(annotations.get(meta.ANNOTATION_SCRAPE, "")) == "true",
             )
         )
-    return sorted(views, key=lambda v: v.ordinal)
+    return sorted(views, key=lambda v: (v.ordinal, v.name))
 
 
-def drained_names(statefulset: str, target: int, current: int) -> list[str]:
-    """The pods a StatefulSet deletes going from `current` to `target` replicas."""
-    return [f"{statefulset}-{i}" for i in range(target, current)]
+def drained_names(statefulset: str, target: int, current: int, nodes: int = 1) -> list[str]:
+    """The pods a StatefulSet deletes going from `current` to `target` replicas; for a LeaderWorkerSet of
+    groups of `nodes` pods, every pod of each group it deletes (its leader, then its workers)."""
+    return [
+        f"{statefulset}-{i}" + (f"-{w}" if w else "") for i in range(target, current) for w in range(nodes)
+    ]
 
 
 def idle(load: Load | None, role: str) -> bool:
@@ -108,17 +138,19 @@ def plan(
     loads: Mapping[str, Load] | None,
     now: float,
     timeout: float,
+    nodes: int = 1,
 ) -> DrainPlan:
     """What this pass does about a pool whose decided size is `desired`.
 
     `applied` is the StatefulSet's `spec.replicas` (None before it exists), `drain` the drain in
     status, `pods` the StatefulSet's pods, `loads` their loads by pod name (None when not read).
+    A group pool (`nodes` pods a replica, a LeaderWorkerSet `statefulset`) counts replicas in groups.
     """
     if applied is None or desired >= applied:
         keep = [p.name for p in pods if p.draining and p.ordinal < desired]
         return DrainPlan(replicas=desired, drain=None, unannotate=tuple(keep), cancelled=drain is not None)
 
-    names = drained_names(statefulset, desired, applied)
+    names = drained_names(statefulset, desired, applied, nodes)
     fresh = drain is None or desired < drain.target_replicas  # new pods join: they get the full time
     started = now if fresh or drain is None else drain.started_at
     record = DrainStatus(pod=names[0], pods=names, started_at=started, target_replicas=desired)
@@ -130,6 +162,6 @@ def plan(
         return DrainPlan(desired, None, annotate, unannotate, finished="timeout")
     settled = elapsed >= min(DRAIN_SETTLE_SECONDS, timeout) and not annotate
     loads = loads or {}
-    if settled and all(not p.serving or idle(loads.get(p.name), role) for p in leaving):
+    if settled and all(not p.serving or not p.reports or idle(loads.get(p.name), role) for p in leaving):
         return DrainPlan(desired, None, annotate, unannotate, finished="idle")
     return DrainPlan(applied, record, annotate, unannotate)

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from .harness import LOOPBACK, NAME, Engine, free_port, start_engine
 
@@ -100,6 +101,19 @@ def test_a_data_parallel_group_serves_on_both_ranks(group: tuple[Engine, Engine]
     served_by_worker = state(worker)["requests_seen"]
     print(f"\nworker served {served_by_worker} of 16 requests sent to the leader")
     assert 0 < served_by_worker < 16
+    # The leader's /metrics holds both ranks (engine "0" its own, "1" the worker's), each counting what
+    # its engine served, as vLLM's API server reports every engine it balances over.
+    status, _, raw = leader.request("GET", "/metrics")
+    assert status == 200
+    finished: dict[str, float] = {}
+    for family in text_string_to_metric_families(raw.decode()):
+        for sample in family.samples:
+            if sample.name == "vllm:request_success_total":
+                engine = sample.labels["engine"]
+                finished[engine] = finished.get(engine, 0.0) + sample.value
+    assert set(finished) == {"0", "1"}
+    assert finished["1"] == served_by_worker
+    assert finished["0"] + finished["1"] == 16
     # A streamed request through the leader arrives whole, whichever rank serves it.
     status, events = leader.stream("/v1/completions", {**body, "stream": True, "max_tokens": 8})
     assert status == 200

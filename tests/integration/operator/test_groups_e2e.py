@@ -3,7 +3,14 @@ the LeaderWorkerSets of a PDDeployment whose prefill and decode pools are groups
 (one data-parallel rank per pod, the leader balancing: `Internal`), requests are served through the
 operator's router from a prefill group to a decode group, a pool grows by one group (within maxGPUs,
 which counts every GPU of a group), and a killed rank takes its group down until LeaderWorkerSet has
-recreated it and it serves again.
+recreated it and it serves again. Then tandem's own autoscaler sizes a second PDDeployment's decode
+pool in groups: a load of long streams through the router grows it by one group (on the KV cache and
+sequences of the group's two ranks together, which the leader's /metrics reports), and when the load
+falls it drains the highest group (both its pods marked, the router sending it nothing new) and
+removes it once idle, with no failed stream.
+
+The operator reads the dev cluster's Prometheus (`autoscaling_operator`), which scrapes every pod
+that serves /metrics every 2 s (a group's leader, not its headless worker).
 
 The dev cluster runs LeaderWorkerSet's controller (`devcluster.start_lws`); every address is a
 loopback one (127.0.0.0/8).
@@ -26,10 +33,11 @@ import yaml
 
 from tandem.api import meta
 from tandem.demo import e2e
+from tandem.demo.load import BackgroundLoad, Phase
 from tandem.devcluster import cluster as devcluster
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.layout import ClusterDir
-from tandem.devcluster.testing import OperatorProcess, eventually, scratch_namespace
+from tandem.devcluster.testing import RestartableOperator, eventually, scratch_namespace
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 
@@ -47,11 +55,11 @@ def group_pool(replicas: int) -> dict[str, Any]:
     }
 
 
-def manifest(decode_groups: int) -> dict[str, Any]:
+def manifest(decode_groups: int, image: str = e2e.IMAGE) -> dict[str, Any]:
     return e2e.pddeployment(
         NAME,
         {
-            "engine": {"type": "sim", "image": e2e.IMAGE},
+            "engine": {"type": "sim", "image": image},
             "prefill": group_pool(1),
             "decode": group_pool(decode_groups),
             "maxGPUs": MAX_GPUS,
@@ -80,8 +88,8 @@ class Deployed:
     def pool(self, role: str) -> dict[str, Any]:
         return dict(((self.pdd().get("status") or {}).get("pools") or {}).get(role) or {})
 
-    def pods(self, role: str) -> list[dict[str, Any]]:
-        items = self.get("pods", "-l", f"{meta.LABEL_PDD}={NAME},{meta.LABEL_ROLE}={role}").get("items", [])
+    def pods(self, role: str, name: str = NAME) -> list[dict[str, Any]]:
+        items = self.get("pods", "-l", f"{meta.LABEL_PDD}={name},{meta.LABEL_ROLE}={role}").get("items", [])
         return [p for p in items if not p["metadata"].get("deletionTimestamp")]
 
     def ready(self, groups: dict[str, int]) -> dict[str, Any] | None:
@@ -128,7 +136,7 @@ def served_at_once(router: str, count: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def deployed(cluster: ClusterHandle, operator: OperatorProcess) -> Iterator[Deployed]:
+def deployed(cluster: ClusterHandle, autoscaling_operator: RestartableOperator) -> Iterator[Deployed]:
     try:
         devcluster.start_lws(ClusterDir(cluster.dir))
     except devcluster.ClusterError as e:
@@ -229,3 +237,235 @@ def test_a_killed_rank_takes_its_group_down_until_it_is_recreated(deployed: Depl
         what="requests served again",
     )
     assert codes == [200] * 6
+
+
+NEW_IMAGE = "ghcr.io/tandem-dev/tandem:0.1.1"  # a revision field: a new P/D pair of groups
+STEADY = Phase(1.0, 200, 16, "steady")
+
+
+def test_a_revision_change_replaces_the_groups_through_the_revision_rollout(deployed: Deployed) -> None:
+    """An image change (a revision field) on the groups deployment: the new revision's prefill and
+    decode LeaderWorkerSets start beside the old ones, the weight moves to them once every group of
+    theirs is Ready, and the old pair's LeaderWorkerSets go once their leaders report nothing in
+    flight, with requests served all along."""
+    cluster, ns = deployed.cluster, deployed.namespace
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(manifest(1)))  # fewer pods
+    eventually(lambda: deployed.ready({"prefill": 1, "decode": 1}), timeout=300, what="1+1 groups")
+    eventually(lambda: len(deployed.pods("decode")) == 2, timeout=120, what="decode's 2nd group gone")
+    old = deployed.pdd()["status"]["revisions"]["current"]
+    router = e2e.router_url(cluster, ns, NAME)
+    load = BackgroundLoad(router, e2e.MODEL, max_requests=1200, max_seconds=420).start(STEADY)
+    try:
+        time.sleep(5)
+        began = time.monotonic()
+        cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(manifest(1, NEW_IMAGE)))
+
+        def switched() -> dict[str, Any] | None:
+            revs = (deployed.pdd().get("status") or {}).get("revisions") or {}
+            current = revs.get("current") or {}
+            if current.get("id") == old["id"] or revs.get("weight") != 100 or not revs.get("previous"):
+                return None
+            return dict(revs)
+
+        revs = eventually(switched, timeout=300, what="the weight on the new revision's groups")
+        switch_s = time.monotonic() - began
+        prefix = revs["current"]["prefix"]
+        for role in ("prefill", "decode"):
+            lws = deployed.get("leaderworkerset", f"{prefix}-{role}")
+            assert lws["spec"]["leaderWorkerTemplate"]["size"] == 2, lws
+            assert lws["status"]["readyReplicas"] == 1, lws["status"]
+            assert deployed.get("leaderworkerset", f"{NAME}-{role}"), f"old {role} groups gone early"
+
+        def removed() -> bool:
+            revs = (deployed.pdd().get("status") or {}).get("revisions") or {}
+            gone = all(
+                not deployed.get("leaderworkerset", f"{NAME}-{role}") for role in ("prefill", "decode")
+            )
+            return not revs.get("previous") and gone
+
+        eventually(removed, timeout=420, what="the old pair's LeaderWorkerSets removed")
+        removed_s = time.monotonic() - began
+        time.sleep(3)
+    finally:
+        load.stop(timeout=90)
+    message = next(
+        (e.get("message", "") for e in e2e.events(cluster, ns, NAME) if e["reason"] == "RevisionRemoved"), ""
+    )
+    print(
+        f"\nrevision {old['id']} -> {revs['current']['id']} of groups: weight moved {switch_s:.0f} s "
+        f"after the apply, old pair removed after {removed_s:.0f} s ({message})"
+    )
+    assert "idle" in message, message
+    samples = load.samples()
+    failed = e2e.failures(samples)
+    print(f"{len(samples)} requests through the router during the change, {len(failed)} failed")
+    assert len(samples) >= 20
+    assert not failed, failed[:3]
+    assert {p["metadata"]["labels"].get(meta.LABEL_REVISION) for p in deployed.pods("decode")} == {
+        revs["current"]["id"]
+    }
+
+
+# --- tandem's autoscaler in groups ------------------------------------------------------------------
+
+AS_NAME = "mn-as"
+# Every modelled latency x3; a new pod answers 503 for 4 s (its model "loads").
+AS_ENV = e2e.engine_env(3, 4)
+# A decode rank's KV cache: ~5.3k tokens (as in the autoscale e2e), so a group of 2 ranks holds ~10k.
+DECODE_ARGS = ("--gpu-memory-utilization", "0.22")
+DOWN_WINDOW = 30
+# ~11 s streams of 500 tokens (x3 time scale) at 1.2/s: ~13 at once, ~10k tokens of KV: more than
+# one group's two ranks hold at the 85% target, well within two groups.
+LONG = Phase(1.2, 500, 500, "long")
+FALL = Phase(0.4, 300, 100, "fall")  # ~2 s streams: light, often one in flight
+ROUTER_SEES_MARK_S = 3.0  # the router's pod watch (a second or so) after a drain's marks
+
+
+def autoscaled_manifest() -> dict[str, Any]:
+    decode = {
+        **group_pool(1),
+        "engineArgs": list(DECODE_ARGS),
+        "autoscaling": {"minReplicas": 1, "maxReplicas": 2},
+    }
+    return e2e.pddeployment(
+        AS_NAME,
+        {
+            "engine": {"type": "sim", "image": e2e.IMAGE, "env": AS_ENV},
+            "prefill": group_pool(1),
+            "decode": decode,
+            "maxGPUs": MAX_GPUS,  # prefill 1 group + decode 2 groups, of 2 GPUs each
+            "slo": {"ttftMs": 3000, "tpotMs": 100, "attainmentPercent": 90},
+            "autoscaling": {
+                "enabled": True,
+                "intervalSeconds": 5,
+                "scaleUp": {"stabilizationSeconds": 0, "maxStep": 1},
+                "scaleDown": {"stabilizationSeconds": DOWN_WINDOW, "maxStep": 1},
+                "drainTimeoutSeconds": 90,
+            },
+        },
+    )
+
+
+def groups(seen: e2e.Seen, role: str, key: str = "readyReplicas") -> int:
+    """A pool's groups in status (`replicas`, `readyReplicas`: LeaderWorkerSet's counts)."""
+    return int(((seen.status.get("pools") or {}).get(role) or {}).get(key) or 0)
+
+
+def sizes(seen: e2e.Seen) -> str:
+    return ", ".join(
+        f"{role} {groups(seen, role)}/{groups(seen, role, 'replicas')} groups ready "
+        f"(desired {seen.desired(role)})"
+        for role in ("prefill", "decode")
+    )
+
+
+def leader_seen(pod: dict[str, Any]) -> int | None:
+    """Requests a group's leader has received (served or handed to its worker); None: gone."""
+    status, body = call(f"http://{pod['status']['podIP']}:{meta.ENGINE_PORT}/debug/state", timeout=5)
+    return int(json.loads(body)["requests_seen"]) if status == 200 else None
+
+
+def test_the_autoscaler_grows_decode_by_a_group_and_drains_it_whole_without_a_failed_stream(
+    deployed: Deployed,
+) -> None:
+    cluster, ns = deployed.cluster, deployed.namespace
+    cluster.kubectl("delete", "pdd", NAME, "-n", ns, "--wait=false", check=False)  # room on 2 cores
+    began = time.monotonic()
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(autoscaled_manifest()))
+    watch = e2e.Watcher(cluster, ns, AS_NAME).start()
+    load: BackgroundLoad | None = None
+    try:
+        watch.wait(
+            "Ready, 1+1 groups", lambda s: s if s.is_ready() and groups(s, "decode") == 1 else None, 300
+        )
+        print(f"\n{AS_NAME} Ready {time.monotonic() - began:.0f} s after apply")
+        router = e2e.router_url(cluster, ns, AS_NAME)
+        eventually(lambda: all_served(router, 4), timeout=120, what="served through the router")
+        load = BackgroundLoad(router, e2e.MODEL, max_requests=1500, max_seconds=600).start(LONG)
+        started = time.time()
+
+        up = watch.wait(
+            "decode decided up by a group", lambda s: s if (s.desired("decode") or 0) >= 2 else None, 180
+        )
+        decision = up.autoscaling("decode")["lastDecision"]
+        figures = decision["figures"]
+        print(f"+{up.at - started:.0f}s decode 1 -> 2 groups: {decision['reason']}")
+        # One replica is one group of two ranks: the capacity is both ranks' together.
+        assert figures["enginesPerReplica"] == 2, figures
+        assert figures["kvTokensPerReplica"] > 0
+        grown = watch.wait("decode 2 groups Ready", lambda s: s if groups(s, "decode") >= 2 else None, 180)
+        print(f"+{grown.at - started:.0f}s 2 decode groups Ready: {sizes(grown)}")
+        assert grown.status["pools"]["decode"]["gpus"] == 2 * GPUS_PER_GROUP
+        assert len(deployed.pods("decode", AS_NAME)) == 4
+
+        load.set(FALL)
+        fell = time.time()
+
+        def group_1_marked() -> list[dict[str, Any]] | None:
+            pods = [
+                p
+                for p in deployed.pods("decode", AS_NAME)
+                if p["metadata"]["name"].startswith(f"{AS_NAME}-decode-1")
+            ]
+            marked = [p for p in pods if meta.ANNOTATION_DRAINING in (p["metadata"].get("annotations") or {})]
+            return pods if len(pods) == 2 and len(marked) == 2 else None
+
+        marked = eventually(group_1_marked, timeout=180, what="both pods of decode group 1 marked draining")
+        names = sorted(p["metadata"]["name"] for p in marked)
+        print(f"+{time.time() - fell:.0f}s after the load fell: {names} marked draining")
+        assert names == [f"{AS_NAME}-decode-1", f"{AS_NAME}-decode-1-1"]
+        record = (
+            deployed.get("pdd", AS_NAME)["status"]["autoscaling"]["pools"]["decode"].get("draining") or {}
+        )
+        assert sorted(record.get("pods") or []) == names, record
+        # The router sends the draining group nothing new: from a few seconds after the drain began
+        # (the router's pod watch has seen the mark), its leader's count of requests stops, while
+        # group 0 serves the load. Sampled once a second until the group goes (10 s at the earliest).
+        leader = next(p for p in marked if p["metadata"]["name"] == f"{AS_NAME}-decode-1")
+        settled = float(record["startedAt"]) + ROUTER_SEES_MARK_S
+        samples: list[tuple[float, int]] = []
+        until = time.monotonic() + 120  # the drain's timeout (90 s) and then some
+        while (seen := leader_seen(leader)) is not None and time.monotonic() < until:
+            samples.append((time.time(), seen))
+            time.sleep(1)
+        after = [n for at, n in samples if at >= settled]
+        print(
+            f"draining group 1's leader, requests seen once a second until it went: {[n for _, n in samples]}"
+        )
+        assert len(after) >= 2, f"too few samples after the router saw the mark: {samples}"
+        assert len(set(after)) == 1, f"the router sent new requests to a draining group: {samples}"
+
+        done = watch.wait(
+            "decode back to 1 group",
+            lambda s: s if groups(s, "decode", "replicas") == 1 and s.desired("decode") == 1 else None,
+            180,
+        )
+        print(f"+{done.at - fell:.0f}s after the load fell: {sizes(done)}")
+        eventually(
+            lambda: len(deployed.pods("decode", AS_NAME)) == 2, timeout=120, what="group 1's pods gone"
+        )
+        assert {p["metadata"]["name"] for p in deployed.pods("decode", AS_NAME)} == {
+            f"{AS_NAME}-decode-0",
+            f"{AS_NAME}-decode-0-1",
+        }
+        time.sleep(3)
+        load.stop(timeout=90)
+        samples = load.samples(since=started)
+        failed = e2e.failures(samples)
+        print(f"{len(samples)} streams through the router, {len(failed)} failed")
+        assert samples
+        assert not failed, failed[:3]
+        reasons = [e["reason"] for e in e2e.events(cluster, ns, AS_NAME)]
+        assert "Draining" in reasons, reasons
+        assert "Drained" in reasons, reasons
+        drained = [e for e in e2e.events(cluster, ns, AS_NAME) if e["reason"] == "Drained"]
+        print(f"drain: {drained[-1].get('message')}")
+        assert "idle" in drained[-1].get("message", ""), drained[-1]
+        readings = watch.since(started)
+        assert max(s.desired("decode") or 0 for s in readings) <= 2
+    finally:
+        if load is not None and load.running:
+            load.stop(timeout=60)
+        watch.stop()
+        for e in e2e.events(cluster, ns, AS_NAME):
+            print(f"  {e.get('reason')}: {e.get('message', '')[:300]}")

@@ -8,10 +8,14 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
 from tandem.api.testing import stored
+from tandem.controller.drain import DRAIN_SETTLE_SECONDS
 from tandem.kube.rest import Kind, KubeError
 
-from .test_reconcile_autoscaling import NAME, NS, World
+from .test_reconcile_autoscaling import DRAINING, NAME, NS, T0, World
+from .test_reconcile_autoscaling import manifest as autoscaling_manifest
 
 LWS = ("LeaderWorkerSet", NS, f"{NAME}-decode")
 
@@ -88,17 +92,6 @@ def test_a_spec_change_of_groups_reapplies_and_a_steady_pass_writes_nothing() ->
     result = world.run(1.0)
     assert result.applied == [f"LeaderWorkerSet/{NAME}-decode"]
     assert world.kube.objects[LWS]["spec"]["replicas"] == 3
-
-
-def test_a_leaderworkerset_no_longer_rendered_is_pruned() -> None:
-    world = World(manifest())
-    world.run()
-    doc = manifest()
-    doc["spec"]["decode"] = {"replicas": 1, "tensorParallelSize": 8}  # back to one node per replica
-    world.kube.objects[("PDDeployment", NS, NAME)] = {**doc, "status": world.pdd["status"]}
-    result = world.run(1.0)
-    assert f"LeaderWorkerSet/{NAME}-decode" in result.deleted
-    assert ("delete", "LeaderWorkerSet", f"{NAME}-decode") in world.kube.writes
 
 
 def test_without_the_crd_nothing_is_applied_and_stalled_names_it() -> None:
@@ -185,3 +178,139 @@ def test_the_leaderworkerset_goes_after_its_headless_service_and_not_without_it(
     status, reason, message = conditions(failing)["Stalled"]
     assert (status, reason) == ("True", "ApplyFailed")
     assert f"LeaderWorkerSet/{NAME}-decode: not applied: its Service {NAME}-decode is not there" in message
+
+
+def autoscaled_groups() -> dict[str, Any]:
+    """Decode in groups of 2 sim pods (a rank each, Internal), sized by tandem's autoscaler in [1, 3]."""
+    doc = autoscaling_manifest()
+    doc["spec"]["decode"].update({"nodesPerInstance": 2, "parallelism": {"data": 2}})
+    return doc
+
+
+class GroupWorld(World):
+    """The fake API plus what LeaderWorkerSet's controller and the kubelet would do between passes: a
+    group's leader `<lws>-<g>` (scraped) and worker `<lws>-<g>-1` (headless: not scraped) per group,
+    for every LeaderWorkerSet (of any revision's pair)."""
+
+    def __init__(self, doc: dict[str, Any]) -> None:
+        super().__init__(doc)
+        scripted = self.reader.pod_load
+
+        def pod_load(namespace: str, pods: Any) -> dict[str, Any]:
+            """As Prometheus: loads of the pods it scrapes only (a headless worker has none)."""
+            loads = scripted(namespace, pods)
+            return {name: load for name, load in loads.items() if self._scraped(namespace, name)}
+
+        self.reader.pod_load = pod_load  # type: ignore[method-assign]
+
+    def _scraped(self, namespace: str, name: str) -> bool:
+        pod = self.kube.objects.get(("Pod", namespace, name)) or {}
+        annotations = (pod.get("metadata") or {}).get("annotations")
+        return annotations is None or annotations.get("prometheus.io/scrape") == "true"
+
+    def settle(self) -> None:
+        super().settle()
+        for (kind, ns, name), obj in list(self.kube.objects.items()):
+            if kind != "LeaderWorkerSet":
+                continue
+            count = obj["spec"].get("replicas") or 0
+            obj["metadata"]["generation"] = 1
+            obj["status"] = {"replicas": count, "readyReplicas": count, "updatedReplicas": count}
+            labels = {
+                k: v
+                for k, v in obj["metadata"]["labels"].items()
+                if k in ("tandem.dev/pddeployment", "tandem.dev/role", "tandem.dev/revision")
+            }
+            for group in range(6):
+                for pod_name, worker in ((f"{name}-{group}", "0"), (f"{name}-{group}-1", "1")):
+                    key = ("Pod", ns, pod_name)
+                    if group >= count:
+                        self.kube.objects.pop(key, None)
+                    elif key not in self.kube.objects:
+                        annotations = {"prometheus.io/scrape": "true"} if worker == "0" else {}
+                        self.kube.objects[key] = {
+                            "metadata": {
+                                "name": pod_name,
+                                "labels": {**labels, "leaderworkerset.sigs.k8s.io/worker-index": worker},
+                                "annotations": annotations,
+                            },
+                            "status": {"phase": "Running", "podIP": "127.20.0.9"},
+                        }
+
+
+def test_scale_in_drains_a_whole_group_then_removes_it_when_its_leader_is_idle() -> None:
+    world = GroupWorld(autoscaled_groups())
+    world.reader.busy = {f"{NAME}-decode-1"}  # the leader of group 1: its /metrics counts both ranks
+    world.run()
+    assert world.kube.objects[LWS]["spec"]["replicas"] == 2
+    while world.pdd["status"]["autoscaling"]["pools"]["decode"]["desiredReplicas"] == 2:
+        world.run(5.0)
+        assert world.now - T0 <= 30, "no scale-in"
+    group_1 = [f"{NAME}-decode-1", f"{NAME}-decode-1-1"]
+    for name in group_1:
+        assert DRAINING in world.kube.objects[("Pod", NS, name)]["metadata"]["annotations"], name
+    for name in (f"{NAME}-decode-0", f"{NAME}-decode-0-1"):
+        assert DRAINING not in world.kube.objects[("Pod", NS, name)]["metadata"]["annotations"], name
+    assert world.pdd["status"]["autoscaling"]["pools"]["decode"]["draining"]["pods"] == group_1
+    assert world.kube.objects[LWS]["spec"]["replicas"] == 2
+    assert world.pdd["status"]["pools"]["decode"]["limitedBy"] == "drain"
+    world.run(DRAIN_SETTLE_SECONDS + 5.0)
+    assert world.kube.objects[LWS]["spec"]["replicas"] == 2, "shrank while the group's leader streamed"
+    world.reader.busy = set()  # the headless worker has no load of its own: the leader's counts
+    world.run(5.0)
+    assert world.kube.objects[LWS]["spec"]["replicas"] == 1
+    assert all(("Pod", NS, name) not in world.kube.objects for name in group_1)
+    assert "draining" not in world.pdd["status"]["autoscaling"]["pools"]["decode"]
+    events = world.events()
+    assert events.index("ScaledDown") < events.index("Draining") < events.index("Drained")
+
+
+SINGLE_NODE_DECODE: dict[str, Any] = {"replicas": 1, "tensorParallelSize": 8}
+GROUP_DECODE: dict[str, Any] = {"replicas": 1, "tensorParallelSize": 16, "nodesPerInstance": 2}
+
+
+def deleted(world: World) -> set[tuple[str, str]]:
+    return {(w[1], w[2]) for w in world.kube.writes if w[0] == "delete"}
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "old_kind", "new_kind"),
+    [
+        (SINGLE_NODE_DECODE, GROUP_DECODE, "StatefulSet", "LeaderWorkerSet"),
+        (GROUP_DECODE, SINGLE_NODE_DECODE, "LeaderWorkerSet", "StatefulSet"),
+    ],
+    ids=["statefulset-to-groups", "groups-to-statefulset"],
+)
+def test_a_revision_moves_decode_between_a_statefulset_and_groups_through_the_rollout(
+    before: dict[str, Any], after: dict[str, Any], old_kind: str, new_kind: str
+) -> None:
+    """A revision change that moves decode between one pod a replica and groups: the new pair is
+    rendered beside the old one (kept, not pruned, whatever its kind), gets the weight once its every
+    workload is Ready, and the old pair goes once idle."""
+    doc = manifest()
+    doc["spec"]["decode"] = dict(before)
+    world = GroupWorld(doc)
+    world.run()
+    world.run(1.0)
+    legacy = copy.deepcopy(world.pdd["status"]["revisions"]["current"])
+    assert legacy["legacy"] is True
+    assert (old_kind, NS, f"{NAME}-decode") in world.kube.objects
+
+    spec = world.kube.objects[("PDDeployment", NS, NAME)]
+    spec["spec"]["decode"] = dict(after)
+    spec["metadata"]["generation"] = spec["metadata"].get("generation", 1) + 1
+    world.run(1.0)
+    revs = world.pdd["status"]["revisions"]
+    new = revs["current"]
+    assert revs["previous"]["id"] == legacy["id"]
+    assert (new_kind, NS, f"{new['prefix']}-decode") in world.kube.objects
+    assert (old_kind, f"{NAME}-decode") not in deleted(world), "the old pair is kept while it serves"
+    world.run(1.0)  # the new pair's workloads report Ready (settled): the weight moves to it
+    assert world.pdd["status"]["revisions"]["weight"] == 100
+    assert (old_kind, f"{NAME}-decode") not in deleted(world), "the old pair drains first"
+    for _ in range(6):
+        world.run(5.0)  # settle, then idle (every scraped pod of the old pair reports no load)
+    assert "previous" not in world.pdd["status"]["revisions"], world.pdd["status"]["revisions"]
+    assert "RevisionRemoved" in world.events()
+    assert (old_kind, f"{NAME}-decode") in deleted(world)
+    assert (new_kind, f"{new['prefix']}-decode") not in deleted(world)

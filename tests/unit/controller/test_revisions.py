@@ -16,9 +16,11 @@ from tandem.controller.revisions import (
     pair_names,
     pair_ready,
     pair_sizes,
+    pair_workload,
     removal,
     share_config,
 )
+from tandem.render import names
 
 A = RevisionRecord(id="aaaaaaaaaa", prefix="demo", legacy=True)
 B = RevisionRecord(id="bbbbbbbbbb", prefix="demo-bbbbbbbbbb")
@@ -165,7 +167,35 @@ def test_pair_ready(statefulsets: dict[str, Any], wanted: dict[str, int | None],
 def test_pair_names() -> None:
     assert ("StatefulSet", "demo-bbbbbbbbbb-prefill") in pair_names(B)
     assert ("PodDisruptionBudget", "demo-decode") in pair_names(A)
-    assert len(pair_names(B)) == 6
+    # a pool of either shape: its StatefulSet, or its LeaderWorkerSet (a pair kept across a change of
+    # nodesPerInstance has the other revision's kind)
+    assert ("LeaderWorkerSet", "demo-bbbbbbbbbb-decode") in pair_names(B)
+    assert len(pair_names(B)) == 8
+
+
+def test_pair_names_of_a_long_prefix_hold_the_cut_group_names() -> None:
+    long = RevisionRecord(id="cccccccccc", prefix="a-deployment-name-of-forty-characters-cccccccccc")
+    lws = names.group_name(f"{long.prefix}-decode")
+    assert lws != f"{long.prefix}-decode"
+    assert len(lws) <= names.MAX_GROUP_NAME
+    assert ("LeaderWorkerSet", lws) in pair_names(long)
+    assert ("Service", lws) in pair_names(long)  # the group's headless Service, of its name
+    assert ("StatefulSet", f"{long.prefix}-decode") in pair_names(long)
+
+
+@pytest.mark.parametrize(
+    ("existing", "found"),
+    [
+        ({("StatefulSet", "demo-bbbbbbbbbb-decode"): {"kind": "StatefulSet"}}, "StatefulSet"),
+        ({("LeaderWorkerSet", "demo-bbbbbbbbbb-decode"): {"kind": "LeaderWorkerSet"}}, "LeaderWorkerSet"),
+        ({("StatefulSet", "demo-decode"): {"kind": "StatefulSet"}}, None),  # another revision's
+    ],
+)
+def test_a_pairs_workload_is_its_statefulset_or_its_leaderworkerset(
+    existing: dict[tuple[str, str], Any], found: str | None
+) -> None:
+    workload = pair_workload(existing, B, "decode")
+    assert (workload or {}).get("kind") == found
 
 
 # --- the old pair goes once idle, at the latest after the drain timeout --------------------------------
@@ -326,11 +356,20 @@ def test_pair_sizes_leave_the_cut_over_and_external_pools_alone() -> None:
     assert sizes.previous == {"decode": 0}
 
 
-def test_share_config_sets_only_the_replicas() -> None:
-    config = share_config("demo", "decode", "ns", 2)
+@pytest.mark.parametrize(
+    ("api_version", "kind"), [("apps/v1", "StatefulSet"), ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")]
+)
+def test_share_config_sets_only_the_replicas(api_version: str, kind: str) -> None:
+    live = {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"name": "demo-decode", "namespace": "ns", "labels": {"a": "b"}},
+        "spec": {"replicas": 4, "template": {}},
+    }
+    config = share_config(live, 2)
     assert config == {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
+        "apiVersion": api_version,
+        "kind": kind,
         "metadata": {"name": "demo-decode", "namespace": "ns"},
         "spec": {"replicas": 2},
     }

@@ -19,6 +19,7 @@ from tandem.render.revision import (
     MAX_STATEFULSET_NAME,
     REVISION_ID_LENGTH,
     name_prefix,
+    revision_fields,
     revision_id,
     short_name,
 )
@@ -62,6 +63,10 @@ def test_revision_id_is_a_stable_short_hash() -> None:
         ({"engine": {"env": [{"name": "X", "value": "1"}]}}, False),
         ({"engine": {"imagePullPolicy": "Always"}}, False),
         ({"model": {"maxModelLen": 4096}}, False),
+        # A P/D pool moving between one pod a replica and groups (a StatefulSet and a LeaderWorkerSet
+        # would take the same name): a new pair, rolled by the revision rollout.
+        ({"decode": {"tensorParallelSize": 16, "nodesPerInstance": 2}}, True),
+        ({"prefill": {"nodesPerInstance": 2, "parallelism": {"data": 2}}}, True),
     ],
 )
 def test_which_fields_define_a_revision(patch: dict[str, Any], changes: bool) -> None:
@@ -150,3 +155,14 @@ def test_legacy_budgets_leave_out_revisioned_pods() -> None:
     for role in meta.REVISIONED_ROLES:
         selector = objects[("PodDisruptionBudget", f"demo-{role}")]["spec"]["selector"]
         assert selector["matchExpressions"] == [{"key": meta.LABEL_REVISION, "operator": "DoesNotExist"}]
+
+
+def test_groups_change_the_revision_only_between_kinds() -> None:
+    """Within groups, a new shape is the same revision (LeaderWorkerSet rolls its groups); between one
+    pod a replica and groups it is a new one; a spec without groups keeps its id (the value is left
+    out), so an operator upgrade starts no change on it."""
+    two = build_pdd({"decode": {"tensorParallelSize": 16, "nodesPerInstance": 2}}).spec
+    four = build_pdd({"decode": {"tensorParallelSize": 32, "nodesPerInstance": 4}}).spec
+    assert revision_id(two) == revision_id(four) != BASE_ID
+    assert "groupPools" not in revision_fields(build_pdd().spec)
+    assert revision_fields(two)["groupPools"] == ["decode"]
