@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ from typing import Any
 
 import aiohttp
 
+from tandem.devcluster.procs import free_port
 from tandem.perf.stats import nearest_rank
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -47,12 +47,6 @@ ARMS: dict[str, list[str]] = {
     "Auto": ["--disaggregation", "Auto"],
     "Threshold 256": ["--disaggregation", "Threshold", "--threshold-tokens", "256"],
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 def wait(port: int, path: str) -> None:

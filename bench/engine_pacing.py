@@ -14,13 +14,13 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 import urllib.request
 
+from tandem.devcluster.procs import free_port
 from tandem.engine.args import parse_serve_args
 from tandem.engine.blocks import BlockPool
 from tandem.engine.config import resolve
@@ -29,12 +29,6 @@ from tandem.engine.settings import SimSettings
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 def engine_args(port: int, model: str, tp: int) -> list[str]:

@@ -345,8 +345,14 @@ def up(
             raise _fail(cdir, f"{name} exited during startup", cdir.logs / f"{name}.log")
 
     def wait(what: str, check: Any, component: str, limit: float = timeout) -> None:
+        log = cdir.logs / f"{component}.log"
+
         def probe() -> bool:
             check_alive(component)
+            # Some servers (KWOK's) log a failed listen and run on without it: fail now, not at the
+            # deadline.
+            if log.exists() and b"bind: address already in use" in log.read_bytes():
+                raise _fail(cdir, f"{component} could not listen on its port", log)
             return bool(check())
 
         try:

@@ -8,10 +8,14 @@ so that `cluster down` can find and stop anything left behind (grandchildren inc
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import json
 import os
+import random
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -24,11 +28,70 @@ MARKER_ENV = "TANDEM_DEVCLUSTER"
 _children: dict[int, subprocess.Popen[bytes]] = {}
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+# Ports for servers started here come from below the kernel's ephemeral range, so that no client
+# socket is given one between the pick and its server's bind (a CI run lost KWOK's port that way: it
+# was picked when the cluster began to start and bound 30 s later), and each is held in a registry
+# every process on the machine shares, so that two pickers (pytest workers, a demo beside them) never
+# get the same one while its server starts. A hold outlives any start; after it, a port still bound
+# fails the bind check and is passed over.
+PORT_REGISTRY = Path(tempfile.gettempdir()) / "tandem-ports.json"
+PORT_HOLD_S = 3600.0
+PORTS_BELOW_EPHEMERAL = 12000
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _reservable_ports() -> range | None:
+    """The ports below the ephemeral range that `free_port` hands out; None where there are too few."""
+    try:
+        low = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    first = max(10000, low - PORTS_BELOW_EPHEMERAL)
+    return range(first, low) if low - first >= 1000 else None
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _kernel_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
+        return port
+
+
+def free_port(*, now: float | None = None) -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now and no other caller on this machine was
+    given within `PORT_HOLD_S`."""
+    ports = _reservable_ports()
+    if ports is None:
+        return _kernel_port()
+    at = time.time() if now is None else now
+    lock_path = PORT_REGISTRY.with_suffix(".lock")
+    with lock_path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            held = {int(p): float(until) for p, until in json.loads(PORT_REGISTRY.read_text()).items()}
+        except (OSError, ValueError, TypeError, AttributeError):
+            held = {}
+        held = {p: until for p, until in held.items() if until > at}
+        start = random.randrange(len(ports))
+        for i in range(len(ports)):
+            port = ports[(start + i) % len(ports)]
+            if port not in held and _bindable(port):
+                break
+        else:
+            return _kernel_port()
+        held[port] = at + PORT_HOLD_S
+        tmp = PORT_REGISTRY.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(held))
+        tmp.replace(PORT_REGISTRY)
         return port
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,16 +13,12 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from tandem.devcluster.procs import free_port
+
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 NAME = "llama-8b"
 LOOPBACK = "127.0.0.1"
 START_TIMEOUT_S = 60.0  # generous: the machine is shared
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
 
 
 def kv_config(role: str, **extra: Any) -> str:

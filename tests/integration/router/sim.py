@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,16 +13,12 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from tandem.devcluster.procs import free_port
+
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 NAME = "llama-8b"
 MAX_MODEL_LEN = 4096
 LOOPBACK = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
 
+from tandem.devcluster.procs import free_port
 from tandem.kube.pods import PodInfo
 
 from .harness import running_router, stream
@@ -88,12 +88,6 @@ async def test_without_an_slo_there_is_no_within_slo_series(pair: tuple[StubEngi
         assert WITHIN + "{" not in router.metrics_text()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _pod(engine: StubEngine, role: str, *, draining: bool = False) -> PodInfo:
     return PodInfo(
         name=engine.name,
@@ -109,7 +103,7 @@ def _pod(engine: StubEngine, role: str, *, draining: bool = False) -> PodInfo:
 
 async def test_a_draining_pod_finishes_its_streams_and_gets_no_new_ones() -> None:
     # Pods as the watcher reports them: one loopback IP each, one engine port for all.
-    port = _free_port()
+    port = free_port()
     slow = Script(token_delay_s=0.1)
     engines = {
         "prefill": [
