@@ -57,18 +57,20 @@ demo: venv tools
 
 # The README's test command: lint, types, then unit, integration and e2e tests against the real local
 # control plane in three workers, then real vLLM engines (CPU build, tiny model) behind the operator's
-# router, serially: correctness, the metric contract and the failure rules (tests/conftest.py leaves
-# tests/real/ out of the first run; its control-loop modules are `make test-real`).
+# router, serially: P/D answers equal to colocated ones, the KV transferred, the metric contract, an
+# engine that cannot start (tests/conftest.py leaves tests/real/ out of the first run; its `real_long`
+# modules are `make test-real`).
 test: venv tools vllm-env real-engine-env lint typecheck
 	$(BIN)/pytest -q -p no:cacheprovider -n 3 --dist loadscope --no-loadscope-reorder --durations=30 tests
-	$(BIN)/pytest -p no:cacheprovider -rsP -v --durations=0 -m "not control_loop" tests/real
+	$(BIN)/pytest -p no:cacheprovider -rsP -v --durations=0 -m "not real_long" tests/real
 
-# The control loop on real vLLM engines (the `control_loop` modules of tests/real/: the autoscaler
-# adding and draining a real engine, the gray rollout colocated -> P/D rolled back by a killed decode
-# and promoted): too long to fit `make test`'s time with the rest, so its own command; `.ci/run` runs
-# both.
+# The long real-engine tests (tests/real/, marked `real_long`): the autoscaler adding and draining a
+# real engine, the gray rollout colocated -> P/D rolled back by a killed decode and promoted, the failure
+# rules (a prefill restarted or killed mid-prefill, abandoned requests' KV, an engine that fails after
+# loading): too long for `make test`'s 25 minutes with the rest, so a command of their own; `.ci/run`
+# runs both.
 test-real: venv tools real-engine-env
-	$(BIN)/pytest -p no:cacheprovider -rsP -v --durations=0 -m control_loop tests/real
+	$(BIN)/pytest -p no:cacheprovider -rsP -v --durations=0 -m real_long tests/real
 
 # vllm-cpu-env, except that a machine without x86-64 AVX2 (the script's exit 3, with its reason) goes
 # on: tests/real/ then skips every test with that reason, counted in the summary.

@@ -9,7 +9,10 @@ skipped, with the reason in the summary (`-rs`); a missing environment or model 
 
 from __future__ import annotations
 
+import json
 import os
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +21,9 @@ import pytest
 from tandem.devcluster import cluster as devcluster
 from tandem.devcluster import layout, realvllm
 from tandem.devcluster.handle import ClusterHandle
-from tandem.devcluster.testing import OperatorProcess, leading_operator
+from tandem.devcluster.testing import OperatorProcess, eventually, leading_operator, scratch_namespace
+
+from .pdkit import READY_TIMEOUT, Deployed, Run, deploy, manifest, undeploy
 
 # The model path the tests' PDDeployments render (`file:///models/tiny-llama`), served by the tiny
 # model on this machine.
@@ -75,3 +80,39 @@ def operator(
     handle = OperatorProcess(cluster, ["--resync-seconds", "20", "--lease-namespace", "default"], log)
     with leading_operator(handle, timeout=60):
         yield handle
+
+
+# The P/D modules' deployment (test_pd_e2e.py, test_pd_failures_e2e.py): each module defines the
+# `colocated` fixture, the reference answers it records before `pd` cuts the deployment over.
+@pytest.fixture(scope="module")
+def namespace(cluster: ClusterHandle) -> Iterator[str]:
+    with scratch_namespace(cluster, f"t-real-{uuid.uuid4().hex[:6]}") as name:
+        yield name
+
+
+@pytest.fixture(scope="module")
+def deployed(cluster: ClusterHandle, operator: OperatorProcess, namespace: str) -> Iterator[Deployed]:
+    d = deploy(cluster, namespace, manifest(cluster.prometheus_url))
+    try:
+        yield d
+    finally:
+        undeploy(d)
+
+
+@pytest.fixture(scope="module")
+def pd(deployed: Deployed, colocated: Run) -> Deployed:
+    """The same PDDeployment cut over to P/D (one prefill, one decode) once the reference is recorded:
+    no `spec.rollout`, so no gradual shift and no steady-P/D watch that could fall back to colocated
+    while the slow CPU pair answers; the colocated pool goes to 0 (three engines at most at once)."""
+    d = deployed
+    patch = json.dumps({"spec": {"serving": {"mode": "Disaggregated"}, "colocated": {"replicas": 0}}})
+    started = time.monotonic()
+    d.cluster.kubectl("patch", "-n", d.namespace, "pdd", d.name, "--type", "merge", "-p", patch)
+    eventually(
+        lambda: bool(d.ips("prefill") and d.ips("decode")) and not d.pods("colocated"),
+        timeout=READY_TIMEOUT,
+        interval=2,
+        what="the P/D pair Ready and the colocated pod gone",
+    )
+    print(f"P/D pair Ready and colocated gone {time.monotonic() - started:.0f} s after the mode change")
+    return d

@@ -42,7 +42,7 @@ from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.testing import OperatorProcess, eventually, metric_total, scratch_namespace
 from tandem.versions import VLLM_IMAGE
 
-pytestmark = [pytest.mark.cluster, pytest.mark.control_loop, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.cluster, pytest.mark.real_long, pytest.mark.timeout(1800)]
 
 NAME = "loop"
 MODEL = "tiny-llama"

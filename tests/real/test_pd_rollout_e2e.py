@@ -19,7 +19,6 @@ PDDeployment with all three pools and `spec.rollout`:
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -31,11 +30,11 @@ from tandem.demo.load import BackgroundLoad, Phase
 from tandem.demo.stats import Sample
 from tandem.devcluster import tinymodel
 from tandem.devcluster.handle import ClusterHandle
-from tandem.devcluster.testing import OperatorProcess, eventually, metric_total, scratch_namespace
+from tandem.devcluster.testing import OperatorProcess, eventually, metric_total
 
 from .pdkit import MODEL, NAME, READY_TIMEOUT, Deployed, deploy, manifest, undeploy
 
-pytestmark = [pytest.mark.cluster, pytest.mark.control_loop, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.cluster, pytest.mark.real_long, pytest.mark.timeout(2400)]
 
 # The analysis: windows of 30 s with at least 8 requests on the target arm (the load below sends 1
 # request/s, so about 15 a window at 50%); a step advances as soon as a window passes. At 1.5 requests/s
@@ -59,12 +58,6 @@ ROLLOUT = {
     },
     "scaleDownDelaySeconds": 5,
 }
-
-
-@pytest.fixture(scope="module")
-def namespace(cluster: ClusterHandle) -> Iterator[str]:
-    with scratch_namespace(cluster, f"t-real-{uuid.uuid4().hex[:6]}") as name:
-        yield name
 
 
 @pytest.fixture(scope="module")
