@@ -186,4 +186,3 @@ def write_derived_profiles(directory: Path) -> list[Path]:
             path.write_text(derived_profile_text(base, gpu), encoding="utf-8")
             written.append(path)
     return written
-
