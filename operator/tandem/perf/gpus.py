@@ -46,6 +46,7 @@ class GpuSpec(BaseModel):
 
     name: str
     product: str  # the model token of its GPU Feature Discovery product label
+    label: str  # that label on the SXM part (what `tandem advise` writes into a pool's gpuType)
     bf16_dense_tflops: float = Field(gt=0)
     hbm_tb_per_s: float = Field(gt=0)
     memory_gib: float = Field(gt=0)

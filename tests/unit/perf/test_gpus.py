@@ -53,6 +53,8 @@ def test_every_gpu_has_sources_and_the_pd_pairs_are_there() -> None:
     with pytest.raises(UnknownGpuError, match="no GPU type 'TPU'; known: H100"):
         gpu_spec("TPU")
     assert gpu_spec("h200").name == "H200"
+    for spec in gpu_specs().values():  # the label advise writes maps back to the GPU
+        assert profile_gpu(spec.label) == spec.name
 
 
 # (gpu, compute ratio c = TFLOPS_H100 / TFLOPS_gpu, bandwidth ratio m = BW_H100 / BW_gpu)
