@@ -22,8 +22,10 @@
   (tokens/s flatten as the batch grows, so near that rate the batch, the TPOT and the KV cache
   in use swing widely; a full KV cache stops admissions and TTFT explodes).
 
-The profile is the calibrated (or estimated) one for the model, `spec.autoscaling.gpu` and the
-pool's TP; engine flags that change capacity (`--max-num-batched-tokens`, `--max-num-seqs`,
+The profile is the calibrated (or estimated) one for the model, the pool's GPU and the pool's TP: the
+GPU its `gpuType` (GPU Feature Discovery's product label) maps to (`perf.profile_gpu`), else
+`spec.autoscaling.gpu`, so a prefill pool on one GPU type and a decode pool on another are each sized
+with their own profile; engine flags that change capacity (`--max-num-batched-tokens`, `--max-num-seqs`,
 `--kv-cache-dtype`, `--gpu-memory-utilization`) are read from the pool's arguments. Capacities are
 multiplied by the pool's learnt `capacity_correction` in `recommend.py`, not here.
 """
@@ -49,6 +51,7 @@ from tandem.perf import (
     kv_transfer_seconds,
     model_arch,
     prefill_tokens_per_second,
+    profile_gpu,
 )
 from tandem.perf.capacity import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -178,14 +181,25 @@ def _load(
     return profile, per_token, fallback
 
 
-def pool_model(spec: PDDeploymentSpec, role: str) -> PoolModel:
-    """The profile for `role`: the model (sim engine: TANDEM_SIM_PERF_MODEL first) on `spec.autoscaling.gpu`
-    at the pool's TP; an unknown model or GPU falls back to the sim engine's default (marked `fallback`).
+def pool_gpu(spec: PDDeploymentSpec, role: str) -> tuple[str, bool]:
+    """The profile GPU of `role`'s pool: the one its `gpuType` maps to, else `spec.autoscaling.gpu`; and
+    whether a `gpuType` is set that maps to no profile GPU (then the pool is sized on the default)."""
+    gpu_type = spec.pool(role).gpu_type
+    if gpu_type is None:
+        return spec.autoscaling.gpu, False
+    mapped = profile_gpu(gpu_type)
+    return (mapped, False) if mapped is not None else (spec.autoscaling.gpu, True)
 
-    A sim engine runs the profile of TANDEM_SIM_GPU (if set) with every step time multiplied by
-    TANDEM_SIM_TIME_SCALE, so its pods are sized by the profile they really run."""
+
+def pool_model(spec: PDDeploymentSpec, role: str) -> PoolModel:
+    """The profile for `role`: the model (sim engine: TANDEM_SIM_PERF_MODEL first) on the pool's GPU
+    (`pool_gpu`) at the pool's TP; an unknown model or GPU, or a `gpuType` of no known GPU, falls back to
+    a default (marked `fallback`).
+
+    A sim engine runs the profile of TANDEM_SIM_GPU (if set; the operator renders the pool's GPU there) with
+    every step time multiplied by TANDEM_SIM_TIME_SCALE, so its pods are sized by the profile they run."""
     candidates: list[str] = []
-    gpu = spec.autoscaling.gpu
+    gpu, unmapped = pool_gpu(spec, role)
     time_scale = 1.0
     if spec.engine.type is EngineType.sim:
         perf_model = _sim_env(spec, "TANDEM_SIM_PERF_MODEL")
@@ -199,7 +213,9 @@ def pool_model(spec: PDDeploymentSpec, role: str) -> PoolModel:
     profile, per_token, fallback = _load(
         tuple(candidates), gpu, spec.pool(role).tensor_parallel_size, limits.kv_cache_dtype, time_scale
     )
-    return PoolModel(profile=profile, limits=limits, kv_bytes_per_token=per_token, fallback=fallback)
+    return PoolModel(
+        profile=profile, limits=limits, kv_bytes_per_token=per_token, fallback=fallback or unmapped
+    )
 
 
 def busy_prefill_tokens_per_second(
@@ -241,6 +257,7 @@ def prefill_capacity(
     transfer_gbps: float | None,
     prompt_second_moment: float = 0.0,
     uncached_fraction: float = 1.0,
+    first_decode: Profile | None = None,
 ) -> PrefillCapacity:
     """Prompt tokens/s one replica computes busy, and the share of that usable within the TTFT target.
 
@@ -249,7 +266,9 @@ def prefill_capacity(
     transfer of a prompt comes out of the TTFT budget, as does the first decode step.
     `uncached_fraction` (1: no prefix cache hits) is the share of prompt tokens computed; the rest is
     cached (`busy_prefill_tokens_per_second`). The transfer is still counted whole (conservative: a
-    decode pod that caches the prefix pulls less).
+    decode pod that caches the prefix pulls less). `first_decode` is the profile of the pool that runs
+    the first decode step (a disaggregated prefill's decode pool, maybe on another GPU type; default
+    this pool's own).
     """
     prompt = max(1, round(mean_prompt_tokens))
     budget_tokens = model.limits.max_num_batched_tokens
@@ -260,7 +279,7 @@ def prefill_capacity(
     else:
         raw = prefill_tokens_per_second(model.profile, prompt, budget_tokens)
     service = prompt / raw if raw > 0 else math.inf
-    budget = slo.ttft_ms / 1000.0 - model.profile.decode_step_seconds(1, prompt)
+    budget = slo.ttft_ms / 1000.0 - (first_decode or model.profile).decode_step_seconds(1, prompt)
     if transfer_gbps is not None:
         budget -= kv_transfer_seconds(prompt, model.kv_bytes_per_token, transfer_gbps)
     if budget <= 0 or not math.isfinite(service):

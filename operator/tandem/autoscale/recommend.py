@@ -285,6 +285,7 @@ def ttft_attribution(spec: PDDeploymentSpec, snapshot: Snapshot, knobs: Knobs) -
         transfer_gbps=spec.kv_transfer.bandwidth_gbps,
         prompt_second_moment=moment,
         uncached_fraction=prefill.uncached_fraction,
+        first_decode=d_model.profile,
     )
     tokens = max(1, round(prompt))
     floors = Floors(
@@ -668,6 +669,7 @@ def _prefill(
         transfer_gbps=spec.kv_transfer.bandwidth_gbps,
         prompt_second_moment=obs.prompt_second_moment,
         uncached_fraction=uncached,
+        first_decode=pool_model(spec, "decode").profile,
     )
     computed = obs.signals.prompt_tokens_rate
     rate = _arrival(obs, snapshot)

@@ -19,6 +19,7 @@ from tandem.perf.capacity import (
     kv_cache_tokens,
     prefill_tokens_per_second,
 )
+from tandem.perf.gpus import GpuSpec, UnknownGpuError, gpu_spec, gpu_specs, profile_gpu
 from tandem.perf.kv import (
     KV_CACHE_DTYPE_BYTES,
     ModelArch,
@@ -44,16 +45,20 @@ __all__ = [
     "ACTIVATION_RESERVE_BYTES",
     "KV_CACHE_DTYPE_BYTES",
     "DecodeCoefficients",
+    "GpuSpec",
     "KVCapacity",
     "ModelArch",
     "PrefillChunk",
     "PrefillCoefficients",
     "Profile",
     "ProfileNotFoundError",
+    "UnknownGpuError",
     "UnknownModelError",
     "available_profiles",
     "decode_batch_at_tpot",
     "estimate_profile",
+    "gpu_spec",
+    "gpu_specs",
     "kv_bytes_per_token",
     "kv_bytes_per_token_per_gpu",
     "kv_cache_capacity",
@@ -62,5 +67,6 @@ __all__ = [
     "load_profile",
     "model_arch",
     "prefill_tokens_per_second",
+    "profile_gpu",
     "weight_bytes_per_gpu",
 ]

@@ -204,7 +204,8 @@ def estimate_profile(model_id: str, gpu: str, tp: int) -> Profile:
         update={
             "model": arch.model_id,
             "tensor_parallel_size": tp,
-            "derived_from": f"{base.model} {base.gpu} TP{base.tensor_parallel_size}",
+            "derived_from": f"{base.model} {base.gpu} TP{base.tensor_parallel_size}"
+            + (f" ({base.derived_from})" if base.derived_from else ""),
             "prefill": p.model_copy(
                 update={
                     "per_token_ms": p.per_token_ms * compute,

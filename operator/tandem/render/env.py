@@ -18,6 +18,7 @@ from tandem.api import meta
 from tandem.api.meta import Role
 from tandem.api.models import EngineType, EnvVar, KVConnector, PDDeployment
 from tandem.api.status import RevisionRecord
+from tandem.perf import profile_gpu
 from tandem.render import names
 from tandem.render.command import is_disaggregated
 
@@ -104,6 +105,10 @@ def engine_env(pdd: PDDeployment, role: Role, revision: RevisionRecord | None = 
         )
     if spec.engine.type is EngineType.sim:
         env.append(_value("TANDEM_SIM_KV_BANDWIDTH_GBPS", str(spec.kv_transfer.bandwidth_gbps)))
+        gpu_type = spec.pool(role).gpu_type
+        gpu = profile_gpu(gpu_type) if gpu_type is not None else None
+        if gpu is not None:  # the pool's GPU type is the profile its engines run (and are sized with)
+            env.append(_value("TANDEM_SIM_GPU", gpu))
     if revision is not None and names.revisioned(role, revision):
         # The sim engine refuses a KV pull from another revision's prefill; vLLM ignores it.
         env.append(_value(SERVING_REVISION_ENV, revision.id))

@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from tandem.api.models import PDDeployment, PDDeploymentSpec
-from tandem.autoscale.capacity import engine_limits
+from tandem.autoscale.capacity import engine_limits, pool_gpu
 from tandem.perf import (
     ACTIVATION_RESERVE_BYTES,
     ProfileNotFoundError,
@@ -599,7 +599,22 @@ def deployment(advice: Advice, name: str = "", namespace: str = "default") -> di
     chosen = advice.recommended
     if chosen is None:
         raise AdviseError("no layout meets the SLO, so there is no deployment to recommend")
-    req = advice.request
+    mode = advice.mode
+    knobs = mode.knobs if mode is not None and chosen is advice.pd else None
+    return deployment_object(advice.request, chosen.layout, knobs, name, namespace)
+
+
+def deployment_object(
+    req: AdviseRequest,
+    layout: StaticLayout,
+    knobs: DisaggregationKnobs | None,
+    name: str = "",
+    namespace: str = "default",
+    gpu_types: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """`layout` of `req`'s model as a PDDeployment object (validated by the API models): P/D with the
+    disaggregation mode `knobs` (None or Always: none written), or colocated; `gpu_types` gives pools a
+    `gpuType` (GPU Feature Discovery's product label) by role."""
     info = req.model
     served = info.model.rsplit("/", 1)[-1].lower()
     name = name or _dns_name(served)
@@ -619,7 +634,6 @@ def deployment(advice: Advice, name: str = "", namespace: str = "default") -> di
         },
         "autoscaling": {"gpu": req.gpu},
     }
-    layout = chosen.layout
     if layout.colocated:
         spec["serving"] = {"mode": "Colocated"}
         spec["network"] = {"rdma": {"enabled": False}}
@@ -629,12 +643,14 @@ def deployment(advice: Advice, name: str = "", namespace: str = "default") -> di
         spec["kvTransfer"] = {"connector": "NixlConnector", "bandwidthGbps": round(req.bandwidth_gbps)}
         spec["prefill"] = {"replicas": layout.prefill, "tensorParallelSize": req.prefill_tp}
         spec["decode"] = {"replicas": layout.decode, "tensorParallelSize": req.decode_tp}
-        mode = advice.mode
-        if mode is not None and mode.knobs is not None and mode.knobs.mode != "Always":
-            block: dict[str, Any] = {"mode": mode.knobs.mode}
-            if mode.knobs.mode == "Threshold":
-                block["thresholdTokens"] = mode.knobs.threshold_tokens
+        if knobs is not None and knobs.mode != "Always":
+            block: dict[str, Any] = {"mode": knobs.mode}
+            if knobs.mode == "Threshold":
+                block["thresholdTokens"] = knobs.threshold_tokens
             spec["router"] = {"disaggregation": block}
+    for role, label in (gpu_types or {}).items():
+        if role in spec:
+            spec[role]["gpuType"] = label
     obj = {
         "apiVersion": "tandem.dev/v1alpha1",
         "kind": "PDDeployment",
@@ -680,7 +696,9 @@ class SpecLayout:
 
 
 def layout_of_spec(spec: PDDeploymentSpec, model_load_seconds: float = 120.0) -> SpecLayout:
-    """The pools a PDDeployment asks for, with perf's replicas (profile by model URI, GPU and TP)."""
+    """The pools a PDDeployment asks for, with perf's replicas (profile by model URI, the pool's GPU and
+    TP): each pool on the GPU its `gpuType` maps to, else `spec.autoscaling.gpu`, as the autoscaler sizes
+    it (`autoscale.capacity.pool_gpu`)."""
     info = resolve_model(spec.model.uri, spec.model.kv_bytes_per_token)
     gpu = spec.autoscaling.gpu
     bandwidth = float(spec.kv_transfer.bandwidth_gbps)
@@ -690,9 +708,14 @@ def layout_of_spec(spec: PDDeploymentSpec, model_load_seconds: float = 120.0) ->
     for role in roles:
         pool = spec.pool(role)
         limits = engine_limits(spec, role)  # the flags the autoscaler sizes this pool with
+        pool_gpu_name, unmapped = pool_gpu(spec, role)
+        if unmapped:
+            notes.append(f"{role}: gpuType {pool.gpu_type} is no GPU with a profile; simulated on {gpu}")
+        elif pool_gpu_name != gpu:
+            notes.append(f"{role}: on {pool_gpu_name} (gpuType {pool.gpu_type})")
         replica, n = replica_spec(
             info,
-            gpu,
+            pool_gpu_name,
             pool.tensor_parallel_size,
             bandwidth,
             gpu_memory_utilization=limits.gpu_memory_utilization,

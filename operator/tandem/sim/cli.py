@@ -5,6 +5,8 @@
     tandem advise (--model ID | --kv-bytes-per-token N) [--gpu H100] [--bandwidth-gbps 400]
         (--trace FILE ... | --input-tokens N --output-tokens N --rate R [--seconds N])
         --ttft-ms T --tpot-ms T [--ratios 1:1,1:2,...] [-o DEPLOYMENT.yaml]
+    tandem advise ... --gpus H100,H200,A100 --prices H100=2.5,H200=3.2,A100=1.6 (or --prices FILE)
+        which GPU type per pool: the cheapest per hour meeting the SLO (`tandem.sim.gpu_types`)
 
 The only module of `tandem.sim` that does I/O (reads files, prints, writes the plots). Bad input
 (a file that is not there or not a PDDeployment, a malformed or empty trace, an unknown model without
@@ -26,6 +28,7 @@ from pydantic import ValidationError
 from tandem.api.models import PDDeployment, PDDeploymentSpec
 from tandem.signals import Snapshot
 from tandem.sim import advise as adv
+from tandem.sim import gpu_types
 from tandem.sim.baselines import HPAPolicy, PlannerConfig, PlannerPolicy
 from tandem.sim.cluster import simulate
 from tandem.sim.layout import SLO, SimConfig
@@ -302,7 +305,19 @@ def advise_main(argv: Sequence[str]) -> int:
         default=None,
         help="KV bytes per token (required for a model perf does not know)",
     )
-    parser.add_argument("--gpu", default="H100", help="GPU type of the performance profile (default H100)")
+    parser.add_argument("--gpu", default=None, help="GPU type of the performance profile (default H100)")
+    parser.add_argument(
+        "--gpus",
+        default=None,
+        help="compare GPU types per pool, e.g. H100,H200,A100: every prefill x decode type and colocated "
+        "on each, the cheapest per hour meeting the SLO (needs --prices)",
+    )
+    parser.add_argument(
+        "--prices",
+        default=None,
+        help="$ per GPU-hour of each --gpus type: H100=2.5,H200=3.2,A100=1.6, or a YAML/JSON file "
+        "mapping type to price",
+    )
     parser.add_argument(
         "--bandwidth-gbps", type=float, default=400.0, help="KV link bandwidth per GPU, Gb/s (default 400)"
     )
@@ -334,11 +349,14 @@ def advise_main(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     try:
         req = _advise_request(args)
+        types = _gpu_types(args)
     except (CliError, adv.AdviseError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     started = time.perf_counter()
     show = sys.stderr.isatty()
+    if types is not None:
+        return _advise_gpu_types(req, *types, args, started, show)
     try:
         advice = adv.advise(
             req, on_simulation=(lambda s: print(f"  simulating {s}", file=sys.stderr)) if show else None
@@ -349,16 +367,99 @@ def advise_main(argv: Sequence[str]) -> int:
     print(render_advice(advice, time.perf_counter() - started))
     if advice.achievable:
         text = yaml.safe_dump(adv.deployment(advice, args.name, args.namespace), sort_keys=False)
-        if args.output:
-            try:
-                Path(args.output).write_text(text, encoding="utf-8")
-            except OSError as exc:
-                print(f"error: {args.output}: {exc}", file=sys.stderr)
-                return EXIT_BAD_INPUT
-            print(f"\nPDDeployment written to {args.output}")
-        else:
-            print("\n---\n" + text, end="")
+        return _emit(text, args.output)
     return 0
+
+
+def _gpu_types(args: argparse.Namespace) -> tuple[tuple[str, ...], dict[str, float]] | None:
+    """`--gpus` and `--prices` checked (None: neither given, plain advise on `--gpu`)."""
+    if args.gpus is None:
+        if args.prices is not None:
+            raise CliError("--prices prices the GPU types of --gpus: give --gpus too")
+        return None
+    if args.gpu is not None:
+        raise CliError("give --gpu (one GPU type) or --gpus (compare types per pool), not both")
+    if args.prices is None:
+        raise CliError("--gpus needs --prices (e.g. --prices H100=2.5,H200=3.2)")
+    gpus = gpu_types.parse_gpus(args.gpus)
+    return gpus, gpu_types.prices_for(gpus, gpu_types.parse_prices(args.prices))
+
+
+def _advise_gpu_types(
+    req: adv.AdviseRequest,
+    gpus: tuple[str, ...],
+    prices: dict[str, float],
+    args: argparse.Namespace,
+    started: float,
+    show: bool,
+) -> int:
+    try:
+        progress = (lambda s: print(f"  simulating {s}", file=sys.stderr)) if show else None
+        advice = gpu_types.advise_gpu_types(req, gpus, prices, on_simulation=progress)
+    except adv.AdviseError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(render_gpu_types(advice, time.perf_counter() - started))
+    if advice.recommended is not None:
+        obj = gpu_types.gpu_type_deployment(advice, args.name, args.namespace)
+        return _emit(yaml.safe_dump(obj, sort_keys=False), args.output)
+    return 0
+
+
+def _emit(text: str, output: str | None) -> int:
+    """Writes the PDDeployment to `output`, or prints it after a document separator."""
+    if output:
+        try:
+            Path(output).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            print(f"error: {output}: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        print(f"\nPDDeployment written to {output}")
+    else:
+        print("\n---\n" + text, end="")
+    return 0
+
+
+def render_gpu_types(advice: gpu_types.GpuTypeAdvice, wall_seconds: float) -> str:
+    """The candidates' table (the recommended one marked *) and the recommendation."""
+    req = advice.request
+    price_list = ", ".join(f"{g} ${p:.2f}" for g, p in advice.prices.items())
+    lines = [
+        f"model {req.model.model} ({req.model.kv_bytes_per_token:,} KV bytes/token), KV link "
+        f"{req.bandwidth_gbps:g} Gb/s; SLO TTFT {req.slo.ttft_ms:g} ms, TPOT {req.slo.tpot_ms:g} ms, "
+        f"{req.attainment_target:.0%} of requests",
+        f"load: {req.load_description}",
+        f"prices per GPU-hour: {price_list}",
+        "",
+        "GPU types per pool: the fewest replicas meeting the SLO over the load (simulated), priced:",
+        f"  {'candidate':<22} {'layout':<8} {'GPUs':>4} {'cost/h':>9} {'GPU-hours':>9}  attainment",
+    ]
+    chosen = advice.recommended
+    for c in advice.candidates:
+        mark = "*" if c is chosen else " "
+        if c.layout is None or c.summary is None:
+            lines.append(f"{mark} {c.name:<22} {'-':<8} {'-':>4} {'-':>9} {'-':>9}  {c.note}")
+            continue
+        lines.append(
+            f"{mark} {c.name:<22} {c.layout!s:<8} {c.gpus:>4} {f'${c.cost_per_hour:,.2f}':>9} "
+            f"{c.gpu_hours(advice.duration_seconds):>9.2f}  {c.summary.attainment:.1%}"
+        )
+    lines.append("")
+    if chosen is None:
+        lines.append("recommendation: no candidate meets the SLO within --max-gpus")
+    else:
+        same = [c for c in advice.candidates if c.layout is not None and not c.mixed and c is not chosen]
+        versus = ""
+        if chosen.mixed and same:
+            best = min(same, key=lambda c: c.cost_per_hour)
+            versus = f"; the cheapest on one GPU type: {best.name} at ${best.cost_per_hour:,.2f}/h"
+        lines.append(
+            f"recommendation: {chosen.name} {chosen.layout} ({chosen.gpus} GPUs, "
+            f"${chosen.cost_per_hour:,.2f}/h{versus})"
+        )
+    lines += [f"note: {n}" for n in advice.notes]
+    lines.append(f"({advice.simulations} simulations, {wall_seconds:.1f} s)")
+    return "\n".join(lines)
 
 
 def _token_range(text: str) -> tuple[int, int]:
@@ -406,7 +507,7 @@ def _advise_request(args: argparse.Namespace) -> adv.AdviseRequest:
         )
     return adv.AdviseRequest(
         model=info,
-        gpu=args.gpu,
+        gpu=args.gpu or "H100",
         bandwidth_gbps=args.bandwidth_gbps,
         slo=SLO(ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms),
         requests=requests,

@@ -218,6 +218,37 @@ def test_gpu_type_selects_nodes_by_their_gpu_product(make_pdd: MakePdd) -> None:
     assert pods["decode"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 
 
+SIM_GPU_CASES = [
+    # id, engine.env, prefill gpuType, decode gpuType, TANDEM_SIM_GPU of (prefill, decode)
+    ("per-pool", [], "NVIDIA-H200", "NVIDIA-A100-SXM4-80GB", ("H200", "A100")),
+    ("unset-or-unknown", [], None, "NVIDIA-L4", (None, None)),
+    ("the-users-env-wins", [{"name": "TANDEM_SIM_GPU", "value": "B200"}], "NVIDIA-H200", None, ("B200",) * 2),
+]
+
+
+@pytest.mark.parametrize(
+    ("env", "prefill_gpu", "decode_gpu", "expected"),
+    [c[1:] for c in SIM_GPU_CASES],
+    ids=[c[0] for c in SIM_GPU_CASES],
+)
+def test_sim_engines_run_the_profile_of_their_pools_gpu_type(
+    make_pdd: MakePdd,
+    env: list[dict[str, str]],
+    prefill_gpu: str | None,
+    decode_gpu: str | None,
+    expected: tuple[str | None, str | None],
+) -> None:
+    spec: dict[str, Any] = {"engine": {"type": "sim", "env": env}, "prefill": {}, "decode": {}}
+    for role, gpu in (("prefill", prefill_gpu), ("decode", decode_gpu)):
+        if gpu is not None:
+            spec[role]["gpuType"] = gpu
+    sets = _by_kind(render(make_pdd(spec)), "StatefulSet")
+    for role, want in zip(("prefill", "decode"), expected, strict=True):
+        container = sets[role]["spec"]["template"]["spec"]["containers"][0]
+        values = [e.get("value") for e in container["env"] if e["name"] == "TANDEM_SIM_GPU"]
+        assert values == ([want] if want is not None else []), role
+
+
 def test_expert_parallel_groups_get_an_all2all_backend_per_role_unless_the_user_chose(
     make_pdd: MakePdd,
 ) -> None:
