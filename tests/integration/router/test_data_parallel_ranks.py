@@ -1,13 +1,13 @@
 """The router choosing data-parallel ranks, against sim engine groups over real HTTP.
 
-Each "pod" is a `tandem engine serve` process with the flags a LeaderWorkerSet group's pod gets
-(`render.command.parallel_args`), on its own loopback address (127.x.y.z, so every pod has the same
-ports, as pods do). Prefill: two MultiPortExternal groups of 2 pods x 2 ranks (8 rank endpoints on
-ports P and P + 1); decode: one External group of 2 pods (2 endpoints). No cluster runs: a small
-kubelet stand-in probes each pod's readiness endpoint (the supervisor's /health for a multi-port
-pod, /health otherwise) as the rendered readiness probe would, and feeds the router the pods as its
-pod watcher would (`RouterState.on_pods`), so discovery, the group rule and the balancer are the
-router's own.
+Each "pod" is a `tandem engine serve` process with the data-parallel flags render gives a
+LeaderWorkerSet group's pod (`render.command.parallel_args`, its variables expanded), on its own
+loopback address (127.x.y.z, so every pod has the same ports, as pods do). Prefill: two
+MultiPortExternal groups of 2 pods x 2 ranks (8 rank endpoints on ports P and P + 1); decode: one
+External group of 2 pods (2 endpoints). No cluster runs: a small kubelet stand-in probes each pod's
+readiness endpoint (the supervisor's /health for a multi-port pod, /health otherwise) as the rendered
+readiness probe would, and feeds the router the pods as its pod watcher would
+(`RouterState.on_pods`), so discovery, the group rule and the balancer are the router's own.
 """
 
 from __future__ import annotations
@@ -29,9 +29,13 @@ from dataclasses import dataclass, field
 import aiohttp
 import pytest
 
+from tandem.api import meta
+from tandem.api.meta import Role
+from tandem.api.models import PDDeployment
 from tandem.devcluster.procs import free_port
 from tandem.engine.group import HEARTBEATS_PER_TIMEOUT
 from tandem.kube.pods import PodInfo
+from tandem.render.command import LEADER_ADDRESS, POD_IP, WORKER_INDEX, parallel_args
 
 from .harness import RunningRouter, running_router
 from .sim import MAX_MODEL_LEN, MODEL, NAME
@@ -114,33 +118,38 @@ class Cluster:
         )
 
 
-def _start_group(
-    cluster: Cluster, role: str, group: str, ips: list[str], *, ranks: int, rpc: int, side: int, sup: int
-) -> None:
-    """A 2-pod group: MultiPortExternal with `ranks` per pod, or External (ranks 1)."""
+# The pools' shapes; each pod's data-parallel flags are the ones render gives it (`parallel_args`).
+SHAPES = PDDeployment.model_validate(
+    {
+        "apiVersion": "tandem.dev/v1alpha1",
+        "kind": "PDDeployment",
+        "metadata": {"name": PDD, "namespace": "ns", "uid": "uid-1"},
+        "spec": {
+            "model": {"name": NAME, "uri": f"hf://{MODEL}"},
+            "engine": {"image": "vllm/vllm-openai:v0.33.0"},
+            "prefill": {"replicas": 2, "nodesPerInstance": 2,
+                        "parallelism": {"data": 4, "loadBalancing": "MultiPortExternal"}},
+            "decode": {"replicas": 1, "nodesPerInstance": 2,
+                       "parallelism": {"data": 2, "loadBalancing": "External"}},
+        },
+    }
+)  # fmt: skip
+
+
+def _rendered_flags(role: Role, index: int, ip: str, leader: str) -> list[str]:
+    """The pod's data-parallel and multi-node flags as rendered, LeaderWorkerSet's variables expanded."""
+    values = {POD_IP: ip, LEADER_ADDRESS: leader, WORKER_INDEX: str(index)}
+    return [values.get(arg, arg) for arg in parallel_args(SHAPES, role, "leader" if index == 0 else "worker")]
+
+
+def _start_group(cluster: Cluster, role: Role, group: str, ips: list[str], *, side: int) -> None:
+    """A 2-pod group of `role`'s shape, its pods on `ips`."""
     kv_role = {"prefill": "kv_producer", "decode": "kv_consumer"}[role]
+    ranks = SHAPES.spec.pool(role).shape.ports_per_pod
     for index, ip in enumerate(ips):
-        leader = ips[0]
         args = ["--host", ip, "--port", str(cluster.engine_port), "--served-model-name", NAME]
         args += ["--max-model-len", str(MAX_MODEL_LEN), "--tensor-parallel-size", "1"]
-        args += ["--data-parallel-size", str(2 * ranks)]
-        if ranks == 1:
-            args += ["--data-parallel-rank", str(index)]
-        else:
-            args += ["--data-parallel-size-local", str(ranks)]
-        args += [
-            "--nnodes",
-            "2",
-            "--node-rank",
-            str(index),
-            "--master-addr",
-            leader,
-            "--master-port",
-            "29501",
-        ]
-        args += ["--data-parallel-address", leader, "--data-parallel-rpc-port", str(rpc)]
-        if ranks > 1:
-            args += ["--data-parallel-multi-port-external-lb", "--data-parallel-supervisor-port", str(sup)]
+        args += _rendered_flags(role, index, ip, ips[0])
         args += ["--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": kv_role})]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TANDEM_SIM_", "VLLM_"))}
         env.update(
@@ -153,7 +162,7 @@ def _start_group(
         command = [sys.executable, "-m", "tandem.cli", "engine", "serve", MODEL, *args]
         with tempfile.NamedTemporaryFile(prefix=f"rank-{name}-", suffix=".log", delete=False) as log:
             proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-        probe = sup if ranks > 1 else cluster.engine_port
+        probe = meta.DP_SUPERVISOR_PORT if ranks > 1 else cluster.engine_port
         cluster.pods.append(Pod(name, role, f"{group}-key", ip, ranks, probe, proc, log.name))
 
 
@@ -189,12 +198,14 @@ async def ranked_cluster() -> AsyncIterator[tuple[Cluster, RunningRouter]]:
     base = f"127.{random.randrange(100, 200)}.{random.randrange(256)}"
     ips = {name: [f"{base}.{i}", f"{base}.{i + 1}"] for name, i in (("pa", 1), ("pb", 3), ("d", 5))}
     every = [ip for pair in ips.values() for ip in pair]
+    for port in (meta.DP_SUPERVISOR_PORT, meta.DP_RPC_PORT):  # rendered fixed ports, as in a pod
+        assert all(_bindable(ip, port) for ip in every), f"port {port} is taken on a loopback address"
     cluster = Cluster(engine_port=_ports(every, 2))
-    rpc, sup, side = _ports(every, 1), _ports(every, 1), _ports(every, 4)
+    side = _ports(every, 4)
     try:
         for group in ("pa", "pb"):
-            _start_group(cluster, "prefill", group, ips[group], ranks=2, rpc=rpc, side=side, sup=sup)
-        _start_group(cluster, "decode", "d", ips["d"], ranks=1, rpc=rpc, side=side, sup=sup)
+            _start_group(cluster, "prefill", group, ips[group], side=side)
+        _start_group(cluster, "decode", "d", ips["d"], side=side)
         async with running_router(
             pddeployment=PDD, engine_port=cluster.engine_port, model=NAME, max_model_len=MAX_MODEL_LEN
         ) as router:
