@@ -247,12 +247,8 @@ class RouterState:
         labels = self._leg_labels.get(url)
         if labels is None:
             info, parts = self.endpoint_info.get(url), urlsplit(url)
-            port = str(parts.port or "")
-            if info is None:
-                labels = (parts.hostname or url, port, "")
-            else:
-                labels = (info.pod, port, info.group or "")
-            self._leg_labels[url] = labels
+            pod, group = (parts.hostname or url, "") if info is None else (info.pod, info.group or "")
+            labels = self._leg_labels[url] = (pod, str(parts.port or ""), group)
         return labels
 
     def revision_for(self, request_id: str, first: bool = False) -> str | None:
