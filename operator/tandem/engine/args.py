@@ -70,8 +70,9 @@ class KVTransferConfig(BaseModel):
 class GroupArgs(BaseModel):
     """This pod's place in a multi-node replica (a LeaderWorkerSet group): vLLM's multi-node flags.
 
-    The sim engine runs one rank per pod: `data` is 1 (one rank spans the pods: multi-node TP) or
-    the node count (a data-parallel rank per pod, balanced by the leader: Internal)."""
+    `data` is 1 (one rank spans the pods: multi-node TP) or the pods' ranks together: one per pod
+    balanced by the leader (Internal), one per pod each serving itself (External:
+    `--data-parallel-rank`), or `local` per pod each on its own port (MultiPortExternal)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -81,10 +82,23 @@ class GroupArgs(BaseModel):
     port: int  # --data-parallel-rpc-port (DP) or --master-port
     data: int  # --data-parallel-size
     headless: bool  # --headless: a worker without an API endpoint of its own
+    external: bool = False  # each rank serves its own API (External, MultiPortExternal): no leader balancing
 
     @property
     def leader(self) -> bool:
         return self.node_rank == 0
+
+
+class RankArgs(BaseModel):
+    """The data-parallel ranks this process serves, each an engine with its own API port
+    (MultiPortExternal: `--data-parallel-size-local` ranks on ports `--port` + local rank, and a
+    supervisor whose /health stands for them all); one rank on `--port` otherwise."""
+
+    model_config = ConfigDict(frozen=True)
+
+    local: int = 1  # --data-parallel-size-local under --data-parallel-multi-port-external-lb
+    first: int = 0  # the global data-parallel rank of local rank 0
+    supervisor_port: int | None = None  # --data-parallel-supervisor-port (MultiPortExternal)
 
 
 class ServeArgs(BaseModel):
@@ -113,6 +127,7 @@ class ServeArgs(BaseModel):
     enable_request_id_headers: bool
     enable_force_include_usage: bool
     group: GroupArgs | None = None  # a multi-node replica's member (`--nnodes` > 1)
+    ranks: RankArgs = RankArgs()  # the data-parallel ranks of this process
 
 
 def human_int(text: str) -> int:
@@ -158,6 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-parallel-rpc-port", "-dpp", type=int, default=None)
     p.add_argument("--data-parallel-hybrid-lb", "-dph", action="store_true")
     p.add_argument("--data-parallel-external-lb", "-dpe", action="store_true")
+    p.add_argument("--data-parallel-multi-port-external-lb", action="store_true")
+    p.add_argument("--data-parallel-supervisor-port", type=int, default=None)
     p.add_argument("--nnodes", "-n", type=int, default=1)
     p.add_argument("--node-rank", "-r", type=int, default=0)
     p.add_argument("--master-addr", default="127.0.0.1")
@@ -272,7 +289,7 @@ def parse_serve_args(argv: Sequence[str]) -> ServeArgs:
             f"--pipeline-parallel-size {ns.pipeline_parallel_size}: the tandem sim engine simulates one "
             "engine per process; use 1"
         )
-    group = _group(ns)
+    group, ranks = _group(ns)
     if ns.api_server_count != 1:
         raise ArgumentError("--api-server-count: the tandem sim engine runs one API server")
     kv_raw = _merge(ns.kv_transfer_config or {}, dotted)
@@ -298,33 +315,50 @@ def parse_serve_args(argv: Sequence[str]) -> ServeArgs:
         enable_request_id_headers=ns.enable_request_id_headers,
         enable_force_include_usage=ns.enable_force_include_usage,
         group=group,
+        ranks=ranks,
     )
 
 
-def _group(ns: argparse.Namespace) -> GroupArgs | None:
-    """The multi-node flags, as far as the sim engine runs them (one rank per pod, Internal balancing)."""
+def _group(ns: argparse.Namespace) -> tuple[GroupArgs | None, RankArgs]:
+    """The multi-node and data-parallel flags, as far as the sim engine runs them: one rank per pod
+    (Internal, External), or several on their own ports (MultiPortExternal); not Hybrid."""
     data, nodes = ns.data_parallel_size, ns.nnodes
-    if ns.data_parallel_hybrid_lb or ns.data_parallel_external_lb or ns.data_parallel_rank is not None:
+    multi_port = ns.data_parallel_multi_port_external_lb
+    external = multi_port or ns.data_parallel_external_lb or ns.data_parallel_rank is not None
+    if ns.data_parallel_hybrid_lb:
         raise ArgumentError(
-            "the tandem sim engine balances a data-parallel group on its leader only (Internal): "
-            "--data-parallel-hybrid-lb, --data-parallel-external-lb and --data-parallel-rank are vLLM's"
-        )
-    if ns.data_parallel_size_local not in (None, 1) and data > 1:
-        raise ArgumentError(
-            f"--data-parallel-size-local {ns.data_parallel_size_local}: the tandem sim engine runs one "
-            "data-parallel rank per pod; use 1"
-        )
-    if data != 1 and data != nodes:
-        raise ArgumentError(
-            f"--data-parallel-size {data}: the tandem sim engine runs one engine per process, so 1 or "
-            f"one rank per node (--nnodes {nodes})"
+            "--data-parallel-hybrid-lb is vLLM's: the tandem sim engine balances a data-parallel group "
+            "on its leader (Internal) or serves each rank itself (External, MultiPortExternal)"
         )
     if nodes < 1 or not 0 <= ns.node_rank < nodes:
         raise ArgumentError(f"--node-rank {ns.node_rank} is not in 0..{nodes - 1} (--nnodes {nodes})")
+    ranks = _ranks(ns, data, nodes) if multi_port else RankArgs()
+    if not multi_port:
+        if ns.data_parallel_supervisor_port is not None:
+            raise ArgumentError(
+                "--data-parallel-supervisor-port needs --data-parallel-multi-port-external-lb"
+            )
+        if ns.data_parallel_size_local not in (None, 1) and data > 1:
+            raise ArgumentError(
+                f"--data-parallel-size-local {ns.data_parallel_size_local}: the tandem sim engine runs one "
+                "data-parallel rank per pod unless --data-parallel-multi-port-external-lb; use 1"
+            )
+        if data != 1 and data != nodes:
+            raise ArgumentError(
+                f"--data-parallel-size {data}: the tandem sim engine runs one engine per process, so 1 or "
+                f"one rank per node (--nnodes {nodes})"
+            )
+        if ns.data_parallel_rank is not None and ns.data_parallel_rank != ns.node_rank:
+            raise ArgumentError(
+                f"--data-parallel-rank {ns.data_parallel_rank}: with one rank per pod it is the node rank "
+                f"({ns.node_rank})"
+            )
+        if external and data == 1:
+            raise ArgumentError("external data-parallel balancing needs --data-parallel-size > 1")
     if nodes == 1:
         if ns.headless:
             raise ArgumentError("--headless needs --nnodes > 1 (a worker of a multi-node group)")
-        return None
+        return None, ranks
     if data > 1:
         if ns.data_parallel_address is None or ns.data_parallel_rpc_port is None:
             raise ArgumentError(
@@ -333,11 +367,32 @@ def _group(ns: argparse.Namespace) -> GroupArgs | None:
         address, port = ns.data_parallel_address, ns.data_parallel_rpc_port
     else:
         address, port = ns.master_addr, ns.master_port
-    if ns.headless and ns.node_rank == 0:
-        raise ArgumentError("--headless on node rank 0: the leader serves the group's API")
-    return GroupArgs(
-        nodes=nodes, node_rank=ns.node_rank, address=address, port=port, data=data, headless=ns.headless
+    if ns.headless and (ns.node_rank == 0 or external):
+        raise ArgumentError("--headless: only a worker of an Internal group has no API server")
+    group = GroupArgs(
+        nodes=nodes,
+        node_rank=ns.node_rank,
+        address=address,
+        port=port,
+        data=data,
+        headless=ns.headless,
+        external=external,
     )
+    return group, ranks
+
+
+def _ranks(ns: argparse.Namespace, data: int, nodes: int) -> RankArgs:
+    """MultiPortExternal: this pod's ranks, each on its own port, and the supervisor's port."""
+    local = ns.data_parallel_size_local if ns.data_parallel_size_local is not None else data // nodes
+    if local < 1 or local * nodes != data:
+        raise ArgumentError(
+            f"--data-parallel-size-local {local} x --nnodes {nodes} must be --data-parallel-size {data}"
+        )
+    if ns.data_parallel_rank is not None:
+        raise ArgumentError("--data-parallel-rank: a multi-port pod's ranks follow from --node-rank")
+    if ns.data_parallel_supervisor_port is None:
+        raise ArgumentError("--data-parallel-multi-port-external-lb needs --data-parallel-supervisor-port")
+    return RankArgs(local=local, first=ns.node_rank * local, supervisor_port=ns.data_parallel_supervisor_port)
 
 
 def _kv_transfer_config(raw: dict[str, Any]) -> KVTransferConfig:

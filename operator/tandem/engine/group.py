@@ -12,7 +12,12 @@ that a controller and a router can observe (docs/multinode.md, "The sim engine a
 - Once formed, a member whose connection ends (its process died, its pod is gone) takes the group
   down: the leader and every worker exit with status 1, as vLLM's engines do when a collective with
   a dead rank fails. LeaderWorkerSet (RecreateGroupOnPodRestart) then recreates every pod of the
-  group, and the group forms again.
+  group, and the group forms again. A member that hangs (SIGSTOP: its connection stays open) does
+  the same after the group timeout (`TANDEM_SIM_GROUP_TIMEOUT_SECONDS`): each worker pings the leader
+  a few times per timeout and the leader answers; silence for the whole timeout on either side
+  breaks the group, as a hung rank's collectives eventually fail the others.
+- External and MultiPortExternal balancing: every rank serves its own API (its pod's port, or
+  `--port` + local rank: `ranks.py`); the leader balances nothing, the router chooses the rank.
 - Data parallelism (one rank per pod, Internal balancing): the leader's API server sends each
   request to the rank with the fewest requests in flight, its own engine or a worker's (over HTTP to
   the worker's port, which no one else uses), as vLLM's internal load balancer spreads requests over
@@ -24,7 +29,7 @@ that a controller and a router can observe (docs/multinode.md, "The sim engine a
   API server reports each engine it balances over; a headless worker is not scraped. So a pool's
   signals summed over its pods count every rank once (`merge_expositions`).
 
-Not simulated: collectives' timing (a rank that hangs rather than dies is not noticed).
+Not simulated: collectives' timing (a hung rank is noticed only at the group timeout).
 """
 
 from __future__ import annotations
@@ -84,13 +89,15 @@ def merge_expositions(own: str, ranks: dict[int, str]) -> str:
 
 
 JOIN_RETRY_SECONDS = 0.5
+HEARTBEATS_PER_TIMEOUT = 4  # a worker's pings within one group timeout
 
 
 class Group:
     """This pod's membership of its group; `failed` is set (with `reason`) when the group breaks."""
 
-    def __init__(self, spec: GroupArgs, engine_url: str) -> None:
+    def __init__(self, spec: GroupArgs, engine_url: str, timeout_s: float = 30.0) -> None:
         self.spec = spec
+        self.timeout_s = timeout_s  # silence on a member's connection that breaks the group
         self.engine_url = engine_url  # this pod's engine, as the leader reaches it
         self.members: dict[int, str] = {}  # the leader's view: node rank -> engine URL (workers)
         self.joined = False  # a worker's view: the leader accepted it
@@ -153,7 +160,15 @@ class Group:
             writer.write(b'{"ok": true}\n')
             await writer.drain()
             log.info("group: node rank %d joined (%d/%d)", rank, len(self.members) + 1, self.spec.nodes)
-            await reader.read()  # until the member's end: its process exited or its pod went
+            # Until the member's end (its process exited, its pod went) or its silence (it hangs).
+            while await asyncio.wait_for(reader.readline(), self.timeout_s):
+                writer.write(b"pong\n")
+                await writer.drain()
+        except TimeoutError:
+            self.fail(
+                f"node rank {rank} has not answered for {self.timeout_s:g}s: it hangs, so this group's "
+                "collectives cannot continue"
+            )
         except (OSError, ValueError) as exc:
             log.info("group: member connection error: %s", exc)
         finally:
@@ -165,7 +180,8 @@ class Group:
 
     def rank_urls(self) -> dict[int, str]:
         """The other ranks' engines a data-parallel leader reports (none for multi-node TP)."""
-        return dict(self.members) if self.spec.leader and self.spec.data > 1 else {}
+        internal = self.spec.leader and self.spec.data > 1 and not self.spec.external
+        return dict(self.members) if internal else {}
 
     def pick(self) -> tuple[int, str | None]:
         """The rank for the next request (the fewest in flight, the lowest rank on a tie) and its
@@ -200,6 +216,23 @@ class Group:
             self.spec.port,
             self.spec.node_rank,
         )
-        with contextlib.suppress(OSError):
-            await reader.read()
+        self._spawn(self._ping(writer))
+        try:
+            while await asyncio.wait_for(reader.readline(), self.timeout_s):
+                pass
+        except TimeoutError:
+            self.fail(
+                f"the group's leader has not answered for {self.timeout_s:g}s: it hangs, so this rank's "
+                "collectives cannot continue"
+            )
+        except OSError:
+            pass
         self.fail("the group's leader is gone: its engine died, so this rank's cannot continue")
+
+    async def _ping(self, writer: asyncio.StreamWriter) -> None:
+        """A worker's heartbeat: a line to the leader (answered by one) a few times per deadline."""
+        with contextlib.suppress(OSError):
+            while True:
+                writer.write(b"ping\n")
+                await writer.drain()
+                await asyncio.sleep(self.timeout_s / HEARTBEATS_PER_TIMEOUT)

@@ -19,6 +19,7 @@ from tandem.engine.args import ArgumentError, parse_serve_args
 from tandem.engine.config import ConfigError, EngineConfig, resolve
 from tandem.engine.core import EngineCore
 from tandem.engine.group import Group
+from tandem.engine.ranks import rank_configs, supervisor_app
 from tandem.engine.server import EngineServer
 from tandem.engine.settings import SettingsError, SimSettings
 
@@ -64,62 +65,82 @@ def _use_uvloop() -> None:
 
 
 async def serve(config: EngineConfig) -> int:
-    core = EngineCore(config, config.sim.faults)
+    configs = rank_configs(config)
+    cores = [EngineCore(rank, rank.sim.faults) for rank in configs]
     group = None
+    host = config.args.host or "127.0.0.1"
     if config.args.group is not None:
-        host = config.args.host or "127.0.0.1"
-        group = Group(config.args.group, f"http://{host}:{config.args.port}")
-    server = EngineServer(config, core, group)
+        url = f"http://{host}:{config.args.port}"
+        group = Group(config.args.group, url, config.sim.group_timeout_seconds)
+    servers = [EngineServer(rank, core, group) for rank, core in zip(configs, cores, strict=True)]
     # handler_cancellation: a client that disconnects cancels its handler, which aborts the request
     # (frees its KV blocks, counts finished_reason="abort"), as vLLM does.
-    runner = web.AppRunner(
-        server.app(), access_log=None, handle_signals=False, shutdown_timeout=1.0, handler_cancellation=True
-    )
-    await runner.setup()
+    apps = [(server.app(), rank.args.port) for server, rank in zip(servers, configs, strict=True)]
+    if config.args.ranks.supervisor_port is not None:
+        apps.append((supervisor_app(servers), config.args.ranks.supervisor_port))
+    runners = [
+        (
+            web.AppRunner(
+                app, access_log=None, handle_signals=False, shutdown_timeout=1.0, handler_cancellation=True
+            ),
+            port,
+        )
+        for app, port in apps
+    ]
+    for runner, _ in runners:
+        await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    watcher: asyncio.Future[None] | None = None
     try:
-        await core.start()
-        site = web.TCPSite(runner, config.args.host, config.args.port, backlog=1024)
-        await site.start()
+        for core in cores:
+            await core.start()
+        for runner, port in runners:
+            await web.TCPSite(runner, config.args.host, port, backlog=1024).start()
         if group is not None:
             await group.start()
             watcher = asyncio.ensure_future(_stop_when(group.failed, stop))
-        kv = config.kv_transfer
-        role = (
-            f", kv_role={kv.kv_role}, side channel "
-            f"{config.sim.nixl_side_channel_host}:{core.side_channel_port}"
-            if kv
-            else ""
-        )
-        print(
-            f"INFO: tandem sim engine for {config.model} as {config.model_name!r} "
-            f"(perf: {config.arch.model_id} "
-            f"on {config.sim.gpu} TP{config.tensor_parallel_size}, {config.num_gpu_blocks} KV blocks{role})",
-            flush=True,
-        )
-        print(
-            f"INFO: Uvicorn running on http://{config.args.host or '0.0.0.0'}:{config.args.port}", flush=True
-        )
+        for rank, core in zip(configs, cores, strict=True):
+            _announce(rank, core)
         await stop.wait()
         if group is not None and group.failed.is_set():
             # vLLM's engines fail with a dead rank's collectives and the API server exits: no drain.
             print(f"ERROR: {group.reason}", file=sys.stderr, flush=True)
             return 1
         print("INFO: shutting down", flush=True)
-        server.draining = True
-        await _drain(core, config.args.shutdown_timeout)
+        for server in servers:
+            server.draining = True
+        await asyncio.gather(*(_drain(core, config.args.shutdown_timeout) for core in cores))
     finally:
-        if group is not None:
+        if watcher is not None:
             watcher.cancel()
+        if group is not None:
             await group.stop()
-        await server.close()
-        await core.stop()
-        with contextlib.suppress(Exception):
-            await runner.cleanup()
+        for server, core in zip(servers, cores, strict=True):
+            await server.close()
+            await core.stop()
+        for runner, _ in runners:
+            with contextlib.suppress(Exception):
+                await runner.cleanup()
     return 0
+
+
+def _announce(config: EngineConfig, core: EngineCore) -> None:
+    kv = config.kv_transfer
+    role = (
+        f", kv_role={kv.kv_role}, side channel {config.sim.nixl_side_channel_host}:{core.side_channel_port}"
+        if kv
+        else ""
+    )
+    print(
+        f"INFO: tandem sim engine for {config.model} as {config.model_name!r} "
+        f"(perf: {config.arch.model_id} "
+        f"on {config.sim.gpu} TP{config.tensor_parallel_size}, {config.num_gpu_blocks} KV blocks{role})",
+        flush=True,
+    )
+    print(f"INFO: Uvicorn running on http://{config.args.host or '0.0.0.0'}:{config.args.port}", flush=True)
 
 
 async def _stop_when(event: asyncio.Event, stop: asyncio.Event) -> None:

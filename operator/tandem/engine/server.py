@@ -268,6 +268,8 @@ class EngineServer:
             return _error(
                 "The engine's group has not formed: a rank has not joined.", 503, "ServiceUnavailableError"
             )
+        if group.spec.external:  # each rank serves its own API (External, MultiPortExternal)
+            return await self._generate_here(request, chat)
         rank, url = group.pick()
         group.in_flight[rank] += 1
         try:

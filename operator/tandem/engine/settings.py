@@ -64,6 +64,9 @@ class SimSettings(BaseModel):
     nixl_side_channel_port: int = Field(default=5600, ge=0, le=65535)
     abort_request_timeout: float | None = Field(default=None, gt=0)
     load_seconds: float = Field(default=0.0, ge=0)  # wall-clock seconds of "loading weights" (not scaled)
+    # A multi-node group's members that hear nothing from each other for this long (wall clock) break
+    # the group, as a hung rank's collectives would: the sim's own deadline, not a vLLM figure.
+    group_timeout_seconds: float = Field(default=30.0, gt=0)
     # The pod's serving revision (rendered by the operator); a decode engine refuses KV of another.
     serving_revision: str = ""
     faults: Faults = Field(default_factory=Faults)
@@ -79,6 +82,7 @@ class SimSettings(BaseModel):
             "TANDEM_SIM_RANDOM_SEED": "random_seed",
             "TANDEM_SIM_NIXL_HANDSHAKE_SECONDS": "nixl_handshake_seconds",
             "TANDEM_SIM_LOAD_SECONDS": "load_seconds",
+            "TANDEM_SIM_GROUP_TIMEOUT_SECONDS": "group_timeout_seconds",
             "TANDEM_SERVING_REVISION": "serving_revision",
             "VLLM_NIXL_SIDE_CHANNEL_HOST": "nixl_side_channel_host",
             "VLLM_NIXL_SIDE_CHANNEL_PORT": "nixl_side_channel_port",

@@ -59,6 +59,9 @@ class PodInfo:
     group: str | None = None
     group_size: int = 1
     serves: bool = True
+    # OpenAI API ports the pod serves from the engine port up: 1, or MultiPortExternal's one per local
+    # data-parallel rank (its containers declare `http` and `http-1` .. `http-<n-1>`: ports 8000 + i).
+    api_ports: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +134,7 @@ def pod_info_from(obj: Mapping[str, Any]) -> PodInfo:
         group=labels.get(LWS_GROUP_KEY_LABEL),
         group_size=_size(annotations),
         serves=labels.get(LWS_WORKER_INDEX_LABEL) in (None, "0") or _declares_http(obj),
+        api_ports=_api_ports(obj),
     )
 
 
@@ -148,6 +152,21 @@ def _declares_http(obj: Mapping[str, Any]) -> bool:
         if isinstance(container, Mapping)
         for port in container.get("ports") or []
     )
+
+
+def _api_ports(obj: Mapping[str, Any]) -> int:
+    """How many consecutive API ports the pod serves: `http` and each `http-<i>` it declares."""
+    names = {
+        str(port.get("name"))
+        for container in _get(obj, "spec", "containers") or []
+        if isinstance(container, Mapping)
+        for port in container.get("ports") or []
+        if isinstance(port, Mapping)
+    }
+    count = 1
+    while f"http-{count}" in names:
+        count += 1
+    return count
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -12,12 +12,18 @@ takes the group's every endpoint out at once, as vLLM's group stops serving with
 engine's and vLLM's leaders also fail their readiness then). A pod leaving the endpoint set only
 stops getting new legs: legs already sent to it (streams, and the KV a decode pod pulls from a
 prefill pod) run to their end.
+
+Endpoints are data-parallel ranks where the pods serve them one by one: a pod that declares
+several API ports (MultiPortExternal: `http`, `http-1`, ... for ports 8000 + local rank) is one
+endpoint per port, so the balancer and the prefix index choose the rank; a pod of `External`
+balancing (one rank, port 8000) or `Hybrid` (its own ranks behind port 8000) is one endpoint, and an
+`Internal` group is its leader. Each `Endpoint` carries its pod and group (`endpoint_list`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from tandem.api.meta import POOL_ROLES, REVISIONED_ROLES
 from tandem.kube.pods import PodEventKind, PodInfo
@@ -80,29 +86,52 @@ def base_url(ip: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
-def endpoints_by_role(pods: Mapping[str, PodInfo], pdd_name: str, port: int) -> dict[str, list[str]]:
-    """Every pool role -> sorted base URLs of its routable pods (empty list when none)."""
-    view: dict[str, list[str]] = {role: [] for role in POOL_ROLES}
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One routable API server: a pod's port (one data-parallel rank, or what the pod balances itself)."""
+
+    url: str
+    role: str
+    revision: str
+    pod: str
+    group: str | None  # the LeaderWorkerSet group key of a multi-node replica's member
+    local_rank: int  # the pod's API port index: 8000 + local_rank (MultiPortExternal's local rank)
+
+
+def endpoint_list(pods: Mapping[str, PodInfo], pdd_name: str, port: int) -> list[Endpoint]:
+    """Every routable endpoint: one per API port of each pod that serves, its group whole (by URL)."""
     complete = complete_groups(pods, pdd_name)
+    found: list[Endpoint] = []
     for pod in pods.values():
-        if is_endpoint(pod, pdd_name, complete) and pod.role is not None and pod.ip is not None:
-            view[pod.role].append(base_url(pod.ip, port))
-    return {role: sorted(urls) for role, urls in view.items()}
+        if not is_endpoint(pod, pdd_name, complete) or pod.role is None or pod.ip is None:
+            continue
+        for local_rank in range(max(1, pod.api_ports)):
+            url = base_url(pod.ip, port + local_rank)
+            found.append(Endpoint(url, pod.role, pod.revision, pod.name, pod.group, local_rank))
+    return sorted(found, key=lambda endpoint: endpoint.url)
+
+
+def endpoints_by_role(pods: Mapping[str, PodInfo], pdd_name: str, port: int) -> dict[str, list[str]]:
+    """Every pool role -> sorted base URLs of its routable endpoints (empty list when none)."""
+    view: dict[str, list[str]] = {role: [] for role in POOL_ROLES}
+    for endpoint in endpoint_list(pods, pdd_name, port):
+        view[endpoint.role].append(endpoint.url)
+    return view
 
 
 def endpoints_by_revision(
     pods: Mapping[str, PodInfo], pdd_name: str, port: int
 ) -> dict[str, dict[str, list[str]]]:
-    """Every serving revision with a routable prefill or decode pod -> role -> sorted base URLs.
+    """Every serving revision with a routable prefill or decode endpoint -> role -> sorted base URLs.
 
-    A prefill pod and a decode pod are paired only within one revision (`tandem.router.revisions`)."""
+    A prefill endpoint and a decode endpoint are paired only within one revision
+    (`tandem.router.revisions`)."""
     view: dict[str, dict[str, list[str]]] = {}
-    complete = complete_groups(pods, pdd_name)
-    for pod in pods.values():
-        if is_endpoint(pod, pdd_name, complete) and pod.role in REVISIONED_ROLES and pod.ip is not None:
-            roles = view.setdefault(pod.revision, {role: [] for role in REVISIONED_ROLES})
-            roles[pod.role].append(base_url(pod.ip, port))
-    return {rev: {role: sorted(urls) for role, urls in roles.items()} for rev, roles in sorted(view.items())}
+    for endpoint in endpoint_list(pods, pdd_name, port):
+        if endpoint.role in REVISIONED_ROLES:
+            roles = view.setdefault(endpoint.revision, {role: [] for role in REVISIONED_ROLES})
+            roles[endpoint.role].append(endpoint.url)
+    return {rev: roles for rev, roles in sorted(view.items())}
 
 
 def pool_key(role: str, revision: str) -> str:

@@ -809,6 +809,7 @@ class Flow:
         balancer, started = self.state.balancer, self.clock()
         tokens = request.facts.prompt_tokens
         balancer.acquire(pod, tokens)
+        self._count_leg("prefill", pod)
         in_flight = self.metrics.child(self.metrics.upstream_in_flight, "prefill")
         in_flight.inc()
         outcome: dict[str, Any] | _Failed | None
@@ -846,6 +847,9 @@ class Flow:
         self.metrics.child(self.metrics.prefill_leg, label).observe(self.clock() - started)
         return outcome
 
+    def _count_leg(self, role: str, pod: str) -> None:
+        self.metrics.child(self.metrics.endpoint_legs, role, *self.state.endpoint_labels(pod)).inc()
+
     async def _relay(
         self,
         request: ClientRequest,
@@ -862,6 +866,7 @@ class Flow:
         tally.leg_started = started
         tokens = request.facts.expected_tokens
         balancer.acquire(pod, tokens)
+        self._count_leg(role, pod)
         in_flight = self.metrics.child(self.metrics.upstream_in_flight, role)
         in_flight.inc()
         outcome: _Failed | None = None

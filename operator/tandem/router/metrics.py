@@ -291,6 +291,12 @@ class RouterMetrics:
             "tandem_router_ready_endpoints", "Ready engine pods the router routes to, by role.",
             ["role"], registry=r,
         )  # fmt: skip
+        self.endpoint_legs = Counter(
+            "tandem_router_endpoint_legs_total",
+            "Legs sent to each engine endpoint (a data-parallel rank where pods serve one per port), by"
+            " role, pod, port and the pod's LeaderWorkerSet group (empty for a single-node pod).",
+            ["role", "pod", "port", "group"], registry=r,
+        )  # fmt: skip
         self.draining_endpoints = Gauge(
             "tandem_router_draining_endpoints",
             "Ready engine pods marked tandem.dev/draining: no new requests, in-flight ones finish.",

@@ -11,13 +11,16 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from tandem.api.meta import POOL_ROLES
 from tandem.kube.pods import PddInfo, PodEventKind, PodInfo
 from tandem.router.disaggregation import Disaggregation
 from tandem.router.discovery import (
+    Endpoint,
     apply_pod_event,
     draining_by_role,
+    endpoint_list,
     endpoints_by_revision,
     endpoints_by_role,
     pool_key,
@@ -100,6 +103,9 @@ class RouterState:
     catalog: ModelCatalog = field(default_factory=ModelCatalog)
     pods: dict[str, PodInfo] = field(default_factory=dict)
     endpoints: dict[str, list[str]] = field(default_factory=lambda: {role: [] for role in POOL_ROLES})
+    # URL -> its pod, port and group (watched pods); static URLs have none.
+    endpoint_info: dict[str, Endpoint] = field(default_factory=dict)
+    _leg_labels: dict[str, tuple[str, str, str]] = field(default_factory=dict, init=False, repr=False)
     # Serving revision -> prefill/decode -> URLs; the balancer has a pool per (role, revision).
     revision_endpoints: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     # (revision, percent of P/D requests) from status.revisions; None: any revision with a ready pair.
@@ -136,6 +142,9 @@ class RouterState:
         self.pods = apply_pod_event(self.pods, kind, infos)
         self.synced = self.synced or kind == "SYNC"
         if self.pdd_name is not None:
+            listed = endpoint_list(self.pods, self.pdd_name, self.engine_port)
+            self.endpoint_info = {endpoint.url: endpoint for endpoint in listed}
+            self._leg_labels.clear()
             self._set_endpoints(endpoints_by_role(self.pods, self.pdd_name, self.engine_port))
             self._set_revisions(endpoints_by_revision(self.pods, self.pdd_name, self.engine_port))
             for role, count in draining_by_role(self.pods, self.pdd_name).items():
@@ -232,6 +241,15 @@ class RouterState:
         for rev, roles in by_revision.items():
             for role, urls in roles.items():
                 self.balancer.set_pool(pool_key(role, rev), urls)
+
+    def endpoint_labels(self, url: str) -> tuple[str, str, str]:
+        """(pod, port, group) of an endpoint for its leg counter; a static URL's pod is its host."""
+        labels = self._leg_labels.get(url)
+        if labels is None:
+            info, parts = self.endpoint_info.get(url), urlsplit(url)
+            pod, group = (parts.hostname or url, "") if info is None else (info.pod, info.group or "")
+            labels = self._leg_labels[url] = (pod, str(parts.port or ""), group)
+        return labels
 
     def revision_for(self, request_id: str, first: bool = False) -> str | None:
         """The serving revision whose pair takes this request (None: no ready pair, or static mode).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -79,11 +80,34 @@ class Engine:
         return self.proc.returncode
 
 
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive ports nothing listens on (`free_port`'s, checked above it)."""
+    for _ in range(50):
+        port = free_port()
+        if all(_bindable(port + i) for i in range(1, count)):
+            return port
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind((LOOPBACK, port))
+        except OSError:
+            return False
+        return True
+
+
 def start_engine(
-    *args: str, env: dict[str, str] | None = None, side_channel: bool = False, healthy: bool = True
+    *args: str,
+    env: dict[str, str] | None = None,
+    side_channel: bool = False,
+    healthy: bool = True,
+    ports: int = 1,
 ) -> Engine:
-    """A sim engine with `args`; `healthy`: once its /health answers 200 (else: once started)."""
-    port = free_port()
+    """A sim engine with `args`; `healthy`: once its /health answers 200 (else: once started).
+    `ports`: consecutive free API ports from its `--port` (a multi-port pod's ranks)."""
+    port = free_ports(ports)
     side_port = free_port() if side_channel else None
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TANDEM_SIM_", "VLLM_"))}
     full_env.setdefault("TANDEM_SIM_TIME_SCALE", "0")

@@ -173,3 +173,54 @@ def test_group_flags_the_sim_cannot_run_are_refused(args: list[str], message: st
     assert code == 1
     assert message in output
     assert isinstance(engine.proc, subprocess.Popen)
+
+
+def test_a_hung_worker_takes_the_leader_down_at_the_group_timeout() -> None:
+    """SIGSTOP keeps the worker's connection open: only its silence tells the leader."""
+    rpc = free_port()
+    env = {"TANDEM_SIM_GROUP_TIMEOUT_SECONDS": "2"}
+    leader = member(0, rpc, env=env)
+    worker = member(1, rpc, env=env)
+    try:
+        eventually("the group formed", lambda: health(leader) == 200)
+        time.sleep(3.0)  # longer than the timeout: heartbeats keep a live group formed
+        assert health(leader) == 200
+        worker.proc.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        code, output = exit_output(leader)
+        assert code == 1
+        assert "node rank 1 has not answered for 2s" in output
+        assert time.monotonic() - stopped < 2 + DEADLINE_S / 4
+    finally:
+        worker.proc.send_signal(signal.SIGCONT)
+        worker.stop()
+        leader.stop()
+
+
+def test_a_multi_port_group_serves_each_rank_on_its_own_port() -> None:
+    """MultiPortExternal, 2 pods x 2 ranks: a port per rank, the supervisor's /health up only once
+    the group formed, every rank serving its own requests; a killed pod takes the other down."""
+    rpc = free_port()
+    supervisors = [free_port(), free_port()]
+    pods: list[Engine] = []
+    try:
+        for rank in (0, 1):
+            args = ["--nnodes", "2", "--node-rank", str(rank), "--data-parallel-size", "4"]
+            args += ["--data-parallel-size-local", "2", "--data-parallel-address", LOOPBACK]
+            args += ["--data-parallel-rpc-port", str(rpc), "--data-parallel-multi-port-external-lb"]
+            args += ["--data-parallel-supervisor-port", str(supervisors[rank])]
+            pods.append(start_engine(*args, healthy=False, ports=2))
+        supervised = [Engine(pod.proc, port, None) for pod, port in zip(pods, supervisors, strict=True)]
+        eventually("both supervisors healthy", lambda: all(health(s) == 200 for s in supervised))
+        ranks = [Engine(pod.proc, pod.port + i, None) for pod in pods for i in (0, 1)]
+        for rank in ranks:
+            body = {"model": NAME, "prompt": "hi", "max_tokens": 2}
+            assert rank.post("/v1/completions", body)[0] == 200
+        assert [state(rank)["requests_seen"] for rank in ranks] == [1, 1, 1, 1]
+        pods[1].proc.send_signal(signal.SIGKILL)
+        code, output = exit_output(pods[0])
+        assert code == 1
+        assert "node rank 1 left the group" in output
+    finally:
+        for pod in pods:
+            pod.stop()

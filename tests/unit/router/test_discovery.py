@@ -7,7 +7,10 @@ from typing import Any
 import pytest
 
 from tandem.kube.pods import PodInfo, pdd_info_from, pod_info_from, pod_label_selector
-from tandem.router.discovery import apply_pod_event, draining_by_role, endpoints_by_role
+from tandem.router.discovery import apply_pod_event, draining_by_role, endpoint_list, endpoints_by_role
+from tandem.router.metrics import RouterMetrics
+from tandem.router.state import RouterState
+from tandem.routing.balancer import Balancer
 from tandem.routing.paths import Unavailable, choose_path, disaggregated_share, draw_for, wanted_path
 
 
@@ -256,3 +259,58 @@ def test_a_group_missing_a_pod_is_out() -> None:
             group_pod("llm-prefill", 1, 1, http=False)]  # fmt: skip
     pods = apply_pod_event({}, "SYNC", [pod_info_from(o) for o in objs])
     assert endpoints_by_role(pods, "llm", 8000)["prefill"] == ["http://127.20.1.1:8000"]
+
+
+def multiport_pod(group: int, index: int, *, ranks: int = 2, ready: bool = True) -> dict[str, Any]:
+    """A pod of a 2-pod MultiPortExternal group: `http` and `http-1` .. (ports 8000 + local rank)."""
+    obj = group_pod("llm-prefill", group, index, http=True, ready=ready)
+    ports = [{"name": "http", "containerPort": 8000}]
+    ports += [{"name": f"http-{i}", "containerPort": 8000 + i} for i in range(1, ranks)]
+    obj["spec"]["containers"][0]["ports"] = [*ports, {"name": "supervisor", "containerPort": 9256}]
+    return obj
+
+
+def test_a_pod_with_a_port_per_local_rank_is_an_endpoint_per_rank() -> None:
+    assert pod_info_from(multiport_pod(0, 1, ranks=4)).api_ports == 4
+    assert pod_info_from(group_pod("llm-prefill", 0, 1, http=True)).api_ports == 1
+    assert pod("llm-decode-0").api_ports == 1
+    objs = [multiport_pod(0, 0), multiport_pod(0, 1)]
+    pods = apply_pod_event({}, "SYNC", [pod_info_from(o) for o in objs])
+    listed = endpoint_list(pods, "llm", 8000)
+    assert [(e.url, e.pod, e.group, e.local_rank) for e in listed] == [
+        ("http://127.20.0.1:8000", "llm-prefill-0", "llm-prefill-key-0", 0),
+        ("http://127.20.0.1:8001", "llm-prefill-0", "llm-prefill-key-0", 1),
+        ("http://127.20.0.2:8000", "llm-prefill-0-1", "llm-prefill-key-0", 0),
+        ("http://127.20.0.2:8001", "llm-prefill-0-1", "llm-prefill-key-0", 1),
+    ]
+    assert endpoints_by_role(pods, "llm", 8000)["prefill"] == [e.url for e in listed]
+
+
+@pytest.mark.parametrize(
+    ("down", "expected"),
+    [
+        (None, ["http://127.20.0.1:8000", "http://127.20.0.1:8001", "http://127.20.0.2:8000",
+                "http://127.20.0.2:8001", "http://127.20.1.1:8000", "http://127.20.1.1:8001",
+                "http://127.20.1.2:8000", "http://127.20.1.2:8001"]),
+        # One pod of group 0 not Ready (a rank failed or hung past its probe): all four ranks go.
+        ((0, 1), ["http://127.20.1.1:8000", "http://127.20.1.1:8001", "http://127.20.1.2:8000",
+                  "http://127.20.1.2:8001"]),
+        ((1, 0), ["http://127.20.0.1:8000", "http://127.20.0.1:8001", "http://127.20.0.2:8000",
+                  "http://127.20.0.2:8001"]),
+    ],
+)  # fmt: skip
+def test_a_group_of_ranks_leaves_as_a_unit(down: tuple[int, int] | None, expected: list[str]) -> None:
+    objs = [multiport_pod(g, i, ready=(g, i) != down) for g in (0, 1) for i in (0, 1)]
+    pods = apply_pod_event({}, "SYNC", [pod_info_from(o) for o in objs])
+    assert endpoints_by_role(pods, "llm", 8000)["prefill"] == expected
+
+
+def test_each_endpoint_is_labelled_by_pod_port_and_group() -> None:
+    state = RouterState(balancer=Balancer(), metrics=RouterMetrics(), pdd_name="llm")
+    state.on_pods("SYNC", [pod_info_from(multiport_pod(0, i)) for i in (0, 1)])
+    assert state.balancer.pool("prefill") == state.endpoints["prefill"]
+    assert len(state.endpoints["prefill"]) == 4
+    assert state.endpoint_labels("http://127.20.0.2:8001") == ("llm-prefill-0-1", "8001", "llm-prefill-key-0")
+    static = RouterState(balancer=Balancer(), metrics=RouterMetrics())
+    static.set_static({"decode": ["http://127.0.0.1:9000"]})
+    assert static.endpoint_labels("http://127.0.0.1:9000") == ("127.0.0.1", "9000", "")
