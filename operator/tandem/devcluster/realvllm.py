@@ -52,7 +52,17 @@ CPU_CHANGES: dict[str, str] = {
         "same cores made a decode engine generate 0.1 to 0.6 tokens/s"
     ),
     "OMP_NUM_THREADS": "set to 1, with the above: one compute thread per engine, plenty for the tiny model",
+    "TANDEM_NIXL_PROGRESS_DELAY_US": (
+        "set to 1000: NIXL's progress thread, which vLLM's NixlConnector starts with no pause between "
+        "its passes, pauses 1 ms between them (cpu_site/sitecustomize.py); spinning, it took a whole "
+        "core per idle engine (0.02 paused), and three engines starved the two cores"
+    ),
+    "PYTHONPATH": "set to cpu_site/ beside this module: the engine's processes load its sitecustomize",
 }
+
+# NIXL's progress thread pauses this long between passes (cpu_site/sitecustomize.py).
+NIXL_PROGRESS_DELAY_US = 1000
+CPU_SITE = Path(__file__).resolve().parent / "cpu_site"
 
 # Environment every vLLM pod gets on top of its rendered one (these replace the pod's values).
 CPU_ENV: dict[str, str] = {
@@ -60,6 +70,8 @@ CPU_ENV: dict[str, str] = {
     "UCX_NET_DEVICES": "lo",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "OMP_NUM_THREADS": "1",
+    "TANDEM_NIXL_PROGRESS_DELAY_US": str(NIXL_PROGRESS_DELAY_US),
+    "PYTHONPATH": str(CPU_SITE),
 }
 
 

@@ -72,6 +72,8 @@ def test_changes_listed_are_the_changes_made() -> None:
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "OMP_NUM_THREADS": "1",
+        "TANDEM_NIXL_PROGRESS_DELAY_US": "1000",
+        "PYTHONPATH": str(realvllm.CPU_SITE),
     }
     docs = (ROOT / "docs" / "real-vllm.md").read_text()
     for name in realvllm.CPU_ENV:
