@@ -409,6 +409,20 @@ class Advice:
         return self.recommended is not None
 
 
+def planner_config(prefill: ReplicaSpec, decode: ReplicaSpec, slo: SLO) -> PlannerConfig:
+    """The static planner's view of a prefill and a decode replica under `slo`: where a layout
+    search starts (`peak_size`)."""
+    return PlannerConfig(
+        prefill_profile=prefill.profile,
+        decode_profile=decode.profile,
+        ttft_seconds=slo.ttft_ms / 1e3,
+        itl_seconds=slo.tpot_ms / 1e3,
+        decode_kv_capacity_tokens=decode.kv_capacity_tokens,
+        max_num_batched_tokens=prefill.max_num_batched_tokens,
+        max_num_seqs=decode.max_num_seqs,
+    )
+
+
 def advise(req: AdviseRequest, on_simulation: Callable[[str], None] | None = None) -> Advice:
     """Runs the searches and the ratio sweep through the simulator and returns the advice."""
     if not req.requests:
@@ -439,16 +453,7 @@ def advise(req: AdviseRequest, on_simulation: Callable[[str], None] | None = Non
         return cache[layout]
 
     target = req.attainment_target
-    planner = PlannerConfig(
-        prefill_profile=prefill_spec.profile,
-        decode_profile=decode_spec.profile,
-        ttft_seconds=req.slo.ttft_ms / 1e3,
-        itl_seconds=req.slo.tpot_ms / 1e3,
-        decode_kv_capacity_tokens=decode_spec.kv_capacity_tokens,
-        max_num_batched_tokens=prefill_spec.max_num_batched_tokens,
-        max_num_seqs=decode_spec.max_num_seqs,
-    )
-    guess = peak_size(planner, req.requests)  # where the searches start
+    guess = peak_size(planner_config(prefill_spec, decode_spec, req.slo), req.requests)  # searches start here
     pd_search = search_static_pd(
         evaluate,
         req.max_gpus,

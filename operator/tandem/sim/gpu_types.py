@@ -32,11 +32,11 @@ from tandem.sim.advise import (
     AdviseError,
     AdviseRequest,
     deployment_object,
+    planner_config,
     replica_spec,
     static_layout,
 )
 from tandem.sim.baselines import (
-    PlannerConfig,
     SearchResult,
     StaticLayout,
     peak_size,
@@ -211,16 +211,7 @@ def advise_gpu_types(
                 why = prefill if isinstance(prefill, str) else decode
                 advice.candidates.append(_unmet(pair, str(why)))
                 continue
-            planner = PlannerConfig(
-                prefill_profile=prefill.profile,
-                decode_profile=decode.profile,
-                ttft_seconds=req.slo.ttft_ms / 1e3,
-                itl_seconds=req.slo.tpot_ms / 1e3,
-                decode_kv_capacity_tokens=decode.kv_capacity_tokens,
-                max_num_batched_tokens=prefill.max_num_batched_tokens,
-                max_num_seqs=decode.max_num_seqs,
-            )
-            guess = peak_size(planner, req.requests)
+            guess = peak_size(planner_config(prefill, decode, req.slo), req.requests)
             search = search_static_pd(
                 evaluator(pair.name, prefill, decode),
                 req.max_gpus,
