@@ -56,13 +56,13 @@ demo: venv tools
 	$(BIN)/python -m tandem.demo
 
 # The README's test command: lint, types, then unit, integration and e2e tests against the real local
-# control plane in three workers, then real vLLM engines (CPU build, tiny model) behind the operator's
-# router, serially: P/D answers equal to colocated ones, the KV transferred, the metric contract, an
-# engine that cannot start (tests/conftest.py leaves tests/real/ out of the first run; its `real_long`
-# modules are `make test-real`).
+# control plane in three workers, real vLLM engines (CPU build, tiny model) behind the operator's router
+# among them as one unit of work (tests/conftest.py): P/D answers equal to colocated ones, the KV
+# transferred, the metric contract, an engine that cannot start. tests/real/'s `real_long` modules are
+# `make test-real`.
 test: venv tools vllm-env real-engine-env lint typecheck
-	$(BIN)/pytest -q -p no:cacheprovider -n 3 --dist loadscope --no-loadscope-reorder --durations=30 tests
-	$(BIN)/pytest -p no:cacheprovider -rsP -v --durations=0 -m "not real_long" tests/real
+	$(BIN)/pytest -q -p no:cacheprovider -n 3 --dist loadscope --no-loadscope-reorder --durations=30 -rs \
+		-m "not real_long" tests tests/real
 
 # The long real-engine tests (tests/real/, marked `real_long`): the autoscaler adding and draining a
 # real engine, the gray rollout colocated -> P/D rolled back by a killed decode and promoted, the failure

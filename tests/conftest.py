@@ -48,6 +48,7 @@ LOAD_E2E_DIRS: tuple[str, ...] = (
 
 
 REAL_DIR = Path(__file__).resolve().parent / "real"
+REAL_UNIT_DIR = "tests/real/"
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
@@ -64,9 +65,12 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 
 def work_unit(nodeid: str) -> str:
-    """The unit a test is scheduled in: its module, or the one unit of the load e2e modules."""
+    """The unit a test is scheduled in: its module, the one unit of the load e2e modules, or the one
+    unit of the real-engine modules (they share one dev cluster with vLLM pods, a session fixture)."""
     module = nodeid.split("::", 1)[0]
-    return "load-e2e" if module.startswith(LOAD_E2E_DIRS) else module
+    if module.startswith(LOAD_E2E_DIRS):
+        return "load-e2e"
+    return "real-engines" if module.startswith(REAL_UNIT_DIR) else module
 
 
 class ModuleScheduling(LoadScopeScheduling):
@@ -83,8 +87,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if "cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cluster)
     # The longest unit first (with --no-loadscope-reorder xdist hands units out in collection order),
-    # so it does not start last and run alone; a stable sort keeps each module's tests in order.
-    items.sort(key=lambda item: work_unit(item.nodeid) != "load-e2e")
+    # so it does not start last and run alone, then the real engines' (when `make test` names
+    # tests/real), which wait on engine starts and slow P/D requests more than they compute; a stable
+    # sort keeps each module's tests in order.
+    first = {"load-e2e": 0, "real-engines": 1}
+    items.sort(key=lambda item: first.get(work_unit(item.nodeid), 2))
 
 
 # Each work unit's span (first test's start to last test's end, setup and teardown included) and the
