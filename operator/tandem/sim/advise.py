@@ -698,7 +698,8 @@ class SpecLayout:
 def layout_of_spec(spec: PDDeploymentSpec, model_load_seconds: float = 120.0) -> SpecLayout:
     """The pools a PDDeployment asks for, with perf's replicas (profile by model URI, the pool's GPU and
     TP): each pool on the GPU its `gpuType` maps to, else `spec.autoscaling.gpu`, as the autoscaler sizes
-    it (`autoscale.capacity.pool_gpu`)."""
+    it (`autoscale.capacity.pool_gpu`); a replica of a data-parallel pool is a group of its ranks, each
+    such an engine, holding the group's GPUs (`PoolSpec.shape`)."""
     info = resolve_model(spec.model.uri, spec.model.kv_bytes_per_token)
     gpu = spec.autoscaling.gpu
     bandwidth = float(spec.kv_transfer.bandwidth_gbps)
@@ -723,7 +724,8 @@ def layout_of_spec(spec: PDDeploymentSpec, model_load_seconds: float = 120.0) ->
             max_num_seqs=limits.max_num_seqs,
         )
         notes += [x for x in n if x not in notes]
-        pools[role] = PoolSpec(replica=replica, replicas=pool.replicas)
+        # a replica is a group of `parallelism.data` ranks, each an engine at the pool's TP
+        pools[role] = PoolSpec(replica=replica, replicas=pool.replicas, shape=pool.shape)
     try:
         layout = Layout(
             pools=pools,

@@ -158,7 +158,7 @@ def make_policy(
         if not spec.autoscaling.enabled or spec.slo is None:
             raise CliError("--policy tandem needs spec.autoscaling.enabled and spec.slo in the deployment")
         return TandemPolicy(spec)
-    gpus: dict[str, int] = {role: pool.replica.tp for role, pool in sim.layout.pools.items()}
+    gpus: dict[str, int] = {role: pool.gpus_per_replica for role, pool in sim.layout.pools.items()}
     if name == "hpa":
         return HPAPolicy(gpus_per_replica=gpus, max_gpus=sim.max_gpus)
     if name.startswith("dynamo-"):
@@ -166,6 +166,8 @@ def make_policy(
             raise CliError(
                 "the Dynamo-style planner sizes prefill and decode pools: use a Disaggregated deployment"
             )
+        if any(pool.instance.data > 1 for pool in sim.layout.pools.values()):
+            raise CliError("the Dynamo-style planner sizes one engine per replica: no parallelism.data > 1")
         assert sim.slo is not None
         interval = float(name.split("-")[1].rstrip("s"))
         prefill, decode = sim.layout.pools["prefill"].replica, sim.layout.pools["decode"].replica
