@@ -289,6 +289,15 @@ def test_sim_runs_each_policy_on_an_autoscaled_deployment(
         assert code == 0, err
         assert f"| t.csv | {label} |" in out
     _bad(["sim", "-f", str(deployment), "--trace", str(trace), "--policy", "magic"], capsys, "unknown policy")
+    # The Dynamo-style planner sizes replicas of one engine; the HPA counts a group's GPUs.
+    obj = yaml.safe_load(deployment.read_text())
+    obj["spec"]["decode"]["parallelism"] = {"data": 2}
+    deployment.write_text(yaml.safe_dump(obj))
+    argv = ["sim", "-f", str(deployment), "--trace", str(trace), "--out", str(tmp_path), "--no-progress"]
+    _bad([*argv, "--policy", "dynamo-60s"], capsys, "the Dynamo-style planner sizes one engine per replica")
+    code, out, err = _run([*argv, "--policy", "hpa"], capsys)
+    assert code == 0, err
+    assert "decode: 1 replica of 1x2 TP1 DP2 Internal (2 engines at TP1, 2 GPUs each)" in out
 
 
 @pytest.mark.parametrize("value", ["1024", "8192:1024", "0:10", "a:b"])
