@@ -5,6 +5,7 @@ I/O beyond the trace readers reading the file they are given.
 - `layout`: pools of replicas (`ReplicaSpec`, `PoolSpec`, `Layout`), the `SLO`, `SimConfig`.
 - `replica`: one vLLM V1 engine (continuous batching, chunked prefill, KV capacity, preemption), with runs
   of decode steps in closed form.
+- `group`: a replica as a group of `parallelism.data` engines (ranks), and the router's endpoints into it.
 - `cluster`: the event loop, the router's choices, KV transfer, scaling; `simulate(...)`.
 - `windows`: Prometheus-like counters, histograms and gauges over a sliding window; `histogram_quantile`.
 - `observe`: those windows as the autoscaler's `Snapshot`.

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from tandem.api.models import PDDeployment, PDDeploymentSpec
+from tandem.api.shape import MAX_GPUS_PER_POD, Shape
 from tandem.autoscale.capacity import engine_limits, pool_gpu
 from tandem.perf import (
     ACTIVATION_RESERVE_BYTES,
@@ -340,11 +341,27 @@ class AdviseRequest:
     prefill_tp: int = 1
     decode_tp: int = 1
     colocated_tp: int = 1
+    # data-parallel ranks per replica (`parallelism.data`, Internal balancing, one pod): a replica is a
+    # group of that many engines at the pool's TP, TP x DP GPUs
+    prefill_dp: int = 1
+    decode_dp: int = 1
+    colocated_dp: int = 1
     max_gpus: int = 64
     ratios: tuple[tuple[int, int], ...] = DEFAULT_RATIOS
     seed: int = 0
     load_description: str = ""
     thresholds: tuple[int, ...] = DEFAULT_THRESHOLDS  # Threshold values compare_modes runs
+
+    def shapes(self) -> dict[str, Shape]:
+        """Each pool's replica: TP x DP GPUs in one pod, its ranks balanced by the group's API server."""
+        return {
+            "prefill": Shape(tensor=self.prefill_tp, data=self.prefill_dp),
+            "decode": Shape(tensor=self.decode_tp, data=self.decode_dp),
+            "colocated": Shape(tensor=self.colocated_tp, data=self.colocated_dp),
+        }
+
+    def gpus_per_replica(self) -> dict[str, int]:
+        return {role: shape.gpus_per_instance for role, shape in self.shapes().items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,6 +446,15 @@ def advise(req: AdviseRequest, on_simulation: Callable[[str], None] | None = Non
         raise AdviseError("the load has no requests")
     if not 0 < req.attainment_target <= 1:
         raise AdviseError("the attainment target must be within (0, 100] percent")
+    shapes = req.shapes()
+    for role, shape in shapes.items():
+        if shape.data < 1:
+            raise AdviseError(f"a {role} replica needs at least one data-parallel rank (--{role}-dp)")
+        if shape.gpus_per_instance > MAX_GPUS_PER_POD:
+            raise AdviseError(
+                f"a {role} replica of TP{shape.tensor} x DP{shape.data} must fit one pod of "
+                f"{MAX_GPUS_PER_POD} GPUs"
+            )
     notes: list[str] = []
     prefill_spec, n1 = replica_spec(req.model, req.gpu, req.prefill_tp, req.bandwidth_gbps)
     decode_spec, n2 = replica_spec(req.model, req.gpu, req.decode_tp, req.bandwidth_gbps)
@@ -440,30 +466,34 @@ def advise(req: AdviseRequest, on_simulation: Callable[[str], None] | None = Non
         for label, q in (("p50", 0.5), ("p90", 0.9))
     ]
     config = SimConfig(slo=req.slo, seed=req.seed)
-    gpus = {"prefill": req.prefill_tp, "decode": req.decode_tp, "colocated": req.colocated_tp}
+    gpus = req.gpus_per_replica()
     cache: dict[StaticLayout, Summary] = {}
 
     def evaluate(layout: StaticLayout) -> Summary:
         if layout not in cache:
             if on_simulation is not None:
                 on_simulation(str(layout))
-            cache[layout] = simulate(
-                req.requests, static_layout(layout, prefill_spec, decode_spec, colocated_spec), config
-            ).summary
+            pools = static_layout(layout, prefill_spec, decode_spec, colocated_spec, shapes)
+            cache[layout] = simulate(req.requests, pools, config).summary
         return cache[layout]
 
     target = req.attainment_target
-    guess = peak_size(planner_config(prefill_spec, decode_spec, req.slo), req.requests)  # searches start here
+    engines = peak_size(planner_config(prefill_spec, decode_spec, req.slo), req.requests)  # in engines
+    guess = {  # where the searches start, in replicas
+        "prefill": math.ceil(engines["prefill"] / req.prefill_dp),
+        "decode": math.ceil(engines["decode"] / req.decode_dp),
+        "colocated": math.ceil((engines["prefill"] + engines["decode"]) / req.colocated_dp),
+    }
     pd_search = search_static_pd(
         evaluate,
         req.max_gpus,
-        req.prefill_tp,
-        req.decode_tp,
+        gpus["prefill"],
+        gpus["decode"],
         target,
         guess=(guess["prefill"], guess["decode"]),
     )
     co_search = search_static_colocated(
-        evaluate, req.max_gpus, req.colocated_tp, target, guess=guess["prefill"] + guess["decode"]
+        evaluate, req.max_gpus, gpus["colocated"], target, guess=guess["colocated"]
     )
     pd = _candidate(pd_search, gpus)
     colocated = _candidate(co_search, gpus)
@@ -503,11 +533,11 @@ def compare_modes(
     rows = [ModeRow("Always", DisaggregationKnobs(), pd.summary)]
     knobs = [DisaggregationKnobs(mode="Auto")]
     knobs += [DisaggregationKnobs(mode="Threshold", threshold_tokens=t) for t in req.thresholds]
-    layout = static_layout(pd.layout, prefill, decode, prefill)
+    layout = static_layout(pd.layout, prefill, decode, prefill, req.shapes())
     for k in knobs:
         summary = simulate(req.requests, layout, config.model_copy(update={"disaggregation": k})).summary
         rows.append(ModeRow(mode_name(k), k, summary))
-    co_gpus = max(1, pd.gpus // req.colocated_tp)
+    co_gpus = max(1, pd.gpus // req.gpus_per_replica()["colocated"])
     rows.append(ModeRow(COLOCATED, None, evaluate(StaticLayout(colocated=co_gpus))))
     return rows
 
@@ -519,17 +549,22 @@ def best_mode(rows: Sequence[ModeRow]) -> ModeRow:
 
 
 def static_layout(
-    layout: StaticLayout, prefill: ReplicaSpec, decode: ReplicaSpec, colocated: ReplicaSpec
+    layout: StaticLayout,
+    prefill: ReplicaSpec,
+    decode: ReplicaSpec,
+    colocated: ReplicaSpec,
+    shapes: Mapping[str, Shape] | None = None,
 ) -> Layout:
+    """`layout`'s pools of these engines; `shapes` by role: a replica's data-parallel group (none: one
+    engine a replica)."""
+    shapes = shapes or {}
     if layout.colocated:
-        return Layout(
-            pools={"colocated": PoolSpec(replica=colocated, replicas=layout.colocated)},
-            disaggregated_percent=0,
-        )
+        pool = PoolSpec(replica=colocated, replicas=layout.colocated, shape=shapes.get("colocated"))
+        return Layout(pools={"colocated": pool}, disaggregated_percent=0)
     return Layout(
         pools={
-            "prefill": PoolSpec(replica=prefill, replicas=layout.prefill),
-            "decode": PoolSpec(replica=decode, replicas=layout.decode),
+            "prefill": PoolSpec(replica=prefill, replicas=layout.prefill, shape=shapes.get("prefill")),
+            "decode": PoolSpec(replica=decode, replicas=layout.decode, shape=shapes.get("decode")),
         }
     )
 
@@ -553,7 +588,7 @@ def _sweep(
     for a, b in req.ratios:
         if a < 1 or b < 1:
             raise AdviseError(f"a P:D ratio needs positive parts, got {a}:{b}")
-        per_k = a * req.prefill_tp + b * req.decode_tp
+        per_k = a * gpus["prefill"] + b * gpus["decode"]
         if bounds is None:
             rows.append(RatioRow(a, b, None, search.note or "no P/D layout within the budget"))
             continue
@@ -648,6 +683,9 @@ def deployment_object(
         spec["kvTransfer"] = {"connector": "NixlConnector", "bandwidthGbps": round(req.bandwidth_gbps)}
         spec["prefill"] = {"replicas": layout.prefill, "tensorParallelSize": req.prefill_tp}
         spec["decode"] = {"replicas": layout.decode, "tensorParallelSize": req.decode_tp}
+    for role, shape in req.shapes().items():
+        if role in spec and shape.data > 1:
+            spec[role]["parallelism"] = {"data": shape.data}
         if knobs is not None and knobs.mode != "Always":
             block: dict[str, Any] = {"mode": knobs.mode}
             if knobs.mode == "Threshold":
@@ -703,7 +741,8 @@ class SpecLayout:
 def layout_of_spec(spec: PDDeploymentSpec, model_load_seconds: float = 120.0) -> SpecLayout:
     """The pools a PDDeployment asks for, with perf's replicas (profile by model URI, the pool's GPU and
     TP): each pool on the GPU its `gpuType` maps to, else `spec.autoscaling.gpu`, as the autoscaler sizes
-    it (`autoscale.capacity.pool_gpu`)."""
+    it (`autoscale.capacity.pool_gpu`); a replica of a data-parallel pool is a group of its ranks, each
+    such an engine, holding the group's GPUs (`PoolSpec.shape`)."""
     info = resolve_model(spec.model.uri, spec.model.kv_bytes_per_token)
     gpu = spec.autoscaling.gpu
     bandwidth = float(spec.kv_transfer.bandwidth_gbps)
@@ -728,7 +767,8 @@ def layout_of_spec(spec: PDDeploymentSpec, model_load_seconds: float = 120.0) ->
             max_num_seqs=limits.max_num_seqs,
         )
         notes += [x for x in n if x not in notes]
-        pools[role] = PoolSpec(replica=replica, replicas=pool.replicas)
+        # a replica is a group of `parallelism.data` ranks, each an engine at the pool's TP
+        pools[role] = PoolSpec(replica=replica, replicas=pool.replicas, shape=pool.shape)
     try:
         layout = Layout(
             pools=pools,

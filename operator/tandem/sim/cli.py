@@ -31,7 +31,7 @@ from tandem.sim import advise as adv
 from tandem.sim import gpu_types
 from tandem.sim.baselines import HPAPolicy, PlannerConfig, PlannerPolicy
 from tandem.sim.cluster import simulate
-from tandem.sim.layout import SLO, SimConfig
+from tandem.sim.layout import SLO, PoolSpec, SimConfig
 from tandem.sim.policy import Policy, StaticPolicy
 from tandem.sim.report import Row, plot_trace, table
 from tandem.sim.requests import Request
@@ -158,7 +158,7 @@ def make_policy(
         if not spec.autoscaling.enabled or spec.slo is None:
             raise CliError("--policy tandem needs spec.autoscaling.enabled and spec.slo in the deployment")
         return TandemPolicy(spec)
-    gpus: dict[str, int] = {role: pool.replica.tp for role, pool in sim.layout.pools.items()}
+    gpus: dict[str, int] = {role: pool.gpus_per_replica for role, pool in sim.layout.pools.items()}
     if name == "hpa":
         return HPAPolicy(gpus_per_replica=gpus, max_gpus=sim.max_gpus)
     if name.startswith("dynamo-"):
@@ -166,6 +166,8 @@ def make_policy(
             raise CliError(
                 "the Dynamo-style planner sizes prefill and decode pools: use a Disaggregated deployment"
             )
+        if any(pool.instance.data > 1 for pool in sim.layout.pools.values()):
+            raise CliError("the Dynamo-style planner sizes one engine per replica: no parallelism.data > 1")
         assert sim.slo is not None
         interval = float(name.split("-")[1].rstrip("s"))
         prefill, decode = sim.layout.pools["prefill"].replica, sim.layout.pools["decode"].replica
@@ -248,6 +250,8 @@ def sim_main(argv: Sequence[str]) -> int:
     sizes = ", ".join(f"{role} {pool.replicas}" for role, pool in sim.layout.pools.items())
     for note in sim.notes:
         print(f"note: {note}")
+    for role, pool in sim.layout.pools.items():
+        print(pool_line(role, pool, spec.pool(role).gpu_type))
     print(
         f"{len(requests):,} requests over {requests[-1].arrival / 3600:.2f} h of {trace}; "
         f"start {sizes}; SLO TTFT {slo.ttft_ms:g} ms, TPOT {slo.tpot_ms:g} ms; seed {args.seed}; "
@@ -259,6 +263,7 @@ def sim_main(argv: Sequence[str]) -> int:
         f"TTFT p50/p90/p99 {s.ttft_p50 * 1e3:.0f}/{s.ttft_p90 * 1e3:.0f}/{s.ttft_p99 * 1e3:.0f} ms; "
         f"TPOT p50/p90/p99 {s.tpot_p50 * 1e3:.1f}/{s.tpot_p90 * 1e3:.1f}/{s.tpot_p99 * 1e3:.1f} ms"
     )
+    print(f"GPU-hours {s.gpu_hours:.3f} (mean {s.mean_gpus:.2f} GPUs, peak {s.peak_gpus})")
     path = plot_trace(
         Path(args.out) / f"{Path(args.filename).stem}-{Path(args.trace).stem}-{label}.png",
         f"{trace}: {label}",
@@ -268,6 +273,20 @@ def sim_main(argv: Sequence[str]) -> int:
     )
     print(f"plot: {path}")
     return 0
+
+
+def pool_line(role: str, pool: PoolSpec, gpu_type: str | None = None) -> str:
+    """A pool as simulated, e.g. `decode: 2 replicas of 1x4 TP1 DP4 Internal (4 engines at TP1, 4 GPUs
+    each)`: the replica's shape as `tandem render` prints it, what the simulator runs and counts."""
+    shape = pool.instance
+    engines = f"{shape.data} engines" if shape.data > 1 else "1 engine"
+    count = f"{pool.replicas} replica" + ("" if pool.replicas == 1 else "s")
+    each = _gpus(pool.gpus_per_replica)
+    return f"{role}: {count} of {shape.summary(gpu_type)} ({engines} at TP{shape.tensor}, {each} each)"
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPU" + ("" if n == 1 else "s")
 
 
 def _slo(spec_slo: SLO | None, ttft_ms: float | None, tpot_ms: float | None) -> SLO:
@@ -324,6 +343,14 @@ def advise_main(argv: Sequence[str]) -> int:
     parser.add_argument("--prefill-tp", type=int, default=1)
     parser.add_argument("--decode-tp", type=int, default=1)
     parser.add_argument("--colocated-tp", type=int, default=None, help="default: --decode-tp")
+    for role in ("prefill", "decode"):
+        parser.add_argument(
+            f"--{role}-dp",
+            type=int,
+            default=1,
+            help=f"data-parallel ranks per {role} replica (parallelism.data, one pod; default 1)",
+        )
+    parser.add_argument("--colocated-dp", type=int, default=None, help="default: --decode-dp")
     _add_trace_args(parser, required=False)
     parser.add_argument(
         "--reasoning-outputs",
@@ -379,6 +406,8 @@ def _gpu_types(args: argparse.Namespace) -> tuple[tuple[str, ...], dict[str, flo
         return None
     if args.gpu is not None:
         raise CliError("give --gpu (one GPU type) or --gpus (compare types per pool), not both")
+    if max(args.prefill_dp, args.decode_dp, args.colocated_dp or 1) > 1:
+        raise CliError("--gpus compares replicas of one engine: no --prefill-dp, --decode-dp, --colocated-dp")
     if args.prices is None:
         raise CliError("--gpus needs --prices (e.g. --prices H100=2.5,H200=3.2)")
     gpus = gpu_types.parse_gpus(args.gpus)
@@ -515,11 +544,23 @@ def _advise_request(args: argparse.Namespace) -> adv.AdviseRequest:
         prefill_tp=args.prefill_tp,
         decode_tp=args.decode_tp,
         colocated_tp=args.colocated_tp or args.decode_tp,
+        prefill_dp=args.prefill_dp,
+        decode_dp=args.decode_dp,
+        colocated_dp=args.colocated_dp or args.decode_dp,
         max_gpus=args.max_gpus,
         ratios=args.ratios,
         seed=args.seed,
         load_description=described,
     )
+
+
+def _shapes_line(req: adv.AdviseRequest) -> list[str]:
+    """With data-parallel replicas, what one replica of each pool is (none otherwise)."""
+    shapes = req.shapes()
+    if all(shape.data == 1 for shape in shapes.values()):
+        return []
+    parts = [f"{role} {shape.summary()} ({_gpus(shape.gpus_per_instance)})" for role, shape in shapes.items()]
+    return ["a replica: " + ", ".join(parts) + "; layouts count replicas, GPUs count every rank's"]
 
 
 def render_advice(advice: adv.Advice, wall_seconds: float) -> str:
@@ -529,6 +570,7 @@ def render_advice(advice: adv.Advice, wall_seconds: float) -> str:
         f"KV link {req.bandwidth_gbps:g} Gb/s; SLO TTFT {req.slo.ttft_ms:g} ms, TPOT {req.slo.tpot_ms:g} ms, "
         f"{req.attainment_target:.0%} of requests",
         f"load: {req.load_description}",
+        *_shapes_line(req),
         "",
         "KV transfer share of an idle P/D request's TTFT (prefill + transfer + first decode step):",
     ]

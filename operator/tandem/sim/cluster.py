@@ -13,9 +13,12 @@ that computes a prompt (prefill or colocated) otherwise: least loaded, round-rob
 (`routing.prefix.choose_prefill` over `traces.prefix.route_keys` sampled as the router samples them,
 its index learnt from its own choices with the pod's KV cache as capacity) or the affinity oracle (the
 longest prefix in the simulated caches).
-Scaling follows a StatefulSet: new replicas are requested now and ready after the model load time; a
-removal takes the newest replica, at once if it is still starting, otherwise it drains (no new legs,
-gone when its work is done). A replica counts its GPUs from request until gone.
+Scaling follows a StatefulSet (a LeaderWorkerSet for groups): new replicas are requested now and ready
+after the model load time; a removal takes the newest replica, at once if it is still starting, otherwise
+it drains (no new legs, gone when its work is done). A replica counts its GPUs from request until gone.
+A replica is a group of `parallelism.data` ranks (`tandem.sim.group`): one engine each, started, drained
+and counted as a unit; the router chooses among the groups' endpoints, an endpoint over several ranks
+sending each request on to one of them.
 """
 
 from __future__ import annotations
@@ -38,10 +41,11 @@ from tandem.routing.disaggregation import (
 from tandem.routing.disaggregation import Request as Uncached
 from tandem.routing.paths import choose_path
 from tandem.routing.prefix import PodLoad, PrefixIndex, choose_prefill, sparse_keys
+from tandem.sim.group import Group, Routable, rank_names
 from tandem.sim.layout import ROLES, Layout, Role, SimConfig
 from tandem.sim.observe import snapshot_of
 from tandem.sim.policy import Policy
-from tandem.sim.replica import BLOCK, DRAINING, READY, STARTING, Replica, Seq
+from tandem.sim.replica import BLOCK, DRAINING, GONE, READY, STARTING, Replica, Seq
 from tandem.sim.requests import Request
 from tandem.sim.results import (
     REFUSED,
@@ -74,9 +78,12 @@ class Cluster:
         self.heap: list[tuple[float, int, int, object, int]] = []
         self.order = 0
         self.now = 0.0
-        self.pools: dict[Role, list[Replica]] = {role: [] for role in ROLES}  # not gone, oldest first
-        self.ready: dict[Role, list[Replica]] = {role: [] for role in ROLES}
-        self.all_replicas: list[Replica] = []
+        self.groups: dict[Role, list[Group]] = {role: [] for role in ROLES}  # not gone, oldest first
+        self.ready: dict[Role, list[Routable]] = {role: [] for role in ROLES}  # ready groups' endpoints
+        self.all_replicas: list[Replica] = []  # every rank ever started
+        self.all_groups: list[Group] = []
+        self.group_of: dict[Replica, Group] = {}
+        self.endpoint_order: dict[str, int] = {}  # by name: the order endpoints were created in
         self.ordinals: dict[Role, int] = dict.fromkeys(ROLES, 0)
         self.gpus = 0
         self.peak_gpus = 0
@@ -120,7 +127,7 @@ class Cluster:
         self.pulled_back = 0  # prompt tokens prefill replicas read from decode replicas (bidirectional)
         for role, pool in layout.pools.items():
             for _ in range(pool.replicas):
-                self._add_replica(role, 0.0, ready=True)
+                self._add_group(role, 0.0, ready=True)
 
     # --- callbacks from replicas ----------------------------------------------------------------------
     def push_step(self, time: float, replica: Replica) -> None:
@@ -226,19 +233,31 @@ class Cluster:
             self.decode_stats.setdefault(replica.name, DecodePodStats()).observe(tpot, out)
 
     def replica_gone(self, replica: Replica, now: float) -> None:
-        index = self.prefix_index.get(replica.role)
-        if index is not None:
-            index.forget_pod(replica.name)
-        self.pools[replica.role].remove(replica)
-        if replica in self.ready[replica.role]:
-            self.ready[replica.role].remove(replica)
-        self.gpus -= replica.tp
+        """A rank is gone; its group goes with its last rank."""
+        group = self.group_of[replica]
+        group.live -= 1
+        if group.live:
+            return
+        group.state = GONE
+        group.gone_at = now
+        role = group.role
+        index = self.prefix_index.get(role)
+        ready = self.ready[role]
+        for endpoint in group.endpoints:
+            if index is not None:
+                index.forget_pod(endpoint.name)
+        self.groups[role].remove(group)
+        for endpoint in group.endpoints:
+            if endpoint in ready:
+                ready.remove(endpoint)
+        self.gpus -= group.gpus
 
     # --- the router -----------------------------------------------------------------------------------
-    def _pick(self, pods: list[Replica]) -> Replica | None:
+    def _pick(self, pods: list[Routable]) -> Replica | None:
+        """Power of two choices among endpoints; the rank the chosen one sends the request to."""
         n = len(pods)
         if n <= 1:
-            return pods[0] if n else None
+            return pods[0].choose() if n else None
         rand = self.rng.random
         i = int(rand() * n)
         j = int(rand() * (n - 1))
@@ -247,7 +266,7 @@ class Cluster:
         first, second = pods[i], pods[j]
         first_cost = first.load_requests + first.load_tokens / 512.0
         second_cost = second.load_requests + second.load_tokens / 512.0
-        return second if second_cost < first_cost else first
+        return (second if second_cost < first_cost else first).choose()
 
     def _pick_compute(self, role: Role, request: Request) -> Replica | None:
         """The pod that computes a prompt, by `SimConfig.routing`."""
@@ -256,26 +275,26 @@ class Cluster:
         if routing == "power-of-two" or len(pods) <= 1:
             return self._pick(pods)
         if routing == "least-loaded":
-            return min(pods, key=Replica.cost)
+            return min(pods, key=_cost).choose()
         if routing == "round-robin":
             self.turn += 1
-            return pods[self.turn % len(pods)]
+            return pods[self.turn % len(pods)].choose()
         if routing == "oracle":
             runs = request.prefix
-            return min(pods, key=lambda r: (-r.cached_blocks(runs), r.cost()))
+            return min(pods, key=lambda r: (-r.cached_blocks(runs), r.cost())).choose()
         knobs = self.config.prefix_knobs
         loads = [PodLoad(r.name, r.load_requests, r.load_tokens) for r in pods]
         if routing == "oracle-bounded":
             view = _CacheView({r.name: r for r in pods}, request.prefix)
             first = route_keys(request.prefix, self.config.route_block_tokens, 1)  # for its tie-breaks
             name = choose_prefill(loads, first, view, knobs)
-            return next(r for r in pods if r.name == name)
+            return next(r for r in pods if r.name == name).choose()
         keys = sparse_keys(route_keys(request.prefix, self.config.route_block_tokens, knobs.max_blocks))
         index = self.prefix_index[role]
         name = choose_prefill(loads, keys, index, knobs)
         chosen = next(r for r in pods if r.name == name)
         index.record(chosen.name, keys)
-        return chosen
+        return chosen.choose()
 
     def _arrive(self, index: int, request: Request, now: float) -> None:
         totals = self.windows.totals
@@ -343,7 +362,7 @@ class Cluster:
         decode = self._decode_by_cache(request)
         prompt = seq.prompt
 
-        def uncached(replica: Replica) -> int:
+        def uncached(replica: Routable) -> int:
             return prompt - min(replica.cached_blocks(request.prefix) * BLOCK, prompt - 1)
 
         local_tokens = uncached(decode)
@@ -385,13 +404,13 @@ class Cluster:
 
     def _decode_by_cache(self, request: Request) -> Replica:
         """The ready decode replica holding most of the prompt, within the load bound (the router's
-        `choose_prefill` over the decode pods' caches)."""
+        `choose_prefill` over the decode endpoints' caches), and the rank that endpoint sends it to."""
         decodes = self.ready["decode"]
         loads = [PodLoad(r.name, r.load_requests, r.load_tokens) for r in decodes]
         first = route_keys(request.prefix, self.config.route_block_tokens, 1)  # for its tie-breaks
         view = _CacheView({r.name: r for r in decodes}, request.prefix)
         name = choose_prefill(loads, first, view, self.config.prefix_knobs)
-        return next(r for r in decodes if r.name == name)
+        return next(r for r in decodes if r.name == name).choose()
 
     def _pull_back(self, seq: Seq, request: Request, prefill: Replica, now: float) -> bool:
         """Bidirectional mode, a remote prefill: when the decode replica the request goes to (chosen now,
@@ -439,24 +458,34 @@ class Cluster:
         self.windows.totals.path_refused[path] += 1
 
     # --- scaling --------------------------------------------------------------------------------------
-    def _add_replica(self, role: Role, now: float, ready: bool) -> Replica:
+    def _add_group(self, role: Role, now: float, ready: bool) -> Group:
+        """A new replica of `role`: its ranks, all ready at `now` or all after one model load."""
         pool = self.layout.pools[role]
+        shape = pool.instance
         ordinal = self.ordinals[role]
         self.ordinals[role] = ordinal + 1
+        name = f"{role}-{ordinal}"
         ready_at = now if ready else now + self.layout.model_load_seconds
-        replica = Replica(
-            self, f"{role}-{ordinal}", role, pool.replica, now, ready_at, self.config.closed_form
-        )
-        self.pools[role].append(replica)
-        self.all_replicas.append(replica)
-        self.gpus += replica.tp
+        ranks = [
+            Replica(self, rank, role, pool.replica, now, ready_at, self.config.closed_form)
+            for rank in rank_names(name, shape)
+        ]
+        group = Group(name, role, ranks, shape, now)
+        for rank in ranks:
+            self.group_of[rank] = group
+        for endpoint in group.endpoints:
+            self.endpoint_order[endpoint.name] = len(self.endpoint_order)
+        self.groups[role].append(group)
+        self.all_replicas.extend(ranks)
+        self.all_groups.append(group)
+        self.gpus += group.gpus
         self.peak_gpus = max(self.peak_gpus, self.gpus)
-        if replica.state == READY:
-            self.ready[role].append(replica)
+        if group.state == READY:
+            self.ready[role].extend(group.endpoints)
         else:
             self.order += 1
-            heappush(self.heap, (ready_at, self.order, _READY, replica, 0))
-        return replica
+            heappush(self.heap, (ready_at, self.order, _READY, group, 0))
+        return group
 
     def apply(self, desired: Mapping[str, int], now: float) -> None:
         """Resizes pools to `desired` replicas (starting + ready; draining ones no longer count)."""
@@ -474,18 +503,22 @@ class Cluster:
             self._resize(role, want, now, ready=True)
 
     def _resize(self, role: Role, want: int, now: float, *, ready: bool) -> None:
-        """`want` active (starting + ready) replicas of `role`: new ones added (`ready` at once, or
-        loading), the newest drained first, as a StatefulSet's."""
-        active = [r for r in self.pools[role] if r.state in (STARTING, READY)]
+        """`want` active (starting + ready) replicas (groups) of `role`: new ones added (`ready` at once,
+        or loading), the newest drained first, every rank of it, as a StatefulSet's or a
+        LeaderWorkerSet's."""
+        active = [g for g in self.groups[role] if g.state in (STARTING, READY)]
         if want == len(active):
             return
         self.scale_actions += 1
         for _ in range(want - len(active)):
-            self._add_replica(role, now, ready=ready)
-        for replica in reversed(active[want:]):
-            if replica.state == READY:
-                self.ready[role].remove(replica)
-            replica.drain(now)
+            self._add_group(role, now, ready=ready)
+        for group in reversed(active[want:]):
+            if group.state == READY:
+                for endpoint in group.endpoints:
+                    self.ready[role].remove(endpoint)
+            group.state = DRAINING
+            for rank in group.ranks:
+                rank.drain(now)
 
     def fork(self) -> Cluster:
         """An independent copy of this simulation's state (replicas, queues, heap, windows, records),
@@ -500,18 +533,19 @@ class Cluster:
     # --- scrapes and policy ticks ---------------------------------------------------------------------
     def _gauges(self, now: float) -> dict[Role, PoolGauges]:
         gauges: dict[Role, PoolGauges] = {}
-        for role in self.layout.pools:
+        for role, pool in self.layout.pools.items():
             states = [0, 0, 0, 0]
             running = waiting = queued = gpus = 0
             usage: list[float] = []
-            for replica in self.pools[role]:
-                states[replica.state] += 1
-                gpus += replica.tp
-                if replica.state in (READY, DRAINING):
-                    running += len(replica.running)
-                    waiting += len(replica.waiting) + len(replica.pending_pulls)
-                    queued += replica.queued_prompt_tokens()
-                    usage.append(min(1.0, replica.kv_used(now) / replica.cap))
+            for group in self.groups[role]:
+                states[group.state] += 1
+                gpus += group.gpus
+                for replica in group.ranks:
+                    if replica.state in (READY, DRAINING):
+                        running += len(replica.running)
+                        waiting += len(replica.waiting) + len(replica.pending_pulls)
+                        queued += replica.queued_prompt_tokens()
+                        usage.append(min(1.0, replica.kv_used(now) / replica.cap))
             gauges[role] = PoolGauges(
                 ready=states[READY],
                 starting=states[STARTING],
@@ -522,6 +556,9 @@ class Cluster:
                 kv_usage_mean=sum(usage) / len(usage) if usage else 0.0,
                 kv_usage_max=max(usage, default=0.0),
                 gpus=gpus,
+                # Prometheus scrapes the pods of each serving group that report engine metrics (a
+                # group's leader, or each serving pod), each pod every engine it runs or balances over
+                scraped_pods=(states[READY] + states[DRAINING]) * pool.instance.metrics_pods,
             )
         return gauges
 
@@ -605,12 +642,14 @@ class Cluster:
                 elif kind == _BACK:
                     self._pulled_back(obj, time)  # type: ignore[arg-type]
                 elif kind == _READY:
-                    replica: Replica = obj  # type: ignore[assignment]
-                    if replica.state == STARTING:
-                        replica.make_ready(time)
-                        ready = self.ready[replica.role]
-                        ready.append(replica)
-                        ready.sort(key=self.all_replicas.index)
+                    group: Group = obj  # type: ignore[assignment]
+                    if group.state == STARTING:  # every rank is ready: the group is
+                        for rank in group.ranks:
+                            rank.make_ready(time)
+                        group.state = READY
+                        ready = self.ready[group.role]
+                        ready.extend(group.endpoints)
+                        ready.sort(key=lambda e: self.endpoint_order[e.name])
                 elif kind == _SCRAPE:
                     self.scrape(time)
                     if i >= stop and self.outstanding and all(e[2] >= _SCRAPE for e in heap):
@@ -655,7 +694,7 @@ class Cluster:
             ttft_slo=self.ttft_slo,
             tpot_slo=self.tpot_slo,
         )
-        gpu_seconds = sum(max(0.0, min(r.gone_at, end) - r.requested_at) * r.tp for r in self.all_replicas)
+        gpu_seconds = sum(max(0.0, min(g.gone_at, end) - g.requested_at) * g.gpus for g in self.all_groups)
         n = len(records)
         ttfts: list[float] = []
         tpots: list[float] = []
@@ -682,7 +721,8 @@ class Cluster:
         totals = self.windows.totals
         busy: dict[str, float] = {}
         for replica in self.all_replicas:
-            busy[replica.role] = busy.get(replica.role, 0.0) + replica.busy_seconds * replica.tp / 3600
+            per_rank = self.layout.pools[replica.role].instance.gpus_per_rank
+            busy[replica.role] = busy.get(replica.role, 0.0) + replica.busy_seconds * per_rank / 3600
         summary = Summary(
             requests=n,
             finished=finished,
@@ -713,12 +753,16 @@ class Cluster:
         return SimResult(records=records, series=self.series, summary=summary)
 
 
+def _cost(endpoint: Routable) -> float:
+    return endpoint.cost()
+
+
 class _CacheView(PrefixIndex):
     """The replicas' simulated caches in the place of the balancer's index (the bounded oracle): a pod
     "matches" the blocks of the request's prompt it really holds (in blocks, not keys: the choice
     only compares the counts); the keys passed are not used."""
 
-    def __init__(self, replicas: Mapping[str, Replica], runs: tuple[tuple[int, int], ...] | None) -> None:
+    def __init__(self, replicas: Mapping[str, Routable], runs: tuple[tuple[int, int], ...] | None) -> None:
         super().__init__(1)
         self.replicas = replicas
         self.runs = runs

@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tandem.api.shape import Shape
 from tandem.perf import Profile, kv_cache_tokens, model_arch
 from tandem.perf.capacity import DEFAULT_MAX_BATCH, DEFAULT_MAX_NUM_BATCHED_TOKENS
 from tandem.routing.disaggregation import DisaggregationKnobs
@@ -87,10 +88,35 @@ class ReplicaSpec(BaseModel):
 
 
 class PoolSpec(BaseModel):
+    """A pool of identical replicas. A replica is a group of `shape.data` data-parallel ranks, each an
+    engine as `replica` describes (its profile at the pool's TP); None: one engine, one rank (TP GPUs).
+    The group's GPUs are `shape.gpus_per_instance` (TP x PP x DP), its router endpoints follow
+    `shape.load_balancing` (`tandem.sim.group`)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     replica: ReplicaSpec
     replicas: int = Field(ge=0)  # at the start of the trace, ready (already loaded)
+    shape: Shape | None = None
+
+    @property
+    def instance(self) -> Shape:
+        """The replica's shape (`tandem.api.shape.Shape`): the one given, or one rank at the engine's TP."""
+        return self.shape if self.shape is not None else Shape(tensor=self.replica.tp)
+
+    @property
+    def gpus_per_replica(self) -> int:
+        """GPUs one replica (group) holds: TP x PP x DP."""
+        return self.instance.gpus_per_instance
+
+    @model_validator(mode="after")
+    def _shape_matches_engine(self) -> PoolSpec:
+        if self.shape is not None and self.shape.tensor != self.replica.tp:
+            raise ValueError(
+                f"the shape's tensor parallelism ({self.shape.tensor}) is not the engine profile's "
+                f"({self.replica.tp})"
+            )
+        return self
 
 
 class SLO(BaseModel):

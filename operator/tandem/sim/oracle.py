@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tandem.sim.cluster import Cluster
-from tandem.sim.layout import Layout, PoolSpec, SimConfig
+from tandem.sim.layout import Layout, SimConfig
 from tandem.sim.requests import Request
 from tandem.sim.results import REFUSED
 
@@ -270,8 +270,8 @@ class IntervalSearch:
 def search_layout(base: Layout, prefill: int, decode: int) -> Layout:
     """`base` with its P/D pools at these sizes (ready at the start)."""
     pools = dict(base.pools)
-    pools["prefill"] = PoolSpec(replica=base.pools["prefill"].replica, replicas=prefill)
-    pools["decode"] = PoolSpec(replica=base.pools["decode"].replica, replicas=decode)
+    pools["prefill"] = base.pools["prefill"].model_copy(update={"replicas": prefill})
+    pools["decode"] = base.pools["decode"].model_copy(update={"replicas": decode})
     return base.model_copy(update={"pools": pools})
 
 
@@ -289,8 +289,8 @@ def hindsight_schedule(
     ignored) over `requests`."""
     if "prefill" not in layout.pools or "decode" not in layout.pools:
         raise ValueError("the oracle schedules P/D layouts")
-    tp_p = layout.pools["prefill"].replica.tp
-    tp_d = layout.pools["decode"].replica.tp
+    tp_p = layout.pools["prefill"].gpus_per_replica
+    tp_d = layout.pools["decode"].gpus_per_replica
 
     def gpus(p: int, d: int) -> int:
         return p * tp_p + d * tp_d

@@ -294,6 +294,11 @@ class Replica:
     def cost(self) -> float:
         return self.load_requests + self.load_tokens / 512.0
 
+    def choose(self) -> Replica:
+        """The rank a request sent to this endpoint runs on: this one (a rank with an endpoint of its
+        own; `tandem.sim.group.Endpoint` balances over several)."""
+        return self
+
     @property
     def has_work(self) -> bool:
         return bool(self.running or self.waiting or self.pending_pulls or self.other or self.busy)

@@ -49,6 +49,12 @@ def test_advise_unknown_model_needs_kv_bytes(capsys: pytest.CaptureFixture[str])
         ([*SMALL_LOAD, "--max-gpus", "1"], "--max-gpus must be at least 2"),
         ([*SMALL_LOAD, "--bandwidth-gbps", "0"], "link bandwidth must be positive"),
         (["--input-tokens", "800", "--output-tokens", "100", "--rate", "0"], "rate and the duration"),
+        ([*SMALL_LOAD, "--decode-dp", "0"], "a decode replica needs at least one data-parallel rank"),
+        ([*SMALL_LOAD, "--decode-tp", "4", "--decode-dp", "4"], "TP4 x DP4 must fit one pod of 8 GPUs"),
+        (
+            [*SMALL_LOAD, "--gpus", "H100,H200", "--prices", "H100=2,H200=3", "--prefill-dp", "2"],
+            "--gpus compares replicas of one engine",
+        ),
     ],
 )
 def test_advise_bad_input(extra: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -209,6 +215,38 @@ def test_advise_on_a_trace_then_sim_replays_its_deployment(
     assert list(tmp_path.glob("advised-t-static.png"))
 
 
+def test_advise_with_data_parallel_replicas_then_sim_replays_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Replicas of 2 data-parallel ranks: advise shows the shape, counts 2 GPUs a replica and writes
+    `parallelism.data`; sim shows the shape and holds the GPUs advise counted."""
+    trace = _plain_trace(tmp_path / "t.csv", rate=6.0)
+    deployment = tmp_path / "advised.yaml"
+    argv = ["advise", "--model", LLAMA_8B, "--trace", str(trace), "--ttft-ms", "800", "--tpot-ms", "25"]
+    dp = ["--prefill-dp", "2", "--decode-dp", "2"]
+    code, out, err = _run([*argv, *dp, "-o", str(deployment), "--max-gpus", "8"], capsys)
+    assert code == 0, err
+    assert (
+        "a replica: prefill 1x2 TP1 DP2 Internal (2 GPUs), decode 1x2 TP1 DP2 Internal (2 GPUs), "
+        "colocated 1x2 TP1 DP2 Internal (2 GPUs)" in out
+    )
+    verdict = next(line for line in out.splitlines() if line.startswith("recommendation: "))
+    layout, gpus = verdict.split()[2], int(verdict.split("(")[1].split()[0])
+    replicas = sum(int(part[:-1]) for part in layout.split("+"))
+    assert gpus == 2 * replicas
+    spec = yaml.safe_load(deployment.read_text())["spec"]
+    pools = [role for role in ("prefill", "decode", "colocated") if role in spec]
+    assert all(spec[role]["parallelism"] == {"data": 2} for role in pools)
+    code, out, err = _run(
+        ["sim", "-f", str(deployment), "--trace", str(trace), "--out", str(tmp_path)], capsys
+    )
+    assert code == 0, err
+    for role in pools:
+        count = f"{spec[role]['replicas']} replica" + ("" if spec[role]["replicas"] == 1 else "s")
+        assert f"{role}: {count} of 1x2 TP1 DP2 Internal (2 engines at TP1, 2 GPUs each)" in out
+    assert f"(mean {gpus:.2f} GPUs, peak {gpus})" in out
+
+
 def test_sim_runs_each_policy_on_an_autoscaled_deployment(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -251,6 +289,15 @@ def test_sim_runs_each_policy_on_an_autoscaled_deployment(
         assert code == 0, err
         assert f"| t.csv | {label} |" in out
     _bad(["sim", "-f", str(deployment), "--trace", str(trace), "--policy", "magic"], capsys, "unknown policy")
+    # The Dynamo-style planner sizes replicas of one engine; the HPA counts a group's GPUs.
+    obj = yaml.safe_load(deployment.read_text())
+    obj["spec"]["decode"]["parallelism"] = {"data": 2}
+    deployment.write_text(yaml.safe_dump(obj))
+    argv = ["sim", "-f", str(deployment), "--trace", str(trace), "--out", str(tmp_path), "--no-progress"]
+    _bad([*argv, "--policy", "dynamo-60s"], capsys, "the Dynamo-style planner sizes one engine per replica")
+    code, out, err = _run([*argv, "--policy", "hpa"], capsys)
+    assert code == 0, err
+    assert "decode: 1 replica of 1x2 TP1 DP2 Internal (2 engines at TP1, 2 GPUs each)" in out
 
 
 @pytest.mark.parametrize("value", ["1024", "8192:1024", "0:10", "a:b"])

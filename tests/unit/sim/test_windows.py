@@ -42,7 +42,7 @@ def test_histogram_quantile_without_observations_is_nan() -> None:
 
 
 def gauges(running: int) -> dict[Role, PoolGauges]:
-    return {"colocated": PoolGauges(1, 0, 0, running, 0, 0, 0.0, 0.0, 1)}
+    return {"colocated": PoolGauges(1, 0, 0, running, 0, 0, 0.0, 0.0, 1, 1)}
 
 
 def test_a_window_is_the_increase_since_the_sample_one_window_back() -> None:
