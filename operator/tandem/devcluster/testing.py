@@ -18,6 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
+import yaml
 from kubernetes import client
 
 from tandem.api.meta import ENGINE_PORT
@@ -325,3 +326,21 @@ def scratch_namespace(cluster: ClusterHandle, name: str) -> Iterator[str]:
         with contextlib.suppress(client.ApiException):
             core.delete_namespace(name, propagation_policy="Background")
         kube.close(api)
+
+
+def install_crd(cluster: ClusterHandle, crd: Path, timeout: float = 60.0) -> None:
+    """Installs the CRD file `crd` on `cluster` (server-side apply) and waits until it is Established."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
+    name = f"crd/{yaml.safe_load(crd.read_text())['metadata']['name']}"
+    # `kubectl wait` fails at once ("accessor error: <nil>") while the new CRD has no conditions yet;
+    # the apiserver sets them within seconds (longer for a larger schema): wait for them to exist.
+    deadline = time.monotonic() + timeout
+    while True:
+        out = cluster.kubectl(
+            "wait", "--for=condition=Established", name, f"--timeout={timeout:.0f}s", check=False
+        )
+        if out.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{name} was not Established: {out.stderr}")
+        time.sleep(1)
