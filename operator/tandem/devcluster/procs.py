@@ -50,10 +50,11 @@ def _reservable_ports() -> range | None:
     return range(first, low) if low - first >= 1000 else None
 
 
-def _bindable(port: int) -> bool:
+def bindable(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a TCP socket can bind `host:port` now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((host, port))
         except OSError:
             return False
         return True
@@ -84,7 +85,7 @@ def free_port(*, now: float | None = None) -> int:
         start = random.randrange(len(ports))
         for i in range(len(ports)):
             port = ports[(start + i) % len(ports)]
-            if port not in held and _bindable(port):
+            if port not in held and bindable(port):
                 break
         else:
             return _kernel_port()

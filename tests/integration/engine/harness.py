@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from tandem.devcluster.procs import free_port
+from tandem.devcluster.procs import bindable, free_port
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 NAME = "llama-8b"
@@ -84,18 +83,9 @@ def free_ports(count: int) -> int:
     """The first of `count` consecutive ports nothing listens on (`free_port`'s, checked above it)."""
     for _ in range(50):
         port = free_port()
-        if all(_bindable(port + i) for i in range(1, count)):
+        if all(bindable(port + i, LOOPBACK) for i in range(1, count)):
             return port
     raise RuntimeError(f"no {count} consecutive free ports")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind((LOOPBACK, port))
-        except OSError:
-            return False
-        return True
 
 
 def start_engine(

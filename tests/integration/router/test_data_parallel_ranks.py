@@ -17,7 +17,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,7 @@ import pytest
 from tandem.api import meta
 from tandem.api.meta import Role
 from tandem.api.models import PDDeployment
-from tandem.devcluster.procs import free_port
+from tandem.devcluster.procs import bindable, free_port
 from tandem.engine.group import HEARTBEATS_PER_TIMEOUT
 from tandem.kube.pods import PodInfo
 from tandem.render.command import LEADER_ADDRESS, POD_IP, WORKER_INDEX, parallel_args
@@ -84,20 +83,11 @@ class Pod:
             return text.read()[-3000:]
 
 
-def _bindable(ip: str, port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind((ip, port))
-        except OSError:
-            return False
-        return True
-
-
 def _ports(ips: list[str], count: int) -> int:
     """The first of `count` consecutive ports free on every address."""
     for _ in range(50):
         port = free_port()
-        if all(_bindable(ip, port + i) for ip in ips for i in range(count)):
+        if all(bindable(port + i, ip) for ip in ips for i in range(count)):
             return port
     raise RuntimeError(f"no {count} consecutive free ports")
 
@@ -199,7 +189,7 @@ async def ranked_cluster() -> AsyncIterator[tuple[Cluster, RunningRouter]]:
     ips = {name: [f"{base}.{i}", f"{base}.{i + 1}"] for name, i in (("pa", 1), ("pb", 3), ("d", 5))}
     every = [ip for pair in ips.values() for ip in pair]
     for port in (meta.DP_SUPERVISOR_PORT, meta.DP_RPC_PORT):  # rendered fixed ports, as in a pod
-        assert all(_bindable(ip, port) for ip in every), f"port {port} is taken on a loopback address"
+        assert all(bindable(port, ip) for ip in every), f"port {port} is taken on a loopback address"
     cluster = Cluster(engine_port=_ports(every, 2))
     side = _ports(every, 4)
     try:

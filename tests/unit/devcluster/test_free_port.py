@@ -62,6 +62,6 @@ def _unbound_run(n: int) -> int:
     """The first of `n` consecutive ports nothing on this machine has bound (below the ephemeral
     range, where the tests' own sockets do not land)."""
     for base in range(15000, 30000, 97):
-        if all(procs._bindable(p) for p in range(base, base + n)):
+        if all(procs.bindable(p) for p in range(base, base + n)):
             return base
     raise AssertionError("no free run of ports")
