@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,25 @@ class RunningRouter:
     def sample(self, name: str, **labels: str) -> float:
         value = self.state.metrics.registry.get_sample_value(name, labels)
         return 0.0 if value is None else value
+
+
+async def until(
+    check: Callable[[], object],
+    within_s: float = 30.0,
+    what: str = "condition",
+    *,
+    every_s: float = 0.1,
+    blocking: bool = False,
+    detail: Callable[[], str] | None = None,
+) -> float:
+    """Seconds until `check()` held, polled every `every_s` (in a thread when it blocks, e.g. on HTTP);
+    fails after `within_s` with `what` and, if given, `detail()` (pods' logs)."""
+    started = time.monotonic()
+    while not (await asyncio.to_thread(check) if blocking else check()):
+        if time.monotonic() - started > within_s:
+            raise AssertionError(f"{what}: not within {within_s} s" + (f"\n{detail()}" if detail else ""))
+        await asyncio.sleep(every_s)
+    return time.monotonic() - started
 
 
 @asynccontextmanager

@@ -18,7 +18,7 @@ import pytest
 from tandem.kube.pods import PddInfo, pdd_info_from
 from tandem.router.kvwatch import watch_kv_usage
 
-from .harness import RunningRouter, running_router
+from .harness import RunningRouter, running_router, until
 from .stub_engine import Script, StubEngine, serving
 
 pytestmark = pytest.mark.timeout(120)
@@ -210,7 +210,7 @@ async def test_decode_backpressure_moves_transfers(engines: dict[str, list[StubE
             watch_kv_usage(state.gateway, router.flow.upstream, lambda: state.endpoints["decode"])
         )
         try:
-            await until(lambda: state.gateway.kv_usage.get(d0.url) == pytest.approx(0.95))
+            await until(lambda: state.gateway.kv_usage.get(d0.url) == pytest.approx(0.95), every_s=1.0)
             for _ in range(12):
                 assert (await post(session, router, SHORT))[0] == 200
             assert not d0.seen  # near full: no transfer
@@ -218,7 +218,7 @@ async def test_decode_backpressure_moves_transfers(engines: dict[str, list[StubE
             assert router.sample("tandem_router_decode_kv_full_endpoints") == 1
 
             d1.script = Script(kv_usage=0.97)  # both full: wait queueSeconds, then 429 before prefill
-            await until(lambda: state.gateway.kv_usage.get(d1.url) == pytest.approx(0.97))
+            await until(lambda: state.gateway.kv_usage.get(d1.url) == pytest.approx(0.97), every_s=1.0)
             prefills = len(prefill.seen)
             status, headers, body = await post(session, router, SHORT)
             assert status == 429
@@ -230,21 +230,13 @@ async def test_decode_backpressure_moves_transfers(engines: dict[str, list[StubE
             )
 
             d0.script = Script(kv_usage=0.20)  # d0 has room again: it takes the transfers
-            await until(lambda: state.gateway.kv_usage.get(d0.url) == pytest.approx(0.20))
+            await until(lambda: state.gateway.kv_usage.get(d0.url) == pytest.approx(0.20), every_s=1.0)
             for _ in range(4):
                 assert (await post(session, router, SHORT))[0] == 200
             assert len(d0.seen) == 4
             assert len(d1.seen) == 12
         finally:
             watcher.cancel()
-
-
-async def until(check: Any, within_s: float = 30.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within_s
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("timed out")
-        await asyncio.sleep(1.0)
 
 
 async def test_rollout_tenants_go_to_the_target_first(engines: dict[str, list[StubEngine]]) -> None:

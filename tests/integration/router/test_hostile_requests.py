@@ -26,6 +26,7 @@ from tandem.devcluster.testing import eventually, metric_total
 from tandem.engine.settings import DEFAULT_LEASE_SECONDS
 from tandem.router.front import MAX_HEAD_BYTES
 
+from .harness import until
 from .sim import LOOPBACK, MAX_MODEL_LEN, NAME, SimEngine, free_port, start_sim
 
 pytestmark = pytest.mark.timeout(240)
@@ -99,15 +100,6 @@ def no_faults(setup: Setup) -> Iterator[None]:
 async def session() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as client:
         yield client
-
-
-async def until(condition: Any, timeout_s: float = 30.0, what: str = "condition") -> float:
-    """Seconds until `condition()` held (polled every second); fails after `timeout_s`."""
-    started = time.monotonic()
-    while not await asyncio.to_thread(condition):
-        assert time.monotonic() - started < timeout_s, f"{what}: not within {timeout_s} s"
-        await asyncio.sleep(1)
-    return time.monotonic() - started
 
 
 def held_blocks(engine: SimEngine) -> float:
@@ -276,9 +268,11 @@ async def _open_stream(
 async def test_a_client_gone_during_its_prefill_leaves_nothing_behind(setup: Setup) -> None:
     setup.prefill.set_faults(slowdown=200.0)  # a prefill of seconds
     _, writer = await _open_stream(setup, {"model": NAME, "prompt": "w " * 2000, "max_tokens": 50})
-    await until(lambda: running(setup.prefill) > 0, 20, "prefill running")
+    await until(lambda: running(setup.prefill) > 0, 20, "prefill running", every_s=1.0, blocking=True)
     writer.close()
-    waited = await until(lambda: quiet(setup), 20, "quiet after an abandoned prefill")
+    waited = await until(
+        lambda: quiet(setup), 20, "quiet after an abandoned prefill", every_s=1.0, blocking=True
+    )
     assert waited < 10
     assert running(setup.decode) == 0
 
@@ -288,16 +282,22 @@ async def test_a_client_gone_before_its_decode_leg_frees_the_prefill_kv_at_once(
     the router, seeing the client leave with P's KV untaken, asks P to free it."""
     setup.decode.set_faults(hang=True)
     _, writer = await _open_stream(setup, {"model": NAME, "prompt": "held " * 500, "max_tokens": 20})
-    await until(lambda: held_blocks(setup.prefill) > 0, 20, "P holding the KV")
+    await until(lambda: held_blocks(setup.prefill) > 0, 20, "P holding the KV", every_s=1.0, blocking=True)
     assert held_blocks(setup.prefill) > 0
     writer.close()
     gone = time.monotonic()
-    await until(lambda: held_blocks(setup.prefill) == 0, DEFAULT_LEASE_SECONDS, "P freeing the KV")
+    await until(
+        lambda: held_blocks(setup.prefill) == 0,
+        DEFAULT_LEASE_SECONDS,
+        "P freeing the KV",
+        every_s=1.0,
+        blocking=True,
+    )
     freed_after = time.monotonic() - gone
     print(f"held KV freed {freed_after:.1f} s after the client left (lease {DEFAULT_LEASE_SECONDS:g} s)")
     assert freed_after < 3.0
     setup.decode.clear_faults()
-    await until(lambda: quiet(setup), 20, "quiet")
+    await until(lambda: quiet(setup), 20, "quiet", every_s=1.0, blocking=True)
 
 
 async def test_clients_gone_10_ms_after_sending_leave_no_kv_held(setup: Setup) -> None:
@@ -320,7 +320,9 @@ async def test_clients_gone_10_ms_after_sending_leave_no_kv_held(setup: Setup) -
         await asyncio.gather(*(drop(i) for i in range(start, start + 20)))
     expired_before = json.loads(_get(setup.prefill.url + "/debug/kv"))["expired_total"]
     # Far below the 30 s lease: every held KV was freed by a release, none by its lease.
-    waited = await until(lambda: quiet(setup), 20, f"quiet after {abandoned} abandoned requests")
+    waited = await until(
+        lambda: quiet(setup), 20, f"quiet after {abandoned} abandoned requests", every_s=1.0, blocking=True
+    )
     print(f"quiet {waited:.0f} s after {abandoned} requests dropped 10 ms after sending")
     assert json.loads(_get(setup.prefill.url + "/debug/kv"))["expired_total"] == expired_before
 
@@ -334,7 +336,9 @@ async def test_a_client_gone_mid_stream_stops_the_decode(setup: Setup) -> None:
         seen += await asyncio.wait_for(reader.read(4096), 30)
     assert running(setup.decode) == 1
     writer.close()
-    waited = await until(lambda: quiet(setup), 20, "quiet after a stream was abandoned")
+    waited = await until(
+        lambda: quiet(setup), 20, "quiet after a stream was abandoned", every_s=1.0, blocking=True
+    )
     assert waited < 5
 
 
@@ -355,12 +359,12 @@ async def test_rss_stays_bounded_over_hostile_requests(setup: Setup) -> None:
 
     for index in range(5):  # warm up: caches, pools and the allocator's arenas
         await round_of_abuse(index)
-    await until(lambda: quiet(setup), 30, "quiet after the warm-up")
+    await until(lambda: quiet(setup), 30, "quiet after the warm-up", every_s=1.0, blocking=True)
     before = setup.rss_kib()
     rounds = 40
     for index in range(rounds):
         await round_of_abuse(index)
-    await until(lambda: quiet(setup), 30, "quiet after the abuse")
+    await until(lambda: quiet(setup), 30, "quiet after the abuse", every_s=1.0, blocking=True)
     after = setup.rss_kib()
     requests = rounds * (len(HOSTILE) + 2)
     print(f"router RSS {before / 1024:.1f} MiB -> {after / 1024:.1f} MiB over {requests} hostile requests")

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
 
-from .harness import running_router, stream, text_of
+from .harness import running_router, stream, text_of, until
 from .stub_engine import Script, StubEngine, serving
 
 pytestmark = pytest.mark.timeout(60)
@@ -21,14 +20,6 @@ def text_of_events(events: list[object]) -> list[str]:
 
 
 PROMPT = {"model": "stub-model", "prompt": "the quick brown fox", "max_tokens": 8}
-
-
-async def until(check: Callable[[], object], within_s: float = 60) -> None:
-    """Polls `check` until it holds, with a generous deadline (a busy 2-core machine)."""
-    deadline = time.monotonic() + within_s
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture
@@ -170,11 +161,11 @@ async def test_client_disconnect_cancels_the_leg(engines: dict[str, list[StubEng
         engine.script = Script(hold_s=30)
     async with running_router(**urls(engines, "prefill", "decode")) as router, aiohttp.ClientSession() as s:
         task = asyncio.create_task(s.post(router.url + "/v1/completions", json=PROMPT))
-        await until(lambda: any(e.seen for e in engines["prefill"]))
+        await until(lambda: any(e.seen for e in engines["prefill"]), 60)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await until(lambda: sum(e.cancelled for e in engines["prefill"]) == 1)
+        await until(lambda: sum(e.cancelled for e in engines["prefill"]) == 1, 60)
         assert sum(e.cancelled for e in engines["prefill"]) == 1
         assert not any(e.seen for e in engines["decode"])
 
@@ -234,7 +225,7 @@ async def test_client_disconnect_mid_stream_cancels_the_decode_leg(
         assert response.status == 200
         await response.content.readline()  # the first token is here: the decode leg is streaming
         response.close()  # the client goes away
-        await until(lambda: sum(e.cancelled for e in engines["decode"]) == 1)
+        await until(lambda: sum(e.cancelled for e in engines["decode"]) == 1, 60)
         assert sum(e.cancelled for e in engines["decode"]) == 1
-        await until(lambda: router.sample("tandem_router_in_flight_requests", path="disaggregated") == 0)
+        await until(lambda: router.sample("tandem_router_in_flight_requests", path="disaggregated") == 0, 60)
         assert router.sample("tandem_router_requests_total", path="disaggregated", code="4xx") == 1  # 499

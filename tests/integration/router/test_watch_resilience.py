@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from tandem.router.metrics import RouterMetrics
 from tandem.router.state import RouterState
 from tandem.routing.balancer import Balancer
 
+from .harness import until
 from .sim import free_port
 
 pytestmark = pytest.mark.timeout(120)
@@ -99,16 +99,6 @@ def kubeconfig(path: Path, port: int) -> Path:
     return file
 
 
-async def until(check: Any, within_s: float = 60) -> None:
-    """Polls `check` until it holds; the deadline is generous (a busy 2-core machine)."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("condition not reached")
-
-
 def failed_reconnects(caplog: pytest.LogCaptureFixture, what: str) -> int:
     return sum(f"watch of {what} failed" in r.getMessage() for r in caplog.records)
 
@@ -138,8 +128,8 @@ async def test_last_view_survives_an_apiserver_outage(
     watcher.start()
     try:
         assert not state.synced
-        await until(lambda: state.endpoints["decode"] == ["http://127.0.0.12:8000"])
-        await until(lambda: state.serving_mode == "Disaggregated")
+        await until(lambda: state.endpoints["decode"] == ["http://127.0.0.12:8000"], 60)
+        await until(lambda: state.serving_mode == "Disaggregated", 60)
         assert state.synced
         assert state.endpoints["prefill"] == ["http://127.0.0.11:8000"]
         assert state.catalog.max_model_len("m") == 2048
@@ -147,7 +137,7 @@ async def test_last_view_survives_an_apiserver_outage(
         await first.stop()
         before = {what: failed_reconnects(caplog, what) for what in ("pods", "pddeployment")}
         # Several failed reconnects of both watches (counted from their warnings, not timed).
-        await until(lambda: all(failed_reconnects(caplog, w) >= before[w] + 3 for w in before))
+        await until(lambda: all(failed_reconnects(caplog, w) >= before[w] + 3 for w in before), 60)
         assert state.endpoints["prefill"] == ["http://127.0.0.11:8000"]
         assert state.endpoints["decode"] == ["http://127.0.0.12:8000"]
         assert state.serving_mode == "Disaggregated"
@@ -158,8 +148,8 @@ async def test_last_view_survives_an_apiserver_outage(
         )
         await second.start()
         try:
-            await until(lambda: state.endpoints["decode"] == ["http://127.0.0.13:8000"])
-            await until(lambda: state.serving_mode == "Colocated")
+            await until(lambda: state.endpoints["decode"] == ["http://127.0.0.13:8000"], 60)
+            await until(lambda: state.serving_mode == "Colocated", 60)
             assert second.lists >= 2  # relisted pods and the PDDeployment
         finally:
             watcher.stop()
