@@ -9,9 +9,9 @@ decode 1 group of 2 `External` ranks (port 8000 of each pod).
 - The dev cluster's Prometheus has a target per rank port (the annotated 8000 and the ports named
   http-<i>), each rank's series labelled with its global data-parallel rank, and the pool's sum of
   finished requests is every rank's: what the autoscaler reads.
-- One rank killed (its process exits) takes its whole group out of the router's choice, the group's
-  other pod exits too, LeaderWorkerSet recreates both pods and the group serves again; no request
-  failed but those in flight when the rank died.
+- One rank killed (its process exits) takes its whole group out of the router's choice,
+  LeaderWorkerSet recreates both pods of the group (the other group's and decode's are kept) and the
+  group serves again; no request failed but those in flight when the rank died.
 
 The dev cluster runs LeaderWorkerSet's controller (`devcluster.start_lws`); every address is a
 loopback one (127.0.0.0/8).
@@ -292,7 +292,7 @@ def test_a_killed_rank_takes_its_group_out_until_it_is_recreated(deployed: Deplo
         killed_at = time.time()
         started = time.monotonic()
         # Rank 3 (the worker pod's second port) crashes: its engine process exits 1, taking the pod's
-        # other rank with it; the group's leader pod loses its group and exits too.
+        # other rank with it (the sim runs a pod's ranks in one process); its container restarts.
         url = f"http://{victim['status']['podIP']}:{meta.ENGINE_PORT + 1}/admin/faults"
         assert call(url, {"crash": True})[0] in (0, 200)  # the process may die before it answers
         eventually(
