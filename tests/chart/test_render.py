@@ -315,7 +315,17 @@ def test_the_workload_pod_monitor_scrapes_engines_and_routers_with_the_labels_th
     (roles,) = spec["selector"]["matchExpressions"]
     assert roles["key"] == "tandem.dev/role"
     assert sorted(roles["values"]) == ["colocated", "decode", "prefill", "router"]
-    (endpoint,) = spec["podMetricsEndpoints"]
-    assert endpoint["port"] == "http"
-    targets = {r["targetLabel"] for r in endpoint["relabelings"]}
-    assert targets == {"tandem_dev_pddeployment", "tandem_dev_role", "tandem_dev_revision"}
+    # The `http` port of every pod, and each further data-parallel rank's port of a MultiPortExternal
+    # pod (`http-<i>`: its own engine's /metrics), kept by name from a target per container port.
+    http, ranks = spec["podMetricsEndpoints"]
+    assert http["port"] == "http"
+    assert "port" not in ranks
+    assert ranks["relabelings"][0] == {
+        "sourceLabels": ["__meta_kubernetes_pod_container_port_name"],
+        "regex": "http-[0-9]+",
+        "action": "keep",
+    }
+    for endpoint in (http, ranks):
+        assert endpoint["path"] == "/metrics"
+        targets = {r["targetLabel"] for r in endpoint["relabelings"] if "targetLabel" in r}
+        assert targets == {"tandem_dev_pddeployment", "tandem_dev_role", "tandem_dev_revision"}

@@ -119,3 +119,14 @@ the code and fails on a grant without a use, or a use without a grant. */ -}}
   resources: [events]
   verbs: [create]
 {{- end }}
+
+{{/* The pod labels the SLO autoscaler's queries select by, on every scraped engine and router target. */}}
+{{- define "tandem.workloadRelabelings" -}}
+- sourceLabels: [__meta_kubernetes_pod_label_tandem_dev_pddeployment]
+  targetLabel: tandem_dev_pddeployment
+- sourceLabels: [__meta_kubernetes_pod_label_tandem_dev_role]
+  targetLabel: tandem_dev_role
+# A serving revision's pods (none on the first, legacy revision): per-revision KV figures.
+- sourceLabels: [__meta_kubernetes_pod_label_tandem_dev_revision]
+  targetLabel: tandem_dev_revision
+{{- end }}

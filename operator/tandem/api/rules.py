@@ -290,6 +290,67 @@ def _lb_rule(role: str, mode: str, cel_ok: str, check: Callable[[Shape], bool], 
     )
 
 
+def _sim_rules(role: str) -> list[Rule]:
+    """What the sim engine (`engine.type: sim`) runs of a pool's parallelism, one rule per field: data
+    parallelism as one rank per pod balanced by the group's leader (Internal), one rank per pod
+    serving itself (External), or several ranks per pod each on its own port (MultiPortExternal);
+    no pipeline stages, no expert parallelism, no Hybrid balancing (docs/multinode.md)."""
+    par = f"self.{role}.parallelism"
+    nodes = f"self.{role}.nodesPerInstance"
+    sim = "self.engine.type != 'sim'"
+
+    def off(s: Spec) -> bool:
+        return (s.get("engine") or {}).get("type") != "sim"
+
+    return [
+        Rule(
+            cel=f"{sim} || {par}.pipeline == 1",
+            message=(
+                f"spec.{role}.parallelism.pipeline must be 1 with spec.engine.type sim (the sim engine "
+                "models no pipeline stages)"
+            ),
+            field_path=f".{role}.parallelism.pipeline",
+            check=lambda s: off(s) or _shape(s, role).pipeline == 1,
+            reason="FieldValueForbidden",
+        ),
+        Rule(
+            cel=f"{sim} || !{par}.expert",
+            message=(
+                f"spec.{role}.parallelism.expert must be false with spec.engine.type sim (the sim engine "
+                "models no expert parallelism)"
+            ),
+            field_path=f".{role}.parallelism.expert",
+            check=lambda s: off(s) or not _shape(s, role).expert,
+            reason="FieldValueForbidden",
+        ),
+        Rule(
+            cel=f"{sim} || {par}.loadBalancing != 'Hybrid'",
+            message=(
+                f"spec.{role}.parallelism.loadBalancing Hybrid is not simulated: with spec.engine.type sim "
+                "use Internal, External or MultiPortExternal"
+            ),
+            field_path=f".{role}.parallelism.loadBalancing",
+            check=lambda s: off(s) or _shape(s, role).load_balancing != "Hybrid",
+            reason="FieldValueForbidden",
+        ),
+        Rule(
+            cel=f"{sim} || {par}.loadBalancing != 'Internal' || {par}.data == 1 || {par}.data == {nodes}",
+            message=(
+                f"spec.{role}.parallelism.data with spec.engine.type sim and loadBalancing Internal must be "
+                f"1 or spec.{role}.nodesPerInstance (the sim engine's leader balances one rank per pod; "
+                "several ranks per pod: loadBalancing MultiPortExternal)"
+            ),
+            field_path=f".{role}.parallelism.data",
+            check=lambda s: (
+                off(s)
+                or (shape := _shape(s, role)).load_balancing != "Internal"
+                or shape.data in (1, shape.nodes)
+            ),
+            reason="FieldValueForbidden",
+        ),
+    ]
+
+
 def _shape_rules(role: str) -> list[Rule]:
     """A pool's parallelism and nodes per replica: shapes a cluster of <= 8-GPU nodes can run."""
     pool = f"self.{role}"
@@ -375,29 +436,7 @@ def _shape_rules(role: str) -> list[Rule]:
             "(a port per rank, a supervisor per pod) needs at least 2 data-parallel ranks per pod "
             "(parallelism.data / nodesPerInstance; one rank per pod: External)",
         ),
-        Rule(
-            cel=(
-                f"self.engine.type != 'sim' || ({par}.pipeline == 1 && !{par}.expert && ({par}.data == 1 || "
-                f"({par}.data == {nodes} && {par}.loadBalancing == 'Internal')))"
-            ),
-            message=(
-                f"spec.{role}.parallelism with spec.engine.type sim: the sim engine runs one rank's engine "
-                "per pod, so pipeline 1, no expert, and data 1 or, for a multi-node group, one data-parallel "
-                f"rank per pod (parallelism.data = spec.{role}.nodesPerInstance) with loadBalancing Internal"
-            ),
-            field_path=f".{role}.parallelism",
-            check=lambda s: (
-                (s.get("engine") or {}).get("type") != "sim"
-                or (
-                    (shape := _shape(s, role)).pipeline == 1
-                    and not shape.expert
-                    and (
-                        shape.data == 1 or (shape.data == shape.nodes and shape.load_balancing == "Internal")
-                    )
-                )
-            ),
-            reason="FieldValueForbidden",
-        ),
+        *_sim_rules(role),
         Rule(
             cel=(
                 f"!has({pool}.gpuType) || !('{GPU_PRODUCT_LABEL}' in {pool}.nodeSelector) || "

@@ -55,6 +55,10 @@ class EngineConfig(BaseModel):
     kv_transfer: KVTransferConfig | None
     kv_lease_seconds: float
     notes: tuple[str, ...] = ()  # warnings printed at start
+    # The `engine` label of the metrics: an External or MultiPortExternal rank's global data-parallel
+    # rank, as vLLM's API server of an externally balanced rank labels its one engine (`ranks.py`); 0
+    # otherwise (an Internal leader labels its workers' series at the scrape: `group.py`).
+    engine_index: int = 0
 
     @property
     def model_name(self) -> str:

@@ -105,6 +105,7 @@ class EngineCore:
             config.model_name,
             config.max_model_len,
             with_nixl=kv is not None,
+            engine=str(config.engine_index),
             cache_info={
                 "block_size": str(config.block_size),
                 "cache_dtype": config.args.kv_cache_dtype,

@@ -1,7 +1,8 @@
 """vLLM V1's Prometheus metrics (reference section 3): names, types, labels and buckets.
 
-Every metric carries `model_name` (first served name) and `engine` ("0"). NIXL metrics exist only
-when a KV connector is configured. `tandem:` metrics are the simulator's own (held/leaked KV).
+Every metric carries `model_name` (first served name) and `engine` ("0"; an External or
+MultiPortExternal rank's global data-parallel rank). NIXL metrics exist only when a KV connector is
+configured. `tandem:` metrics are the simulator's own (held/leaked KV).
 """
 
 from __future__ import annotations
@@ -41,11 +42,16 @@ class BulkHistogram(Histogram):
 
 class EngineMetrics:
     def __init__(
-        self, model_name: str, max_model_len: int, with_nixl: bool, cache_info: dict[str, str]
+        self,
+        model_name: str,
+        max_model_len: int,
+        with_nixl: bool,
+        cache_info: dict[str, str],
+        engine: str = "0",
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         labels = ("model_name", "engine")
-        values = (model_name, "0")
+        values = (model_name, engine)
         r = self.registry
 
         def gauge(name: str, doc: str) -> Gauge:

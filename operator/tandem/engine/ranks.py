@@ -6,7 +6,9 @@ rank i's API server on `--port` + i, and a supervisor on `--data-parallel-superv
 one process: an engine and an API server per rank (`rank_configs`), the supervisor (`supervisor_app`).
 Each rank's NIXL side channel listens on VLLM_NIXL_SIDE_CHANNEL_PORT + its global data-parallel rank,
 as vLLM's connector offsets it; an External rank (one per pod) likewise. (A base of 0, any free port,
-stays 0 for every rank.)
+stays 0 for every rank.) Each rank's /metrics, on its own port, reports its own engine only, labelled
+`engine="<global rank>"`, as the API server of an externally balanced vLLM rank does: Prometheus
+scrapes every rank's port (docs/multinode.md, "Metrics of External and MultiPortExternal ranks").
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ def rank_configs(config: EngineConfig) -> list[EngineConfig]:
             update={
                 "args": args.model_copy(update={"port": args.port + local}),
                 "sim": config.sim.model_copy(update={"nixl_side_channel_port": side_channel_of(local)}),
+                "engine_index": first + local,
             }
         )
         for local in range(ranks.local)

@@ -236,3 +236,50 @@ def test_docs_list_every_autoscaling_message() -> None:
             for role in rules.POOLS:
                 generic = generic.replace(f"spec.{role}.", "spec.<pool>.")
             assert r.message in docs or generic in docs, r.message
+
+
+# engine.type sim (the base spec's): the parallelism the sim engine runs, one rule per field refused.
+# (colocated pool patch, the field paths of every rule the spec breaks; colocated: no NIXL TP rule)
+SIM_SHAPES = [
+    ({}, []),
+    ({"nodesPerInstance": 2, "parallelism": {"data": 2}}, []),  # Internal, a rank per pod
+    ({"nodesPerInstance": 2, "tensorParallelSize": 16}, []),  # one rank over both pods
+    ({"nodesPerInstance": 2, "parallelism": {"data": 2, "loadBalancing": "External"}}, []),
+    ({"nodesPerInstance": 2, "parallelism": {"data": 4, "loadBalancing": "MultiPortExternal"}}, []),
+    (
+        {
+            "nodesPerInstance": 2,
+            "tensorParallelSize": 2,
+            "parallelism": {"data": 8, "loadBalancing": "MultiPortExternal"},
+        },
+        [],
+    ),
+    ({"parallelism": {"data": 2, "loadBalancing": "MultiPortExternal"}}, []),  # one pod, two ports
+    ({"parallelism": {"pipeline": 2}}, [".colocated.parallelism.pipeline"]),
+    (
+        {"nodesPerInstance": 2, "parallelism": {"data": 2, "expert": True, "loadBalancing": "External"}},
+        [".colocated.parallelism.expert"],
+    ),
+    (
+        {"nodesPerInstance": 2, "parallelism": {"data": 4, "loadBalancing": "Hybrid"}},
+        [".colocated.parallelism.loadBalancing"],
+    ),
+    (
+        {"nodesPerInstance": 2, "parallelism": {"data": 4}},
+        [".colocated.parallelism.data"],
+    ),  # Internal, 2 a pod
+    ({"parallelism": {"data": 2}}, [".colocated.parallelism.data"]),
+    (
+        {"nodesPerInstance": 2, "parallelism": {"data": 4, "pipeline": 2, "loadBalancing": "Hybrid"}},
+        [".colocated.parallelism.pipeline", ".colocated.parallelism.loadBalancing"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("pool", "fields"), SIM_SHAPES)
+def test_sim_pool_shapes(pool: dict[str, Any], fields: list[str]) -> None:
+    spec = merge(BASE_DUMP, {"colocated": {"replicas": 1, **pool}})
+    assert [r.field_path for r in rules.SPEC_RULES if not r.check(spec)] == fields
+    # The same shapes with vLLM: only the sim engine's rules refused them.
+    vllm = merge(spec, {"engine": {"type": "vllm"}})
+    assert [r.field_path for r in rules.SPEC_RULES if not r.check(vllm)] == []

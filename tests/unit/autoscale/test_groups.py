@@ -33,6 +33,14 @@ T0 = 1_800_000_000.0
 INTERNAL: dict[str, Any] = {"nodesPerInstance": 2, "parallelism": {"data": 2}}
 # Groups of 2 pods of 2 ranks each, every pod serving and reporting its own ranks, 4 GPUs a group.
 HYBRID: dict[str, Any] = {"nodesPerInstance": 2, "parallelism": {"data": 4, "loadBalancing": "Hybrid"}}
+# Groups of 2 pods of 2 ranks each, a port per rank: Prometheus scrapes every rank's port (its own
+# engine's /metrics), so the pool's sums hold every rank; a pod reports (counts once) from any of them.
+MULTI_PORT: dict[str, Any] = {
+    "nodesPerInstance": 2,
+    "parallelism": {"data": 4, "loadBalancing": "MultiPortExternal"},
+}
+# Groups of 2 pods, one rank each serving itself.
+EXTERNAL: dict[str, Any] = {"nodesPerInstance": 2, "parallelism": {"data": 2, "loadBalancing": "External"}}
 # One rank over 2 pods of 8 GPUs (multi-node TP16): one engine a group, the leader reports it.
 SPANNING: dict[str, Any] = {"nodesPerInstance": 2, "tensorParallelSize": 16}
 
@@ -50,8 +58,15 @@ def scraped(snapshot: Snapshot, role: str, pods: int) -> Snapshot:
 
 @pytest.mark.parametrize(
     ("shape", "expected"),
-    [({}, (1, 1)), (INTERNAL, (2, 1)), (HYBRID, (4, 2)), (SPANNING, (1, 1))],
-    ids=["single", "internal", "hybrid", "spanning"],
+    [
+        ({}, (1, 1)),
+        (INTERNAL, (2, 1)),
+        (HYBRID, (4, 2)),
+        (MULTI_PORT, (4, 2)),
+        (EXTERNAL, (2, 2)),
+        (SPANNING, (1, 1)),
+    ],
+    ids=["single", "internal", "hybrid", "multi-port", "external", "spanning"],
 )
 def test_a_replica_in_engines_and_reporting_pods(
     kit: Kit, shape: dict[str, Any], expected: tuple[int, int]
@@ -70,6 +85,9 @@ DECODE_CASES = [
     ("hybrid-running", HYBRID, 2, 4, {"decode": 10.5}, 0.3, 3),  # 10.5 / 4 ranks = 2.6
     # the same mean usage over 4 reporting pods is still 2 groups' KV: 2.24
     ("hybrid-kv", HYBRID, 2, 4, {"decode": 0.5}, 0.95, 3),
+    ("multi-port-running", MULTI_PORT, 2, 4, {"decode": 10.5}, 0.3, 3),  # 10.5 / 4 ranks = 2.6
+    ("multi-port-kv", MULTI_PORT, 2, 4, {"decode": 0.5}, 0.95, 3),  # mean over every rank's port: 2.24
+    ("external-running", EXTERNAL, 2, 4, {"decode": 5.4}, 0.3, 3),  # 2.7
     ("spanning-running", SPANNING, 2, 2, {"decode": 3.4}, 0.3, 4),  # one engine a group
 ]
 
@@ -99,6 +117,9 @@ PREFILL_CASES = [
     ("internal", INTERNAL, 1, 1, 3.5, 2),
     ("internal-idle", INTERNAL, 2, 2, 1.2, 1),  # scale-down: the window's highest recommendation
     ("hybrid", HYBRID, 1, 2, 6.5, 2),
+    ("multi-port", MULTI_PORT, 1, 2, 6.5, 2),
+    ("multi-port-idle", MULTI_PORT, 2, 4, 2.5, 1),
+    ("external", EXTERNAL, 2, 4, 4.5, 3),
     ("single-node-data-parallel", {"parallelism": {"data": 2}}, 1, 1, 3.5, 2),
 ]
 

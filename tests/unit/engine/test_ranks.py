@@ -7,6 +7,7 @@ import pytest
 
 from tandem.engine.args import ArgumentError, parse_serve_args
 from tandem.engine.config import resolve
+from tandem.engine.core import EngineCore
 from tandem.engine.ranks import rank_configs
 from tandem.engine.settings import SimSettings
 
@@ -79,3 +80,27 @@ def test_flags_the_sim_cannot_run_are_refused(argv: list[str], message: str) -> 
 def test_a_side_channel_on_any_free_port_stays_so_for_every_rank() -> None:
     config = resolve(parse_serve_args([MODEL, *MULTI_PORT]), SimSettings(nixl_side_channel_port=0))
     assert [rank.sim.nixl_side_channel_port for rank in rank_configs(config)] == [0, 0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "engines"),
+    [
+        ([], ["0"]),
+        (["--data-parallel-size", "2", "--data-parallel-size-local", "1", *GROUP], ["0"]),  # Internal leader
+        ([*EXTERNAL, "--node-rank", "1", "--data-parallel-rank", "1"], ["1"]),
+        ([*MULTI_PORT, "--node-rank", "1"], ["2", "3"]),
+        ([*MULTI_PORT, "--node-rank", "0"], ["0", "1"]),
+    ],
+)
+async def test_each_rank_reports_its_own_engine_labelled_with_its_global_rank(
+    argv: list[str], engines: list[str]
+) -> None:
+    """An externally balanced rank's /metrics (its own port) holds its one engine, `engine="<global
+    rank>"`, as vLLM's API server of such a rank labels it: Prometheus scrapes every rank's port."""
+    config = resolve(parse_serve_args([MODEL, "--port", "8000", *argv]), SimSettings())
+    for rank, engine in zip(rank_configs(config), engines, strict=True):
+        text = EngineCore(rank, rank.sim.faults).metrics.exposition()[0].decode()
+        running = [line for line in text.splitlines() if line.startswith("vllm:num_requests_running{")]
+        assert running == [f'vllm:num_requests_running{{engine="{engine}",model_name="{MODEL}"}} 0.0'], (
+            running
+        )

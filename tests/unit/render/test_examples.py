@@ -95,3 +95,31 @@ def test_sim_example_fits_the_dev_cluster(name: str) -> None:
         ]
         assert fits, f"no dev node fits {want}"
         free[fits[0]] -= want
+
+
+def test_the_sim_ranks_example_runs_each_rank_of_its_groups_on_the_sim_engine() -> None:
+    """sim-pd-dp-ranks.yaml: every member's line of its LeaderWorkerSets (LeaderWorkerSet's variables
+    expanded) resolves on the sim engine with its rendered env, to the ranks and ports the spec means:
+    prefill pods of 2 MultiPortExternal ranks (ports 8000 and 8001), decode pods of 1 External rank."""
+    from tandem.api import meta
+    from tandem.engine.ranks import rank_configs
+
+    pdd = _load(ROOT / "examples" / "sim-pd-dp-ranks.yaml")
+    groups = {o["metadata"]["labels"][meta.LABEL_ROLE]: o for o in render(pdd) if o["kind"] == meta.LWS_KIND}
+    assert sorted(groups) == ["decode", "prefill"]
+    want = {"prefill": ([8000, 8001], 2), "decode": ([8000], 1)}  # API ports, ranks per pod
+    for role, lws in groups.items():
+        template = lws["spec"]["leaderWorkerTemplate"]
+        for index, member in enumerate(("leader", "worker")):
+            container = template[f"{member}Template"]["spec"]["containers"][0]
+            values = {"$(POD_IP)": f"127.0.0.{index + 1}", "$(LWS_LEADER_ADDRESS)": "127.0.0.1"}
+            values["$(LWS_WORKER_INDEX)"] = str(index)
+            argv = [values.get(a, a) for a in container["command"][3:]]
+            env = {e["name"]: values.get(e["value"], e["value"]) for e in container["env"] if "value" in e}
+            config = resolve(parse_serve_args(argv), SimSettings.from_env(env))
+            ranks = rank_configs(config)
+            ports, per_pod = want[role]
+            assert [r.args.port for r in ranks] == ports
+            assert [r.engine_index for r in ranks] == [index * per_pod + i for i in range(per_pod)]
+            declared = [p["containerPort"] for p in container["ports"] if p["name"].startswith("http")]
+            assert declared == ports  # every rank's port is declared (and so scraped: http, http-<i>)

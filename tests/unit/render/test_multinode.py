@@ -329,18 +329,34 @@ def test_render_prints_each_pools_shape(make_pdd: MakePdd) -> None:
     )
 
 
+MULTI_PORT = {"data": 4, "loadBalancing": "MultiPortExternal"}
+
+
 @pytest.mark.parametrize(
-    ("pool", "data", "address_flag"),
+    ("pool", "data", "address_flag", "ranks"),
     [
-        ({"nodesPerInstance": 2, "parallelism": {"data": 2}}, 2, "--data-parallel-address"),  # a rank per pod
-        ({"nodesPerInstance": 2, "tensorParallelSize": 16}, 1, "--master-addr"),  # one rank over both pods
+        (
+            {"nodesPerInstance": 2, "parallelism": {"data": 2}},
+            2,
+            "--data-parallel-address",
+            1,
+        ),  # a rank per pod
+        ({"nodesPerInstance": 2, "tensorParallelSize": 16}, 1, "--master-addr", 1),  # one rank over both pods
+        (
+            {"nodesPerInstance": 2, "parallelism": {"data": 2, "loadBalancing": "External"}},
+            2,
+            "--data-parallel-address",
+            1,
+        ),
+        ({"nodesPerInstance": 2, "parallelism": MULTI_PORT}, 4, "--data-parallel-address", 2),
     ],
 )
 def test_the_sim_engine_runs_each_member_of_a_sim_group(
-    make_pdd: MakePdd, pool: dict[str, Any], data: int, address_flag: str
+    make_pdd: MakePdd, pool: dict[str, Any], data: int, address_flag: str, ranks: int
 ) -> None:
     """engine.type sim: every member's line (the LeaderWorkerSet variables expanded as its webhook
-    and the kubelet would) is one the sim engine's parser takes, with the group the spec means."""
+    and the kubelet would) is one the sim engine's parser takes, with the group the spec means: the
+    ranks each pod serves and, with External or MultiPortExternal, every pod serving its own."""
     from tandem.engine.args import parse_serve_args
 
     lws = _group(make_pdd({"engine": {"type": "sim"}, "decode": pool}), "decode")
@@ -354,9 +370,14 @@ def test_the_sim_engine_runs_each_member_of_a_sim_group(
             .replace("$(LWS_WORKER_INDEX)", str(index))
             for arg in command[3:]
         ]
-        group = parse_serve_args(expanded).group
+        parsed = parse_serve_args(expanded)
+        group = parsed.group
         assert group is not None
         assert (group.nodes, group.node_rank, group.data) == (2, index, data)
         assert group.address == "127.20.0.1"
-        assert group.headless is (member == "worker")  # Internal: the leader is the group's endpoint
+        external = pool.get("parallelism", {}).get("loadBalancing", "Internal") != "Internal"
+        # Internal: the leader is the group's endpoint; External and MultiPortExternal: every pod serves.
+        assert group.headless is (member == "worker" and not external)
+        assert group.external is external
+        assert (parsed.ranks.local, parsed.ranks.first) == (ranks, index * ranks if ranks > 1 else 0)
         assert _flag(command, address_flag) is not None

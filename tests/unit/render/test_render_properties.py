@@ -115,7 +115,7 @@ def pddeployments(draw: st.DrawFn) -> PDDeployment:
         role: draw(_pool(1 if (mode == "Colocated") == (role == "colocated") else 0))
         for role in ("prefill", "decode", "colocated")
     }
-    if engine["type"] == "vllm":  # the sim engine runs one rank per pod: plain pools only
+    if engine["type"] == "vllm":  # parallel shapes on vLLM only (sim groups: test_multinode.py)
         for role in pools:
             if draw(st.booleans()):
                 pools[role].update(draw(_shapes()))
@@ -344,8 +344,8 @@ def test_objects_share_no_mutable_parts(pdd: PDDeployment) -> None:
 @PROPERTY
 @given(pdd=pddeployments())
 def test_the_sim_engine_parses_every_rendered_command(pdd: PDDeployment) -> None:
-    """Of single-rank pools: the sim engine runs one rank per pod (data-parallel and multi-node pools are
-    vLLM-only; the API refuses them with engine.type sim)."""
+    """Of single-rank pools (the generator gives data-parallel and multi-node shapes to vLLM pools only;
+    test_multinode.py parses the sim engine's group lines)."""
     for role in POOL_ROLES:
         shape = pdd.spec.pool(role).shape
         if shape.multi_node or shape.data > 1 or shape.pipeline > 1 or shape.expert:

@@ -1,0 +1,343 @@
+"""Data-parallel ranks with endpoints of their own, end to end on the local cluster (issue 27 items 4
+and 7): `examples/sim-pd-dp-ranks.yaml` through the operator, its prefill 2 LeaderWorkerSet groups of
+2 sim pods x 2 `MultiPortExternal` ranks (ports 8000 and 8001 of each pod: 8 rank endpoints), its
+decode 1 group of 2 `External` ranks (port 8000 of each pod).
+
+- The operator's router reaches every prefill rank and both decode ranks (its own
+  `tandem_router_endpoint_legs_total` counter, by pod and port), and the turns of a conversation
+  go to the one prefill rank that holds its prefix.
+- The dev cluster's Prometheus has a target per rank port (the annotated 8000 and the ports named
+  http-<i>), each rank's series labelled with its global data-parallel rank, and the pool's sum of
+  finished requests is every rank's: what the autoscaler reads.
+- One rank killed (its process exits) takes its whole group out of the router's choice,
+  LeaderWorkerSet recreates both pods of the group (the other group's and decode's are kept) and the
+  group serves again; no request failed but those in flight when the rank died.
+
+The dev cluster runs LeaderWorkerSet's controller (`devcluster.start_lws`); every address is a
+loopback one (127.0.0.0/8).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tandem.api import meta
+from tandem.demo import e2e
+from tandem.demo.load import BackgroundLoad, Phase
+from tandem.demo.stats import Sample
+from tandem.devcluster import cluster as devcluster
+from tandem.devcluster.handle import ClusterHandle
+from tandem.devcluster.layout import ClusterDir
+from tandem.devcluster.testing import OperatorProcess, eventually, scratch_namespace
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
+
+EXAMPLE = Path(__file__).parents[3] / "examples" / "sim-pd-dp-ranks.yaml"
+# A new engine answers 503 for 15 s (its model "loads"): a recreated group stays out of the router's
+# choice long enough to see that nothing is sent to it meanwhile.
+LOAD_SECONDS = 15
+PREFILL_PORTS = (meta.ENGINE_PORT, meta.ENGINE_PORT + 1)  # 2 MultiPortExternal ranks a pod
+STEADY = Phase(2.0, 200, 16, "steady")  # ~2 short P/D requests a second
+
+
+def manifest() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["engine"]["env"] = e2e.engine_env(1, LOAD_SECONDS)
+    return doc
+
+
+@dataclass
+class Deployed:
+    cluster: ClusterHandle
+    namespace: str
+    name: str
+
+    def get(self, *what: str) -> dict[str, Any]:
+        out = self.cluster.kubectl("get", "-n", self.namespace, *what, "-o", "json", check=False)
+        return json.loads(out.stdout) if out.returncode == 0 else {}
+
+    def pods(self, role: str) -> list[dict[str, Any]]:
+        selector = f"{meta.LABEL_PDD}={self.name},{meta.LABEL_ROLE}={role}"
+        items = self.get("pods", "-l", selector).get("items", [])
+        return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+    def ready_groups(self, role: str) -> int | None:
+        pools = (self.get("pdd", self.name).get("status") or {}).get("pools") or {}
+        value = (pools.get(role) or {}).get("readyReplicas")
+        return None if value is None else int(value)
+
+    def ready(self, prefill: int, decode: int) -> bool:
+        pdd = self.get("pdd", self.name)
+        status = pdd.get("status") or {}
+        if status.get("observedGeneration") != (pdd.get("metadata") or {}).get("generation"):
+            return False
+        cond: dict[str, Any] = next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), {})
+        return (
+            cond.get("status") == "True"
+            and self.ready_groups("prefill") == prefill
+            and self.ready_groups("decode") == decode
+        )
+
+    def router(self) -> str:
+        return e2e.router_url(self.cluster, self.namespace, self.name)
+
+    def rank_keys(self, role: str, pods: list[dict[str, Any]] | None = None) -> set[str]:
+        """`pod:port` of every rank of `role` (or of `pods`), as the router's counter names them."""
+        ports = PREFILL_PORTS if role == "prefill" else (meta.ENGINE_PORT,)
+        return {f"{p['metadata']['name']}:{port}" for p in (pods or self.pods(role)) for port in ports}
+
+
+def call(url: str, body: dict[str, Any] | None = None, timeout: float = 30) -> tuple[int, bytes]:
+    """(status, body) of a GET, or of a JSON POST with `body`; status 0 when nothing answered."""
+    payload = None if body is None else json.dumps(body).encode()
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, data=payload, headers={"Content-Type": "application/json"}),
+            timeout=timeout,
+        ) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.read()
+    except OSError as error:
+        return 0, str(error).encode()
+
+
+def complete(router: str, prompt: str) -> int:
+    return call(router + "/v1/completions", {"model": e2e.MODEL, "prompt": prompt, "max_tokens": 4})[0]
+
+
+def legs(router: str, role: str) -> dict[str, float]:
+    """Legs the router sent so far per endpoint (`pod:port`) of `role`: its endpoint_legs counter."""
+    status, body = call(router + "/metrics")
+    assert status == 200, body[:200]
+    found: dict[str, float] = {}
+    for line in body.decode().splitlines():
+        if not line.startswith("tandem_router_endpoint_legs_total{"):
+            continue
+        series, _, value = line.rpartition(" ")
+        labels = dict(part.split("=", 1) for part in series[series.index("{") + 1 : -1].split(","))
+        labels = {k: v.strip('"') for k, v in labels.items()}
+        if labels["role"] == role:
+            found[f"{labels['pod']}:{labels['port']}"] = float(value)
+    return found
+
+
+def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    changed = {key: value - before.get(key, 0.0) for key, value in after.items()}
+    return {key: value for key, value in changed.items() if value}
+
+
+def duration(sample: Sample) -> float:
+    """A successful streamed request's time from sent to its last token."""
+    tpot = 0.0 if math.isnan(sample.tpot_s) else sample.tpot_s
+    return sample.ttft_s + tpot * max(sample.output_tokens - 1, 0)
+
+
+def prometheus(cluster: ClusterHandle, path: str, **params: str) -> Any:
+    query = urllib.parse.urlencode(params)
+    status, body = call(f"{cluster.prometheus_url}{path}?{query}")
+    assert status == 200, body[:300]
+    return json.loads(body)["data"]
+
+
+@pytest.fixture(scope="module")
+def deployed(cluster: ClusterHandle, operator: OperatorProcess) -> Iterator[Deployed]:
+    try:
+        devcluster.start_lws(ClusterDir(cluster.dir))
+    except devcluster.ClusterError as e:
+        pytest.fail(f"the LeaderWorkerSet controller did not start: {e}", pytrace=False)
+    with scratch_namespace(cluster, f"t-dp-ranks-{uuid.uuid4().hex[:6]}") as namespace:
+        doc = manifest()
+        deployed = Deployed(cluster, namespace, doc["metadata"]["name"])
+        started = time.monotonic()
+        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(doc))
+        eventually(lambda: deployed.ready(2, 1), timeout=300, what="Ready with 2 prefill + 1 decode groups")
+        print(f"\n2 prefill + 1 decode groups Ready {time.monotonic() - started:.1f} s after the apply")
+        yield deployed
+
+
+def test_the_router_reaches_every_rank(deployed: Deployed) -> None:
+    assert len(deployed.pods("prefill")) == 4
+    assert len(deployed.pods("decode")) == 2
+    for pod in deployed.pods("prefill"):
+        ports = [
+            p["containerPort"] for p in pod["spec"]["containers"][0]["ports"] if p["name"].startswith("http")
+        ]
+        assert ports == list(PREFILL_PORTS), pod["metadata"]["name"]
+    router = deployed.router()
+    eventually(lambda: complete(router, "hello") == 200, timeout=120, what="a request served")
+    prefill_ranks, decode_ranks = deployed.rank_keys("prefill"), deployed.rank_keys("decode")
+    sent = 0
+
+    def every_rank_reached() -> bool:
+        # Distinct prompts, 8 at a time: the prefill choice spreads them by load and prefix (ties
+        # by rendezvous), so every rank gets some within a few rounds.
+        nonlocal sent
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            codes = list(
+                pool.map(
+                    lambda i: complete(router, f"request {sent + i}: " + f"topic {sent + i} " * 30), range(8)
+                )
+            )
+        assert codes == [200] * 8, codes
+        sent += 8
+        return set(legs(router, "prefill")) >= prefill_ranks and set(legs(router, "decode")) >= decode_ranks
+
+    eventually(every_rank_reached, timeout=180, interval=0.1, what="a leg to every prefill and decode rank")
+    prefill, decode = legs(router, "prefill"), legs(router, "decode")
+    print(
+        f"{sent} requests: prefill legs by rank {dict(sorted(prefill.items()))}; "
+        f"decode {dict(sorted(decode.items()))}"
+    )
+    assert set(prefill) == prefill_ranks  # 8 rank endpoints, nothing else
+    assert set(decode) == decode_ranks
+
+
+def test_a_conversation_stays_on_the_rank_that_holds_its_prefix(deployed: Deployed) -> None:
+    router = deployed.router()
+    shared = "You are a careful assistant who answers briefly. " * 30
+    before = legs(router, "prefill")
+    for turn in range(6):
+        assert complete(router, shared + " user turn" * (turn + 1)) == 200
+    chosen = delta(legs(router, "prefill"), before)
+    print(f"\n6 turns of a conversation: prefill legs {chosen}")
+    assert len(chosen) == 1, chosen
+    assert next(iter(chosen.values())) == 6
+
+
+def test_prometheus_scrapes_every_rank_port(deployed: Deployed) -> None:
+    """A target per rank port, each rank's series labelled with its global rank, and the prefill pool's
+    finished requests in Prometheus equal to the legs the router sent its ranks (every rank counted)."""
+    cluster, ns = deployed.cluster, deployed.namespace
+    ips = {
+        p["status"]["podIP"]: p["metadata"]["name"]
+        for role in ("prefill", "decode")
+        for p in deployed.pods(role)
+    }
+    want = deployed.rank_keys("prefill") | deployed.rank_keys("decode")
+
+    def targets() -> set[str] | None:
+        active = prometheus(cluster, "/api/v1/targets", state="active")["activeTargets"]
+        found = set()
+        for target in active:
+            labels = target["labels"]
+            if labels.get("namespace") != ns or labels.get("tandem_dev_role") not in ("prefill", "decode"):
+                continue
+            if target["health"] != "up":
+                return None
+            ip, _, port = labels["instance"].rpartition(":")
+            found.add(f"{ips.get(ip, ip)}:{port}")
+        return found if found == want else None
+
+    found = eventually(targets, timeout=120, what=f"a healthy target per rank port: {sorted(want)}")
+    print(f"\n{len(found)} targets up: {sorted(found)}")
+    selector = f'{{namespace="{ns}",tandem_dev_role="prefill"}}'
+
+    def rank_series() -> dict[str, set[str]] | None:
+        result = prometheus(cluster, "/api/v1/query", query=f"vllm:num_requests_running{selector}")["result"]
+        by_pod: dict[str, set[str]] = {}
+        for series in result:
+            by_pod.setdefault(series["metric"]["pod"], set()).add(series["metric"]["engine"])
+        return by_pod if sum(len(engines) for engines in by_pod.values()) == 8 else None
+
+    by_pod = eventually(rank_series, timeout=60, what="8 prefill rank series")
+    index = {
+        p["metadata"]["name"]: p["metadata"]["labels"][meta.LWS_WORKER_INDEX_LABEL]
+        for p in deployed.pods("prefill")
+    }
+    for pod, engines in by_pod.items():  # global ranks: 2 x the pod's index in its group + local rank
+        assert engines == ({"0", "1"} if index[pod] == "0" else {"2", "3"}), (pod, engines)
+    router = deployed.router()
+
+    def counted_alike() -> tuple[float, float] | None:
+        sent = sum(legs(router, "prefill").values())
+        query = f"sum(vllm:request_success_total{selector})"
+        (sample,) = prometheus(cluster, "/api/v1/query", query=query)["result"]
+        seen = float(sample["value"][1])
+        return (sent, seen) if seen == sent else None
+
+    sent, seen = eventually(
+        counted_alike, timeout=60, what="Prometheus' prefill requests = the router's legs"
+    )
+    print(f"prefill: {sent:.0f} legs sent by the router, {seen:.0f} requests in Prometheus over 8 ranks")
+
+
+def test_a_killed_rank_takes_its_group_out_until_it_is_recreated(deployed: Deployed) -> None:
+    router = deployed.router()
+    pods = deployed.pods("prefill")
+    group = [p for p in pods if p["metadata"]["name"].startswith(f"{deployed.name}-prefill-1")]
+    others = [p for p in pods if p not in group]
+    assert len(group) == 2
+    assert len(others) == 2
+    victim = next(p for p in group if p["metadata"]["labels"][meta.LWS_WORKER_INDEX_LABEL] == "1")
+    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+    decode_before = {p["metadata"]["uid"] for p in deployed.pods("decode")}
+    load = BackgroundLoad(router, e2e.MODEL, max_requests=600, max_seconds=300).start(STEADY)
+    try:
+        time.sleep(5)
+        killed_at = time.time()
+        started = time.monotonic()
+        # Rank 3 (the worker pod's second port) crashes: its engine process exits 1, taking the pod's
+        # other rank with it (the sim runs a pod's ranks in one process); its container restarts.
+        url = f"http://{victim['status']['podIP']}:{meta.ENGINE_PORT + 1}/admin/faults"
+        assert call(url, {"crash": True})[0] in (0, 200)  # the process may die before it answers
+        eventually(
+            lambda: deployed.ready_groups("prefill") == 1, timeout=120, what="the killed rank's group down"
+        )
+        down_s = time.monotonic() - started
+        # Out of the router's choice: new legs go to the other group's ranks only (the recreated
+        # group loads for LOAD_SECONDS before it is Ready again).
+        ahead = legs(router, "prefill")
+        for i in range(8):
+            assert complete(router, f"while a group is down {i}: " + "words " * 40) == 200
+        moved = delta(legs(router, "prefill"), ahead)
+        assert set(moved) <= deployed.rank_keys("prefill", others), moved
+        assert sum(moved.values()) >= 8
+
+        def recreated() -> bool:
+            now = {p["metadata"]["name"]: p["metadata"]["uid"] for p in deployed.pods("prefill")}
+            return set(now) == set(before) and all(
+                (now[n] != before[n]) is (n in {g["metadata"]["name"] for g in group}) for n in now
+            )
+
+        eventually(recreated, timeout=240, what="both pods of the group recreated, the other group's kept")
+        eventually(lambda: deployed.ready(2, 1), timeout=300, what="2 prefill groups Ready again")
+        back_s = time.monotonic() - started
+        ahead = legs(router, "prefill")
+
+        def serves_again() -> bool:
+            assert complete(router, f"after {time.monotonic()}: " + "more words " * 30) == 200
+            return bool(set(delta(legs(router, "prefill"), ahead)) & deployed.rank_keys("prefill", group))
+
+        eventually(serves_again, timeout=120, interval=0.5, what="a leg to the recreated group")
+        time.sleep(3)
+    finally:
+        load.stop(timeout=90)
+    assert {p["metadata"]["uid"] for p in deployed.pods("decode")} == decode_before
+    samples = load.samples()
+    # Requests in flight when the rank died may fail with it; none of the rest may. (In flight: sent
+    # within the longest request's duration before the kill, and a second of slack either side.)
+    longest = max((duration(s) for s in samples if s.ok), default=0.0)
+    rest = [s for s in samples if not killed_at - longest - 1.0 <= s.sent_at <= killed_at + 1.0]
+    failed = e2e.failures(rest)
+    print(
+        f"\nprefill group down {down_s:.1f} s after its rank was killed, recreated and Ready "
+        f"{back_s:.1f} s after; {len(samples)} requests through the router, "
+        f"{len(e2e.failures(samples))} failed ({len(failed)} of the {len(rest)} not in flight at the kill)"
+    )
+    assert len(rest) >= 20
+    assert not failed, failed[:3]
