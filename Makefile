@@ -58,17 +58,17 @@ demo: venv tools
 # The README's test command: lint, types, then unit, integration and e2e tests against the real local
 # control plane in three workers, real vLLM engines (CPU build, tiny model) behind the operator's router
 # among them as one unit of work (tests/conftest.py): P/D answers equal to colocated ones, the KV
-# transferred, the metric contract, an engine that cannot start. tests/real/'s `real_long` modules are
+# transferred, the metric contract, the failure rules (a prefill restarted or killed mid-prefill,
+# abandoned requests' KV), engines that cannot start. tests/real/'s `real_long` modules are
 # `make test-real`.
 test: venv tools vllm-env real-engine-env lint typecheck
 	$(BIN)/pytest -q -p no:cacheprovider -n 3 --dist loadscope --no-loadscope-reorder --durations=30 -rs \
 		-m "not real_long" tests tests/real
 
 # The long real-engine tests (tests/real/, marked `real_long`): the autoscaler adding and draining a
-# real engine, the gray rollout colocated -> P/D rolled back by a killed decode and promoted, the failure
-# rules (a prefill restarted or killed mid-prefill, abandoned requests' KV, an engine that fails after
-# loading): too long for `make test`'s 25 minutes with the rest, so a command of their own; `.ci/run`
-# runs both.
+# real engine, the gray rollout colocated -> P/D rolled back by a killed decode and promoted on retry
+# (issue 23's control loop): too long for `make test`'s 25 minutes with the rest, so a command of their
+# own; `.ci/run` runs both.
 test-real: venv tools real-engine-env
 	$(BIN)/pytest -p no:cacheprovider -rsP -v --durations=0 -m real_long tests/real
 

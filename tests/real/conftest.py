@@ -1,10 +1,11 @@
-"""Real vLLM engines (the CPU build, `make vllm-cpu-env`) on the local cluster: `make test-real`.
+"""Real vLLM engines (the CPU build, `make vllm-cpu-env`) on the local cluster.
 
-Not collected by `make test` (tests/conftest.py leaves this directory out unless it is named).
-The `cluster` fixture here replaces the suite's: a dev cluster whose pod runner also runs pods whose
-command is `vllm serve` (`tandem.devcluster.realvllm`), mapping the tests' model path to the tiny
-model `make vllm-cpu-env` generated. On a machine without an x86-64 CPU with AVX2 every test here is
-skipped, with the reason in the summary (`-rs`); a missing environment or model is a failure.
+`make test` runs these modules but those marked `real_long` (`make test-real`) as one unit of its
+parallel suite (tests/conftest.py). The `cluster` fixture here replaces the suite's: a dev cluster
+whose pod runner also runs pods whose command is `vllm serve` (`tandem.devcluster.realvllm`), mapping
+the tests' model path to the tiny model `make vllm-cpu-env` generated. On a machine without an x86-64
+CPU with AVX2 every test here is skipped, with the reason in the summary (`-rs`); a missing
+environment or model is a failure.
 """
 
 from __future__ import annotations
@@ -29,7 +30,23 @@ from tandem.devcluster.testing import (
     scratch_namespace,
 )
 
-from .pdkit import READY_TIMEOUT, Deployed, Run, deploy, manifest, undeploy
+from .pdkit import (
+    CHECKED,
+    HELD_BACK_FORMS,
+    MID_PREFILL_FORM,
+    MID_PREFILL_PROMPTS,
+    READY_TIMEOUT,
+    Deployed,
+    Run,
+    deploy,
+    engine_rss,
+    held_back_prompts,
+    latency,
+    manifest,
+    prompts,
+    run_all,
+    undeploy,
+)
 
 # The model path the tests' PDDeployments render (`file:///models/tiny-llama`), served by the tiny
 # model on this machine.
@@ -87,7 +104,7 @@ def crd(cluster: ClusterHandle) -> None:
     install_crd(cluster, ROOT / "crds" / "pddeployment.yaml")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def operator(
     cluster: ClusterHandle, crd: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
@@ -97,24 +114,53 @@ def operator(
         yield handle
 
 
-# The P/D modules' deployment (test_pd_e2e.py, test_pd_failures_e2e.py): each module defines the
-# `colocated` fixture, the reference answers it records before `pd` cuts the deployment over.
 @pytest.fixture(scope="module")
 def namespace(cluster: ClusterHandle) -> Iterator[str]:
     with scratch_namespace(cluster, f"t-real-{uuid.uuid4().hex[:6]}") as name:
         yield name
 
 
-@pytest.fixture(scope="module")
-def deployed(cluster: ClusterHandle, operator: OperatorProcess, namespace: str) -> Iterator[Deployed]:
-    d = deploy(cluster, namespace, manifest(cluster.prometheus_url))
+# The P/D deployment test_pd_e2e.py and test_pd_failures_e2e.py share (one colocated engine, its
+# reference answers, one cut-over to P/D): the correctness tests first, then the failure rules, which
+# release its engines when they end (`release_pd`).
+@pytest.fixture(scope="package")
+def pd_namespace(cluster: ClusterHandle) -> Iterator[str]:
+    with scratch_namespace(cluster, f"t-real-pd-{uuid.uuid4().hex[:6]}") as name:
+        yield name
+
+
+@pytest.fixture(scope="package")
+def deployed(cluster: ClusterHandle, operator: OperatorProcess, pd_namespace: str) -> Iterator[Deployed]:
+    d = deploy(cluster, pd_namespace, manifest(cluster.prometheus_url))
     try:
         yield d
     finally:
         undeploy(d)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
+def colocated(deployed: Deployed) -> Run:
+    """The reference, recorded on the colocated engine before the cut-over: CHECKED in every form
+    (`answers`, with the engine's metrics around them), the mid-prefill prompts as plain completions
+    (`mid_prefill`) and the held-back prompts (`held_back`)."""
+    router = deployed.router()
+    before = {"colocated": deployed.metrics("colocated")}
+    started = time.monotonic()
+    answers = run_all(router, CHECKED)
+    seconds = time.monotonic() - started
+    after = {"colocated": deployed.metrics("colocated")}
+    print(f"colocated engine RSS {engine_rss(deployed.pod('colocated')):.2f} GB; latency {latency(answers)}")
+    everything = prompts()
+    mid_prefill = {
+        (i, *MID_PREFILL_FORM): answer
+        for i in MID_PREFILL_PROMPTS
+        for answer in run_all(router, [everything[i]], (MID_PREFILL_FORM,)).values()
+    }
+    held_back = run_all(router, held_back_prompts(), HELD_BACK_FORMS)
+    return Run(answers, seconds, before, after, held_back, mid_prefill)
+
+
+@pytest.fixture(scope="package")
 def pd(deployed: Deployed, colocated: Run) -> Deployed:
     """The same PDDeployment cut over to P/D (one prefill, one decode) once the reference is recorded:
     no `spec.rollout`, so no gradual shift and no steady-P/D watch that could fall back to colocated

@@ -88,6 +88,13 @@ def held_back_prompts() -> list[str]:
 
 
 HELD_BACK_FORMS = (("completions", False), ("chat", True))
+# Every other prompt of the 24 (1 to 800 words), each in the four forms: 48 requests a side, the P/D
+# answers checked token for token against the colocated ones (test_pd_e2e.py).
+CHECKED = prompts()[::2]
+# Prompts (130 to 520 words) asked at once as plain completions while a prefill engine is killed
+# mid-prefill (test_pd_failures_e2e.py), by their index in prompts().
+MID_PREFILL_PROMPTS = range(12, 20)
+MID_PREFILL_FORM = ("completions", False)
 
 
 def manifest(prometheus_url: str, rollout: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -294,7 +301,7 @@ class Deployed:
 
 
 def undeploy(d: Deployed) -> None:
-    d.cluster.kubectl("delete", "-n", d.namespace, "pdd", d.name, "--wait=true")
+    d.cluster.kubectl("delete", "-n", d.namespace, "pdd", d.name, "--wait=true", "--ignore-not-found")
     # The runner removes an engine pod only once its process has stopped.
     eventually(lambda: not d.pods(), timeout=300, interval=2, what=f"the pods of {d.name} gone")
 
@@ -307,6 +314,8 @@ class Run:
     after: dict[str, str]
     # Prompts P/D sees first after the prefill restart (so decode holds no cache of them).
     held_back: dict[tuple[int, str, bool], Answer] = field(default_factory=dict)
+    # MID_PREFILL_PROMPTS as MID_PREFILL_FORM, by (index in prompts(), *form).
+    mid_prefill: dict[tuple[int, str, bool], Answer] = field(default_factory=dict)
 
 
 def deploy(cluster: ClusterHandle, namespace: str, doc: dict[str, Any]) -> Deployed:

@@ -96,16 +96,9 @@ CASES = [
 ]
 
 
-# The engine that loads the model before it fails takes minutes on these CPUs: `make test-real`.
-LONG_CASES = {"max-model-len-beyond-the-kv-cache"}
-
-
 @pytest.mark.parametrize(
     ("engine_args", "max_model_len", "env", "quoted", "timeout"),
-    [
-        pytest.param(*c[1:], id=c[0], marks=[pytest.mark.real_long] if c[0] in LONG_CASES else [])
-        for c in CASES
-    ],
+    [pytest.param(*c[1:], id=c[0]) for c in CASES],
 )
 def test_a_pod_that_cannot_start_stalls_with_vllms_error_line(
     cluster: ClusterHandle,

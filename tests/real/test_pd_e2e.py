@@ -2,9 +2,8 @@
 colocated engine's, the KV transferred and not recomputed, and the metric contract.
 
 On the dev cluster with the CPU build of vLLM and the tiny model (docs/real-vllm.md), one
-PDDeployment with all three pools, in `make test` after the parallel suite (the failure rules on
-these engines are `test_pd_failures_e2e.py`, the gray rollout `test_pd_rollout_e2e.py`, both in
-`make test-real`):
+PDDeployment with all three pools (conftest.py's `deployed`, which `test_pd_failures_e2e.py` goes on
+with), in `make test`; the gray rollout is `test_pd_rollout_e2e.py`, in `make test-real`:
 1. Colocated (one engine) answers every request through its router; the answers are recorded.
 2. `spec.serving.mode` goes to Disaggregated with no `spec.rollout` (a direct cut-over) and the
    colocated pool to 0: one prefill and one decode engine, NixlConnector over loopback.
@@ -34,26 +33,9 @@ from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.testing import eventually, metric_total
 from tandem.metrics import queries
 
-from .pdkit import FORMS, Deployed, Run, ask, engine_rss, latency, prompts, run_all
+from .pdkit import CHECKED, FORMS, Deployed, Run, ask, engine_rss, latency, run_all
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(2400)]
-
-# Every other prompt of pdkit's 24 (1 to 800 words), each in the four forms: 48 requests a side. The
-# P/D pair answers one in about 1.9 s on these CPU engines (its KV transfers), most of this module's
-# time in `make test`.
-CHECKED = prompts()[::2]
-
-
-@pytest.fixture(scope="module")
-def colocated(deployed: Deployed) -> Run:
-    """The reference: the colocated engine's answers, recorded before the cut-over."""
-    before = {"colocated": deployed.metrics("colocated")}
-    started = time.monotonic()
-    answers = run_all(deployed.router(), CHECKED)
-    seconds = time.monotonic() - started
-    after = {"colocated": deployed.metrics("colocated")}
-    print(f"colocated engine RSS {engine_rss(deployed.pod('colocated')):.2f} GB; latency {latency(answers)}")
-    return Run(answers, seconds, before, after)
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,9 @@
-"""The failure rules of P/D on real vLLM engines, through the operator's router (`make test-real`).
+"""The failure rules of P/D on real vLLM engines, through the operator's router (`make test`).
 
 On the dev cluster with the CPU build of vLLM and the tiny model (docs/real-vllm.md), the
-PDDeployment of `test_pd_e2e.py`: colocated first, its reference answers recorded for the prompts
-these tests ask, then cut over to P/D (one prefill, one decode engine).
+PDDeployment `test_pd_e2e.py` ran on (conftest.py's `deployed`): colocated first, its reference
+answers recorded for the prompts these tests ask too, then cut over to P/D (one prefill, one decode
+engine).
 1. The prefill engine is killed -9 and restarted in the same pod (same IP and side-channel port) while
    decode still holds its NIXL peer: vLLM gives the new process a new engine_id, the router passes it
    to decode in `kv_transfer_params`, and decode handshakes again; the answers stay equal.
@@ -24,6 +25,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -34,6 +36,8 @@ from tandem.devcluster.testing import eventually, metric_total
 
 from .pdkit import (
     HELD_BACK_FORMS,
+    MID_PREFILL_FORM,
+    MID_PREFILL_PROMPTS,
     MODEL,
     READY_TIMEOUT,
     Answer,
@@ -43,25 +47,18 @@ from .pdkit import (
     held_back_prompts,
     prompts,
     run_all,
+    undeploy,
 )
 
-pytestmark = [pytest.mark.cluster, pytest.mark.real_long, pytest.mark.timeout(2400)]
-
-# Prompts with colocated reference answers (130 to 520 words), asked at once as plain completions.
-MID_PREFILL_PROMPTS = range(12, 20)
-MID_PREFILL_FORM = ("completions", False)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(2400)]
 
 
-@pytest.fixture(scope="module")
-def colocated(deployed: Deployed) -> Run:
-    """The reference for what these tests ask: the held-back prompts in their forms (`held_back`) and
-    the mid-prefill prompts as plain completions (`answers`, by their index in pdkit's prompts)."""
-    router = deployed.router()
-    started = time.monotonic()
-    everything = run_all(router, prompts(), (MID_PREFILL_FORM,))
-    answers = {key: a for key, a in everything.items() if key[0] in MID_PREFILL_PROMPTS}
-    held_back = run_all(router, held_back_prompts(), HELD_BACK_FORMS)
-    return Run(answers, time.monotonic() - started, {}, {}, held_back)
+@pytest.fixture(scope="module", autouse=True)
+def release_pd(deployed: Deployed) -> Iterator[None]:
+    """The last module on the shared P/D deployment: its engines stop when this module ends, not at
+    the package's end, so that whatever runs next has the cores and at most three engines run."""
+    yield
+    undeploy(deployed)
 
 
 # --- a prefill restarted while decode holds its NIXL peer ------------------------------------------
@@ -312,4 +309,4 @@ def test_a_prefill_killed_mid_prefill_is_retried_on_the_other(pd: Deployed, colo
     assert errors == []
     assert retried >= 1, "a leg in flight on the killed engine was sent again"
     for i in MID_PREFILL_PROMPTS:
-        assert answers[i] == colocated.answers[(i, *MID_PREFILL_FORM)], i
+        assert answers[i] == colocated.mid_prefill[(i, *MID_PREFILL_FORM)], i
