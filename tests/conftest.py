@@ -165,6 +165,17 @@ CRD = Path(__file__).parents[1] / "crds" / "pddeployment.yaml"
 
 
 @pytest.fixture(scope="session")
+def lws(cluster: ClusterHandle) -> ClusterHandle:
+    """The worker's cluster with the LeaderWorkerSet controller running (started on first use, kept
+    after; `devcluster.start_lws` is a no-op while it runs)."""
+    try:
+        devcluster.start_lws(layout.ClusterDir(cluster.dir))
+    except devcluster.ClusterError as e:
+        pytest.fail(f"the LeaderWorkerSet controller did not start: {e}", pytrace=False)
+    return cluster
+
+
+@pytest.fixture(scope="session")
 def crd(cluster: ClusterHandle) -> None:
     """The PDDeployment CRD, installed once and Established. tests/real/ overrides it with its own (a
     session fixture is cached once per worker: used first from tests/real/, this one would have

@@ -20,10 +20,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tandem.devcluster import cluster as devcluster
 from tandem.devcluster import kube, lws
 from tandem.devcluster.handle import ClusterHandle
-from tandem.devcluster.layout import ClusterDir
 from tandem.devcluster.testing import POD_IP, eventually, pods, scratch_namespace
 
 pytestmark = pytest.mark.cluster
@@ -34,31 +32,21 @@ GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
 
 
 @pytest.fixture(scope="module")
-def lws_cluster(cluster: ClusterHandle) -> ClusterHandle:
-    """The worker's cluster with the LWS controller running (started on first use, kept after)."""
-    try:
-        devcluster.start_lws(ClusterDir(cluster.dir))
-    except devcluster.ClusterError as e:
-        pytest.fail(f"the LeaderWorkerSet controller did not start: {e}", pytrace=False)
-    return cluster
-
-
-@pytest.fixture(scope="module")
-def ns(lws_cluster: ClusterHandle) -> Iterator[str]:
-    with scratch_namespace(lws_cluster, f"t-lws-{uuid.uuid4().hex[:6]}") as name:
+def ns(lws: ClusterHandle) -> Iterator[str]:
+    with scratch_namespace(lws, f"t-lws-{uuid.uuid4().hex[:6]}") as name:
         yield name
 
 
 @pytest.fixture(scope="module")
-def core(lws_cluster: ClusterHandle) -> Iterator[client.CoreV1Api]:
-    api = lws_cluster.api_client()
+def core(lws: ClusterHandle) -> Iterator[client.CoreV1Api]:
+    api = lws.api_client()
     yield client.CoreV1Api(api)
     kube.close(api)
 
 
 @pytest.fixture(scope="module")
-def api(lws_cluster: ClusterHandle) -> Iterator[client.ApiClient]:
-    api = lws_cluster.api_client()
+def api(lws: ClusterHandle) -> Iterator[client.ApiClient]:
+    api = lws.api_client()
     yield api
     kube.close(api)
 

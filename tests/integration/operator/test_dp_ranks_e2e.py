@@ -39,9 +39,7 @@ from tandem.api import meta
 from tandem.demo import e2e
 from tandem.demo.load import BackgroundLoad, Phase
 from tandem.demo.stats import Sample
-from tandem.devcluster import cluster as devcluster
 from tandem.devcluster.handle import ClusterHandle
-from tandem.devcluster.layout import ClusterDir
 from tandem.devcluster.testing import OperatorProcess, eventually, scratch_namespace
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
@@ -155,11 +153,8 @@ def prometheus(cluster: ClusterHandle, path: str, **params: str) -> Any:
 
 
 @pytest.fixture(scope="module")
-def deployed(cluster: ClusterHandle, operator: OperatorProcess) -> Iterator[Deployed]:
-    try:
-        devcluster.start_lws(ClusterDir(cluster.dir))
-    except devcluster.ClusterError as e:
-        pytest.fail(f"the LeaderWorkerSet controller did not start: {e}", pytrace=False)
+def deployed(lws: ClusterHandle, operator: OperatorProcess) -> Iterator[Deployed]:
+    cluster = lws
     with scratch_namespace(cluster, f"t-dp-ranks-{uuid.uuid4().hex[:6]}") as namespace:
         doc = manifest()
         deployed = Deployed(cluster, namespace, doc["metadata"]["name"])

@@ -34,9 +34,7 @@ import yaml
 from tandem.api import meta
 from tandem.demo import e2e
 from tandem.demo.load import BackgroundLoad, Phase
-from tandem.devcluster import cluster as devcluster
 from tandem.devcluster.handle import ClusterHandle
-from tandem.devcluster.layout import ClusterDir
 from tandem.devcluster.testing import RestartableOperator, eventually, scratch_namespace
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
@@ -136,11 +134,8 @@ def served_at_once(router: str, count: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def deployed(cluster: ClusterHandle, autoscaling_operator: RestartableOperator) -> Iterator[Deployed]:
-    try:
-        devcluster.start_lws(ClusterDir(cluster.dir))
-    except devcluster.ClusterError as e:
-        pytest.fail(f"the LeaderWorkerSet controller did not start: {e}", pytrace=False)
+def deployed(lws: ClusterHandle, autoscaling_operator: RestartableOperator) -> Iterator[Deployed]:
+    cluster = lws
     with scratch_namespace(cluster, f"t-groups-{uuid.uuid4().hex[:6]}") as namespace:
         yield Deployed(cluster, namespace)
 

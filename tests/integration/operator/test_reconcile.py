@@ -14,9 +14,7 @@ import pytest
 import yaml
 
 from tandem.api.models import PDDeployment
-from tandem.devcluster import cluster as devcluster
 from tandem.devcluster.handle import ClusterHandle
-from tandem.devcluster.layout import ClusterDir
 from tandem.devcluster.testing import OperatorProcess
 from tandem.render import render
 
@@ -137,24 +135,20 @@ def test_volumes(cluster: ClusterHandle) -> Iterator[None]:
     cluster.kubectl("delete", "pv", "-l", "tandem.dev/test=true", "--wait=false", check=False)
 
 
-def start_lws(cluster: ClusterHandle) -> None:
-    """The LeaderWorkerSet controller on the dev cluster (a no-op while it runs)."""
-    try:
-        devcluster.start_lws(ClusterDir(cluster.dir))
-    except devcluster.ClusterError as e:
-        pytest.fail(f"the LeaderWorkerSet controller did not start: {e}", pytrace=False)
-
-
 WORKLOADS = ("StatefulSet", "LeaderWorkerSet")
 
 
 @pytest.mark.usefixtures("test_volumes")
 @pytest.mark.parametrize("example", CONVERGING)
 def test_example_converges_and_children_match_render(
-    cluster: ClusterHandle, operator: OperatorProcess, namespace: str, example: Path
+    cluster: ClusterHandle,
+    operator: OperatorProcess,
+    namespace: str,
+    example: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
     if _multi_node(example):
-        start_lws(cluster)
+        request.getfixturevalue("lws")  # the LeaderWorkerSet controller, started on first use
     wait_for(
         "earlier test namespaces to be gone",
         lambda: no_namespace_terminating(cluster),
