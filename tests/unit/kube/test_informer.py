@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pytest
@@ -131,7 +131,7 @@ class ScriptedKube:
     def __init__(
         self,
         lists: list[tuple[list[Obj], str] | Exception],
-        watches: list[list[WatchEvent] | Exception],
+        watches: list[Iterable[WatchEvent] | Exception],
     ) -> None:
         self.lists = lists
         self.watches = watches
@@ -209,6 +209,37 @@ def test_informer_lists_watches_resumes_and_relists_on_410() -> None:
         ("ADDED", "c"),
     ]
     assert store.names() == [("ns", "a"), ("ns", "c")]
+
+
+def test_the_echo_of_the_operators_own_write_is_not_handed_on() -> None:
+    """A watch event whose version the cache already holds from a write's answer enqueues nothing;
+    an older one still does (the write was applied on top of a change no pass has seen)."""
+    store = Store(LABEL)
+
+    def watch_after_a_write() -> Iterator[WatchEvent]:
+        store.upsert(obj("a", "5"))  # the operator's apply, stored from its answer
+        yield WatchEvent("MODIFIED", obj("a", "4"))  # another client's change, under the apply
+        yield WatchEvent("MODIFIED", obj("a", "5"))  # the apply's echo
+        yield WatchEvent("MODIFIED", obj("a", "6"))
+
+    kube = ScriptedKube(lists=[([obj("a", "1")], "1")], watches=[watch_after_a_write()])
+    seen: list[tuple[EventType, str]] = []
+    informer = Informer(
+        kube,  # type: ignore[arg-type]
+        STS,
+        "ns",
+        store,
+        lambda _kind, t, o: seen.append((t, o["metadata"]["resourceVersion"])),
+        label_selector=LABEL,
+        backoff=(0.01, 0.01),
+    )
+    informer.start()
+    assert kube.done.wait(10), "the informer did not play its script"
+    informer.stop()
+    assert seen == [("ADDED", "1"), ("MODIFIED", "4"), ("MODIFIED", "6")]
+    stored = store.get("ns", "a")
+    assert stored is not None
+    assert stored["metadata"]["resourceVersion"] == "6"
 
 
 def test_informer_relists_on_an_http_410() -> None:
