@@ -163,16 +163,18 @@ class ScriptedKube:
 
 
 def run_informer(
-    kube: ScriptedKube, optional: bool = False
+    kube: ScriptedKube, optional: bool = False, store: Store | None = None, field: str = "name"
 ) -> tuple[Store, list[tuple[EventType, str]], Informer]:
-    store = Store(LABEL)
+    """Plays `kube`'s script through an informer; each event it hands on as (type, `field` of the
+    object's metadata)."""
+    store = store if store is not None else Store(LABEL)
     seen: list[tuple[EventType, str]] = []
     informer = Informer(
         kube,  # type: ignore[arg-type]
         STS,
         "ns",
         store,
-        lambda _kind, t, o: seen.append((t, o["metadata"]["name"])),
+        lambda _kind, t, o: seen.append((t, o["metadata"][field])),
         label_selector=LABEL,
         backoff=(0.01, 0.01),
         optional=optional,
@@ -223,19 +225,7 @@ def test_the_echo_of_the_operators_own_write_is_not_handed_on() -> None:
         yield WatchEvent("MODIFIED", obj("a", "6"))
 
     kube = ScriptedKube(lists=[([obj("a", "1")], "1")], watches=[watch_after_a_write()])
-    seen: list[tuple[EventType, str]] = []
-    informer = Informer(
-        kube,  # type: ignore[arg-type]
-        STS,
-        "ns",
-        store,
-        lambda _kind, t, o: seen.append((t, o["metadata"]["resourceVersion"])),
-        label_selector=LABEL,
-        backoff=(0.01, 0.01),
-    )
-    informer.start()
-    assert kube.done.wait(10), "the informer did not play its script"
-    informer.stop()
+    _, seen, _ = run_informer(kube, store=store, field="resourceVersion")
     assert seen == [("ADDED", "1"), ("MODIFIED", "4"), ("MODIFIED", "6")]
     stored = store.get("ns", "a")
     assert stored is not None
