@@ -9,31 +9,18 @@ import json
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tandem.devcluster.testing import eventually
+
 from .harness import LOOPBACK, NAME, Engine, free_port, start_engine
 
 DEADLINE_S = 60.0
-
-
-def eventually(what: str, check: Callable[[], Any], timeout: float = DEADLINE_S) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except OSError as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
 def member(rank: int, rpc_port: int, *, data: int = 2, **kw: Any) -> Engine:
@@ -74,13 +61,17 @@ def group() -> Iterator[tuple[Engine, Engine]]:
     started: list[Engine] = [leader]
     try:
         # The leader's API is up but the group has not formed: not healthy.
-        assert eventually("the leader's API", lambda: health(leader) == 503)
+        assert eventually(lambda: health(leader) == 503, timeout=DEADLINE_S, what="the leader's API")
         time.sleep(1.0)
         assert health(leader) == 503
         assert state(leader)["group"]["formed"] is False
         worker = member(1, rpc, env=env)
         started.append(worker)
-        eventually("the leader healthy once the worker joined", lambda: health(leader) == 200)
+        eventually(
+            lambda: health(leader) == 200,
+            timeout=DEADLINE_S,
+            what="the leader healthy once the worker joined",
+        )
         yield leader, worker
     finally:
         for engine in started:
@@ -141,10 +132,10 @@ def test_multi_node_tp_leader_waits_for_its_worker_and_serves_alone() -> None:
     rpc = free_port()
     leader = member(0, rpc, data=1)
     try:
-        assert eventually("the leader's API", lambda: health(leader) == 503)
+        assert eventually(lambda: health(leader) == 503, timeout=DEADLINE_S, what="the leader's API")
         worker = member(1, rpc, data=1)
         try:
-            eventually("the leader healthy", lambda: health(leader) == 200)
+            eventually(lambda: health(leader) == 200, timeout=DEADLINE_S, what="the leader healthy")
             assert leader.post("/v1/completions", {"model": NAME, "prompt": "hi", "max_tokens": 4})[0] == 200
             assert state(worker)["requests_seen"] == 0
         finally:
@@ -182,7 +173,7 @@ def test_a_hung_worker_takes_the_leader_down_at_the_group_timeout() -> None:
     leader = member(0, rpc, env=env)
     worker = member(1, rpc, env=env)
     try:
-        eventually("the group formed", lambda: health(leader) == 200)
+        eventually(lambda: health(leader) == 200, timeout=DEADLINE_S, what="the group formed")
         time.sleep(3.0)  # longer than the timeout: heartbeats keep a live group formed
         assert health(leader) == 200
         worker.proc.send_signal(signal.SIGSTOP)
@@ -211,7 +202,11 @@ def test_a_multi_port_group_serves_each_rank_on_its_own_port() -> None:
             args += ["--data-parallel-supervisor-port", str(supervisors[rank])]
             pods.append(start_engine(*args, healthy=False, ports=2))
         supervised = [Engine(pod.proc, port, None) for pod, port in zip(pods, supervisors, strict=True)]
-        eventually("both supervisors healthy", lambda: all(health(s) == 200 for s in supervised))
+        eventually(
+            lambda: all(health(s) == 200 for s in supervised),
+            timeout=DEADLINE_S,
+            what="both supervisors healthy",
+        )
         ranks = [Engine(pod.proc, pod.port + i, None) for pod in pods for i in (0, 1)]
         for rank in ranks:
             body = {"model": NAME, "prompt": "hi", "max_tokens": 2}
