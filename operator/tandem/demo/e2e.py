@@ -41,6 +41,9 @@ def engine_env(time_scale: float, load_seconds: float) -> list[dict[str, str]]:
 # A sim engine pod's requests: what the scheduler places by (the KWOK nodes' CPU and memory).
 POD_REQUESTS = ("500m", "512Mi")
 SMALL_POD_REQUESTS = ("100m", "256Mi")  # more pods on the same nodes
+# A multi-node pool's shape (added to a pool's spec): groups of 2 pods, a data-parallel rank each, the
+# leader balancing (`Internal`); the operator renders a LeaderWorkerSet whose replicas count groups.
+GROUP_OF_TWO: dict[str, Any] = {"nodesPerInstance": 2, "parallelism": {"data": 2}}
 
 
 def pool(

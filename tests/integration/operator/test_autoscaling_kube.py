@@ -2,23 +2,28 @@
 
 The Kubernetes side of the SLO autoscaler: sizes live in status and survive `kubectl apply` of the
 unchanged manifest and operator crashes; scale-downs drain the pods the StatefulSet will delete;
-a pool handed to an HPA keeps its count both ways; an unreachable Prometheus holds every size
-without a hot loop. Pods are the sim engine, run by the dev cluster's pod runner and scraped by its
-Prometheus; with no traffic the autoscaler recommends each pool's minReplicas (real behaviour, no
-status written by the tests). Settings are compressed and stated per test (decisions every 5 s,
-scale-down windows of 20-30 s instead of 300 s).
+a pool handed to an HPA keeps its count both ways, a StatefulSet's pods or a LeaderWorkerSet's groups
+(the `lws` fixture runs its controller); an unreachable Prometheus holds every size without a hot
+loop. Pods are the sim engine, run by the dev cluster's pod runner and scraped by its Prometheus;
+with no traffic the autoscaler recommends each pool's minReplicas (real behaviour, no status written
+by the tests). Settings are compressed and stated per test (decisions every 5 s, scale-down windows
+of 20-30 s instead of 300 s).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
 import yaml
 
+from tandem.api import meta
+from tandem.demo import e2e
 from tandem.devcluster.handle import ClusterHandle
 from tandem.devcluster.testing import RestartableOperator, eventually, free_port, managers_of, metric_total
 
@@ -41,11 +46,14 @@ def manifest(
     drain_timeout: int = 60,
     prometheus_url: str | None = None,
     external: bool = False,
+    decode_shape: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """sim-pd (prefill 1 fixed, router 1) with decode autoscaled within `bounds` from `decode`."""
+    """sim-pd (prefill 1 fixed, router 1) with decode autoscaled within `bounds` from `decode`;
+    `decode_shape` adds to decode's spec (e.g. `e2e.GROUP_OF_TWO`: a pool of groups)."""
     doc: dict[str, Any] = yaml.safe_load(SIM_EXAMPLE.read_text())
     doc["metadata"] = {"name": name}
     spec = doc["spec"]
+    spec["decode"].update(decode_shape or {})
     spec["decode"]["replicas"] = decode
     spec["decode"]["autoscaling"] = {"minReplicas": bounds[0], "maxReplicas": bounds[1], "external": external}
     spec["slo"] = {"ttftMs": 1000, "tpotMs": 50}
@@ -98,9 +106,12 @@ def pool_state(pdd: dict[str, Any], role: str = "decode") -> dict[str, Any]:
     return dict((((pdd.get("status") or {}).get("autoscaling") or {}).get("pools") or {}).get(role) or {})
 
 
-def sts_replicas(cluster: ClusterHandle, namespace: str, name: str) -> int | None:
-    sts = get(cluster, namespace, "statefulset", name)
-    return sts["spec"].get("replicas") if sts else None
+def workload_replicas(
+    cluster: ClusterHandle, namespace: str, name: str, kind: str = "statefulset"
+) -> int | None:
+    """A workload's spec.replicas: a StatefulSet's pods, or (`kind` leaderworkerset) its groups."""
+    workload = get(cluster, namespace, kind, name)
+    return workload["spec"].get("replicas") if workload else None
 
 
 def events_of(cluster: ClusterHandle, namespace: str, name: str) -> dict[str, dict[str, Any]]:
@@ -160,7 +171,7 @@ def test_scale_in_without_traffic_drains_first_and_survives_kubectl_apply(
                 "mark": mark,
                 "state": state,
                 "limitedBy": pdd["status"]["pools"]["decode"]["limitedBy"],
-                "replicas": sts_replicas(cluster, namespace, f"{name}-decode"),
+                "replicas": workload_replicas(cluster, namespace, f"{name}-decode"),
             }
         return None
 
@@ -179,7 +190,7 @@ def test_scale_in_without_traffic_drains_first_and_survives_kubectl_apply(
 
     wait_for(
         "decode at 1 replica once decode-1 is idle",
-        lambda: sts_replicas(cluster, namespace, f"{name}-decode") == 1,
+        lambda: workload_replicas(cluster, namespace, f"{name}-decode") == 1,
         timeout=120,
     )
     pdd = wait_for("Ready at the new size", lambda: ready(cluster, namespace, name), timeout=180)
@@ -218,7 +229,7 @@ def test_scale_in_without_traffic_drains_first_and_survives_kubectl_apply(
     pdd = get(cluster, namespace, "pdd", name)
     assert pdd["metadata"]["generation"] == generation
     assert pdd["spec"]["decode"]["replicas"] == 2  # the operator never writes spec
-    assert sts_replicas(cluster, namespace, f"{name}-decode") == 1
+    assert workload_replicas(cluster, namespace, f"{name}-decode") == 1
     assert pdd["status"]["pools"]["decode"]["desiredReplicas"] == 1
 
 
@@ -262,7 +273,7 @@ def test_crash_keeps_sizes_and_stabilization_history(
     assert pool_state(pdd)["lastScaleTime"] >= first + 30, "scaled down before the window had passed"
     wait_for(
         "decode at 1 replica",
-        lambda: sts_replicas(cluster, namespace, f"{name}-decode") == 1,
+        lambda: workload_replicas(cluster, namespace, f"{name}-decode") == 1,
         timeout=120,
     )
 
@@ -279,82 +290,171 @@ def test_crash_keeps_sizes_and_stabilization_history(
     for _ in range(3):  # three decisions of the new process, each leaving decode at 1
         pdd = wait_for("a decision after the restart", decided_after(moment), timeout=60)
         assert pool_state(pdd)["desiredReplicas"] == 1, "reset to the manifest's size after the crash"
-        assert sts_replicas(cluster, namespace, f"{name}-decode") == 1
+        assert workload_replicas(cluster, namespace, f"{name}-decode") == 1
         moment = pdd["status"]["autoscaling"]["lastEvaluated"]
     assert pdd["spec"]["decode"]["replicas"] == 2
 
 
+@dataclass(frozen=True)
+class Workload:
+    """A decode pool's workload as the HPA scales it: `kind` at `api_version`, made of replicas of
+    `pods` pods each (its pod template at spec.`template`), decode's spec given `shape`; handed over
+    at `start` replicas."""
+
+    kind: str
+    api_version: str
+    start: int
+    pods: int = 1
+    template: str = "template"
+    shape: Mapping[str, Any] = field(default_factory=dict)
+
+
+STATEFULSET = Workload("StatefulSet", "apps/v1", start=2)
+# One group of 2 sim pods to start from and one more from the HPA: the fewest pods that show a group.
+GROUPS = Workload(
+    meta.LWS_KIND,
+    meta.LWS_API_VERSION,
+    start=1,
+    pods=2,
+    template="leaderWorkerTemplate",
+    shape=e2e.GROUP_OF_TWO,
+)
+
+
+@pytest.mark.parametrize("workload", [STATEFULSET, GROUPS], ids=lambda w: w.kind)
 def test_external_pool_hand_over_and_back_keep_the_count(
-    cluster: ClusterHandle, autoscaling_operator: RestartableOperator, namespace: str
+    cluster: ClusterHandle,
+    autoscaling_operator: RestartableOperator,
+    namespace: str,
+    workload: Workload,
+    request: pytest.FixtureRequest,
 ) -> None:
-    """decode 2 in [1, 4] with a 600 s scale-down window (no change from tandem meanwhile); the HPA
-    is docs/examples/hpa-decode.yaml's, with minReplicas 3 so that it scales without a metrics API."""
+    """decode `start` replicas in [1, 4] with a 600 s scale-down window (no change from tandem
+    meanwhile); the HPA is docs/examples/hpa-decode.yaml's aimed at decode's workload, with
+    minReplicas one above `start` so that it scales without a metrics API (KCM's HPA controller
+    decides "below minReplicas" before it reads metrics). A LeaderWorkerSet is scaled through its
+    scale subresource, in groups, and LeaderWorkerSet's controller makes the new group's pods."""
+    if workload.kind == meta.LWS_KIND:
+        request.getfixturevalue("lws")
     name = "handover"
-    sts = f"{name}-decode"
-    kubectl_apply(cluster, namespace, manifest(name, bounds=(1, 4), scale_down_window=600))
+    target = f"{name}-decode"
+    kind = workload.kind.lower()
+    start, scaled = workload.start, workload.start + 1
+
+    def count() -> int | None:
+        return workload_replicas(cluster, namespace, target, kind)
+
+    def decode_pods() -> int:
+        selector = f"{meta.LABEL_PDD}={name},{meta.LABEL_ROLE}=decode"
+        items = get(cluster, namespace, "pods", "-l", selector).get("items", [])
+        return len([p for p in items if not p["metadata"].get("deletionTimestamp")])
+
+    def spec(external: bool = False) -> dict[str, Any]:
+        return manifest(
+            name,
+            decode=start,
+            bounds=(1, 4),
+            scale_down_window=600,
+            external=external,
+            decode_shape=workload.shape,
+        )
+
+    kubectl_apply(cluster, namespace, spec())
     wait_for("Ready", lambda: ready(cluster, namespace, name), timeout=300)
+    assert decode_pods() == start * workload.pods
     assert managers_of(
-        get(cluster, namespace, "statefulset", sts, "--show-managed-fields"), "spec", "replicas"
+        get(cluster, namespace, kind, target, "--show-managed-fields"), "spec", "replicas"
     ) == {"tandem-operator:Apply"}
 
     def watch_count(expected: int, what: str, check: Callable[[], bool], timeout: float = 120) -> None:
-        """Waits for `check`, failing at once if the StatefulSet's count ever leaves `expected`."""
+        """Waits for `check`, failing at once if the workload's count ever leaves `expected`."""
 
         def step() -> bool:
-            count = sts_replicas(cluster, namespace, sts)
-            assert count == expected, f"replicas went to {count} during: {what}"
+            assert count() == expected, f"replicas went to {count()} during: {what}"
             return check()
 
         wait_for(what, step, timeout=timeout)
 
-    kubectl_apply(cluster, namespace, manifest(name, bounds=(1, 4), scale_down_window=600, external=True))
+    kubectl_apply(cluster, namespace, spec(external=True))
     watch_count(
-        2,
+        start,
         "hand-over to source external",
         lambda: get(cluster, namespace, "pdd", name)["status"]["pools"]["decode"]["source"] == "external",
     )
-    live = get(cluster, namespace, "statefulset", sts, "--show-managed-fields")
+    live = get(cluster, namespace, kind, target, "--show-managed-fields")
     owners = managers_of(live, "spec", "replicas")
     assert "tandem-handover:Apply" in owners
     assert "tandem-operator:Apply" not in owners
-    assert "f:template" in json.dumps(live["metadata"]["managedFields"])  # the rest stays the operator's
+    assert managers_of(live, "spec", workload.template) == {
+        "tandem-operator:Apply"
+    }  # the rest: the operator's
     for _ in range(2):  # later passes leave it alone too
         time.sleep(5)
-        assert sts_replicas(cluster, namespace, sts) == 2
+        assert count() == start
 
     hpa = list(yaml.safe_load_all(HPA_EXAMPLE.read_text()))[1]
-    hpa["metadata"] = {"name": sts}
-    hpa["spec"]["scaleTargetRef"]["name"] = sts
-    hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"] = 3, 4
+    hpa["metadata"] = {"name": target}
+    hpa["spec"]["scaleTargetRef"] = {
+        "apiVersion": workload.api_version,
+        "kind": workload.kind,
+        "name": target,
+    }
+    hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"] = scaled, 4
     kubectl_apply(cluster, namespace, hpa)
-    wait_for("the HPA scales decode to 3", lambda: sts_replicas(cluster, namespace, sts) == 3, timeout=120)
+    applied = time.monotonic()
+    wait_for(f"the HPA scales decode to {scaled}", lambda: count() == scaled, timeout=120)
+    scaled_s = time.monotonic() - applied
+    live = get(cluster, namespace, kind, target, "--show-managed-fields")
+    # KCM's HPA controller wrote the count, through the scale subresource.
+    assert [
+        entry.get("subresource")
+        for entry in live["metadata"]["managedFields"]
+        if entry["manager"] == "kube-controller-manager"
+        and "f:replicas" in entry["fieldsV1"].get("f:spec", {})
+    ] == ["scale"], live["metadata"]["managedFields"]
+    wait_for("the new replica's pods", lambda: decode_pods() == scaled * workload.pods, timeout=120)
     pdd = wait_for(
         "status follows the HPA",
-        pdd_when(cluster, namespace, name, lambda p: p["status"]["pools"]["decode"]["desiredReplicas"] == 3),
-        timeout=60,
+        pdd_when(
+            cluster,
+            namespace,
+            name,
+            lambda p: (
+                p["status"]["pools"]["decode"]["desiredReplicas"] == scaled
+                and p["status"]["pools"]["decode"].get("readyReplicas") == scaled
+            ),
+        ),
+        timeout=120,
     )
-    assert pool_state(pdd)["desiredReplicas"] == 3
+    print(
+        f"\n{workload.kind}: the HPA scaled decode {start} -> {scaled} {scaled_s:.0f} s after it was "
+        f"applied; {scaled * workload.pods} decode pods and status Ready at {scaled} "
+        f"{time.monotonic() - applied:.0f} s after it"
+    )
+    assert pool_state(pdd)["desiredReplicas"] == scaled
+    assert pdd["status"]["pools"]["decode"]["source"] == "external"
     for _ in range(3):
         time.sleep(5)
-        assert sts_replicas(cluster, namespace, sts) == 3, "the operator fought the HPA"
+        assert count() == scaled, "the operator fought the HPA"
     assert "tandem-operator:Apply" not in managers_of(
-        get(cluster, namespace, "statefulset", sts, "--show-managed-fields"), "spec", "replicas"
+        get(cluster, namespace, kind, target, "--show-managed-fields"), "spec", "replicas"
     )
 
-    cluster.kubectl("delete", "-n", namespace, "hpa", sts)
-    kubectl_apply(cluster, namespace, manifest(name, bounds=(1, 4), scale_down_window=600))
+    cluster.kubectl("delete", "-n", namespace, "hpa", target)
+    kubectl_apply(cluster, namespace, spec())
     watch_count(
-        3,
+        scaled,
         "hand-back to source autoscaler",
         lambda: get(cluster, namespace, "pdd", name)["status"]["pools"]["decode"]["source"] == "autoscaler",
     )
-    live = get(cluster, namespace, "statefulset", sts, "--show-managed-fields")
+    live = get(cluster, namespace, kind, target, "--show-managed-fields")
     assert "tandem-operator:Apply" in managers_of(live, "spec", "replicas")
     assert all(e["manager"] != "tandem-handover" for e in live["metadata"]["managedFields"])
     for _ in range(2):
         time.sleep(5)
-        assert sts_replicas(cluster, namespace, sts) == 3
-    assert pool_state(get(cluster, namespace, "pdd", name))["desiredReplicas"] == 3
+        assert count() == scaled
+    assert pool_state(get(cluster, namespace, "pdd", name))["desiredReplicas"] == scaled
+    assert decode_pods() == scaled * workload.pods
 
 
 def test_unreachable_prometheus_holds_sizes_without_a_hot_loop(
@@ -394,7 +494,7 @@ def test_unreachable_prometheus_holds_sizes_without_a_hot_loop(
     assert passes <= 40, "a hot loop: one decision's status write is worth one more pass, not many"
     pdd = get(cluster, namespace, "pdd", name)
     assert pool_state(pdd)["desiredReplicas"] == 2
-    assert sts_replicas(cluster, namespace, f"{name}-decode") == 2
+    assert workload_replicas(cluster, namespace, f"{name}-decode") == 2
     assert condition(pdd, "AutoscalingActive")["reason"] == cond["reason"]
     assert "slo" not in pdd["status"]
     assert "ScaledDown" not in events_of(cluster, namespace, name)

@@ -46,11 +46,7 @@ REQUEST = {"model": e2e.MODEL, "prompt": "the quick brown fox jumps over the laz
 
 
 def group_pool(replicas: int) -> dict[str, Any]:
-    return {
-        **e2e.pool(replicas, requests=e2e.SMALL_POD_REQUESTS),
-        "nodesPerInstance": 2,
-        "parallelism": {"data": 2},
-    }
+    return {**e2e.pool(replicas, requests=e2e.SMALL_POD_REQUESTS), **e2e.GROUP_OF_TWO}
 
 
 def manifest(decode_groups: int, image: str = e2e.IMAGE) -> dict[str, Any]:
