@@ -23,6 +23,14 @@ H100, TP1, model load 120 s), SLO and GPU budget:
 Dynamic policies start from the same size: the static-peak layout (provisioned for the trace; the
 question is what each policy does from there).
 
+`--decode-dp D` runs the chosen traces (named `<trace>-dp<D>`) with decode a pool of data-parallel groups
+(`parallelism.data` = D, Internal balancing, one pod of D x TP GPUs; the simulator's groups): every
+policy sizes decode in whole groups and every GPU figure counts the group's GPUs. Static peak searches
+groups; the HPA's decode metric (KV usage, a fraction) reads per group as per engine; the planners size
+decode as groups of D engines' throughput (`PlannerConfig.decode_ranks`), the load-based loop steps one
+group with its thresholds per engine; the oracle's grid counts decode groups; tandem sizes the pool as
+the operator does (groups of D engines, `autoscale`). Prefill stays one engine a replica.
+
 Prints the table (one row per trace x policy), the seed, each trace's rate scale, which traces the
 policies were tuned on, the whole bench's wall time and the simulator's speed (1M requests,
 `bench/sim_speed.py`); writes a time-series PNG per trace under `.tandem/bench/autoscale/` and the
@@ -41,6 +49,8 @@ table as JSON there.
     .venv/bin/python bench/autoscale.py --tune-hpa      # the HPA targets' grid on the Azure traces
     .venv/bin/python bench/autoscale.py --trace my.csv --format plain --rate-scale 4 --window 0:3600
                                                         # everything on your own trace (docs/simulator.md)
+    .venv/bin/python bench/autoscale.py --traces azure-conv-reasoning --decode-dp 4
+                                                        # the same comparison with decode in DP4 groups
     .venv/bin/python bench/autoscale.py --docs          # also copy the plots to docs/img/
 """
 
@@ -187,6 +197,29 @@ class Case:
     # A policy run still going after this much wall time is stopped (`WallClockGuard`); a day at scale
     # takes minutes of CPU, more on a busy machine.
     wall_limit_seconds: float = 600.0  # JOB_WALL_LIMIT_SECONDS
+    # Data-parallel ranks per decode replica (--decode-dp): decode is a pool of groups of this many
+    # engines, each at TP `tp` (module docstring).
+    decode_dp: int = 1
+
+    @property
+    def gpus_per_replica(self) -> dict[str, int]:
+        return {"prefill": self.tp, "decode": self.tp * self.decode_dp}
+
+
+def layout_text(case: Case, layout: StaticLayout) -> str:
+    """`1P+4D`, with decode's group when it has more than one rank: `1P+4D(DP4)`."""
+    if case.decode_dp == 1 or layout.colocated:
+        return str(layout)
+    return f"{layout}(DP{case.decode_dp})"
+
+
+def with_decode_dp(case: Case, ranks: int) -> Case:
+    """`case` with decode in groups of `ranks` data-parallel engines (itself for 1)."""
+    if ranks == 1:
+        return case
+    return replace(
+        case, name=f"{case.name}-dp{ranks}", title=f"{case.title}, decode DP{ranks} groups", decode_dp=ranks
+    )
 
 
 # Rate scales put static peak at 8 GPUs or more (the evaluation's rule); the SLOs are per trace (Mooncake's
@@ -456,6 +489,7 @@ def case_spec(case: Case, initial: dict[str, int]) -> PDDeploymentSpec:
         gpu=GPU,
         tp=case.tp,
         interval_seconds=case.interval_seconds or 30,
+        data={"decode": case.decode_dp},
     )
 
 
@@ -481,6 +515,7 @@ def planner_config(case: Case, interval: float, predictor: str, tightness: float
         predictor=predictor,  # type: ignore[arg-type]
         max_gpu_budget=case.max_gpus,
         tightness=tightness,
+        decode_ranks=case.decode_dp,
     )
 
 
@@ -495,6 +530,7 @@ def load_planner_config(case: Case, with_throughput: bool, tightness: float = 1.
         max_gpu_budget=case.max_gpus,
         tightness=tightness,
         throughput=planner_config(case, 180.0, "constant", tightness) if with_throughput else None,
+        decode_ranks=case.decode_dp,
     )
 
 
@@ -509,9 +545,7 @@ def make_policy(name: str, setup: Setup, knobs: Knobs = KNOBS, hpa: HPAConfig | 
         hpa_config = hpa or HPAConfig()
         if case.interval_seconds is not None:
             hpa_config = replace(hpa_config, sync_seconds=float(case.interval_seconds))
-        return HPAPolicy(
-            hpa_config, gpus_per_replica={"prefill": case.tp, "decode": case.tp}, max_gpus=case.max_gpus
-        )
+        return HPAPolicy(hpa_config, gpus_per_replica=case.gpus_per_replica, max_gpus=case.max_gpus)
     name, _, factor = name.partition("@")
     tightness = float(factor) if factor else 1.0
     if name in (DYNAMO_LOAD, DYNAMO_BOTH):
@@ -596,14 +630,17 @@ def _static(
         results[layout] = (result.summary, result.series)  # not the records: a search keeps many
         return result.summary
 
-    guess = peak_size(planner_config(setup.case, 60.0, "constant"), requests)
-    tp = setup.case.tp
+    case = setup.case
+    guess = peak_size(planner_config(case, 60.0, "constant"), requests)  # decode in groups
+    gpus = case.gpus_per_replica
     if colocated:
-        co_guess = guess["prefill"] + guess["decode"]
-        found = search_static_colocated(evaluate, setup.case.max_gpus, tp, ATTAINMENT, guess=co_guess)
+        co_guess = guess["prefill"] + guess["decode"] * case.decode_dp  # colocated: one engine a replica
+        found = search_static_colocated(evaluate, case.max_gpus, case.tp, ATTAINMENT, guess=co_guess)
     else:
         pd_guess = (guess["prefill"], guess["decode"])
-        found = search_static_pd(evaluate, setup.case.max_gpus, tp, tp, ATTAINMENT, guess=pd_guess)
+        found = search_static_pd(
+            evaluate, case.max_gpus, gpus["prefill"], gpus["decode"], ATTAINMENT, guess=pd_guess
+        )
     return found, results
 
 
@@ -626,12 +663,13 @@ def run_job(
         extra: dict[str, Any] = {"tried": tried}
         if found.layout.prefill:
             extra["layout"] = {"prefill": found.layout.prefill, "decode": found.layout.decode}
-        return Outcome(case.name, policy, summary, series, f"{found.layout}", wall, found.simulations, extra)
+        text = layout_text(case, found.layout)
+        return Outcome(case.name, policy, summary, series, text, wall, found.simulations, extra)
     if policy == ORACLE:
         return run_oracle(setup, started)
     instance = make_policy(policy, setup, knobs, hpa)
     layout = setup.layout_pd
-    note = f"from {StaticLayout(setup.initial['prefill'], setup.initial['decode'])}"
+    note = f"from {layout_text(case, StaticLayout(setup.initial['prefill'], setup.initial['decode']))}"
     guarded = WallClockGuard(instance, started, case.wall_limit_seconds)
     try:
         result = simulate(requests_of(case), layout, setup.config, guarded)
@@ -656,10 +694,11 @@ def run_job(
 
 
 def oracle_grid(case: Case, margin: float = 0.0) -> OracleGrid:
-    per_pool = max(1, case.max_gpus // (2 * case.tp))
+    """Up to half the budget per pool (decode in whole groups), at most the budget in all."""
+    gpus = case.gpus_per_replica
     return OracleGrid(
-        max_prefill=per_pool,
-        max_decode=per_pool,
+        max_prefill=max(1, case.max_gpus // (2 * gpus["prefill"])),
+        max_decode=max(1, case.max_gpus // (2 * gpus["decode"])),
         max_gpus=case.max_gpus,
         target=ATTAINMENT,
         interval_seconds=float(case.interval_seconds or ORACLE_INTERVAL),
@@ -688,13 +727,15 @@ def run_oracle(setup: Setup, started: float) -> Outcome:
     assert loaded is not None
     instant = _replay(requests, setup, schedule, 0.0)
     sizes = [(c.prefill, c.decode) for c in schedule.choices]
-    per_pool = oracle_grid(case).max_prefill
+    grid = oracle_grid(case)
+    per = case.gpus_per_replica
+    used = [p * per["prefill"] + d * per["decode"] for p, d in sizes]
     missed = "" if loaded.summary.attainment >= ATTAINMENT else "; REPLAY MISSES THE TARGET"
     note = (
-        f"{schedule.interval_seconds:g}-s intervals, grid 1-{per_pool} x 1-{per_pool} "
+        f"{schedule.interval_seconds:g}-s intervals, grid 1-{grid.max_prefill} x 1-{grid.max_decode} "
         f"<= {case.max_gpus} GPUs, "
         f"margin {margin:g}; {len(sizes)} intervals, {schedule.infeasible} beyond the grid; "
-        f"{min(map(sum, sizes)) * case.tp}-{max(map(sum, sizes)) * case.tp} GPUs{missed}"
+        f"{min(used)}-{max(used)} GPUs{missed}"
     )
     extra: dict[str, Any] = {
         "margin": margin,
@@ -1002,6 +1043,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     mine.add_argument("--tpot-ms", type=int, default=30, help="the SLO's TPOT (default 30)")
     mine.add_argument("--max-gpus", type=int, default=48, help="the GPU budget (default 48)")
     parser.add_argument(
+        "--decode-dp",
+        type=int,
+        default=1,
+        metavar="D",
+        help="decode in data-parallel groups of D engines (parallelism.data; the traces named <trace>-dpD; "
+        "default 1: one engine a replica)",
+    )
+    parser.add_argument(
         "--disaggregation",
         default="Always",
         help="the simulated router's spec.router.disaggregation: Always (default), Auto or Threshold:N "
@@ -1042,7 +1091,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 else c
                 for c in cases
             ]
-    cases = [replace(c, disaggregation=args.disaggregation) for c in cases]
+    if args.decode_dp < 1:
+        parser.error("--decode-dp must be at least 1")
+    cases = [with_decode_dp(replace(c, disaggregation=args.disaggregation), args.decode_dp) for c in cases]
     if args.quick:
         policies = [STATIC_PEAK, HPA, DYNAMO_180, DYNAMO_LOAD, DYNAMO_BOTH, TANDEM, ORACLE]
     else:
@@ -1081,6 +1132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         pace = f", time compressed {case.compress:g}x" if case.compress != 1 else ""
         if case.disaggregation != "Always":
             pace += f", router disaggregation {case.disaggregation}"
+        if case.decode_dp > 1:
+            pace += f", decode in DP{case.decode_dp} groups ({case.gpus_per_replica['decode']} GPUs each)"
         if case.loader == "file":
             window = (
                 f"[{case.start:g}, {case.start + case.seconds:g}) s"

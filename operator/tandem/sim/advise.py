@@ -440,12 +440,9 @@ def planner_config(prefill: ReplicaSpec, decode: ReplicaSpec, slo: SLO) -> Plann
     )
 
 
-def advise(req: AdviseRequest, on_simulation: Callable[[str], None] | None = None) -> Advice:
-    """Runs the searches and the ratio sweep through the simulator and returns the advice."""
-    if not req.requests:
-        raise AdviseError("the load has no requests")
-    if not 0 < req.attainment_target <= 1:
-        raise AdviseError("the attainment target must be within (0, 100] percent")
+def checked_shapes(req: AdviseRequest) -> dict[str, Shape]:
+    """`req.shapes()`, each a data-parallel group of at least one rank within one pod; else the error
+    names the flags."""
     shapes = req.shapes()
     for role, shape in shapes.items():
         if shape.data < 1:
@@ -453,8 +450,18 @@ def advise(req: AdviseRequest, on_simulation: Callable[[str], None] | None = Non
         if shape.gpus_per_instance > MAX_GPUS_PER_POD:
             raise AdviseError(
                 f"a {role} replica of TP{shape.tensor} x DP{shape.data} must fit one pod of "
-                f"{MAX_GPUS_PER_POD} GPUs"
+                f"{MAX_GPUS_PER_POD} GPUs (--{role}-tp x --{role}-dp)"
             )
+    return shapes
+
+
+def advise(req: AdviseRequest, on_simulation: Callable[[str], None] | None = None) -> Advice:
+    """Runs the searches and the ratio sweep through the simulator and returns the advice."""
+    if not req.requests:
+        raise AdviseError("the load has no requests")
+    if not 0 < req.attainment_target <= 1:
+        raise AdviseError("the attainment target must be within (0, 100] percent")
+    shapes = checked_shapes(req)
     notes: list[str] = []
     prefill_spec, n1 = replica_spec(req.model, req.gpu, req.prefill_tp, req.bandwidth_gbps)
     decode_spec, n2 = replica_spec(req.model, req.gpu, req.decode_tp, req.bandwidth_gbps)

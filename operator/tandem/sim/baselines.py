@@ -505,12 +505,21 @@ def check_tightness(tightness: float) -> None:
         raise ValueError(f"a planner's tightness must be within (0, 1], got {tightness}")
 
 
+def check_ranks(ranks: int) -> None:
+    """A replica is a group of at least one engine."""
+    if ranks < 1:
+        raise ValueError(f"a decode replica has at least one rank, got {ranks}")
+
+
 @dataclass(frozen=True, slots=True)
 class PlannerConfig:
     """The throughput planner's settings. `ttft_seconds` and `itl_seconds` are the SLO; the planner is
     given `tightness` x them as its targets (`ttft_target_seconds`, `itl_target_seconds`): 1 is the SLO
     itself (Dynamo's configuration when its targets are the SLO), less is the headroom an operator buys
-    by telling the planner a tighter SLO than the one the requests are scored on."""
+    by telling the planner a tighter SLO than the one the requests are scored on. `decode_ranks`: engines
+    per decode replica (a data-parallel group, `parallelism.data`); the planner sizes decode in whole
+    groups, each D engines' throughput on D x TP GPUs (Dynamo's planner divides the demand by one
+    worker's throughput, its GPUs times the profiled throughput per GPU)."""
 
     prefill_profile: Profile
     decode_profile: Profile
@@ -524,9 +533,11 @@ class PlannerConfig:
     min_endpoint: int = 1
     max_gpu_budget: int | None = None
     tightness: float = 1.0
+    decode_ranks: int = 1
 
     def __post_init__(self) -> None:
         check_tightness(self.tightness)
+        check_ranks(self.decode_ranks)
 
     @property
     def ttft_target_seconds(self) -> float:
@@ -617,7 +628,7 @@ class PlannerPolicy:
         cfg = self.config
         interval = cfg.adjustment_interval_seconds
         gpus_p = cfg.prefill_profile.tensor_parallel_size
-        gpus_d = cfg.decode_profile.tensor_parallel_size
+        gpus_d = cfg.decode_profile.tensor_parallel_size * cfg.decode_ranks
         prefill_demand = load.num_req * load.isl / interval  # prompt tokens/s
         decode_demand = load.num_req * load.osl / interval  # output tokens/s
         p_rate = prefill_replica_tokens_per_second(
@@ -632,7 +643,10 @@ class PlannerPolicy:
             cfg.max_num_seqs,
         )
         num_p = max(cfg.min_endpoint, math.ceil(prefill_demand / p_rate)) if p_rate > 0 else cfg.min_endpoint
-        num_d = max(cfg.min_endpoint, math.ceil(decode_demand / d_rate)) if d_rate > 0 else cfg.min_endpoint
+        per_group = d_rate * cfg.decode_ranks
+        num_d = (
+            max(cfg.min_endpoint, math.ceil(decode_demand / per_group)) if d_rate > 0 else cfg.min_endpoint
+        )
         budget = cfg.max_gpu_budget
         if budget is not None and num_p * gpus_p + num_d * gpus_d > budget:
             # Dynamo: scale both proportionally, prefill first, decode gets the remainder
@@ -728,7 +742,8 @@ def decode_tokens_at_itl(profile: Profile, context: float, itl_seconds: float, m
 class LoadPlannerConfig:
     """Dynamo's load-based planner (its SLA mode's reactive loop), per pool every 5 s. `tightness` as in
     `PlannerConfig`. With `throughput` set, that throughput planner runs alongside and its sizes are a lower
-    bound on the load-based proposals (Dynamo with both modes enabled)."""
+    bound on the load-based proposals (Dynamo with both modes enabled). `decode_ranks` as in `PlannerConfig`:
+    decode steps by whole groups, its thresholds per engine."""
 
     prefill_profile: Profile
     decode_profile: Profile
@@ -743,9 +758,11 @@ class LoadPlannerConfig:
     max_gpu_budget: int | None = None
     tightness: float = 1.0
     throughput: PlannerConfig | None = None
+    decode_ranks: int = 1
 
     def __post_init__(self) -> None:
         check_tightness(self.tightness)
+        check_ranks(self.decode_ranks)
         if not 0 < self.scaling_down_sensitivity <= 1:
             raise ValueError("scaling_down_sensitivity must be within (0, 1]")
         if not self.adjustment_interval_seconds > 0:
@@ -786,7 +803,7 @@ class LoadPlannerPolicy:
         self.last_figures: dict[str, dict[str, float]] = {}
         self.gpus_per_replica = {
             "prefill": config.prefill_profile.tensor_parallel_size,
-            "decode": config.decode_profile.tensor_parallel_size,
+            "decode": config.decode_profile.tensor_parallel_size * config.decode_ranks,
         }
 
     def _feed_throughput(self, snapshot: Snapshot, now: float) -> None:
@@ -836,9 +853,10 @@ class LoadPlannerPolicy:
             target = decode_tokens_at_itl(
                 cfg.decode_profile, context, cfg.itl_seconds * cfg.tightness, cfg.max_num_seqs
             )
+            engines = n * cfg.decode_ranks
             active = (
                 signals.kv_usage_mean * cfg.decode_kv_capacity_tokens
-            ) + signals.waiting_requests / n * isl
+            ) + signals.waiting_requests / engines * isl
         boundary = target * (n - 1) / n * cfg.scaling_down_sensitivity
         self.last_figures[role] = {"active_per_replica": active, "target": target, "down_below": boundary}
         if target <= 0:

@@ -6,7 +6,9 @@
         (--trace FILE ... | --input-tokens N --output-tokens N --rate R [--seconds N])
         --ttft-ms T --tpot-ms T [--ratios 1:1,1:2,...] [-o DEPLOYMENT.yaml]
     tandem advise ... --gpus H100,H200,A100 --prices H100=2.5,H200=3.2,A100=1.6 (or --prices FILE)
-        which GPU type per pool: the cheapest per hour meeting the SLO (`tandem.sim.gpu_types`)
+        [--prefill-dp N --decode-dp N --colocated-dp N]
+        which GPU type per pool: the cheapest per hour meeting the SLO (`tandem.sim.gpu_types`), each
+        replica a group of that many data-parallel ranks
 
 The only module of `tandem.sim` that does I/O (reads files, prints, writes the plots). Bad input
 (a file that is not there or not a PDDeployment, a malformed or empty trace, an unknown model without
@@ -406,8 +408,6 @@ def _gpu_types(args: argparse.Namespace) -> tuple[tuple[str, ...], dict[str, flo
         return None
     if args.gpu is not None:
         raise CliError("give --gpu (one GPU type) or --gpus (compare types per pool), not both")
-    if max(args.prefill_dp, args.decode_dp, args.colocated_dp or 1) > 1:
-        raise CliError("--gpus compares replicas of one engine: no --prefill-dp, --decode-dp, --colocated-dp")
     if args.prices is None:
         raise CliError("--gpus needs --prices (e.g. --prices H100=2.5,H200=3.2)")
     gpus = gpu_types.parse_gpus(args.gpus)
@@ -459,18 +459,23 @@ def render_gpu_types(advice: gpu_types.GpuTypeAdvice, wall_seconds: float) -> st
         f"{req.attainment_target:.0%} of requests",
         f"load: {req.load_description}",
         f"prices per GPU-hour: {price_list}",
+        *_shapes_line(req),
         "",
         "GPU types per pool: the fewest replicas meeting the SLO over the load (simulated), priced:",
-        f"  {'candidate':<22} {'layout':<8} {'GPUs':>4} {'cost/h':>9} {'GPU-hours':>9}  attainment",
     ]
+    shapes = req.shapes()
+    cells = {id(c): gpu_types.group_layout(c.layout, shapes) for c in advice.candidates if c.layout}
+    width = max([8, *map(len, cells.values())])
+    header = f"{'GPUs':>4} {'cost/h':>9} {'GPU-hours':>9}  attainment"
+    lines.append(f"  {'candidate':<22} {'layout':<{width}} {header}")
     chosen = advice.recommended
     for c in advice.candidates:
         mark = "*" if c is chosen else " "
         if c.layout is None or c.summary is None:
-            lines.append(f"{mark} {c.name:<22} {'-':<8} {'-':>4} {'-':>9} {'-':>9}  {c.note}")
+            lines.append(f"{mark} {c.name:<22} {'-':<{width}} {'-':>4} {'-':>9} {'-':>9}  {c.note}")
             continue
         lines.append(
-            f"{mark} {c.name:<22} {c.layout!s:<8} {c.gpus:>4} {f'${c.cost_per_hour:,.2f}':>9} "
+            f"{mark} {c.name:<22} {cells[id(c)]:<{width}} {c.gpus:>4} {f'${c.cost_per_hour:,.2f}':>9} "
             f"{c.gpu_hours(advice.duration_seconds):>9.2f}  {c.summary.attainment:.1%}"
         )
     lines.append("")
@@ -482,9 +487,10 @@ def render_gpu_types(advice: gpu_types.GpuTypeAdvice, wall_seconds: float) -> st
         if chosen.mixed and same:
             best = min(same, key=lambda c: c.cost_per_hour)
             versus = f"; the cheapest on one GPU type: {best.name} at ${best.cost_per_hour:,.2f}/h"
+        assert chosen.layout is not None
         lines.append(
-            f"recommendation: {chosen.name} {chosen.layout} ({chosen.gpus} GPUs, "
-            f"${chosen.cost_per_hour:,.2f}/h{versus})"
+            f"recommendation: {chosen.name} {gpu_types.group_layout(chosen.layout, shapes)} "
+            f"({chosen.gpus} GPUs, ${chosen.cost_per_hour:,.2f}/h{versus})"
         )
     lines += [f"note: {n}" for n in advice.notes]
     lines.append(f"({advice.simulations} simulations, {wall_seconds:.1f} s)")
@@ -543,10 +549,10 @@ def _advise_request(args: argparse.Namespace) -> adv.AdviseRequest:
         attainment_target=args.attainment / 100,
         prefill_tp=args.prefill_tp,
         decode_tp=args.decode_tp,
-        colocated_tp=args.colocated_tp or args.decode_tp,
+        colocated_tp=args.decode_tp if args.colocated_tp is None else args.colocated_tp,
         prefill_dp=args.prefill_dp,
         decode_dp=args.decode_dp,
-        colocated_dp=args.colocated_dp or args.decode_dp,
+        colocated_dp=args.decode_dp if args.colocated_dp is None else args.colocated_dp,
         max_gpus=args.max_gpus,
         ratios=args.ratios,
         seed=args.seed,

@@ -13,6 +13,12 @@ The searches minimise GPUs per candidate, not dollars: with one GPU type per poo
 replicas meeting its share of the SLO is also its cheapest, so that is the candidate's price; the
 search's greedy step may add a replica to the pool whose price is higher where both would do.
 
+Data-parallel replicas (`--prefill-dp`, `--decode-dp`, `--colocated-dp`, `AdviseRequest.shapes`): a pool's
+replica is a group of D ranks, each an engine on its type's per-rank profile (the simulator's groups,
+`tandem.sim.group`); the searches count replicas in whole groups from the planner's peak size in engines
+divided by D, and a group is priced per GPU, TP x PP x D x its type's price. `group_layout` writes a
+layout with each pool's group (`2P+1D(DP4)`).
+
 Price input (`parse_prices`): `H100=2.5,H200=3.2` inline, or the path of a YAML or JSON file mapping GPU
 type to price. Errors name the flag (`--gpus`, `--prices`) and raise `AdviseError` (the CLI exits 2).
 """
@@ -20,17 +26,19 @@ type to price. Errors name the flag (`--gpus`, `--prices`) and raise `AdviseErro
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from tandem.api.shape import Shape
 from tandem.perf import available_profiles, gpu_spec, gpu_specs
 from tandem.sim.advise import (
     AdviseError,
     AdviseRequest,
+    checked_shapes,
     deployment_object,
     planner_config,
     replica_spec,
@@ -178,6 +186,8 @@ def advise_gpu_types(
         raise AdviseError("the load has no requests")
     if not 0 < req.attainment_target <= 1:
         raise AdviseError("the attainment target must be within (0, 100] percent")
+    shapes = checked_shapes(req)
+    per_replica = {role: shape.gpus_per_instance for role, shape in shapes.items()}
     price = prices_for(gpus, prices)
     config = SimConfig(slo=req.slo, seed=req.seed)
     duration = max(r.arrival for r in req.requests) - min(r.arrival for r in req.requests)
@@ -199,7 +209,8 @@ def advise_gpu_types(
             if on_simulation is not None:
                 on_simulation(f"{label} {layout}")
             advice.simulations += 1
-            return simulate(req.requests, static_layout(layout, prefill, decode, prefill), config).summary
+            pools = static_layout(layout, prefill, decode, prefill, shapes)
+            return simulate(req.requests, pools, config).summary
 
         return evaluate
 
@@ -211,16 +222,19 @@ def advise_gpu_types(
                 why = prefill if isinstance(prefill, str) else decode
                 advice.candidates.append(_unmet(pair, str(why)))
                 continue
-            guess = peak_size(planner_config(prefill, decode, req.slo), req.requests)
+            engines = peak_size(planner_config(prefill, decode, req.slo), req.requests)
             search = search_static_pd(
                 evaluator(pair.name, prefill, decode),
                 req.max_gpus,
-                req.prefill_tp,
-                req.decode_tp,
+                per_replica["prefill"],
+                per_replica["decode"],
                 req.attainment_target,
-                guess=(guess["prefill"], guess["decode"]),
+                guess=(
+                    math.ceil(engines["prefill"] / req.prefill_dp),
+                    math.ceil(engines["decode"] / req.decode_dp),
+                ),
             )
-            advice.candidates.append(_priced(pair, search, req, price))
+            advice.candidates.append(_priced(pair, search, req, price, per_replica))
     for gpu in gpus:
         colocated = specs[(gpu, req.colocated_tp)]
         alone = TypeCandidate(None, None, gpu, None, 0, math.inf, None)
@@ -230,10 +244,10 @@ def advise_gpu_types(
         search = search_static_colocated(
             evaluator(alone.name, colocated, colocated),
             req.max_gpus,
-            req.colocated_tp,
+            per_replica["colocated"],
             req.attainment_target,
         )
-        advice.candidates.append(_priced(alone, search, req, price))
+        advice.candidates.append(_priced(alone, search, req, price, per_replica))
     return advice
 
 
@@ -244,25 +258,44 @@ def _unmet(candidate: TypeCandidate, why: str) -> TypeCandidate:
 
 
 def _priced(
-    candidate: TypeCandidate, search: SearchResult, req: AdviseRequest, price: dict[str, float]
+    candidate: TypeCandidate,
+    search: SearchResult,
+    req: AdviseRequest,
+    price: dict[str, float],
+    per_replica: Mapping[str, int],
 ) -> TypeCandidate:
+    """The candidate with the search's layout, its GPUs (every rank's: `per_replica` by role) and their
+    price."""
     layout = search.layout
     if layout is None:
         return _unmet(candidate, search.note or f"not within {req.max_gpus} GPUs")
     summary = search.tried[layout]
     assert isinstance(summary, Summary)
     if candidate.colocated_gpu is not None:
-        gpus = layout.colocated * req.colocated_tp
+        gpus = layout.colocated * per_replica["colocated"]
         cost = gpus * price[candidate.colocated_gpu]
     else:
         assert candidate.prefill_gpu is not None
         assert candidate.decode_gpu is not None
-        p_gpus, d_gpus = layout.prefill * req.prefill_tp, layout.decode * req.decode_tp
+        p_gpus, d_gpus = layout.prefill * per_replica["prefill"], layout.decode * per_replica["decode"]
         gpus = p_gpus + d_gpus
         cost = p_gpus * price[candidate.prefill_gpu] + d_gpus * price[candidate.decode_gpu]
     return TypeCandidate(
         candidate.prefill_gpu, candidate.decode_gpu, candidate.colocated_gpu, layout, gpus, cost, summary
     )
+
+
+def group_layout(layout: StaticLayout, shapes: Mapping[str, Shape]) -> str:
+    """`layout` in replicas, each pool's data-parallel group after its count when it has more than one
+    rank: `2P+1D(DP4)`, `3C(DP2)`; `2P+1D` without groups."""
+
+    def part(count: int, letter: str, role: str) -> str:
+        shape = shapes.get(role)
+        return f"{count}{letter}" + (f"(DP{shape.data})" if shape is not None and shape.data > 1 else "")
+
+    if layout.colocated:
+        return part(layout.colocated, "C", "colocated")
+    return part(layout.prefill, "P", "prefill") + "+" + part(layout.decode, "D", "decode")
 
 
 def gpu_type_deployment(advice: GpuTypeAdvice, name: str = "", namespace: str = "default") -> dict[str, Any]:

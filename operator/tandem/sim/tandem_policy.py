@@ -9,7 +9,9 @@ each autoscaled pool's target (advisory mode and held passes answer nothing new:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from tandem.api.models import PDDeploymentSpec
 from tandem.api.status import AutoscalingStatus, PoolAutoscalingStatus, Recommendation
@@ -96,18 +98,22 @@ def autoscaled_spec(
     attainment_percent: float = 95.0,
     interval_seconds: int = 30,
     bandwidth_gbps: int = 400,
+    data: Mapping[str, int] | None = None,
 ) -> PDDeploymentSpec:
-    """A PDDeployment spec with every pool in `initial` autoscaled within [1, maxGPUs / TP] (the bench's
-    and `tandem advise`'s starting point; the other knobs at their API defaults)."""
+    """A PDDeployment spec with every pool in `initial` autoscaled within [1, maxGPUs / (TP x DP)] (the
+    bench's and `tandem advise`'s starting point; the other knobs at their API defaults). `data`: a pool's
+    data-parallel ranks per replica (`parallelism.data`, Internal balancing, one pod), 1 where not given."""
     colocated = "colocated" in initial
-    pools = {
-        role: {
+    pools: dict[str, dict[str, Any]] = {}
+    for role in initial:
+        ranks = (data or {}).get(role, 1)
+        pools[role] = {
             "replicas": initial[role],
             "tensorParallelSize": tp,
-            "autoscaling": {"minReplicas": 1, "maxReplicas": max(1, max_gpus // tp)},
+            "autoscaling": {"minReplicas": 1, "maxReplicas": max(1, max_gpus // (tp * ranks))},
         }
-        for role in initial
-    }
+        if ranks > 1:
+            pools[role]["parallelism"] = {"data": ranks}
     return PDDeploymentSpec.model_validate(
         {
             "model": {"name": model.rsplit("/", 1)[-1].lower(), "uri": f"hf://{model}"},

@@ -167,7 +167,7 @@ def test_planner_per_replica_throughputs_come_from_perf() -> None:
 
 
 def _planner(
-    interval: float = 180.0, predictor: str = "constant", budget: int | None = None
+    interval: float = 180.0, predictor: str = "constant", budget: int | None = None, decode_ranks: int = 1
 ) -> PlannerPolicy:
     profile = load_profile(LLAMA_8B, "H100", 1)
     return PlannerPolicy(
@@ -180,6 +180,7 @@ def _planner(
             adjustment_interval_seconds=interval,
             predictor=predictor,  # type: ignore[arg-type]
             max_gpu_budget=budget,
+            decode_ranks=decode_ranks,
         ),
         window_seconds=60.0,
     )
@@ -196,6 +197,28 @@ def test_planner_sizes_pools_by_hand() -> None:
     assert sizes["prefill"] == 5  # 200,000 / 42,626
     # no load: one replica per pool (min_endpoint)
     assert planner.size(PlannerObservation(num_req=0, isl=1000, osl=200)) == {"prefill": 1, "decode": 1}
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4, 8])
+def test_planner_sizes_decode_in_groups_of_its_ranks(ranks: int) -> None:
+    """Decode replicas of `ranks` data-parallel engines: the same demand over a group's throughput (ranks
+    engines'); prefill as before."""
+    profile = load_profile(LLAMA_8B, "H100", 1)
+    d_rate = decode_replica_tokens_per_second(profile, 1000, 200, 0.03, kv_cache_tokens(profile), 1024)
+    sizes = _planner(decode_ranks=ranks).size(PlannerObservation(num_req=36_000, isl=1000, osl=200))
+    assert sizes == {"prefill": 5, "decode": math.ceil(40_000 / (ranks * d_rate))}
+
+
+def test_planner_budget_counts_a_decode_groups_gpus() -> None:
+    # 5 prefill + 1 decode group of 4 = 9 GPUs: within 9, over 8 (then prefill first, decode the rest)
+    load = PlannerObservation(num_req=36_000, isl=1000, osl=200)
+    assert _planner(budget=9, decode_ranks=4).size(load) == {"prefill": 5, "decode": 1}
+    assert _planner(budget=8, decode_ranks=4).size(load) == {"prefill": round(5 * 8 / 9), "decode": 1}
+
+
+def test_planner_refuses_a_group_of_no_rank() -> None:
+    with pytest.raises(ValueError, match="at least one rank"):
+        _planner(decode_ranks=0)
 
 
 def test_planner_budget_scales_both_pools_prefill_first() -> None:
@@ -525,7 +548,10 @@ def test_decode_tokens_at_itl_is_the_batch_at_the_target_times_the_context() -> 
 
 
 def _load_planner(
-    tightness: float = 1.0, budget: int | None = None, throughput: PlannerConfig | None = None
+    tightness: float = 1.0,
+    budget: int | None = None,
+    throughput: PlannerConfig | None = None,
+    decode_ranks: int = 1,
 ) -> LoadPlannerPolicy:
     profile = load_profile(LLAMA_8B, "H100", 1)
     return LoadPlannerPolicy(
@@ -538,6 +564,7 @@ def _load_planner(
             tightness=tightness,
             max_gpu_budget=budget,
             throughput=throughput,
+            decode_ranks=decode_ranks,
         )
     )
 
@@ -628,6 +655,36 @@ def test_load_planner_steps_one_replica_on_its_thresholds(
     planner = _load_planner()
     assert planner.interval_seconds == 5.0
     assert planner.decide(_load_snapshot(prefill, decode), 5.0) == expected, name
+
+
+# 2 decode groups, KV at 0.9 of the per-engine target, and waiting requests that push one engine over it
+# when 2 engines share them (x 1000 / 2) but not when 8 do (2 groups of 4 ranks: x 1000 / 8)
+WAITING = 0.1 * D_TARGET / 250
+QUIET_PREFILL = (2, 2, 2, 2 * 0.6 * P_TARGET)
+
+
+@pytest.mark.parametrize(
+    ("name", "ranks", "decode", "budget", "expected"),
+    [
+        ("waiting over 8 engines", 4, (2, 2, 2, 0.9 * D_TARGET / KV, WAITING), None, {}),
+        ("the same over 2 engines", 1, (2, 2, 2, 0.9 * D_TARGET / KV, WAITING), None, {"decode": 3}),
+        ("over per engine: one group more", 4, (2, 2, 2, (D_TARGET + 1100) / KV, 0), None, {"decode": 3}),
+        ("under: one group less", 4, (2, 2, 2, 0.3 * D_TARGET / KV, 0), None, {"decode": 1}),
+        # 2 prefill GPUs + 3 groups of 4 = 14 > 10: the growth is cut; single engines: 5 GPUs fit
+        ("a group's GPUs against the budget", 4, (2, 2, 2, 1.1 * D_TARGET / KV, 0), 10, {"decode": 2}),
+        ("single engines within it", 1, (2, 2, 2, 1.1 * D_TARGET / KV, 0), 10, {"decode": 3}),
+    ],
+)
+def test_load_planner_steps_decode_groups_on_per_engine_thresholds(
+    name: str,
+    ranks: int,
+    decode: tuple[int, int, int, float, float],
+    budget: int | None,
+    expected: dict[str, int],
+) -> None:
+    planner = _load_planner(budget=budget, decode_ranks=ranks)
+    assert planner.gpus_per_replica == {"prefill": 1, "decode": ranks}
+    assert planner.decide(_load_snapshot(QUIET_PREFILL, decode), 5.0) == expected, name
 
 
 def test_load_planner_tightness_lowers_its_thresholds() -> None:

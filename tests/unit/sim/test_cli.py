@@ -51,10 +51,7 @@ def test_advise_unknown_model_needs_kv_bytes(capsys: pytest.CaptureFixture[str])
         (["--input-tokens", "800", "--output-tokens", "100", "--rate", "0"], "rate and the duration"),
         ([*SMALL_LOAD, "--decode-dp", "0"], "a decode replica needs at least one data-parallel rank"),
         ([*SMALL_LOAD, "--decode-tp", "4", "--decode-dp", "4"], "TP4 x DP4 must fit one pod of 8 GPUs"),
-        (
-            [*SMALL_LOAD, "--gpus", "H100,H200", "--prices", "H100=2,H200=3", "--prefill-dp", "2"],
-            "--gpus compares replicas of one engine",
-        ),
+        ([*SMALL_LOAD, "--colocated-dp", "0"], "a colocated replica needs at least one data-parallel rank"),
     ],
 )
 def test_advise_bad_input(extra: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,9 +1,11 @@
 """Pools on different GPU types in the simulator: prefill and decode replicas with their own profiles
 (a PDDeployment's `gpuType` per pool), and `tandem advise --gpus ... --prices ...` (`tandem.sim.gpu_types`)
-recommending the GPU type per pool: where mixed types win, where they do not, and its input errors."""
+recommending the GPU type per pool: where mixed types win, where they do not, with data-parallel groups, and
+its input errors."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -11,13 +13,17 @@ import pytest
 import yaml
 
 from tandem.api.models import PDDeployment, PDDeploymentSpec
+from tandem.api.shape import Shape
 from tandem.cli import main
 from tandem.sim.advise import AdviseError, AdviseRequest, layout_of_spec, resolve_model, synthetic_requests
+from tandem.sim.baselines import StaticLayout
 from tandem.sim.cluster import simulate
 from tandem.sim.gpu_types import (
     GpuTypeAdvice,
+    TypeCandidate,
     advise_gpu_types,
     gpu_type_deployment,
+    group_layout,
     parse_gpus,
     parse_prices,
     prices_for,
@@ -91,7 +97,7 @@ def test_a_gpu_type_of_no_profile_is_simulated_on_the_default_with_a_note() -> N
 # --- advise: the GPU type per pool ----------------------------------------------------------------------
 
 
-def _advise(rate: float, tpot_ms: float) -> GpuTypeAdvice:
+def _advise(rate: float, tpot_ms: float, decode_dp: int = 1) -> GpuTypeAdvice:
     requests = synthetic_requests(4000, 150, rate, 60, cv=0.5, seed=7)
     req = AdviseRequest(
         model=resolve_model(LLAMA_8B, None),
@@ -100,6 +106,7 @@ def _advise(rate: float, tpot_ms: float) -> GpuTypeAdvice:
         slo=SLO(ttft_ms=1500, tpot_ms=tpot_ms),
         requests=requests,
         max_gpus=16,
+        decode_dp=decode_dp,
     )
     return advise_gpu_types(req, GPUS, PRICES)
 
@@ -145,6 +152,92 @@ def test_one_type_wins_when_a_pair_of_h100_replicas_is_enough() -> None:
     met = [c for c in advice.candidates if c.layout is not None and c is not chosen]
     assert all(c.cost_per_hour > chosen.cost_per_hour for c in met)
     assert gpu_type_deployment(advice)["spec"]["decode"]["gpuType"] == "NVIDIA-H100-80GB-HBM3"
+
+
+# --- data-parallel groups: a replica of D ranks on its type's per-rank profile, priced per GPU ------------
+
+
+@pytest.fixture(scope="module")
+def per_rank() -> GpuTypeAdvice:
+    """The mixed-types case above with one engine a replica: the per-rank results."""
+    return _advise(12, 12)
+
+
+def _pd(advice: GpuTypeAdvice) -> dict[str, TypeCandidate]:
+    return {c.name: c for c in advice.candidates if c.colocated_gpu is None and c.layout is not None}
+
+
+def test_decode_groups_of_2_ranks_turn_the_winner_to_one_type(per_rank: GpuTypeAdvice) -> None:
+    """Decode in groups of 2 ranks: a pool needing d engines takes ceil(d / 2) groups of 2 GPUs. The
+    per-rank winner (H100 prefill, one H200 decode engine, $8.20/h) must now hold a whole group, 2 H200s,
+    where H100 decode needed 2 engines anyway: H100 + H100 in one group is cheaper. Expected figures are
+    worked out here from the per-rank layouts and the price list, not by the code under test."""
+    grouped = _advise(12, 12, decode_dp=2)
+    expected: dict[str, tuple[int, int, float]] = {}  # name -> prefill replicas, decode groups, $/h
+    for name, c in _pd(per_rank).items():
+        assert c.layout is not None
+        assert c.prefill_gpu is not None
+        assert c.decode_gpu is not None
+        groups = math.ceil(c.layout.decode / 2)
+        cost = c.layout.prefill * PRICES[c.prefill_gpu] + groups * 2 * PRICES[c.decode_gpu]
+        expected[name] = (c.layout.prefill, groups, cost)
+    assert expected["P/D H100 + H100"] == (2, 1, 10.0)
+    assert expected["P/D H100 + H200"] == (2, 1, 11.4)
+    found = _pd(grouped)
+    assert found.keys() == expected.keys()  # the same pairs meet the SLO (A100 decode: none)
+    for name, (prefill, groups, cost) in expected.items():
+        c = found[name]
+        assert c.layout is not None
+        assert (c.layout.prefill, c.layout.decode) == (prefill, groups), name
+        assert c.gpus == prefill + 2 * groups
+        assert c.cost_per_hour == pytest.approx(cost), name
+    chosen = grouped.recommended
+    assert chosen is not None
+    assert chosen.summary is not None
+    cheapest = min(expected, key=lambda n: expected[n][2])
+    assert (chosen.name, chosen.cost_per_hour) == (cheapest, pytest.approx(expected[cheapest][2]))
+    assert chosen.name == "P/D H100 + H100"
+    assert per_rank.recommended is not None
+    assert per_rank.recommended.name == "P/D H100 + H200"
+    assert chosen.summary.attainment >= 0.95
+    assert chosen.gpu_hours(grouped.duration_seconds) == pytest.approx(4 * grouped.duration_seconds / 3600)
+    # the deployment's decode pool is a group of 2 ranks on its type, and replays to the candidate
+    obj = gpu_type_deployment(grouped, name="grouped")
+    decode = obj["spec"]["decode"]
+    assert decode["parallelism"] == {"data": 2}
+    assert (decode["replicas"], decode["gpuType"]) == (1, "NVIDIA-H100-80GB-HBM3")
+    sim = layout_of_spec(PDDeployment.from_object(obj).spec)
+    assert sim.layout.pools["decode"].gpus_per_replica == 2
+    replayed = simulate(grouped.request.requests, sim.layout, SimConfig(slo=grouped.request.slo)).summary
+    assert replayed.attainment == pytest.approx(chosen.summary.attainment)
+    assert replayed.peak_gpus == 4
+
+
+# id, layout, each pool's group, what the table writes
+GROUP_LAYOUTS = [
+    ("one-engine", StaticLayout(2, 1), {}, "2P+1D"),
+    ("dp-1-shapes", StaticLayout(2, 1), {"prefill": Shape(), "decode": Shape(tensor=2)}, "2P+1D"),
+    ("decode-dp4", StaticLayout(2, 1), {"decode": Shape(data=4)}, "2P+1D(DP4)"),
+    (
+        "both",
+        StaticLayout(3, 2),
+        {"prefill": Shape(data=2), "decode": Shape(tensor=2, data=4)},
+        "3P(DP2)+2D(DP4)",
+    ),
+    (
+        "colocated",
+        StaticLayout(colocated=3),
+        {"colocated": Shape(data=2), "decode": Shape(data=4)},
+        "3C(DP2)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("layout", "shapes", "text"), [c[1:] for c in GROUP_LAYOUTS], ids=[c[0] for c in GROUP_LAYOUTS]
+)
+def test_the_table_writes_each_pools_group(layout: StaticLayout, shapes: dict[str, Shape], text: str) -> None:
+    assert group_layout(layout, shapes) == text
 
 
 PRICE_CASES = [
@@ -218,12 +311,44 @@ def test_cli_prints_the_candidates_and_writes_the_mixed_deployment(
     assert obj["spec"]["decode"]["gpuType"] == "NVIDIA-H200"
 
 
+def test_cli_with_decode_groups_shows_them_and_writes_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_file = tmp_path / "advised.yaml"
+    argv = ["advise", "--model", LLAMA_8B, "--trace", str(_trace(tmp_path)), "--ttft-ms", "1500"]
+    argv += ["--tpot-ms", "12", "--max-gpus", "16", "--gpus", "H100,H200,A100", "--decode-dp", "2"]
+    code = main([*argv, "--colocated-dp", "1", "--prices", "H100=2.5,H200=3.2,A100=1.6", "-o", str(out_file)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert (
+        "a replica: prefill 1x1 TP1 (1 GPU), decode 1x2 TP1 DP2 Internal (2 GPUs), colocated 1x1 TP1 (1 GPU)"
+        in out
+    )
+    chosen = [line for line in out.splitlines() if line.startswith("* ")]
+    assert len(chosen) == 1
+    assert chosen[0].split()[1:7] == ["P/D", "H100", "+", "H100", "2P+1D(DP2)", "4"]
+    assert "recommendation: P/D H100 + H100 2P+1D(DP2) (4 GPUs, $10.00/h)" in out
+    assert yaml.safe_load(out_file.read_text())["spec"]["decode"]["parallelism"] == {"data": 2}
+
+
 CLI_ERRORS = [
     (["--gpus", "H100,H200"], "--gpus needs --prices"),
     (["--prices", "H100=2.5"], "--prices prices the GPU types of --gpus: give --gpus too"),
     (["--gpus", "H100", "--gpu", "H200", "--prices", "H100=2"], "give --gpu (one GPU type) or --gpus"),
     (["--gpus", "H100,X9", "--prices", "H100=2"], "--gpus: no profile on GPU 'X9'"),
     (["--gpus", "H100,H200", "--prices", "H100=2"], "--prices: no price for H200 (given: H100)"),
+    (
+        ["--gpus", "H100", "--prices", "H100=2", "--decode-dp", "0"],
+        "a decode replica needs at least one data-parallel rank (--decode-dp)",
+    ),
+    (
+        ["--gpus", "H100", "--prices", "H100=2", "--colocated-dp", "0"],
+        "a colocated replica needs at least one data-parallel rank (--colocated-dp)",
+    ),
+    (
+        ["--gpus", "H100", "--prices", "H100=2", "--decode-tp", "4", "--decode-dp", "4"],
+        "a decode replica of TP4 x DP4 must fit one pod of 8 GPUs (--decode-tp x --decode-dp)",
+    ),
 ]
 
 
