@@ -23,7 +23,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -234,22 +234,35 @@ NEW_IMAGE = "ghcr.io/tandem-dev/tandem:0.1.1"  # a revision field: a new P/D pai
 STEADY = Phase(1.0, 200, 16, "steady")
 
 
-def test_a_revision_change_replaces_the_groups_through_the_revision_rollout(deployed: Deployed) -> None:
-    """An image change (a revision field) on the groups deployment: the new revision's prefill and
-    decode LeaderWorkerSets start beside the old ones, the weight moves to them once every group of
-    theirs is Ready, and the old pair's LeaderWorkerSets go once their leaders report nothing in
-    flight, with requests served all along."""
+@dataclass
+class Rolled:
+    """A revision change as `roll_revision` saw it."""
+
+    old: dict[str, Any]  # status.revisions.current before the change
+    revs: dict[str, Any]  # status.revisions once the weight was on the new pair
+    switch_s: float  # from the apply to the weight on the new pair
+    removed_s: float  # from the apply to the old pair's workloads gone
+
+
+def roll_revision(
+    deployed: Deployed,
+    doc: dict[str, Any],
+    old_workloads: Callable[[dict[str, Any]], list[tuple[str, str]]],
+    at_switch: Callable[[dict[str, Any]], None],
+) -> Rolled:
+    """Applies `doc` (a revision change) under a steady load through the router; waits for the weight
+    on the new pair (then calls `at_switch(status.revisions)`) and for the old pair's workloads
+    (`old_workloads(old current revision)`: (kind, name)) to go; checks that the old pair went once
+    idle and that no request failed meanwhile."""
     cluster, ns = deployed.cluster, deployed.namespace
-    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(manifest(1)))  # fewer pods
-    eventually(lambda: deployed.ready({"prefill": 1, "decode": 1}), timeout=300, what="1+1 groups")
-    eventually(lambda: len(deployed.pods("decode")) == 2, timeout=120, what="decode's 2nd group gone")
     old = deployed.pdd()["status"]["revisions"]["current"]
+    gone = old_workloads(old)
     router = e2e.router_url(cluster, ns, NAME)
     load = BackgroundLoad(router, e2e.MODEL, max_requests=1200, max_seconds=420).start(STEADY)
     try:
         time.sleep(5)
         began = time.monotonic()
-        cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(manifest(1, NEW_IMAGE)))
+        cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(doc))
 
         def switched() -> dict[str, Any] | None:
             revs = (deployed.pdd().get("status") or {}).get("revisions") or {}
@@ -258,23 +271,17 @@ def test_a_revision_change_replaces_the_groups_through_the_revision_rollout(depl
                 return None
             return dict(revs)
 
-        revs = eventually(switched, timeout=300, what="the weight on the new revision's groups")
+        revs = eventually(switched, timeout=300, what="the weight on the new revision's pair")
         switch_s = time.monotonic() - began
-        prefix = revs["current"]["prefix"]
-        for role in ("prefill", "decode"):
-            lws = deployed.get("leaderworkerset", f"{prefix}-{role}")
-            assert lws["spec"]["leaderWorkerTemplate"]["size"] == 2, lws
-            assert lws["status"]["readyReplicas"] == 1, lws["status"]
-            assert deployed.get("leaderworkerset", f"{NAME}-{role}"), f"old {role} groups gone early"
+        for kind, name in gone:
+            assert deployed.get(kind, name), f"the old pair's {kind}/{name} gone early"
+        at_switch(revs)
 
         def removed() -> bool:
             revs = (deployed.pdd().get("status") or {}).get("revisions") or {}
-            gone = all(
-                not deployed.get("leaderworkerset", f"{NAME}-{role}") for role in ("prefill", "decode")
-            )
-            return not revs.get("previous") and gone
+            return not revs.get("previous") and not any(deployed.get(kind, name) for kind, name in gone)
 
-        eventually(removed, timeout=420, what="the old pair's LeaderWorkerSets removed")
+        eventually(removed, timeout=420, what="the old pair's workloads removed")
         removed_s = time.monotonic() - began
         time.sleep(3)
     finally:
@@ -283,8 +290,8 @@ def test_a_revision_change_replaces_the_groups_through_the_revision_rollout(depl
         (e.get("message", "") for e in e2e.events(cluster, ns, NAME) if e["reason"] == "RevisionRemoved"), ""
     )
     print(
-        f"\nrevision {old['id']} -> {revs['current']['id']} of groups: weight moved {switch_s:.0f} s "
-        f"after the apply, old pair removed after {removed_s:.0f} s ({message})"
+        f"\nrevision {old['id']} -> {revs['current']['id']}: weight moved {switch_s:.0f} s after the "
+        f"apply, old pair removed after {removed_s:.0f} s ({message})"
     )
     assert "idle" in message, message
     samples = load.samples()
@@ -295,6 +302,61 @@ def test_a_revision_change_replaces_the_groups_through_the_revision_rollout(depl
     assert {p["metadata"]["labels"].get(meta.LABEL_REVISION) for p in deployed.pods("decode")} == {
         revs["current"]["id"]
     }
+    return Rolled(old, revs, switch_s, removed_s)
+
+
+def test_a_revision_change_replaces_the_groups_through_the_revision_rollout(deployed: Deployed) -> None:
+    """An image change (a revision field) on the groups deployment: the new revision's prefill and
+    decode LeaderWorkerSets start beside the old ones, the weight moves to them once every group of
+    theirs is Ready, and the old pair's LeaderWorkerSets go once their leaders report nothing in
+    flight, with requests served all along."""
+    cluster, ns = deployed.cluster, deployed.namespace
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(manifest(1)))  # fewer pods
+    eventually(lambda: deployed.ready({"prefill": 1, "decode": 1}), timeout=300, what="1+1 groups")
+    eventually(lambda: len(deployed.pods("decode")) == 2, timeout=120, what="decode's 2nd group gone")
+
+    def new_groups(revs: dict[str, Any]) -> None:
+        for role in ("prefill", "decode"):
+            lws = deployed.get("leaderworkerset", f"{revs['current']['prefix']}-{role}")
+            assert lws["spec"]["leaderWorkerTemplate"]["size"] == 2, lws
+            assert lws["status"]["readyReplicas"] == 1, lws["status"]
+
+    roll_revision(
+        deployed,
+        manifest(1, NEW_IMAGE),
+        lambda old: [("leaderworkerset", f"{NAME}-{role}") for role in ("prefill", "decode")],
+        new_groups,
+    )
+
+
+def test_a_revision_moves_decode_from_groups_to_a_statefulset_through_the_revision_rollout(
+    deployed: Deployed,
+) -> None:
+    """Decode changes shape (a group of 2 pods a replica -> one pod a replica): the new revision's pair
+    is a prefill LeaderWorkerSet and a decode StatefulSet beside the old pair's two LeaderWorkerSets;
+    the weight moves once the new pair is Ready, the old pair goes once idle, requests served all
+    along (the other direction, and both directions' objects, in
+    tests/unit/controller/test_reconcile_groups.py)."""
+    eventually(lambda: deployed.ready({"prefill": 1, "decode": 1}), timeout=300, what="1+1 groups")
+    doc = manifest(1, NEW_IMAGE)
+    doc["spec"]["decode"] = e2e.pool(1, requests=e2e.SMALL_POD_REQUESTS)
+
+    def new_pair(revs: dict[str, Any]) -> None:
+        prefix = revs["current"]["prefix"]
+        assert deployed.get("leaderworkerset", f"{prefix}-prefill")["status"]["readyReplicas"] == 1
+        sts = deployed.get("statefulset", f"{prefix}-decode")
+        assert sts["status"]["readyReplicas"] == 1, sts["status"]
+        assert not deployed.get("leaderworkerset", f"{prefix}-decode")
+
+    rolled = roll_revision(
+        deployed,
+        doc,
+        lambda old: [("leaderworkerset", f"{old['prefix']}-{role}") for role in ("prefill", "decode")],
+        new_pair,
+    )
+    decode = deployed.pods("decode")
+    assert len(decode) == 1, [p["metadata"]["name"] for p in decode]
+    assert decode[0]["metadata"]["name"] == f"{rolled.revs['current']['prefix']}-decode-0"
 
 
 # --- tandem's autoscaler in groups ------------------------------------------------------------------
