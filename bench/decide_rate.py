@@ -52,7 +52,7 @@ def snapshot_at(i: int, now: float, sizes: dict[str, int]) -> Snapshot:
         sizes={role: PoolSize(replicas=n, ready=n) for role, n in sizes.items()},
         pools={
             "prefill": PoolSignals(
-                scraped_pods=sizes["prefill"],
+                scraped_targets=sizes["prefill"],
                 prompt_tokens_rate=prompt_rate,
                 queued_prompt_tokens=burst,
                 waiting_requests=burst / 1000.0,
@@ -61,7 +61,7 @@ def snapshot_at(i: int, now: float, sizes: dict[str, int]) -> Snapshot:
                 request_rate=prompt_rate / 1000.0,
             ),
             "decode": PoolSignals(
-                scraped_pods=sizes["decode"],
+                scraped_targets=sizes["decode"],
                 running_requests=running,
                 kv_usage_mean=min(1.0, running * 1100.0 / (sizes["decode"] * 900_000.0)),
                 mean_prompt_tokens=1000.0,
@@ -98,7 +98,7 @@ def decide_rate(passes: int = 20_000) -> DecideRate:
             window_seconds=base.window_seconds,
             sizes={role: PoolSize(replicas=n, ready=n) for role, n in sizes.items()},
             pools={
-                role: PoolSignals(**{**asdict(signals), "scraped_pods": sizes[role]})
+                role: PoolSignals(**{**asdict(signals), "scraped_targets": sizes[role]})
                 for role, signals in base.pools.items()
             },
             paths=base.paths,

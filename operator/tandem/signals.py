@@ -34,7 +34,9 @@ class PoolSize:
 class PoolSignals:
     """One pool's engine metrics (vLLM names in `tandem.metrics.queries`)."""
 
-    scraped_pods: int = 0  # pods with fresh engine metrics in the window
+    # scrape targets (pod and port: each rank's port of a MultiPortExternal pod) with fresh engine
+    # metrics in the window
+    scraped_targets: int = 0
     waiting_requests: float = 0.0  # sum of vllm:num_requests_waiting
     running_requests: float = 0.0  # sum of vllm:num_requests_running
     kv_usage_mean: float = 0.0  # mean of vllm:kv_cache_usage_perc, 0..1

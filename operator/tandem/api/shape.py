@@ -105,6 +105,13 @@ class Shape:
         """OpenAI API ports each serving pod has: one per local rank with MultiPortExternal, else one."""
         return self.ranks_per_pod if self.load_balancing == "MultiPortExternal" and self.data > 1 else 1
 
+    @property
+    def metrics_targets(self) -> int:
+        """Scrape targets of one instance: each pod with engine metrics on each of its API ports (a
+        MultiPortExternal pod's ranks each on their own port, with their own engine's series). What the
+        autoscaler counts as reporting, so a rank whose port fails to scrape leaves its pool partial."""
+        return self.metrics_pods * self.ports_per_pod
+
     def summary(self, gpu_type: str | None = None) -> str:
         """A one-line description for status, printer columns and `tandem render`, e.g.
         `2x8 TP1 DP16 EP Internal` (pods x GPUs per pod, then the parallelism that is not 1)."""

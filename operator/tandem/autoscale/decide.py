@@ -113,7 +113,7 @@ def _no_data(
         if size is None:
             problems.append(f"no size for {role}")
             continue
-        if size.ready > 0 and (role not in snapshot.pools or snapshot.pools[role].scraped_pods == 0):
+        if size.ready > 0 and (role not in snapshot.pools or snapshot.pools[role].scraped_targets == 0):
             problems.append(f"none of the {size.ready} ready {role} pods has fresh metrics")
     return problems
 
@@ -349,9 +349,10 @@ def _active(
                 down_seconds *= knobs.forecast_down_share
         signals = snapshot.pools.get(role)
         size = snapshot.sizes[role]
-        # Fewer pods report than are ready, or every pod is still loading: the load is not all seen.
-        reporting = spec.pool(role).shape.metrics_pods  # pods of a replica with engine metrics
-        partials[role] = (signals is not None and 0 < signals.scraped_pods < size.ready * reporting) or (
+        # Fewer scrape targets report than the ready replicas have (a silent pod, or a silent rank's
+        # port), or every pod is still loading: the load is not all seen.
+        reporting = spec.pool(role).shape.metrics_targets  # scrape targets of a replica
+        partials[role] = (signals is not None and 0 < signals.scraped_targets < size.ready * reporting) or (
             size.ready == 0 and size.replicas > 0
         )
         recorded, limited_by = _shape(sizing, current, bounds, partials[role], knobs)

@@ -171,20 +171,20 @@ class _Observed:
     quantile: str
     attainment_target: float
     ranks: int = 1  # engines (data-parallel ranks) of one replica: a group's capacity is theirs together
-    metrics_pods: int = 1  # pods of one replica with engine metrics (`Shape.metrics_pods`)
+    metrics_targets: int = 1  # scrape targets of one replica (`Shape.metrics_targets`)
 
     @property
     def scraped_replicas(self) -> float:
-        """Replicas whose engine metrics were fresh (the scraped pods, in replicas)."""
-        return self.signals.scraped_pods / self.metrics_pods
+        """Replicas whose engine metrics were fresh (the scraped targets, in replicas)."""
+        return self.signals.scraped_targets / self.metrics_targets
 
 
 def engines(spec: PDDeploymentSpec, role: str) -> tuple[int, int]:
     """A replica of `role` in the units the signals come in: its engines (data-parallel ranks, each
-    sized by the profile at the pool's TP) and its pods with engine metrics. (1, 1) for a single-node,
-    single-rank pool; a multi-node group is one replica with the capacity of all its ranks."""
+    sized by the profile at the pool's TP) and its scrape targets (`Shape.metrics_targets`). (1, 1) for a
+    single-node, single-rank pool; a multi-node group is one replica with the capacity of all its ranks."""
     shape = spec.pool(role).shape
-    return shape.data, shape.metrics_pods
+    return shape.data, shape.metrics_targets
 
 
 def _observe(
@@ -216,7 +216,7 @@ def _observe(
         0.0,
     )
     drain = knobs.queue_drain_seconds or float(spec.autoscaling.interval_seconds)
-    ranks, metrics_pods = engines(spec, role)
+    ranks, metrics_targets = engines(spec, role)
     return _Observed(
         size=size,
         starting=max(0, size.replicas - size.ready),
@@ -230,7 +230,7 @@ def _observe(
         quantile=f"p{slo.attainment_percent:g}",
         attainment_target=slo.attainment_percent / 100.0,
         ranks=ranks,
-        metrics_pods=metrics_pods,
+        metrics_targets=metrics_targets,
     )
 
 
@@ -297,8 +297,8 @@ def ttft_attribution(spec: PDDeploymentSpec, snapshot: Snapshot, knobs: Knobs) -
 
 
 def _scraped_engines(spec: PDDeploymentSpec, role: str, signals: PoolSignals) -> float:
-    ranks, metrics_pods = engines(spec, role)
-    return signals.scraped_pods / metrics_pods * ranks
+    ranks, metrics_targets = engines(spec, role)
+    return signals.scraped_targets / metrics_targets * ranks
 
 
 def _slo_state(
@@ -452,14 +452,14 @@ def kv_saturated(signals: PoolSignals, knobs: Knobs) -> bool:
 
 
 def kv_replicas(
-    signals: PoolSignals, cap: DecodeCapacity, knobs: Knobs, *, ranks: int = 1, metrics_pods: int = 1
+    signals: PoolSignals, cap: DecodeCapacity, knobs: Knobs, *, ranks: int = 1, metrics_targets: int = 1
 ) -> tuple[float, float]:
     """Replicas the pool's KV needs at `kv_target_usage`: for what the pods hold now, and for where the
     running and waiting sequences' KV is heading (each holds `cap.context_tokens` over its life on
     average, `running_context_tokens`, whatever it holds now: a sequence just admitted holds its prompt
     and grows with every output token). A replica of `ranks` engines (`cap` is one engine's) whose
-    `metrics_pods` pods report: the mean usage over the engines x the replicas that report."""
-    now = signals.kv_usage_mean * signals.scraped_pods / metrics_pods / knobs.kv_target_usage
+    `metrics_targets` scrape targets report: the mean usage over the engines x the replicas that report."""
+    now = signals.kv_usage_mean * signals.scraped_targets / metrics_targets / knobs.kv_target_usage
     sequences = signals.running_requests + signals.waiting_requests
     heading = sequences * cap.context_tokens / max(cap.kv_tokens * ranks * knobs.kv_target_usage, 1e-9)
     return now, heading
@@ -586,10 +586,10 @@ def _finish(
         replicas=float(obs.size.replicas),
         ready=float(obs.size.ready),
         starting=float(obs.starting),
-        scrapedPods=float(obs.signals.scraped_pods),
+        scrapedTargets=float(obs.signals.scraped_targets),
         capacityCorrection=correction,
     )
-    if obs.ranks > 1 or obs.metrics_pods > 1:
+    if obs.ranks > 1 or obs.metrics_targets > 1:
         figures["enginesPerReplica"] = float(obs.ranks)
     if slo_state.ratio is not None:
         figures["sloRatio"] = slo_state.ratio
@@ -781,7 +781,9 @@ def _decode(
             learnt = True
     per_replica = max(seeded * obs.ranks * correction, 1e-9)
     tokens_each = max(cap.tokens_per_second * obs.ranks * correction, 1e-9)
-    kv_now, kv_heading = kv_replicas(obs.signals, cap, knobs, ranks=obs.ranks, metrics_pods=obs.metrics_pods)
+    kv_now, kv_heading = kv_replicas(
+        obs.signals, cap, knobs, ranks=obs.ranks, metrics_targets=obs.metrics_targets
+    )
     kv_exact = max(kv_now, kv_heading)
     generation = obs.signals.generation_tokens_rate
     arriving = _decode_arrivals(obs, snapshot)
@@ -837,7 +839,7 @@ def _decode(
     locally = f", local prefills {fmt(local)} prompt tokens/s" if local > 0 else ""
     what = (
         f"output tokens {fmt(demand)}/s{locally}, running {fmt(running)} + waiting {fmt(waiting)} sequences "
-        f"and KV usage {obs.signals.kv_usage_mean * 100:.0f}% over {obs.signals.scraped_pods} pods",
+        f"and KV usage {obs.signals.kv_usage_mean * 100:.0f}% over {obs.signals.scraped_targets} targets",
         f"{fmt(tokens_each)} tokens/s or {fmt(per_replica)} sequences each ({fmt(cap.context_tokens)} "
         "context tokens)",
     )
@@ -890,7 +892,7 @@ def _colocated(
     running, waiting = obs.signals.running_requests, obs.signals.waiting_requests
     generation = obs.signals.generation_tokens_rate
     kv_now, kv_heading = kv_replicas(
-        obs.signals, decode, knobs, ranks=obs.ranks, metrics_pods=obs.metrics_pods
+        obs.signals, decode, knobs, ranks=obs.ranks, metrics_targets=obs.metrics_targets
     )
     kv_exact = max(kv_now, kv_heading)
     kv_bound = kv_saturated(obs.signals, knobs)

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from kubernetes import client
 
 from tandem.api import meta
+from tandem.demo.load import BackgroundLoad
 from tandem.demo.stats import Sample
 from tandem.devcluster import kube
 from tandem.devcluster.handle import ClusterHandle
@@ -254,3 +255,53 @@ def ttft_quantile(samples: list[Sample], q: float) -> float:
 
 def failures(samples: list[Sample]) -> list[str]:
     return [s.error for s in samples if not s.ok]
+
+
+# --- tandem's autoscaler on groups (test_groups_e2e, test_dp_ranks_e2e) -----------------------------
+
+
+def group_autoscaling(down_window_seconds: int) -> dict[str, Any]:
+    """The spec fields of the group-autoscaling e2e tests: an SLO, and tandem's autoscaler deciding
+    every 5 s, up at once by one group, down by one after `down_window_seconds`, draining for at most
+    90 s."""
+    return {
+        "slo": {"ttftMs": 3000, "tpotMs": 100, "attainmentPercent": 90},
+        "autoscaling": {
+            "enabled": True,
+            "intervalSeconds": 5,
+            "scaleUp": {"stabilizationSeconds": 0, "maxStep": 1},
+            "scaleDown": {"stabilizationSeconds": down_window_seconds, "maxStep": 1},
+            "drainTimeoutSeconds": 90,
+        },
+    }
+
+
+def decided_up(watch: Watcher, role: str, started: float, timeout: float = 180) -> Seen:
+    """The first reading whose autoscaler asks for a second replica (group) of `role`; prints the
+    decision, seconds after `started` (wall clock)."""
+    up = watch.wait(
+        f"{role} decided up by a group", lambda s: s if (s.desired(role) or 0) >= 2 else None, timeout
+    )
+    print(f"+{up.at - started:.0f}s {role} 1 -> 2 groups: {up.autoscaling(role)['lastDecision']['reason']}")
+    return up
+
+
+def stop_and_check_drained(
+    load: BackgroundLoad, started: float, cluster: ClusterHandle, namespace: str, name: str
+) -> None:
+    """Stops `load` and asserts that none of its streams since `started` failed, and that the
+    PDDeployment's events say a drain began and ended with its pods idle."""
+    time.sleep(3)
+    load.stop(timeout=90)
+    samples = load.samples(since=started)
+    failed = failures(samples)
+    print(f"{len(samples)} streams through the router, {len(failed)} failed")
+    assert samples
+    assert not failed, failed[:3]
+    seen = events(cluster, namespace, name)
+    reasons = [e["reason"] for e in seen]
+    assert "Draining" in reasons, reasons
+    drained = [e for e in seen if e["reason"] == "Drained"]
+    assert drained, reasons
+    print(f"drain: {drained[-1].get('message')}")
+    assert "idle" in drained[-1].get("message", ""), drained[-1]

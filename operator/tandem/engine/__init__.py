@@ -85,6 +85,9 @@ run time with `POST /admin/faults` (JSON merged into the current faults; `GET` s
   stream_error_rate: R, stream_error_after_tokens: N
                                 fraction of streams that, after N tokens, send
                                 `data: {"error": {...}}` then `data: [DONE]` inside the 200 response.
+  metrics_error: true            /metrics answers 500 (a scrape fails) while the engine serves and
+                                its /health answers as before; with MultiPortExternal, set on one
+                                rank's port: that rank's scrape alone fails.
 
 Debug: `GET /debug/kv` (held prefill KV with age and expiry, pool usage, expired leases),
 `GET /debug/state` (queue sizes, profile, faults). Leaked/held KV is also in `/metrics` as

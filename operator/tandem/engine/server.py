@@ -149,6 +149,8 @@ class EngineServer:
         await self._hang_if_asked()
         if (loading := self._loading_answer()) is not None:
             return loading
+        if self.core.faults.metrics_error:
+            return _error("injected fault: metrics unavailable", 500, "InternalServerError")
         body, content_type = self.core.metrics.exposition()
         ranks = self.group.rank_urls() if self.group is not None else {}
         if ranks:  # a data-parallel leader reports every rank of its group (group.py)

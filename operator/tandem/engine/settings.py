@@ -45,6 +45,9 @@ class Faults(BaseModel):
     local_prefill_error_rate: float = Field(default=0.0, ge=0, le=1)
     stream_error_rate: float = Field(default=0.0, ge=0, le=1)  # streams that end in an error event
     stream_error_after_tokens: int = Field(default=1, ge=0)  # ... after this many tokens were sent
+    # /metrics answers 500 while everything else serves: a scrape that fails (a rank's port Prometheus
+    # cannot read) on an engine that is Ready and takes requests.
+    metrics_error: bool = False
 
     def merged(self, patch: Mapping[str, Any]) -> Faults:
         return Faults.model_validate({**self.model_dump(), **patch})

@@ -36,6 +36,12 @@ over its sample count) is stale: the snapshot lists it in `missing`, and `decide
 pool with ready pods but no engine series, routers without fresh series, an SLO the routers do not
 count (no within-SLO series while requests are counted), and any query that failed. A fresh series
 that reads zero is data: no traffic.
+
+Engines report per scrape target, a pod and its `instance` (address:port), not per pod: a
+`MultiPortExternal` pod's ranks are scraped each on its own port with its own engine's series, so a
+rank whose port fails to scrape (its series go stale at the failed scrape) is one target fewer, and
+its pool reads as partly reporting (`PoolSignals.scraped_targets` against `Shape.metrics_targets`),
+as a silent pod does. Duplicate targets of one address (two jobs scraping the same port) count once.
 """
 
 from __future__ import annotations
@@ -93,13 +99,13 @@ class Query:
 ENGINE_QUERIES: Final[tuple[Query, ...]] = (
     Query(
         "engine_age",
-        "max by (pod, tandem_dev_role) (time() - timestamp(vllm:num_requests_running SEL))",
-        "seconds since each engine pod's newest sample (freshness)",
+        "max by (pod, instance, tandem_dev_role) (time() - timestamp(vllm:num_requests_running SEL))",
+        "seconds since each engine scrape target's newest sample (freshness)",
     ),
     Query(
         "engine_samples",
-        "min by (pod, tandem_dev_role) (count_over_time(vllm:num_requests_running SEL [WINDOW]))",
-        "samples per engine pod in the window (its scrape interval is about window / samples)",
+        "min by (pod, instance, tandem_dev_role) (count_over_time(vllm:num_requests_running SEL [WINDOW]))",
+        "samples per engine scrape target in the window (its scrape interval is about window / samples)",
     ),
     Query(
         "waiting",
@@ -507,8 +513,16 @@ def _latency(value: float | None) -> float | None:
 
 @dataclass(frozen=True, slots=True)
 class _Freshness:
-    fresh: dict[str, str]  # pod -> role (or "" for routers) of pods with fresh series
+    fresh: dict[str, str]  # pod (or pod and instance) -> role (or "" for routers), of fresh series
     stale: list[str]  # messages
+
+
+def _target(labels: Mapping[str, Any]) -> str | None:
+    """`pod` or, where the series has an `instance` (address:port), `pod (instance)`: one scrape target."""
+    pod, instance = labels.get("pod"), labels.get("instance")
+    if not isinstance(pod, str):
+        return None
+    return f"{pod} ({instance})" if isinstance(instance, str) and instance else pod
 
 
 def _freshness(
@@ -519,23 +533,29 @@ def _freshness(
     scrape_interval: float | None,
     query: str,
 ) -> _Freshness:
-    counts = by_label(samples, "pod")
+    """Fresh and stale series of `age` by their target (`_target`: the answers of a `by (pod)` query
+    carry no instance, so they are per pod)."""
+    counts: dict[str, float] = {}
+    for sample in samples:
+        key = _target(sample.get("metric") or {})
+        if key is not None:
+            counts[key] = _value(sample)
     fresh: dict[str, str] = {}
     stale: list[str] = []
     for sample in age:
         labels = sample.get("metric") or {}
-        pod = labels.get("pod")
-        if not isinstance(pod, str):
+        key = _target(labels)
+        if key is None:
             continue
         seconds = _value(sample)
-        count = counts.get(pod, 0.0)
+        count = counts.get(key, 0.0)
         interval = scrape_interval or (window_seconds / count if count >= 1 else window_seconds)
         limit = STALE_INTERVALS * interval
         if math.isfinite(seconds) and seconds <= limit:
-            fresh[pod] = str(labels.get(role_label, "")) if role_label else ""
+            fresh[key] = str(labels.get(role_label, "")) if role_label else ""
         else:
             stale.append(
-                f"{query}: pod {pod} last scraped {seconds:.0f}s ago, more than {STALE_INTERVALS:g}"
+                f"{query}: pod {key} last scraped {seconds:.0f}s ago, more than {STALE_INTERVALS:g}"
                 f" scrape intervals (~{interval:.1f}s)"
             )
     return _Freshness(fresh, stale)
@@ -610,7 +630,7 @@ def build_snapshot(
             if before is not None:
                 before = _finite(before) + PREFILLING_SHARE * _finite(per_role["running_before"].get(role))
         pools[role] = PoolSignals(
-            scraped_pods=sum(1 for r in engines.fresh.values() if r == role),
+            scraped_targets=sum(1 for r in engines.fresh.values() if r == role),
             waiting_requests=value["waiting"],
             running_requests=value["running"],
             kv_usage_mean=value["kv_usage_mean"],

@@ -378,8 +378,8 @@ class HPAPolicy:
         if signals is None:
             return 0, 0.0
         if METRIC_BY_ROLE[role] == "queued_prompt_tokens":
-            return signals.scraped_pods, signals.queued_prompt_tokens
-        return signals.scraped_pods, signals.kv_usage_mean * signals.scraped_pods
+            return signals.scraped_targets, signals.queued_prompt_tokens
+        return signals.scraped_targets, signals.kv_usage_mean * signals.scraped_targets
 
     def decide(self, snapshot: Snapshot, now: float) -> dict[str, int]:
         if not snapshot.has_data:
@@ -837,7 +837,7 @@ class LoadPlannerPolicy:
         if size is None or signals is None:
             return None
         n = size.replicas
-        if n <= 0 or size.ready != n or signals.scraped_pods != n:
+        if n <= 0 or size.ready != n or signals.scraped_targets != n:
             return None  # scaling in progress, or workers not all reporting
         isl, osl = _lengths(snapshot)
         if isl <= 0:

@@ -558,7 +558,7 @@ class Cluster:
                 gpus=gpus,
                 # Prometheus scrapes the pods of each serving group that report engine metrics (a
                 # group's leader, or each serving pod), each pod every engine it runs or balances over
-                scraped_pods=(states[READY] + states[DRAINING]) * pool.instance.metrics_pods,
+                scraped_targets=(states[READY] + states[DRAINING]) * pool.instance.metrics_targets,
             )
         return gauges
 

@@ -41,7 +41,7 @@ def snapshot_of(view: WindowView, quantile: float) -> Snapshot:
         mean_output = inc.pool_finished_output[r] / finished if finished else 0.0
         before = view.gauges_before.get(role) if view.gauges_before is not None else None
         pools[role] = PoolSignals(
-            scraped_pods=gauges.scraped_pods,
+            scraped_targets=gauges.scraped_targets,
             waiting_requests=float(gauges.waiting),
             running_requests=float(gauges.running),
             kv_usage_mean=gauges.kv_usage_mean,

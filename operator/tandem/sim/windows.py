@@ -197,7 +197,7 @@ class PoolGauges:
     kv_usage_mean: float  # over serving replicas, 0..1
     kv_usage_max: float
     gpus: int  # held by the pool's replicas in any state
-    scraped_pods: int  # pods of serving replicas with engine metrics (`Shape.metrics_pods` each)
+    scraped_targets: int  # scrape targets of serving replicas (`Shape.metrics_targets` each)
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,6 +67,20 @@ def test_slowdown_is_applied(engine: Engine) -> None:
     assert engine.post("/v1/completions", BODY)[0] == 200
 
 
+def test_metrics_error_fails_the_scrape_only(engine: Engine) -> None:
+    assert engine.request("GET", "/metrics")[0] == 200
+    set_faults(engine, metrics_error=True)
+    status, _, body = engine.request("GET", "/metrics")
+    assert status == 500
+    assert b"metrics unavailable" in body
+    assert engine.request("GET", "/health")[0] == 200  # Ready, and serving
+    assert engine.post("/v1/completions", BODY)[0] == 200
+    set_faults(engine, metrics_error=False)
+    status, _, body = engine.request("GET", "/metrics")
+    assert status == 200
+    assert b"vllm:num_requests_running" in body
+
+
 def test_hang_stops_answering_until_released(engine: Engine) -> None:
     set_faults(engine, hang=True)
     with pytest.raises((TimeoutError, socket.timeout, OSError)):

@@ -158,7 +158,7 @@ def test_snapshot_of_a_live_deployment(cluster: ClusterHandle, deployed: Deploye
     # born with them): wait until every pod is scraped. Zero traffic then is data, not a gap.
     def scraped() -> Snapshot | None:
         snap = read(reader, deployed, 60)
-        engines = all(snap.pools[role].scraped_pods == 1 for role in ("prefill", "decode"))
+        engines = all(snap.pools[role].scraped_targets == 1 for role in ("prefill", "decode"))
         return snap if engines and not snap.missing else None
 
     idle = eventually(scraped, timeout=180, what="Prometheus to scrape every pod")
@@ -174,7 +174,7 @@ def test_snapshot_of_a_live_deployment(cluster: ClusterHandle, deployed: Deploye
         seen = pd.request_rate > 0 and pd.within_slo_rate > 0 and pd.ttft_seconds is not None
         # Each target is scraped on its own schedule: the router's counters may be seen before the
         # engines' are, so wait for both sides of the requests.
-        engines = all(snap.pools[role].scraped_pods == 1 for role in ("prefill", "decode")) and (
+        engines = all(snap.pools[role].scraped_targets == 1 for role in ("prefill", "decode")) and (
             snap.pools["decode"].generation_tokens_rate > 0
             and snap.pools["prefill"].prompt_tokens_rate > 0
             and snap.pools["decode"].local_prompt_tokens_rate > 0
@@ -282,7 +282,7 @@ def test_snapshot_of_a_live_deployment(cluster: ClusterHandle, deployed: Deploye
 
     snap = eventually(quiet, timeout=120, what="a quiet window")
     assert snap.has_data
-    assert snap.pools["prefill"].scraped_pods == snap.pools["decode"].scraped_pods == 1
+    assert snap.pools["prefill"].scraped_targets == snap.pools["decode"].scraped_targets == 1
     assert snap.pools["decode"].generation_tokens_rate == 0
     assert snap.pools["prefill"].waiting_requests == 0
     assert snap.paths["disaggregated"].ttft_seconds is None
@@ -376,7 +376,7 @@ def test_kv_transport_of_a_live_deployment(cluster: ClusterHandle, deployed: Dep
     # NIXL counters are born with it): wait until both engines are scraped.
     eventually(
         lambda: all(
-            read(reader, deployed, 60).pools[role].scraped_pods == 1 for role in ("prefill", "decode")
+            read(reader, deployed, 60).pools[role].scraped_targets == 1 for role in ("prefill", "decode")
         ),
         timeout=180,
         what="Prometheus to scrape both engines",

@@ -13,8 +13,16 @@ decode 1 group of 2 `External` ranks (port 8000 of each pod).
   LeaderWorkerSet recreates both pods of the group (the other group's and decode's are kept) and the
   group serves again; no request failed but those in flight when the rank died.
 
-The dev cluster runs LeaderWorkerSet's controller (`devcluster.start_lws`); every address is a
-loopback one (127.0.0.0/8).
+Then (that deployment deleted, for room on 2 cores) tandem's own autoscaler sizes a second
+PDDeployment of ranks: its prefill one pod of 2 `MultiPortExternal` ranks (a StatefulSet, no group:
+each rank's port scraped, the router reaching both), its decode groups of 2 `External` ranks in
+[1, 2]. Long streams through the router grow decode by a group, read from Prometheus' per-rank series
+(each rank's port a scrape target); when the load falls the highest group is drained (both pods
+marked) and removed once idle, with no failed stream.
+
+The operator reads the dev cluster's Prometheus (`autoscaling_operator`; the first deployment has no
+autoscaling). The dev cluster runs LeaderWorkerSet's controller (`devcluster.start_lws`); every
+address is a loopback one (127.0.0.0/8).
 """
 
 from __future__ import annotations
@@ -40,7 +48,10 @@ from tandem.demo import e2e
 from tandem.demo.load import BackgroundLoad, Phase
 from tandem.demo.stats import Sample
 from tandem.devcluster.handle import ClusterHandle
-from tandem.devcluster.testing import OperatorProcess, eventually, scratch_namespace
+from tandem.devcluster.testing import RestartableOperator, eventually, scratch_namespace
+from tandem.metrics.prometheus import PrometheusReader
+from tandem.metrics.queries import LABEL_PDD, LABEL_ROLE
+from tandem.signals import PoolSize, Snapshot
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 
@@ -139,6 +150,28 @@ def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
     return {key: value for key, value in changed.items() if value}
 
 
+def reach_every_rank(router: str, prefill: set[str], decode: set[str]) -> int:
+    """Sends rounds of 8 distinct prompts at once until the router has sent a leg to every rank of
+    `prefill` and `decode` (`pod:port`); the requests sent. The prefill choice spreads distinct prompts
+    by load and prefix (ties by rendezvous), so every rank gets some within a few rounds."""
+    sent = 0
+
+    def every_rank_reached() -> bool:
+        nonlocal sent
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            codes = list(
+                pool.map(
+                    lambda i: complete(router, f"request {sent + i}: " + f"topic {sent + i} " * 30), range(8)
+                )
+            )
+        assert codes == [200] * 8, codes
+        sent += 8
+        return set(legs(router, "prefill")) >= prefill and set(legs(router, "decode")) >= decode
+
+    eventually(every_rank_reached, timeout=180, interval=0.1, what="a leg to every prefill and decode rank")
+    return sent
+
+
 def duration(sample: Sample) -> float:
     """A successful streamed request's time from sent to its last token."""
     tpot = 0.0 if math.isnan(sample.tpot_s) else sample.tpot_s
@@ -153,7 +186,7 @@ def prometheus(cluster: ClusterHandle, path: str, **params: str) -> Any:
 
 
 @pytest.fixture(scope="module")
-def deployed(lws: ClusterHandle, operator: OperatorProcess) -> Iterator[Deployed]:
+def deployed(lws: ClusterHandle, autoscaling_operator: RestartableOperator) -> Iterator[Deployed]:
     cluster = lws
     with scratch_namespace(cluster, f"t-dp-ranks-{uuid.uuid4().hex[:6]}") as namespace:
         doc = manifest()
@@ -176,23 +209,7 @@ def test_the_router_reaches_every_rank(deployed: Deployed) -> None:
     router = deployed.router()
     eventually(lambda: complete(router, "hello") == 200, timeout=120, what="a request served")
     prefill_ranks, decode_ranks = deployed.rank_keys("prefill"), deployed.rank_keys("decode")
-    sent = 0
-
-    def every_rank_reached() -> bool:
-        # Distinct prompts, 8 at a time: the prefill choice spreads them by load and prefix (ties
-        # by rendezvous), so every rank gets some within a few rounds.
-        nonlocal sent
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            codes = list(
-                pool.map(
-                    lambda i: complete(router, f"request {sent + i}: " + f"topic {sent + i} " * 30), range(8)
-                )
-            )
-        assert codes == [200] * 8, codes
-        sent += 8
-        return set(legs(router, "prefill")) >= prefill_ranks and set(legs(router, "decode")) >= decode_ranks
-
-    eventually(every_rank_reached, timeout=180, interval=0.1, what="a leg to every prefill and decode rank")
+    sent = reach_every_rank(router, prefill_ranks, decode_ranks)
     prefill, decode = legs(router, "prefill"), legs(router, "decode")
     print(
         f"{sent} requests: prefill legs by rank {dict(sorted(prefill.items()))}; "
@@ -271,6 +288,59 @@ def test_prometheus_scrapes_every_rank_port(deployed: Deployed) -> None:
     print(f"prefill: {sent:.0f} legs sent by the router, {seen:.0f} requests in Prometheus over 8 ranks")
 
 
+def test_a_rank_port_that_fails_to_scrape_leaves_the_pool_partly_reporting(deployed: Deployed) -> None:
+    """One rank's /metrics fails (the sim's `metrics_error` on a worker pod's port 8001) while its pod
+    stays Ready and its other port answers: the operator's metrics reader, against the dev cluster's
+    Prometheus, counts 7 of the prefill pool's 8 scrape targets (2 groups x 2 pods x 2 rank ports), so
+    the autoscaler holds the pool as partial (tests/unit/autoscale/test_groups.py), and 8 again once the
+    rank's scrape succeeds."""
+    cluster, ns = deployed.cluster, deployed.namespace
+    victim = next(
+        p
+        for p in deployed.pods("prefill")
+        if p["metadata"]["name"] == f"{deployed.name}-prefill-0-1"  # group 0's worker: ranks 2 and 3
+    )
+    name = victim["metadata"]["name"]
+    url = f"http://{victim['status']['podIP']}:{meta.ENGINE_PORT + 1}/admin/faults"
+    reader = PrometheusReader(cluster.prometheus_url)
+    sizes = {"prefill": PoolSize(2, 2), "decode": PoolSize(1, 1)}
+
+    def reporting(want: int) -> Snapshot | None:
+        snap = reader.snapshot(ns, deployed.name, None, 60, time.time(), sizes=sizes)
+        return snap if snap.pools["prefill"].scraped_targets == want else None
+
+    def victim_targets() -> dict[str, str]:
+        active = prometheus(cluster, "/api/v1/targets", state="active")["activeTargets"]
+        return {
+            t["labels"]["instance"].rpartition(":")[2]: t["health"]
+            for t in active
+            if t["labels"].get("namespace") == ns and t["labels"].get("pod") == name
+        }
+
+    def victim_port_down() -> dict[str, str] | None:
+        health = victim_targets()
+        return health if health.get(str(meta.ENGINE_PORT + 1)) == "down" else None
+
+    try:
+        full = eventually(lambda: reporting(8), timeout=60, what="8 prefill scrape targets reporting")
+        assert full.pools["decode"].scraped_targets == 2
+        try:
+            assert call(url, {"metrics_error": True})[0] == 200
+            health = eventually(victim_port_down, timeout=60, what=f"{name}'s port 8001 target down")
+            assert health[str(meta.ENGINE_PORT)] == "up", health  # the pod's other rank is scraped
+            partial = eventually(lambda: reporting(7), timeout=60, what="7 of 8 prefill targets reporting")
+            assert deployed.ready_groups("prefill") == 2  # both groups Ready: only a scrape fails
+        finally:
+            call(url, {"metrics_error": False})
+        print(
+            f"\n{name}:8001's scrape failing (targets {health}): prefill reported "
+            f"{partial.pools['prefill'].scraped_targets} of 8 scrape targets"
+        )
+        eventually(lambda: reporting(8), timeout=60, what="8 prefill scrape targets reporting again")
+    finally:
+        reader.close()
+
+
 def test_a_killed_rank_takes_its_group_out_until_it_is_recreated(deployed: Deployed) -> None:
     router = deployed.router()
     pods = deployed.pods("prefill")
@@ -336,3 +406,197 @@ def test_a_killed_rank_takes_its_group_out_until_it_is_recreated(deployed: Deplo
     )
     assert len(rest) >= 20
     assert not failed, failed[:3]
+
+
+# --- tandem's autoscaler on a pool of ranks, and a MultiPortExternal pool on one pod ---------------
+
+AS_NAME = "dp-as"
+# Every modelled latency x3; a new pod answers 503 for 4 s (its model "loads").
+AS_ENV = e2e.engine_env(3, 4)
+# A decode rank's KV cache: ~5.3k tokens (as in test_groups_e2e), so a group of 2 ranks holds ~10k.
+DECODE_ARGS = ("--gpu-memory-utilization", "0.22")
+DOWN_WINDOW = 30
+# ~11 s streams of 500 tokens (x3 time scale) at 1.2/s: ~13 at once, ~10k tokens of KV: more than
+# one group's two ranks hold at the 85% target, well within two groups.
+LONG = Phase(1.2, 500, 500, "long")
+FALL = Phase(0.4, 300, 100, "fall")  # ~2 s streams: light, often one in flight
+ROUTER_SEES_MARK_S = 3.0  # the router's pod watch (a second or so) after a drain's marks
+LWS_RESOURCE = "leaderworkersets.leaderworkerset.x-k8s.io"
+
+
+def autoscaled_manifest() -> dict[str, Any]:
+    """Prefill: one pod of 2 MultiPortExternal ranks (nodesPerInstance 1: a StatefulSet, ports 8000
+    and 8001), not autoscaled. Decode: groups of 2 pods x 1 External rank, tandem's autoscaler in
+    [1, 2] groups."""
+    small = e2e.SMALL_POD_REQUESTS
+    prefill = {
+        **e2e.pool(1, requests=small),
+        "parallelism": {"data": 2, "loadBalancing": "MultiPortExternal"},
+    }
+    decode = {
+        **e2e.pool(1, requests=small),
+        "nodesPerInstance": 2,
+        "parallelism": {"data": 2, "loadBalancing": "External"},
+        "engineArgs": list(DECODE_ARGS),
+        "autoscaling": {"minReplicas": 1, "maxReplicas": 2},
+    }
+    return e2e.pddeployment(
+        AS_NAME,
+        {
+            "engine": {"type": "sim", "image": e2e.IMAGE, "env": AS_ENV},
+            "prefill": prefill,
+            "decode": decode,
+            "maxGPUs": 6,  # prefill 2 ranks + decode 2 groups of 2 ranks, TP1 each
+            **e2e.group_autoscaling(DOWN_WINDOW),
+        },
+    )
+
+
+def groups(seen: e2e.Seen, role: str, key: str = "readyReplicas") -> int:
+    """A pool's replicas in status (a group pool's: LeaderWorkerSet's counts of groups)."""
+    return int(((seen.status.get("pools") or {}).get(role) or {}).get(key) or 0)
+
+
+def up_targets(deployed: Deployed, role: str) -> set[str] | None:
+    """`pod:port` of the healthy Prometheus targets of `role`'s pods; None while any of them is not up."""
+    active = prometheus(deployed.cluster, "/api/v1/targets", state="active")["activeTargets"]
+    found = set()
+    for target in active:
+        labels = target["labels"]
+        if (
+            labels.get("namespace") != deployed.namespace
+            or labels.get(LABEL_PDD) != deployed.name
+            or labels.get(LABEL_ROLE) != role
+        ):
+            continue
+        if target["health"] != "up":
+            return None
+        found.add(f"{labels['pod']}:{labels['instance'].rpartition(':')[2]}")
+    return found
+
+
+def lws_replicas(deployed: Deployed, role: str) -> int | None:
+    spec = deployed.get(LWS_RESOURCE, f"{deployed.name}-{role}").get("spec") or {}
+    value = spec.get("replicas")
+    return None if value is None else int(value)
+
+
+def test_a_multi_port_pod_serves_every_rank_and_the_autoscaler_sizes_groups_of_ranks(
+    deployed: Deployed,
+) -> None:
+    cluster, ns = deployed.cluster, deployed.namespace
+    cluster.kubectl("delete", "pdd", deployed.name, "-n", ns, "--wait=false", check=False)  # 2 cores
+    began = time.monotonic()
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(autoscaled_manifest()))
+    scaled = Deployed(cluster, ns, AS_NAME)
+    watch = e2e.Watcher(cluster, ns, AS_NAME).start()
+    load: BackgroundLoad | None = None
+    try:
+        watch.wait(
+            "Ready, 1 prefill pod + 1 decode group",
+            lambda s: s if s.is_ready() and groups(s, "prefill") == 1 and groups(s, "decode") == 1 else None,
+            300,
+        )
+        print(f"\n{AS_NAME} Ready {time.monotonic() - began:.0f} s after the apply")
+
+        # The MultiPortExternal prefill pool on one pod: a StatefulSet (no group), a port per rank.
+        assert scaled.get("statefulset", f"{AS_NAME}-prefill").get("spec", {}).get("replicas") == 1
+        assert scaled.get(LWS_RESOURCE, f"{AS_NAME}-prefill") == {}
+        (prefill_pod,) = scaled.pods("prefill")
+        ports = {
+            p["name"]: p["containerPort"]
+            for p in prefill_pod["spec"]["containers"][0]["ports"]
+            if p["name"].startswith("http")
+        }
+        assert ports == {"http": meta.ENGINE_PORT, "http-1": meta.ENGINE_PORT + 1}, ports
+        prefill_ranks, decode_ranks = scaled.rank_keys("prefill"), scaled.rank_keys("decode")
+        assert len(prefill_ranks) == 2
+        assert len(decode_ranks) == 2
+
+        def every_prefill_port_up() -> set[str] | None:
+            found = up_targets(scaled, "prefill")
+            return found if found == prefill_ranks else None
+
+        found = eventually(
+            every_prefill_port_up,
+            timeout=120,
+            what=f"a healthy target per prefill rank port: {sorted(prefill_ranks)}",
+        )
+        selector = f'{{namespace="{ns}",tandem_dev_pddeployment="{AS_NAME}",tandem_dev_role="prefill"}}'
+
+        def rank_engines() -> set[str] | None:
+            query = f"vllm:num_requests_running{selector}"
+            result = prometheus(cluster, "/api/v1/query", query=query)["result"]
+            engines = {s["metric"]["engine"] for s in result}
+            return engines if len(result) == 2 else None
+
+        engines = eventually(rank_engines, timeout=60, what="2 prefill rank series")
+        assert engines == {"0", "1"}
+        router = e2e.router_url(cluster, ns, AS_NAME)
+        eventually(lambda: complete(router, "hello") == 200, timeout=120, what="served through the router")
+        sent = reach_every_rank(router, prefill_ranks, decode_ranks)
+        print(
+            f"prefill pod {prefill_pod['metadata']['name']}: targets up {sorted(found)}, rank series engine "
+            f"{sorted(engines)}; {sent} requests reached both prefill ranks {legs(router, 'prefill')}"
+        )
+
+        # tandem's autoscaler: a decode group of 2 External ranks, each rank's port a scrape target.
+        load = BackgroundLoad(router, e2e.MODEL, max_requests=1500, max_seconds=600).start(LONG)
+        started = time.time()
+        up = e2e.decided_up(watch, "decode", started)
+        figures = up.autoscaling("decode")["lastDecision"]["figures"]
+        assert figures["enginesPerReplica"] == 2, figures  # a group's capacity is both ranks'
+        assert figures["scrapedTargets"] == 2, figures  # each rank's port, of the one ready group
+        grown = watch.wait("decode 2 groups Ready", lambda s: s if groups(s, "decode") >= 2 else None, 180)
+        print(f"+{grown.at - started:.0f}s 2 decode groups Ready")
+        assert lws_replicas(scaled, "decode") == 2
+        assert grown.status["pools"]["decode"]["gpus"] == 4
+        assert len(scaled.pods("decode")) == 4
+        eventually(
+            lambda: len(up_targets(scaled, "decode") or ()) == 4, timeout=60, what="4 decode rank targets up"
+        )
+
+        load.set(FALL)
+        fell = time.time()
+
+        def group_1_marked() -> list[dict[str, Any]] | None:
+            pods = [
+                p for p in scaled.pods("decode") if p["metadata"]["name"].startswith(f"{AS_NAME}-decode-1")
+            ]
+            marked = [p for p in pods if meta.ANNOTATION_DRAINING in (p["metadata"].get("annotations") or {})]
+            return pods if len(pods) == 2 and len(marked) == 2 else None
+
+        marked = eventually(group_1_marked, timeout=180, what="both pods of decode group 1 marked draining")
+        names = sorted(p["metadata"]["name"] for p in marked)
+        print(f"+{time.time() - fell:.0f}s after the load fell: {names} marked draining")
+        assert names == [f"{AS_NAME}-decode-1", f"{AS_NAME}-decode-1-1"]
+        record = scaled.get("pdd", AS_NAME)["status"]["autoscaling"]["pools"]["decode"].get("draining") or {}
+        assert sorted(record.get("pods") or []) == names, record
+        # Neither rank of the draining group gets a new leg once the router has seen the marks.
+        wait_s = float(record["startedAt"]) + ROUTER_SEES_MARK_S - time.time()
+        if wait_s > 0:
+            time.sleep(wait_s)
+        draining = scaled.rank_keys("decode", marked)
+        ahead = legs(router, "decode")
+
+        done = watch.wait(
+            "decode back to 1 group",
+            lambda s: s if groups(s, "decode", "replicas") == 1 and s.desired("decode") == 1 else None,
+            180,
+        )
+        print(f"+{done.at - fell:.0f}s after the load fell: decode back to 1 group")
+        assert not set(delta(legs(router, "decode"), ahead)) & draining
+        eventually(lambda: lws_replicas(scaled, "decode") == 1, timeout=60, what="the LeaderWorkerSet at 1")
+        eventually(lambda: len(scaled.pods("decode")) == 2, timeout=120, what="group 1's pods gone")
+        assert {p["metadata"]["name"] for p in scaled.pods("decode")} == {
+            f"{AS_NAME}-decode-0",
+            f"{AS_NAME}-decode-0-1",
+        }
+        e2e.stop_and_check_drained(load, started, cluster, ns, AS_NAME)
+        assert max(s.desired("decode") or 0 for s in watch.since(started)) <= 2
+    finally:
+        if load is not None and load.running:
+            load.stop(timeout=60)
+        watch.stop()
+        for e in e2e.events(cluster, ns, AS_NAME):
+            print(f"  {e.get('reason')}: {e.get('message', '')[:300]}")

@@ -387,14 +387,7 @@ def autoscaled_manifest() -> dict[str, Any]:
             "prefill": group_pool(1),
             "decode": decode,
             "maxGPUs": MAX_GPUS,  # prefill 1 group + decode 2 groups, of 2 GPUs each
-            "slo": {"ttftMs": 3000, "tpotMs": 100, "attainmentPercent": 90},
-            "autoscaling": {
-                "enabled": True,
-                "intervalSeconds": 5,
-                "scaleUp": {"stabilizationSeconds": 0, "maxStep": 1},
-                "scaleDown": {"stabilizationSeconds": DOWN_WINDOW, "maxStep": 1},
-                "drainTimeoutSeconds": 90,
-            },
+            **e2e.group_autoscaling(DOWN_WINDOW),
         },
     )
 
@@ -437,12 +430,8 @@ def test_the_autoscaler_grows_decode_by_a_group_and_drains_it_whole_without_a_fa
         load = BackgroundLoad(router, e2e.MODEL, max_requests=1500, max_seconds=600).start(LONG)
         started = time.time()
 
-        up = watch.wait(
-            "decode decided up by a group", lambda s: s if (s.desired("decode") or 0) >= 2 else None, 180
-        )
-        decision = up.autoscaling("decode")["lastDecision"]
-        figures = decision["figures"]
-        print(f"+{up.at - started:.0f}s decode 1 -> 2 groups: {decision['reason']}")
+        up = e2e.decided_up(watch, "decode", started)
+        figures = up.autoscaling("decode")["lastDecision"]["figures"]
         # One replica is one group of two ranks: the capacity is both ranks' together.
         assert figures["enginesPerReplica"] == 2, figures
         assert figures["kvTokensPerReplica"] > 0
@@ -501,19 +490,7 @@ def test_the_autoscaler_grows_decode_by_a_group_and_drains_it_whole_without_a_fa
             f"{AS_NAME}-decode-0",
             f"{AS_NAME}-decode-0-1",
         }
-        time.sleep(3)
-        load.stop(timeout=90)
-        samples = load.samples(since=started)
-        failed = e2e.failures(samples)
-        print(f"{len(samples)} streams through the router, {len(failed)} failed")
-        assert samples
-        assert not failed, failed[:3]
-        reasons = [e["reason"] for e in e2e.events(cluster, ns, AS_NAME)]
-        assert "Draining" in reasons, reasons
-        assert "Drained" in reasons, reasons
-        drained = [e for e in e2e.events(cluster, ns, AS_NAME) if e["reason"] == "Drained"]
-        print(f"drain: {drained[-1].get('message')}")
-        assert "idle" in drained[-1].get("message", ""), drained[-1]
+        e2e.stop_and_check_drained(load, started, cluster, ns, AS_NAME)
         readings = watch.since(started)
         assert max(s.desired("decode") or 0 for s in readings) <= 2
     finally:

@@ -114,7 +114,7 @@ class Kit:
             queued = queue * self.prompt_capacity * drain
             before = None if queue_before is None else queue_before * self.prompt_capacity * drain
             pools["prefill"] = PoolSignals(
-                scraped_pods=ready,
+                scraped_targets=ready,
                 prompt_tokens_rate=prefill * self.prompt_capacity + busy * self.prompt_raw,
                 request_rate=arriving * self.output_capacity / OUTPUT,
                 queued_prompt_tokens=queued,
@@ -129,7 +129,7 @@ class Kit:
             if usage is None:
                 usage = min(1.0, running * (PROMPT + OUTPUT / 2) / (max(ready, 1) * self.kv_tokens))
             pools["decode"] = PoolSignals(
-                scraped_pods=ready,
+                scraped_targets=ready,
                 running_requests=running,
                 waiting_requests=waiting * self.sequence_capacity,
                 generation_tokens_rate=generation * self.output_capacity,
@@ -139,7 +139,7 @@ class Kit:
                 mean_output_tokens=OUTPUT if running or generation else 0.0,
             )
         if "colocated" in sizes and colocated is not None:
-            pools["colocated"] = PoolSignals(scraped_pods=sizes["colocated"][1])
+            pools["colocated"] = PoolSignals(scraped_targets=sizes["colocated"][1])
         busy_load = prefill or busy or decode or generation or arriving
         rate = request_rate if request_rate is not None else (10.0 if busy_load else 0.0)
         path = PathSignals(

@@ -261,7 +261,7 @@ def test_max_step_both_ways(kit: Kit, down: int, up: int, current: int, load: fl
 
 
 def _unscraped_decode(snapshot: Snapshot) -> Snapshot:
-    return dataclasses.replace(snapshot, pools={**snapshot.pools, "decode": PoolSignals(scraped_pods=0)})
+    return dataclasses.replace(snapshot, pools={**snapshot.pools, "decode": PoolSignals(scraped_targets=0)})
 
 
 def _nan_queue(snapshot: Snapshot) -> Snapshot:

@@ -71,9 +71,9 @@ def window(
         window_seconds=60.0,
         sizes={"prefill": PoolSize(1, 1), "decode": PoolSize(decode, decode)},
         pools={
-            "prefill": PoolSignals(scraped_pods=1),
+            "prefill": PoolSignals(scraped_targets=1),
             "decode": PoolSignals(
-                scraped_pods=decode,
+                scraped_targets=decode,
                 running_requests=running,
                 kv_usage_mean=kv,
                 kv_usage_max=kv if kv_max is None else kv_max,

@@ -160,7 +160,7 @@ def saturated(
     if scraped is not None:
         pools = {
             **snapshot.pools,
-            "prefill": dataclasses.replace(snapshot.pools["prefill"], scraped_pods=scraped),
+            "prefill": dataclasses.replace(snapshot.pools["prefill"], scraped_targets=scraped),
         }
         snapshot = dataclasses.replace(snapshot, pools=pools)
     return snapshot
@@ -229,7 +229,7 @@ def test_prefill_learns_only_from_a_pool_saturated_over_the_window(
 def test_a_partial_scrape_forbids_scaling_down(kit: Kit) -> None:
     k = no_window(kit)
     snapshot = k.snapshot(T0, sizes={"prefill": (4, 4), "decode": (2, 2)}, prefill=0.5)
-    pools = {**snapshot.pools, "prefill": dataclasses.replace(snapshot.pools["prefill"], scraped_pods=2)}
+    pools = {**snapshot.pools, "prefill": dataclasses.replace(snapshot.pools["prefill"], scraped_targets=2)}
     decision = decide(k.spec, dataclasses.replace(snapshot, pools=pools), at({"prefill": 4, "decode": 2}), T0)
     assert decision.pools["prefill"].target == 4
     assert "not every pod reports" in decision.pools["prefill"].reason
@@ -299,7 +299,7 @@ def test_colocated_is_sized_from_prompts_and_sequences_together(
         sizes={"colocated": PoolSize(2, 2), "prefill": PoolSize(0, 0), "decode": PoolSize(0, 0)},
         pools={
             "colocated": PoolSignals(
-                scraped_pods=2,
+                scraped_targets=2,
                 prompt_tokens_rate=prompt_share * prompts,
                 running_requests=running,
                 kv_usage_mean=running * 1100 / (2 * decode_capacity(model, slo, 1100, KNOBS).kv_tokens),

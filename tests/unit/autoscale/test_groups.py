@@ -34,11 +34,13 @@ INTERNAL: dict[str, Any] = {"nodesPerInstance": 2, "parallelism": {"data": 2}}
 # Groups of 2 pods of 2 ranks each, every pod serving and reporting its own ranks, 4 GPUs a group.
 HYBRID: dict[str, Any] = {"nodesPerInstance": 2, "parallelism": {"data": 4, "loadBalancing": "Hybrid"}}
 # Groups of 2 pods of 2 ranks each, a port per rank: Prometheus scrapes every rank's port (its own
-# engine's /metrics), so the pool's sums hold every rank; a pod reports (counts once) from any of them.
+# engine's /metrics), so the pool's sums hold every rank, and each port is a scrape target that reports.
 MULTI_PORT: dict[str, Any] = {
     "nodesPerInstance": 2,
     "parallelism": {"data": 4, "loadBalancing": "MultiPortExternal"},
 }
+# One pod (a StatefulSet, no group) of 2 ranks, a port each: 2 scrape targets a replica.
+MULTI_PORT_ONE_POD: dict[str, Any] = {"parallelism": {"data": 2, "loadBalancing": "MultiPortExternal"}}
 # Groups of 2 pods, one rank each serving itself.
 EXTERNAL: dict[str, Any] = {"nodesPerInstance": 2, "parallelism": {"data": 2, "loadBalancing": "External"}}
 # One rank over 2 pods of 8 GPUs (multi-node TP16): one engine a group, the leader reports it.
@@ -50,9 +52,9 @@ def at(desired: dict[str, int]) -> AutoscalingStatus:
     return AutoscalingStatus(mode="Active", last_evaluated=T0 - 30, pools=AutoscalingPoolsStatus(**pools))
 
 
-def scraped(snapshot: Snapshot, role: str, pods: int) -> Snapshot:
-    """`snapshot` with `pods` pods of `role` reporting engine metrics."""
-    pool = dataclasses.replace(snapshot.pools[role], scraped_pods=pods)
+def scraped(snapshot: Snapshot, role: str, targets: int) -> Snapshot:
+    """`snapshot` with `targets` scrape targets of `role` (pods, or ports of rank pods) reporting."""
+    pool = dataclasses.replace(snapshot.pools[role], scraped_targets=targets)
     return dataclasses.replace(snapshot, pools={**snapshot.pools, role: pool})
 
 
@@ -62,20 +64,21 @@ def scraped(snapshot: Snapshot, role: str, pods: int) -> Snapshot:
         ({}, (1, 1)),
         (INTERNAL, (2, 1)),
         (HYBRID, (4, 2)),
-        (MULTI_PORT, (4, 2)),
+        (MULTI_PORT, (4, 4)),  # 2 pods x 2 rank ports
+        (MULTI_PORT_ONE_POD, (2, 2)),
         (EXTERNAL, (2, 2)),
         (SPANNING, (1, 1)),
     ],
-    ids=["single", "internal", "hybrid", "multi-port", "external", "spanning"],
+    ids=["single", "internal", "hybrid", "multi-port", "multi-port-one-pod", "external", "spanning"],
 )
-def test_a_replica_in_engines_and_reporting_pods(
+def test_a_replica_in_engines_and_scrape_targets(
     kit: Kit, shape: dict[str, Any], expected: tuple[int, int]
 ) -> None:
     assert engines(kit.with_spec(decode=shape).spec, "decode") == expected
 
 
 DECODE_CASES = [
-    # id, decode shape, groups now (ready), pods reporting, load (engines' worth), kv, expected groups
+    # id, decode shape, groups now (ready), targets reporting, load (engines' worth), kv, expected groups
     ("internal-running", INTERNAL, 2, 2, {"decode": 3.4}, 0.3, 2),  # 3.4 / 2 ranks = 1.7
     ("internal-running-grows", INTERNAL, 2, 2, {"decode": 5.4}, 0.3, 3),  # 2.7
     ("internal-waiting", INTERNAL, 2, 2, {"decode": 1.9, "waiting": 2.5}, 0.3, 3),  # 2.2
@@ -85,26 +88,28 @@ DECODE_CASES = [
     ("hybrid-running", HYBRID, 2, 4, {"decode": 10.5}, 0.3, 3),  # 10.5 / 4 ranks = 2.6
     # the same mean usage over 4 reporting pods is still 2 groups' KV: 2.24
     ("hybrid-kv", HYBRID, 2, 4, {"decode": 0.5}, 0.95, 3),
-    ("multi-port-running", MULTI_PORT, 2, 4, {"decode": 10.5}, 0.3, 3),  # 10.5 / 4 ranks = 2.6
-    ("multi-port-kv", MULTI_PORT, 2, 4, {"decode": 0.5}, 0.95, 3),  # mean over every rank's port: 2.24
+    ("multi-port-running", MULTI_PORT, 2, 8, {"decode": 10.5}, 0.3, 3),  # 10.5 / 4 ranks = 2.6
+    ("multi-port-kv", MULTI_PORT, 2, 8, {"decode": 0.5}, 0.95, 3),  # mean over every rank's port: 2.24
+    ("multi-port-one-pod-running", MULTI_PORT_ONE_POD, 2, 4, {"decode": 5.4}, 0.3, 3),  # 2.7
+    ("multi-port-one-pod-kv", MULTI_PORT_ONE_POD, 2, 4, {"decode": 0.5}, 0.95, 3),  # 2.24
     ("external-running", EXTERNAL, 2, 4, {"decode": 5.4}, 0.3, 3),  # 2.7
     ("spanning-running", SPANNING, 2, 2, {"decode": 3.4}, 0.3, 4),  # one engine a group
 ]
 
 
 @pytest.mark.parametrize(
-    ("shape", "groups", "pods", "load", "kv", "target"),
+    ("shape", "groups", "targets", "load", "kv", "target"),
     [c[1:] for c in DECODE_CASES],
     ids=[c[0] for c in DECODE_CASES],
 )
 def test_decode_is_decided_in_groups_of_their_ranks_capacity(
-    kit: Kit, shape: dict[str, Any], groups: int, pods: int, load: dict[str, float], kv: float, target: int
+    kit: Kit, shape: dict[str, Any], groups: int, targets: int, load: dict[str, float], kv: float, target: int
 ) -> None:
     k = kit.with_spec(decode={**shape, "replicas": groups}, autoscaling={"scaleUp": {"maxStep": 8}})
     snapshot = k.snapshot(
         T0, sizes={"prefill": (2, 2), "decode": (groups, groups)}, prefill=1.5, kv=kv, **load
     )
-    decision = decide(k.spec, scraped(snapshot, "decode", pods), at({"prefill": 2, "decode": groups}), T0)
+    decision = decide(k.spec, scraped(snapshot, "decode", targets), at({"prefill": 2, "decode": groups}), T0)
     pool = decision.pools["decode"]
     assert pool.target == target, pool.reason
     ranks = engines(k.spec, "decode")[0]
@@ -113,24 +118,25 @@ def test_decode_is_decided_in_groups_of_their_ranks_capacity(
 
 
 PREFILL_CASES = [
-    # id, prefill shape, groups, pods reporting, prompt load (engines' worth at target), expected groups
+    # id, prefill shape, groups, targets reporting, prompt load (engines' worth at target), expected groups
     ("internal", INTERNAL, 1, 1, 3.5, 2),
     ("internal-idle", INTERNAL, 2, 2, 1.2, 1),  # scale-down: the window's highest recommendation
     ("hybrid", HYBRID, 1, 2, 6.5, 2),
-    ("multi-port", MULTI_PORT, 1, 2, 6.5, 2),
-    ("multi-port-idle", MULTI_PORT, 2, 4, 2.5, 1),
+    ("multi-port", MULTI_PORT, 1, 4, 6.5, 2),
+    ("multi-port-idle", MULTI_PORT, 2, 8, 2.5, 1),
+    ("multi-port-one-pod-idle", MULTI_PORT_ONE_POD, 2, 4, 1.2, 1),
     ("external", EXTERNAL, 2, 4, 4.5, 3),
     ("single-node-data-parallel", {"parallelism": {"data": 2}}, 1, 1, 3.5, 2),
 ]
 
 
 @pytest.mark.parametrize(
-    ("shape", "groups", "pods", "prompt", "target"),
+    ("shape", "groups", "targets", "prompt", "target"),
     [c[1:] for c in PREFILL_CASES],
     ids=[c[0] for c in PREFILL_CASES],
 )
 def test_prefill_is_decided_in_groups(
-    kit: Kit, shape: dict[str, Any], groups: int, pods: int, prompt: float, target: int
+    kit: Kit, shape: dict[str, Any], groups: int, targets: int, prompt: float, target: int
 ) -> None:
     k = kit.with_spec(
         prefill={**shape, "replicas": groups},
@@ -139,22 +145,36 @@ def test_prefill_is_decided_in_groups(
     snapshot = k.snapshot(
         T0, sizes={"prefill": (groups, groups), "decode": (2, 2)}, prefill=prompt, decode=1.0
     )
-    decision = decide(k.spec, scraped(snapshot, "prefill", pods), at({"prefill": groups, "decode": 2}), T0)
+    decision = decide(k.spec, scraped(snapshot, "prefill", targets), at({"prefill": groups, "decode": 2}), T0)
     pool = decision.pools["prefill"]
     assert pool.target == target, pool.reason
     ranks = engines(k.spec, "prefill")[0]
     assert pool.figures["capacityTokensPerSecond"] == pytest.approx(k.prompt_capacity * ranks)
 
 
-def test_a_group_whose_workers_do_not_all_report_is_partial_and_never_scales_down(kit: Kit) -> None:
-    """Hybrid: 2 ready groups have 4 serving pods; with 2 of them reporting, half the load is unseen."""
-    k = kit.with_spec(
-        decode={**HYBRID, "replicas": 2}, autoscaling={"scaleDown": {"stabilizationSeconds": 0}}
-    )
+PARTIAL_CASES = [
+    # id, decode shape (2 ready replicas), its scrape targets when all report, targets reporting
+    ("hybrid-half-the-pods", HYBRID, 4, 2),  # 2 groups x 2 serving pods
+    ("external-a-silent-pod", EXTERNAL, 4, 3),
+    # A rank's port fails to scrape while its pod's other port answers: that rank's load is unseen.
+    ("multi-port-a-silent-rank", MULTI_PORT, 8, 7),
+    ("multi-port-one-pod-a-silent-rank", MULTI_PORT_ONE_POD, 4, 3),
+]
+
+
+@pytest.mark.parametrize(
+    ("shape", "every", "reporting"), [c[1:] for c in PARTIAL_CASES], ids=[c[0] for c in PARTIAL_CASES]
+)
+def test_a_pool_whose_targets_do_not_all_report_is_partial_and_never_scales_down(
+    kit: Kit, shape: dict[str, Any], every: int, reporting: int
+) -> None:
+    """2 ready replicas with `every` scrape targets: idle enough for one replica when every target
+    reports; with one or more silent (a pod, or one rank's port), the pool is partial and holds."""
+    k = kit.with_spec(decode={**shape, "replicas": 2}, autoscaling={"scaleDown": {"stabilizationSeconds": 0}})
     snapshot = k.snapshot(T0, sizes={"prefill": (2, 2), "decode": (2, 2)}, prefill=1.5, decode=0.5, kv=0.1)
-    full = decide(k.spec, scraped(snapshot, "decode", 4), at({"prefill": 2, "decode": 2}), T0)
-    assert full.pools["decode"].target == 1  # every pod reports: idle enough for one group
-    partial = decide(k.spec, scraped(snapshot, "decode", 2), at({"prefill": 2, "decode": 2}), T0)
+    full = decide(k.spec, scraped(snapshot, "decode", every), at({"prefill": 2, "decode": 2}), T0)
+    assert full.pools["decode"].target == 1, full.pools["decode"].reason
+    partial = decide(k.spec, scraped(snapshot, "decode", reporting), at({"prefill": 2, "decode": 2}), T0)
     assert partial.pools["decode"].target == 2, partial.pools["decode"].reason
 
 

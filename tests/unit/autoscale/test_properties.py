@@ -40,7 +40,7 @@ usage = st.floats(min_value=0, max_value=1, allow_nan=False)
 @st.composite
 def pool_signals(draw: st.DrawFn, ready: int) -> PoolSignals:
     return PoolSignals(
-        scraped_pods=draw(st.integers(0, ready)) if draw(st.booleans()) else ready,
+        scraped_targets=draw(st.integers(0, ready)) if draw(st.booleans()) else ready,
         waiting_requests=draw(counts),
         running_requests=draw(counts),
         kv_usage_mean=draw(usage),
@@ -293,7 +293,7 @@ def test_no_traffic_reaches_min_replicas_after_the_window(case: Case) -> None:
             observed_at=now,
             window_seconds=60,
             sizes={r: PoolSize(replicas=sizes.get(r, 0), ready=sizes.get(r, 0)) for r in ROLES},
-            pools={r: PoolSignals(scraped_pods=sizes.get(r, 0)) for r in ROLES},
+            pools={r: PoolSignals(scraped_targets=sizes.get(r, 0)) for r in ROLES},
             paths={},
         )
         decision = decide(spec, snapshot, state, now)

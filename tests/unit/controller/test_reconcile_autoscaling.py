@@ -164,7 +164,7 @@ class ScriptedReader:
     ) -> Snapshot:
         self.reads += 1
         sizes = sizes or {}
-        pools = {role: PoolSignals(scraped_pods=size.ready) for role, size in sizes.items() if size.ready}
+        pools = {role: PoolSignals(scraped_targets=size.ready) for role, size in sizes.items() if size.ready}
         return Snapshot(observed_at=now, window_seconds=window, sizes=sizes, pools=pools)
 
     def pod_load(self, namespace: str, pods: Sequence[str]) -> dict[str, Load]:

@@ -127,7 +127,7 @@ def test_fresh_answers_make_a_complete_snapshot() -> None:
     assert snap.observed_at == NOW
     assert snap.sizes["decode"] == PoolSize(2, 1)
     prefill, decode = snap.pools["prefill"], snap.pools["decode"]
-    assert prefill.scraped_pods == decode.scraped_pods == 1
+    assert prefill.scraped_targets == decode.scraped_targets == 1
     assert prefill.waiting_requests == 3
     assert prefill.queued_prompt_tokens == 1750  # (3 waiting + half of 1 prefilling) x 500 tokens
     assert prefill.queued_prompt_tokens_before == 500  # 1 waiting a window earlier (none running then)
@@ -136,7 +136,7 @@ def test_fresh_answers_make_a_complete_snapshot() -> None:
     assert decode.running_requests == 12
     assert decode.kv_usage_max == 0.4
     assert decode.mean_output_tokens == 95
-    assert snap.pools["colocated"].scraped_pods == 0
+    assert snap.pools["colocated"].scraped_targets == 0
     pd = snap.paths["disaggregated"]
     assert (pd.request_rate, pd.within_slo_rate, pd.ttft_seconds, pd.tpot_seconds) == (10, 9.6, 0.35, 0.042)
     assert pd.attainment == pytest.approx(0.96)
@@ -298,7 +298,7 @@ def test_a_stale_series_is_missing() -> None:
     snap = snapshot(answers)
     assert len(snap.missing) == 1
     assert "engine_age: pod llm-decode-0 last scraped 40s ago" in snap.missing[0]
-    assert snap.pools["decode"].scraped_pods == 0
+    assert snap.pools["decode"].scraped_targets == 0
     # 120 s / 61 samples ~ 2 s interval: 5 s old is fresh, 7 s is not.
     ok = fresh_answers(engine_age=[sample(5, pod="llm-decode-0", tandem_dev_role="decode")])
     assert snapshot(ok).missing == ()
@@ -318,6 +318,65 @@ def test_ready_pods_without_engine_series_are_missing() -> None:
 def test_no_router_series_is_missing() -> None:
     snap = snapshot(fresh_answers(router_age=[], router_samples=[]))
     assert snap.missing == ("router_age: no fresh router metrics (tandem_router_*) for this PDDeployment",)
+
+
+# A MultiPortExternal prefill pod pair (2 pods x 2 rank ports, each port a scrape target with its own
+# engine's series) and one decode pod: (pod, instance, age in seconds) of each target's newest sample.
+RANK_TARGETS = [
+    ("llm-prefill-0", "127.0.1.1:8000", 1.0),
+    ("llm-prefill-0", "127.0.1.1:8001", 1.0),
+    ("llm-prefill-0-1", "127.0.1.2:8000", 1.0),
+    ("llm-prefill-0-1", "127.0.1.2:8001", 1.0),
+]
+SILENT_RANK_CASES = [
+    # id, targets answered (age), prefill targets counted, the stale line expected ("" none)
+    ("every-rank-port", RANK_TARGETS, 4, ""),
+    # A port that fails to scrape has no series at the next instant query (Prometheus marks its
+    # series stale at the failed scrape), while its pod's other port answers: one target fewer.
+    ("a-rank-port-silent", RANK_TARGETS[:3], 3, ""),
+    (
+        "a-rank-port-stale",
+        [*RANK_TARGETS[:3], ("llm-prefill-0-1", "127.0.1.2:8001", 40.0)],
+        3,
+        "engine_age: pod llm-prefill-0-1 (127.0.1.2:8001) last scraped 40s ago",
+    ),
+    ("a-pod-silent", RANK_TARGETS[:2], 2, ""),
+]
+
+
+@pytest.mark.parametrize(
+    ("targets", "counted", "stale"), [c[1:] for c in SILENT_RANK_CASES], ids=[c[0] for c in SILENT_RANK_CASES]
+)
+def test_engines_report_per_scrape_target(
+    targets: list[tuple[str, str, float]], counted: int, stale: str
+) -> None:
+    """Reporting is counted per scrape target (pod and port), so a rank whose port Prometheus cannot
+    scrape leaves the pool with fewer reporting targets than its ready replicas have (partial), not its
+    pod counted whole while that rank's load goes unseen."""
+    role = "tandem_dev_role"
+    decode = {"pod": "llm-decode-0", "instance": "127.0.2.1:8000", role: "decode"}
+    answers = fresh_answers(
+        engine_age=[
+            *(sample(age, pod=pod, instance=instance, **{role: "prefill"}) for pod, instance, age in targets),
+            sample(0.4, **decode),
+        ],
+        engine_samples=[
+            *(sample(60, pod=pod, instance=instance, **{role: "prefill"}) for pod, instance, _ in targets),
+            sample(60, **decode),
+        ],
+    )
+    snap = snapshot(answers, sizes={"prefill": PoolSize(1, 1), "decode": PoolSize(1, 1)})
+    assert snap.pools["prefill"].scraped_targets == counted
+    assert snap.pools["decode"].scraped_targets == 1
+    assert len(snap.missing) == (1 if stale else 0), snap.missing
+    if stale:
+        assert snap.missing[0].startswith(stale)  # ... more than 3 scrape intervals (~2.0s)
+
+
+def test_the_freshness_queries_keep_each_scrape_target() -> None:
+    queries = snapshot_queries("ns", "llm", 120, 0.95)
+    assert queries["engine_age"].startswith("max by (pod, instance, tandem_dev_role) (")
+    assert queries["engine_samples"].startswith("min by (pod, instance, tandem_dev_role) (")
 
 
 def test_an_slo_the_routers_do_not_count_is_missing() -> None:
@@ -367,7 +426,7 @@ def test_recorded_answers_from_the_dev_cluster() -> None:
     assert snap.missing == ()
     assert snap.paths["disaggregated"].request_rate > 0
     assert snap.paths["disaggregated"].within_slo_rate > 0
-    assert snap.pools["prefill"].scraped_pods == snap.pools["decode"].scraped_pods == 1
+    assert snap.pools["prefill"].scraped_targets == snap.pools["decode"].scraped_targets == 1
     assert snap.pools["decode"].generation_tokens_rate > 0
     # 8-token outputs, all in vLLM's bucket (5, 10]; no preemption (a series that reads 0)
     decode = snap.pools["decode"]

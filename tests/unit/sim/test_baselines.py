@@ -80,8 +80,8 @@ def _snapshot(now: float, prefill: tuple[int, float], decode: tuple[int, float])
         window_seconds=60.0,
         sizes={"prefill": PoolSize(prefill[0], prefill[0]), "decode": PoolSize(decode[0], decode[0])},
         pools={
-            "prefill": PoolSignals(scraped_pods=prefill[0], queued_prompt_tokens=prefill[1]),
-            "decode": PoolSignals(scraped_pods=decode[0], kv_usage_mean=decode[1]),
+            "prefill": PoolSignals(scraped_targets=prefill[0], queued_prompt_tokens=prefill[1]),
+            "decode": PoolSignals(scraped_targets=decode[0], kv_usage_mean=decode[1]),
         },
         paths={"disaggregated": PathSignals(request_rate=1.0, within_slo_rate=1.0)},
     )
@@ -246,9 +246,9 @@ def _window(
         window_seconds=60.0,
         sizes={"prefill": PoolSize(1, 1), "decode": PoolSize(1, 1)},
         pools={
-            "prefill": PoolSignals(scraped_pods=1, request_rate=rate),
+            "prefill": PoolSignals(scraped_targets=1, request_rate=rate),
             "decode": PoolSignals(
-                scraped_pods=1, request_rate=rate, mean_prompt_tokens=isl, mean_output_tokens=osl
+                scraped_targets=1, request_rate=rate, mean_prompt_tokens=isl, mean_output_tokens=osl
             ),
         },
         paths={"disaggregated": PathSignals(request_rate=rate, within_slo_rate=rate)},
@@ -585,10 +585,10 @@ def _load_snapshot(
         sizes={"prefill": PoolSize(prefill[0], prefill[1]), "decode": PoolSize(decode[0], decode[1])},
         pools={
             "prefill": PoolSignals(
-                scraped_pods=prefill[2], queued_prompt_tokens=prefill[3], mean_prompt_tokens=isl
+                scraped_targets=prefill[2], queued_prompt_tokens=prefill[3], mean_prompt_tokens=isl
             ),
             "decode": PoolSignals(
-                scraped_pods=decode[2],
+                scraped_targets=decode[2],
                 kv_usage_mean=decode[3],
                 waiting_requests=decode[4],
                 mean_prompt_tokens=isl,

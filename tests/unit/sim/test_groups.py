@@ -71,7 +71,7 @@ def test_d1_autoscaled_run_is_unchanged(azure: list[Request]) -> None:
     result = simulate(azure, sim.layout, SimConfig(slo=sim.slo), policy)
     assert len(policy.decisions) == 2
     assert (result.summary.attainment, result.summary.gpu_hours) == (0.8103853058969755, 0.23122099951151437)
-    assert fingerprint(result, repr(policy.decisions)) == "7435cbbe24677ffa"
+    assert fingerprint(result, repr(policy.decisions)) == "6e1dc926f994f4a7"
 
 
 def test_d1_prefix_routing_and_auto_prefill_are_unchanged(kit: SimKit) -> None:
@@ -313,7 +313,7 @@ def advised(
 
 
 GROUPS = [
-    # id, decode fields, vLLM engine, pods per group with engine metrics
+    # id, decode fields, vLLM engine, scrape targets per group (pods with engine metrics x their ports)
     ("internal", {"replicas": 1, "nodesPerInstance": 4, "parallelism": {"data": 4}}, False, 1),
     (
         "hybrid",
@@ -325,10 +325,10 @@ GROUPS = [
 
 
 @pytest.mark.parametrize(
-    ("decode", "vllm", "metrics_pods"), [c[1:] for c in GROUPS], ids=[c[0] for c in GROUPS]
+    ("decode", "vllm", "metrics_targets"), [c[1:] for c in GROUPS], ids=[c[0] for c in GROUPS]
 )
 def test_the_autoscaler_sizes_a_simulated_group_as_its_ranks(
-    decode: dict[str, Any], vllm: bool, metrics_pods: int
+    decode: dict[str, Any], vllm: bool, metrics_targets: int
 ) -> None:
     """One decode group of 4 ranks and 4 single decode replicas under the same load (30 req/s, about 3.4
     engines' worth of decode): the same service, and the autoscaler (advisory: sizes kept) asks for a
@@ -344,7 +344,7 @@ def test_the_autoscaler_sizes_a_simulated_group_as_its_ranks(
         zip(single_seen, group_seen, strict=True), 20
     ):
         pool = group_snap.pools["decode"]
-        assert (group_snap.sizes["decode"].ready, pool.scraped_pods) == (1, metrics_pods)
+        assert (group_snap.sizes["decode"].ready, pool.scraped_targets) == (1, metrics_targets)
         assert pool.running_requests == pytest.approx(one_snap.pools["decode"].running_requests, rel=0.05)
         exact_single = one.pools["decode"].figures["exactReplicas"]  # 2.6 to 3.5 over the run
         exact_group = grouped.pools["decode"].figures["exactReplicas"]

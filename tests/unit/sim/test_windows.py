@@ -97,7 +97,7 @@ def test_the_policy_sees_a_snapshot_of_the_window(kit: SimKit) -> None:
     assert decode.generation_tokens_rate == pytest.approx(300.0, rel=0.05)
     assert decode.prompt_tokens_rate == pytest.approx(2000.0, rel=0.05)
     assert 0.0 < decode.kv_usage_mean < 0.01
-    assert decode.scraped_pods == 2
+    assert decode.scraped_targets == 2
     assert result.summary.attainment == 1.0
 
 
