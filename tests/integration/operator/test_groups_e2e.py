@@ -287,7 +287,12 @@ def roll_revision(
     finally:
         load.stop(timeout=90)
     message = next(
-        (e.get("message", "") for e in e2e.events(cluster, ns, NAME) if e["reason"] == "RevisionRemoved"), ""
+        (
+            e.get("message", "")
+            for e in e2e.events(cluster, ns, NAME)
+            if e["reason"] == "RevisionRemoved" and old["id"] in e.get("message", "")
+        ),
+        "",
     )
     print(
         f"\nrevision {old['id']} -> {revs['current']['id']}: weight moved {switch_s:.0f} s after the "
