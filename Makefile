@@ -61,8 +61,9 @@ demo: venv tools
 # transferred, the metric contract, the failure rules (a prefill restarted or killed mid-prefill,
 # abandoned requests' KV), engines that cannot start. tests/real/'s `real_long` modules are
 # `make test-real`.
+TEST_WORKERS ?= 3
 test: venv tools vllm-env real-engine-env lint typecheck
-	$(BIN)/pytest -q -p no:cacheprovider -n 3 --dist loadscope --no-loadscope-reorder --durations=30 -rs \
+	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=30 -rs \
 		-m "not real_long" tests tests/real
 
 # The long real-engine tests (tests/real/, marked `real_long`): the autoscaler adding and draining a
