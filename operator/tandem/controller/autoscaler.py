@@ -141,10 +141,17 @@ class Autoscaler:
             )
         return snapshot
 
-    def _loads(self, pdd: PDDeployment, url: str, pods: Sequence[str]) -> Mapping[str, drain.Load] | None:
+    def _loads(
+        self, pdd: PDDeployment, url: str, role: str, pods: Sequence[str]
+    ) -> Mapping[str, drain.Load] | None:
+        """The drained pods' loads; a pod counts as known only with every API port's target reporting
+        (a MultiPortExternal pod's ranks each on their own)."""
+        ports = pdd.spec.pool(role).shape.ports_per_pod
         try:
             reader = self.reader(url, pdd.spec.autoscaling.prometheus.timeout_seconds)
-            loads: Mapping[str, drain.Load] = reader.pod_load(pdd.metadata.namespace, list(pods))
+            loads: Mapping[str, drain.Load] = reader.pod_load(
+                pdd.metadata.namespace, list(pods), targets={pod: ports for pod in pods}
+            )
             return loads
         except Exception as exc:
             metrics.PROMETHEUS_ERRORS.labels(query="pod_load").inc()
@@ -199,7 +206,7 @@ class Autoscaler:
             record = getattr(state.pools, role).draining if state is not None else None
             due = record is not None and drain.loads_needed(record, now, timeout)
             if sizing.source(spec, role) is ReplicaSource.autoscaler and url and record is not None and due:
-                decided.loads[role] = self._loads(pdd, url, record.pods or [record.pod])
+                decided.loads[role] = self._loads(pdd, url, role, record.pods or [record.pod])
         decided.condition = autoscaling_condition(
             pdd, AutoscalingView(url, decided.decision_condition), previous.conditions if previous else []
         )

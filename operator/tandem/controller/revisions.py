@@ -469,7 +469,15 @@ def pair_pods(pods: list[Obj], record: RevisionRecord) -> list[Obj]:
     return out
 
 
-LoadsFor = Callable[[list[str]], "Mapping[str, Any] | None"]
+LoadsFor = Callable[["Mapping[str, int]"], "Mapping[str, Any] | None"]  # pod -> its API ports
+
+
+def api_ports(pod: Obj) -> int:
+    """The OpenAI API ports of a pod's engine (`http`, and `http-<i>` per further MultiPortExternal
+    rank): the scrape targets it reports from, as it was rendered, whatever the spec says now."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    names = [str(p.get("name", "")) for c in containers for p in c.get("ports") or []]
+    return max(1, sum(1 for n in names if n == "http" or (n.startswith("http-") and n[5:].isdigit())))
 
 
 def _headless(pod: Obj) -> bool:
@@ -498,8 +506,7 @@ def idle_check(pods: list[Obj], record: RevisionRecord | None, loads_for: LoadsF
         ]
         if not serving:
             return True  # no pod left that could hold a request
-        names = [str(p["metadata"]["name"]) for p in serving]
-        loads = loads_for(names)
+        loads = loads_for({str(p["metadata"]["name"]): api_ports(p) for p in serving})
         if loads is None:
             return None
         return all(
@@ -598,7 +605,7 @@ def _outcome(status: RevisionsStatus, events: list[Event], spec_revision: str) -
 def loads_reader(autoscaler: Autoscaler, pdd: PDDeployment) -> LoadsFor:
     """`loads_for` through the autoscaler's Prometheus reader; None when it cannot be read."""
 
-    def read(names: list[str]) -> Mapping[str, Any] | None:
+    def read(ports: Mapping[str, int]) -> Mapping[str, Any] | None:
         from tandem.controller import metrics as operator_metrics
 
         url = autoscaler.url(pdd.spec)
@@ -606,7 +613,7 @@ def loads_reader(autoscaler: Autoscaler, pdd: PDDeployment) -> LoadsFor:
             return None
         try:
             reader = autoscaler.reader(url, pdd.spec.autoscaling.prometheus.timeout_seconds)
-            loads: Mapping[str, Any] = reader.pod_load(pdd.metadata.namespace, names)
+            loads: Mapping[str, Any] = reader.pod_load(pdd.metadata.namespace, list(ports), targets=ports)
             return loads
         except Exception:
             operator_metrics.PROMETHEUS_ERRORS.labels(query="pod_load").inc()

@@ -155,20 +155,26 @@ class PrometheusReader:
             message = f"snapshot: no answer from {self.url} within {self.timeout:g}s"
             return Snapshot(observed_at=now, window_seconds=window_seconds, missing=(message,))
 
-    def pod_load(self, namespace: str, pods: Sequence[str], now: float | None = None) -> dict[str, PodLoad]:
-        """Load of each named pod with fresh engine metrics; a pod left out has no known load.
+    def pod_load(
+        self,
+        namespace: str,
+        pods: Sequence[str],
+        now: float | None = None,
+        *,
+        targets: Mapping[str, int] | None = None,
+    ) -> dict[str, PodLoad]:
+        """Load of each named pod with fresh engine metrics from each of its scrape targets
+        (`targets`, 1 for a pod not named); a pod left out has no known load.
 
         Raises `RuntimeError` when a query failed (the caller keeps waiting for the drain).
         """
         return read_pod_loads(
-            self, namespace, pods, time.time() if now is None else now, scrape_interval=self.scrape_interval
-        )
-
-    async def pod_load_async(
-        self, namespace: str, pods: Sequence[str], now: float | None = None
-    ) -> dict[str, PodLoad]:
-        return await asyncio.wait_for(
-            asyncio.to_thread(self.pod_load, namespace, pods, now), self.timeout + 1.0
+            self,
+            namespace,
+            pods,
+            time.time() if now is None else now,
+            scrape_interval=self.scrape_interval,
+            targets=targets,
         )
 
 

@@ -309,9 +309,17 @@ ROUTER_QUERIES: Final[tuple[Query, ...]] = (
 # the NIXL connector delays freeing a remote-decode request's blocks until they are read or the
 # lease ends), so held blocks are estimated as kv_cache_usage_perc x num_gpu_blocks (a label of
 # vllm:cache_config_info). Without either, held KV is unknown (NaN) and the drain of a prefill pod
-# ends at the drain timeout.
+# ends at the drain timeout. A pod reports per scrape target (a MultiPortExternal pod's ranks each on
+# their own port): `pod_targets` counts the targets (distinct `instance`s) whose series are fresh, and a
+# pod with fewer than its caller expects has no known load, since the sums would cover only the ranks
+# that still report and a silent rank's requests would read as none.
 POD_QUERIES: Final[tuple[Query, ...]] = (
     Query("pod_age", "max by (pod) (time() - timestamp(vllm:num_requests_running SEL))", "freshness"),
+    Query(
+        "pod_targets",
+        "count by (pod) (count by (pod, instance) (vllm:num_requests_running SEL))",
+        "scrape targets reporting",
+    ),
     Query("pod_samples", "min by (pod) (count_over_time(vllm:num_requests_running SEL [WINDOW]))", "samples"),
     Query("pod_running", "sum by (pod) (vllm:num_requests_running SEL)", "requests running on the pod"),
     Query("pod_waiting", "sum by (pod) (vllm:num_requests_waiting SEL)", "requests waiting on the pod"),
@@ -734,9 +742,13 @@ class PodLoad:
 
 
 def build_pod_loads(
-    results: Mapping[str, Result], pods: Sequence[str], scrape_interval: float | None = None
+    results: Mapping[str, Result],
+    pods: Sequence[str],
+    scrape_interval: float | None = None,
+    targets: Mapping[str, int] | None = None,
 ) -> dict[str, PodLoad]:
-    """Loads of the pods with fresh engine series (a pod left out has no known load)."""
+    """Loads of the pods with fresh engine series from every scrape target they should have
+    (`targets`: pod -> targets, 1 for a pod not named); a pod left out has no known load."""
     fresh = _freshness(
         results.get("pod_age") or [],
         results.get("pod_samples") or [],
@@ -745,6 +757,7 @@ def build_pod_loads(
         scrape_interval,
         "pod_age",
     ).fresh
+    reporting = by_label(results.get("pod_targets") or [], "pod")
     running = by_label(results.get("pod_running") or [], "pod")
     waiting = by_label(results.get("pod_waiting") or [], "pod")
     held = by_label(results.get("pod_kv_held_blocks") or [], "pod")
@@ -759,6 +772,8 @@ def build_pod_loads(
     loads: dict[str, PodLoad] = {}
     for pod in pods:
         if pod not in fresh or pod not in running:
+            continue
+        if reporting.get(pod, 0.0) < (targets or {}).get(pod, 1):
             continue
         if pod in held:
             kv = held[pod]

@@ -53,10 +53,16 @@ class MetricsReader(QueryRunner, Protocol):
         ...
 
     def pod_load(
-        self, namespace: str, pods: Sequence[str], now: float | None = None
+        self,
+        namespace: str,
+        pods: Sequence[str],
+        now: float | None = None,
+        *,
+        targets: Mapping[str, int] | None = None,
     ) -> Mapping[str, PodLoad]:
-        """The load of each named pod with fresh engine metrics (a pod left out has no known load);
-        raises when a query failed."""
+        """The load of each named pod with fresh engine metrics from each of its scrape targets
+        (`targets`: pod -> how many, 1 for a pod not named; a pod left out has no known load); raises
+        when a query failed."""
         ...
 
 
@@ -100,6 +106,7 @@ def read_pod_loads(
     now: float,
     *,
     scrape_interval: float | None = None,
+    targets: Mapping[str, int] | None = None,
 ) -> dict[str, PodLoad]:
     """`MetricsReader.pod_load` by `runner`'s queries; raises `RuntimeError` when a query failed (the
     caller keeps waiting for the drain)."""
@@ -108,4 +115,4 @@ def read_pod_loads(
     results, errors = runner.run(pod_load_queries(namespace, pods), now)
     if errors:
         raise RuntimeError("; ".join(f"{name}: {error}" for name, error in sorted(errors.items())))
-    return build_pod_loads(results, pods, scrape_interval)
+    return build_pod_loads(results, pods, scrape_interval, targets)

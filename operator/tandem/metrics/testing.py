@@ -60,5 +60,12 @@ class RecordedPrometheus:
     ) -> Snapshot:
         return read_snapshot(self, namespace, pdd_name, slo, window_seconds, now, sizes=sizes)
 
-    def pod_load(self, namespace: str, pods: Sequence[str], now: float | None = None) -> dict[str, PodLoad]:
-        return read_pod_loads(self, namespace, pods, self.now if now is None else now)
+    def pod_load(
+        self,
+        namespace: str,
+        pods: Sequence[str],
+        now: float | None = None,
+        *,
+        targets: Mapping[str, int] | None = None,
+    ) -> dict[str, PodLoad]:
+        return read_pod_loads(self, namespace, pods, self.now if now is None else now, targets=targets)

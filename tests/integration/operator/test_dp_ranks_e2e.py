@@ -293,7 +293,8 @@ def test_a_rank_port_that_fails_to_scrape_leaves_the_pool_partly_reporting(deplo
     stays Ready and its other port answers: the operator's metrics reader, against the dev cluster's
     Prometheus, counts 7 of the prefill pool's 8 scrape targets (2 groups x 2 pods x 2 rank ports), so
     the autoscaler holds the pool as partial (tests/unit/autoscale/test_groups.py), and 8 again once the
-    rank's scrape succeeds."""
+    rank's scrape succeeds. Meanwhile the pod's load, as a drain reads it, is unknown: its sums would
+    cover only the rank that still reports."""
     cluster, ns = deployed.cluster, deployed.namespace
     victim = next(
         p
@@ -330,6 +331,8 @@ def test_a_rank_port_that_fails_to_scrape_leaves_the_pool_partly_reporting(deplo
             assert health[str(meta.ENGINE_PORT)] == "up", health  # the pod's other rank is scraped
             partial = eventually(lambda: reporting(7), timeout=60, what="7 of 8 prefill targets reporting")
             assert deployed.ready_groups("prefill") == 2  # both groups Ready: only a scrape fails
+            assert reader.pod_load(ns, [name], targets={name: 2}) == {}, "a silent rank's pod read as known"
+            assert set(reader.pod_load(ns, [name], targets={name: 1})) == {name}  # the one port reporting
         finally:
             call(url, {"metrics_error": False})
         print(
@@ -337,6 +340,11 @@ def test_a_rank_port_that_fails_to_scrape_leaves_the_pool_partly_reporting(deplo
             f"{partial.pools['prefill'].scraped_targets} of 8 scrape targets"
         )
         eventually(lambda: reporting(8), timeout=60, what="8 prefill scrape targets reporting again")
+        eventually(
+            lambda: set(reader.pod_load(ns, [name], targets={name: 2})) == {name},
+            timeout=60,
+            what=f"{name}'s load known again, both rank ports reporting",
+        )
     finally:
         reader.close()
 

@@ -147,9 +147,13 @@ class Load:
 
 @dataclass
 class ScriptedReader:
-    """No traffic, every pod scraped; `busy` pods hold a running request."""
+    """No traffic, every pod scraped; `busy` pods hold a running request; a pod has `ports` scrape
+    targets (rank ports; 1 if not named), `silent` of them not reporting."""
 
     busy: set[str] = field(default_factory=set)
+    ports: dict[str, int] = field(default_factory=dict)
+    silent: dict[str, int] = field(default_factory=dict)
+    targets_per_replica: dict[str, int] = field(default_factory=dict)  # by role; 1 if not named
     reads: int = 0
 
     def snapshot(
@@ -164,11 +168,23 @@ class ScriptedReader:
     ) -> Snapshot:
         self.reads += 1
         sizes = sizes or {}
-        pools = {role: PoolSignals(scraped_targets=size.ready) for role, size in sizes.items() if size.ready}
+        pools = {
+            role: PoolSignals(scraped_targets=size.ready * self.targets_per_replica.get(role, 1))
+            for role, size in sizes.items()
+            if size.ready
+        }
         return Snapshot(observed_at=now, window_seconds=window, sizes=sizes, pools=pools)
 
-    def pod_load(self, namespace: str, pods: Sequence[str]) -> dict[str, Load]:
-        return {pod: Load(running=1.0 if pod in self.busy else 0.0) for pod in pods}
+    def pod_load(
+        self, namespace: str, pods: Sequence[str], now: float | None = None, *, targets: Mapping[str, int]
+    ) -> dict[str, Load]:
+        """As `metrics.read_pod_loads`: a pod with fewer targets reporting than the caller says it has
+        is left out."""
+        return {
+            pod: Load(running=1.0 if pod in self.busy else 0.0)
+            for pod in pods
+            if self.ports.get(pod, 1) - self.silent.get(pod, 0) >= targets[pod]
+        }
 
 
 class World:
@@ -276,6 +292,30 @@ def test_scale_in_marks_the_pod_then_shrinks_when_it_is_idle() -> None:
         < world.events().index("Draining")
         < world.events().index("Drained")
     )
+
+
+def test_a_drained_pod_with_a_silent_rank_port_is_not_idle() -> None:
+    """A MultiPortExternal decode pod reports from a target per rank port; with one silent, its load is
+    unknown (the silent rank may hold streams), so the drain waits for it to report again."""
+    doc = manifest()
+    doc["spec"]["decode"] |= {
+        "tensorParallelSize": 1,
+        "parallelism": {"data": 2, "loadBalancing": "MultiPortExternal"},
+    }
+    world = World(doc)
+    world.reader.targets_per_replica = {"decode": 2}
+    world.reader.ports = {f"{NAME}-decode-{i}": 2 for i in range(3)}
+    world.reader.silent = {f"{NAME}-decode-1": 1}
+    world.run()
+    while world.pdd["status"]["autoscaling"]["pools"]["decode"]["desiredReplicas"] == 2:
+        world.run(5.0)
+        assert world.now - T0 <= 30, "no scale-in"
+    world.run(DRAIN_SETTLE_SECONDS + 20.0)
+    assert world.sts()["spec"]["replicas"] == 2, "shrank while a rank port was silent"
+    world.reader.silent = {}
+    world.run(5.0)
+    assert world.sts()["spec"]["replicas"] == 1
+    assert world.events().index("Draining") < world.events().index("Drained")
 
 
 def test_a_lost_status_race_records_nothing_and_is_retried_at_once() -> None:

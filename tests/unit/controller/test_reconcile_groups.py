@@ -196,9 +196,9 @@ class GroupWorld(World):
         super().__init__(doc)
         scripted = self.reader.pod_load
 
-        def pod_load(namespace: str, pods: Any) -> dict[str, Any]:
+        def pod_load(namespace: str, pods: Any, now: float | None = None, *, targets: Any) -> dict[str, Any]:
             """As Prometheus: loads of the pods it scrapes only (a headless worker has none)."""
-            loads = scripted(namespace, pods)
+            loads = scripted(namespace, pods, now, targets=targets)
             return {name: load for name, load in loads.items() if self._scraped(namespace, name)}
 
         self.reader.pod_load = pod_load  # type: ignore[method-assign]

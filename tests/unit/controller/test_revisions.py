@@ -3,6 +3,7 @@ readiness and kept objects."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -247,11 +248,21 @@ def test_the_cut_over_removes_the_old_pair_when_idle_and_says_so() -> None:
     assert "drain timeout (300 s" in events[0][2]
 
 
-def pod(name: str, role: str, revision: str | None, phase: str = "Running") -> dict[str, Any]:
+def pod(
+    name: str, role: str, revision: str | None, phase: str = "Running", ports: tuple[str, ...] = ("http",)
+) -> dict[str, Any]:
     labels = {"tandem.dev/role": role}
     if revision is not None:
         labels["tandem.dev/revision"] = revision
-    return {"metadata": {"name": name, "labels": labels}, "status": {"phase": phase, "podIP": "127.0.0.9"}}
+    container = {
+        "name": "engine",
+        "ports": [{"name": n, "containerPort": 8000 + i} for i, n in enumerate(ports)],
+    }
+    return {
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [container]},
+        "status": {"phase": phase, "podIP": "127.0.0.9"},
+    }
 
 
 @dataclass
@@ -262,7 +273,7 @@ class Load:
 
 
 PODS = [
-    pod("demo-prefill-0", "prefill", None),
+    pod("demo-prefill-0", "prefill", None, ports=("http", "http-1", "nixl")),  # MultiPortExternal, 2 ranks
     pod("demo-decode-0", "decode", None),
     pod("demo-decode-1", "decode", None, phase="Pending"),  # holds no request
     pod(f"{B.prefix}-prefill-0", "prefill", B.id),
@@ -285,15 +296,16 @@ PODS = [
 def test_idle_check_reads_the_old_pairs_serving_pods(
     loads: dict[str, Load] | None, expected: bool | None
 ) -> None:
-    asked: list[list[str]] = []
+    asked: list[dict[str, int]] = []
 
-    def loads_for(names: list[str]) -> Any:
-        asked.append(names)
+    def loads_for(ports: Mapping[str, int]) -> Any:
+        asked.append(dict(ports))
         return loads
 
     assert idle_check(PODS, A, loads_for)() is expected
-    assert asked == [["demo-prefill-0", "demo-decode-0"]], "the legacy pair's Running P/D pods only"
-    assert idle_check(PODS, B, lambda names: {n: Load() for n in names})() is True
+    # the legacy pair's Running P/D pods only, each with the scrape targets it must report from
+    assert asked == [{"demo-prefill-0": 2, "demo-decode-0": 1}]
+    assert idle_check(PODS, B, lambda ports: {n: Load() for n in ports})() is True
     assert idle_check([], A, loads_for)() is True, "no pod left"
     assert idle_check(PODS, A, None)() is None
 

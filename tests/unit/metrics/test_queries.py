@@ -447,6 +447,7 @@ def test_recorded_answers_from_the_dev_cluster() -> None:
 def pod_answers(**over: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     answers = {
         "pod_age": [sample(1, pod="p-0"), sample(1, pod="p-1"), sample(1, pod="d-0")],
+        "pod_targets": [sample(1, pod="p-0"), sample(1, pod="p-1"), sample(2, pod="d-0")],
         "pod_samples": [sample(30, pod="p-0"), sample(30, pod="p-1"), sample(30, pod="d-0")],
         "pod_running": [sample(0, pod="p-0"), sample(0, pod="p-1"), sample(2, pod="d-0")],
         "pod_waiting": [sample(0, pod="p-0"), sample(0, pod="p-1"), sample(1, pod="d-0")],
@@ -472,6 +473,29 @@ def test_pod_loads() -> None:
 def test_a_stale_pod_has_no_known_load() -> None:
     loads = build_pod_loads(pod_answers(pod_age=[sample(30, pod="p-0")]), ["p-0"])
     assert loads == {}
+
+
+@pytest.mark.parametrize(
+    ("targets", "known"),
+    [
+        (None, {"p-0", "p-1", "d-0"}),  # one target each expected
+        ({"d-0": 2}, {"p-0", "p-1", "d-0"}),  # both of d-0's rank ports report
+        ({"d-0": 3}, {"p-0", "p-1"}),  # a rank port of d-0 silent: its sums miss that rank's requests
+        ({"p-0": 2, "p-1": 1}, {"p-1", "d-0"}),
+    ],
+)
+def test_a_pod_with_a_silent_scrape_target_has_no_known_load(
+    targets: dict[str, int] | None, known: set[str]
+) -> None:
+    """A MultiPortExternal pod reports from a target per rank port: with fewer targets fresh than it
+    has, its running and waiting sums cover only the ranks that report, so its load is unknown."""
+    loads = build_pod_loads(pod_answers(), ["p-0", "p-1", "d-0"], targets=targets)
+    assert set(loads) == known
+
+
+def test_the_pod_targets_query_counts_distinct_instances() -> None:
+    promql = pod_load_queries("ns", ["d-0"])["pod_targets"]
+    assert promql.startswith("count by (pod) (count by (pod, instance) (vllm:num_requests_running {")
 
 
 def test_the_prompt_buckets_give_the_second_moment() -> None:
