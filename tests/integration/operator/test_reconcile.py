@@ -405,8 +405,10 @@ def operator_reads(text: str) -> dict[str, float]:
 
 
 def test_steady_state_writes_nothing(
-    cluster: ClusterHandle, operator: OperatorProcess, namespace: str
+    lws: ClusterHandle, cluster: ClusterHandle, operator: OperatorProcess, namespace: str
 ) -> None:
+    # `lws`: LeaderWorkerSet's CRD served, as the multi-node examples above need it (without it, the
+    # operator's LeaderWorkerSet informer lists again now and then to notice it installed: reads).
     live = apply_example(cluster, namespace, SIM_EXAMPLE)
     name = live["metadata"]["name"]
     wait_for("Ready=True", lambda: is_ready(cluster, namespace, name), timeout=300)
@@ -420,14 +422,14 @@ def test_steady_state_writes_nothing(
     time.sleep(5)  # let the last status write and its watch event settle
     before_api = apiserver_writes(cluster)
     before_metrics = operator.metrics()
-    window = 70.0  # more than three resync periods of the test operator (20 s)
+    window = 45.0  # more than two resync periods of the test operator (20 s)
     time.sleep(window)
     after_api = apiserver_writes(cluster)
     after_metrics = operator.metrics()
     passes = operator_counter(after_metrics, "tandem_operator_reconciles_total") - operator_counter(
         before_metrics, "tandem_operator_reconciles_total"
     )
-    assert passes >= 3, "the operator must have reconciled during the window for this test to mean anything"
+    assert passes >= 2, "the operator must have reconciled during the window for this test to mean anything"
     writes = {
         k: after_api.get(k, 0) - before_api.get(k, 0)
         for k in after_api
