@@ -55,14 +55,15 @@ crd: venv
 demo: venv tools
 	$(BIN)/python -m tandem.demo
 
-# The README's test command: lint, types, then unit, integration and e2e tests against the real local
-# control plane in three workers, real vLLM engines (CPU build, tiny model) behind the operator's router
-# among them as one unit of work (tests/conftest.py): P/D answers equal to colocated ones, the KV
-# transferred, the metric contract, the failure rules (a prefill restarted or killed mid-prefill,
-# abandoned requests' KV), engines that cannot start. tests/real/'s `real_long` modules are
-# `make test-real`.
+# The README's test command: lint and types (side by side, each on one core), then unit, integration
+# and e2e tests against the real local control plane in three workers, real vLLM engines (CPU build,
+# tiny model) behind the operator's router among them as one unit of work (tests/conftest.py): P/D
+# answers equal to colocated ones, the KV transferred, the metric contract, the failure rules (a
+# prefill restarted or killed mid-prefill, abandoned requests' KV), engines that cannot start.
+# tests/real/'s `real_long` modules are `make test-real`.
 TEST_WORKERS ?= 3
-test: venv tools vllm-env real-engine-env lint typecheck
+test: venv tools vllm-env real-engine-env
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint typecheck
 	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=30 -rs \
 		-m "not real_long" tests tests/real
 

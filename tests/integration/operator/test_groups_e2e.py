@@ -358,3 +358,100 @@ def test_a_revision_moves_decode_from_groups_to_a_statefulset_through_the_revisi
     decode = deployed.pods("decode")
     assert len(decode) == 1, [p["metadata"]["name"] for p in decode]
     assert decode[0]["metadata"]["name"] == f"{rolled.revs['current']['prefix']}-decode-0"
+
+
+# --- all-or-nothing placement: one group per topology domain -----------------------------------
+
+PLACED = "placed"
+FABRIC = "network.tandem.dev/fabric"  # e2e/nodes/h100-rdma.yaml: fabric-a and fabric-b, 2 nodes each
+
+
+def placed_manifest(decode_groups: int) -> dict[str, Any]:
+    """Prefill one pod (a StatefulSet: no group of its own), decode groups of 2 pods, one group per
+    fabric domain (`groupPlacement.exclusiveTopology`)."""
+    decode = {**group_pool(decode_groups), "groupPlacement": {"exclusiveTopology": FABRIC}}
+    return e2e.pddeployment(
+        PLACED,
+        {
+            "engine": {"type": "sim", "image": e2e.IMAGE},
+            "prefill": e2e.pool(1, requests=e2e.SMALL_POD_REQUESTS),
+            "decode": decode,
+            "maxGPUs": 1 + 3 * GPUS_PER_GROUP,
+        },
+    )
+
+
+def group_pods(cluster: ClusterHandle) -> list[dict[str, Any]]:
+    """Every LeaderWorkerSet pod in the cluster (any namespace): they all take part in exclusive
+    placement (its anti-affinity is to pods of any other group)."""
+    out = cluster.kubectl("get", "pods", "-A", "-l", meta.LWS_GROUP_KEY_LABEL, "-o", "json")
+    return list(json.loads(out.stdout)["items"])
+
+
+def test_exclusive_topology_places_each_group_in_its_own_domain_and_holds_one_with_none_left(
+    deployed: Deployed,
+) -> None:
+    """`groupPlacement.exclusiveTopology` through LeaderWorkerSet's own controller and pod webhook:
+    each decode group's two pods land in one fabric domain and the two groups in different ones; a
+    third group finds no free domain, so its leader stays Pending (Unschedulable) and LeaderWorkerSet
+    creates none of its workers (it waits for the leader's node): no half-placed group holds GPUs,
+    and the two placed groups keep serving."""
+    cluster, ns = deployed.cluster, deployed.namespace
+    cluster.kubectl("delete", "pdd", NAME, "-n", ns, "--wait=false", check=False)
+    eventually(lambda: not group_pods(cluster), timeout=240, what="no group pod left in the cluster")
+    nodes = json.loads(cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+    fabric_of = {n["metadata"]["name"]: n["metadata"]["labels"].get(FABRIC) for n in nodes}
+    started = time.monotonic()
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(placed_manifest(2)))
+
+    def decode_groups_ready() -> int:
+        pools = (deployed.get("pdd", PLACED).get("status") or {}).get("pools") or {}
+        return int((pools.get("decode") or {}).get("readyReplicas") or 0)
+
+    eventually(lambda: decode_groups_ready() == 2, timeout=300, what="2 decode groups Ready")
+    print(f"\n{PLACED}: 2 decode groups Ready {time.monotonic() - started:.1f} s after the apply")
+    lws = deployed.get("leaderworkerset", f"{PLACED}-decode")
+    assert lws["metadata"]["annotations"][meta.LWS_EXCLUSIVE_TOPOLOGY] == FABRIC
+    by_group: dict[str, set[str]] = {}
+    for pod in deployed.pods("decode", PLACED):
+        domain = str(fabric_of[pod["spec"]["nodeName"]])
+        if pod["metadata"]["labels"][meta.LWS_WORKER_INDEX_LABEL] == "0":
+            # LeaderWorkerSet's pod webhook gave the leader the placement terms: an affinity to its
+            # group's pods and an anti-affinity to every other group's, both over the fabric label.
+            affinity = pod["spec"]["affinity"]
+            for kind in ("podAffinity", "podAntiAffinity"):
+                terms = affinity[kind].get("requiredDuringSchedulingIgnoredDuringExecution") or []
+                assert any(t["topologyKey"] == FABRIC for t in terms), (kind, affinity)
+        else:  # its controller pinned the workers to the leader's domain once the leader had a node
+            assert pod["spec"]["nodeSelector"][FABRIC] == domain, pod["spec"].get("nodeSelector")
+        group = pod["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/group-index"]
+        by_group.setdefault(group, set()).add(domain)
+    print(f"decode groups by fabric domain: {by_group}")
+    assert set(by_group) == {"0", "1"}
+    assert all(len(domains) == 1 for domains in by_group.values()), by_group
+    assert by_group["0"] != by_group["1"], by_group
+    router = e2e.router_url(cluster, ns, PLACED)
+    eventually(lambda: all_served(router, 6), timeout=120, what="served through the router")
+
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(placed_manifest(3)))
+
+    def third_leader_unschedulable() -> dict[str, Any] | None:
+        leader = deployed.get("pod", f"{PLACED}-decode-2")
+        conditions = (leader.get("status") or {}).get("conditions") or []
+        scheduled = next((c for c in conditions if c["type"] == "PodScheduled"), {})
+        return leader if scheduled.get("reason") == "Unschedulable" else None
+
+    leader = eventually(
+        third_leader_unschedulable, timeout=120, what="the third group's leader Unschedulable"
+    )
+    message = next(c for c in leader["status"]["conditions"] if c["type"] == "PodScheduled")["message"]
+    print(f"the third group's leader: {message}")
+    assert "anti-affinity" in message or "affinity" in message, message
+
+    # (The PDDeployment turns Stalled, reason Unschedulable, once the pod has waited the operator's
+    # grace, 60 s: test_reconcile.py's test_unschedulable_shows_in_status, not waited for here.)
+    time.sleep(5)  # LeaderWorkerSet had time to (wrongly) create workers for the unplaced leader
+    assert not deployed.get("pod", f"{PLACED}-decode-2-1"), "a worker made for a leader without a node"
+    assert decode_groups_ready() == 2
+    assert all_served(router, 6) == [200] * 6
+    cluster.kubectl("delete", "pdd", PLACED, "-n", ns, "--wait=false", check=False)
