@@ -9,6 +9,7 @@ the Go module cache holds that release, against the schema of its CRD as well.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable
@@ -107,8 +108,10 @@ LWS_ENUMS = {
 }
 
 
+@functools.cache
 def _lws_crd_schema() -> dict[str, Any] | None:
-    """The LeaderWorkerSet CRD's schema from the Go module cache, when it holds lws v0.7.0."""
+    """The LeaderWorkerSet CRD's schema from the Go module cache, when it holds lws v0.7.0 (read once:
+    its 19k-line YAML takes seconds to parse, and every test here needs it; not modified by them)."""
     cache = Path(os.environ.get("GOMODCACHE") or Path.home() / "go" / "pkg" / "mod")
     crd = cache / "sigs.k8s.io" / "lws@v0.7.0" / "config" / "crd" / "bases"
     path = crd / "leaderworkerset.x-k8s.io_leaderworkersets.yaml"
