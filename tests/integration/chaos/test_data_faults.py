@@ -48,6 +48,7 @@ NAME = "data"
 LEASE_S = 10
 LOAD = Phase(6.0, 64, 48, "steady")
 QUIET = Phase(0.0, 1, 1, "quiet")
+STRAGGLER_S = 1.0  # how late a request scheduled before the load went quiet may start
 LONG_PROMPTS = Phase(6.0, 2000, 16, "long-prompts")
 # What the router writes into a stream it ends because its decode pod died after the first byte.
 STREAM_CUT = "engine failed mid-answer"
@@ -369,7 +370,9 @@ def test_router_pod_deleted_with_no_grace(stack: Stack) -> None:
     assert survivor_samples
     assert all(s.ok for s in survivor_samples), stack.failures(survivor_samples, killed_at)
     assert victim_failed, "no request through the killed router failed"
-    late = [s for s in victim_failed if s.sent_at > quiet_at]
+    # A request the load's loop had already scheduled when it went quiet starts (and is stamped) a
+    # moment later on a busy machine (seen once: sent under the steady phase, stamped after quiet_at).
+    late = [s for s in victim_failed if s.sent_at > quiet_at + STRAGGLER_S]
     assert not late, [s.error for s in late]
     stack.loads.pop(victim).stop(timeout=30)
     held_s = stack.no_kv_held("after the router kill", timeout=LEASE_S + 30)
