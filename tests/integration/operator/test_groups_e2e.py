@@ -1,12 +1,14 @@
-"""Multi-node pools end to end on the local cluster (issue 27 items 1, 4 and 7): the operator applies
-the LeaderWorkerSets of a PDDeployment whose prefill and decode pools are groups of 2 sim-engine pods
-(one data-parallel rank per pod, the leader balancing: `Internal`), requests are served through the
-operator's router from a prefill group to a decode group, a pool grows by one group (within maxGPUs,
-which counts every GPU of a group), and a killed rank takes its group down until LeaderWorkerSet has
-recreated it and it serves again; a revision moves decode from groups to a StatefulSet under load.
-tandem's own autoscaler sizing a pool in groups (grown by a group on both ranks' capacity, the
-highest group drained whole with no failed stream) runs on the dev cluster in test_dp_ranks_e2e.py,
-on groups of two External ranks.
+"""Multi-node pools end to end on the local cluster (issue 27 items 1, 2, 4, 5 and 7): the operator
+applies the LeaderWorkerSets of a PDDeployment whose prefill and decode pools are groups of 2
+sim-engine pods (one data-parallel rank per pod, the leader balancing: `Internal`), requests are
+served through the operator's router from a prefill group to a decode group, a pool grows by one
+group (within maxGPUs, which counts every GPU of a group), and a killed rank takes its group down
+until LeaderWorkerSet has recreated it and it serves again; revisions replace the groups, and move
+decode from groups to a StatefulSet, under load; `groupPlacement.exclusiveTopology` puts each decode
+group in a fabric domain of its own and holds a group that finds none. tandem's own autoscaler
+sizing a pool in groups (grown by a group on both ranks' capacity, the highest group drained whole
+with no failed stream) runs on the dev cluster in test_dp_ranks_e2e.py, on groups of two External
+ranks.
 
 The dev cluster runs LeaderWorkerSet's controller (`devcluster.start_lws`); every address is a
 loopback one (127.0.0.0/8).
