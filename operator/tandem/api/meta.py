@@ -51,6 +51,14 @@ ANNOTATION_SCRAPE_PATH: Final = "prometheus.io/path"
 
 # Ports inside a pod. Every pod has its own IP, so fixed ports never collide.
 ENGINE_PORT: Final = 8000  # vLLM's default; /health, /v1/*, /metrics
+
+
+def api_port_name(rank: int) -> str:
+    """A pod's OpenAI API port name: `http` for its first local rank, `http-<i>` for each further
+    MultiPortExternal rank (render names them; the revision rollout counts them on live pods)."""
+    return "http" if rank == 0 else f"http-{rank}"
+
+
 NIXL_SIDE_CHANNEL_PORT: Final = 5600  # vLLM's VLLM_NIXL_SIDE_CHANNEL_PORT default
 ROUTER_PORT: Final = 8080
 # Multi-node replicas (LeaderWorkerSet groups, docs/multinode.md); vLLM's own defaults, rendered
@@ -72,6 +80,7 @@ LWS_WORKER_INDEX: Final = "LWS_WORKER_INDEX"  # 0 on the leader, 1.. on the work
 LWS_EXCLUSIVE_TOPOLOGY: Final = "leaderworkerset.sigs.k8s.io/exclusive-topology"
 LWS_WORKER_INDEX_LABEL: Final = "leaderworkerset.sigs.k8s.io/worker-index"
 LWS_GROUP_KEY_LABEL: Final = "leaderworkerset.sigs.k8s.io/group-key"  # one value per group of a set
+LWS_GROUP_INDEX_LABEL: Final = "leaderworkerset.sigs.k8s.io/group-index"
 LWS_SIZE_ANNOTATION: Final = "leaderworkerset.sigs.k8s.io/size"  # pods of the group
 ROUTER_METRICS_PATH: Final = "/metrics"
 

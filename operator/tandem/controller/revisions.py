@@ -476,8 +476,8 @@ def api_ports(pod: Obj) -> int:
     """The OpenAI API ports of a pod's engine (`http`, and `http-<i>` per further MultiPortExternal
     rank): the scrape targets it reports from, as it was rendered, whatever the spec says now."""
     containers = (pod.get("spec") or {}).get("containers") or []
-    names = [str(p.get("name", "")) for c in containers for p in c.get("ports") or []]
-    return max(1, sum(1 for n in names if n == "http" or (n.startswith("http-") and n[5:].isdigit())))
+    names = {str(p.get("name", "")) for c in containers for p in c.get("ports") or []}
+    return max(1, sum(1 for rank in range(len(names)) if meta.api_port_name(rank) in names))
 
 
 def _headless(pod: Obj) -> bool:

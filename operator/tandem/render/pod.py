@@ -78,7 +78,7 @@ def _group_ports(pdd: PDDeployment, role: Role, member: Member) -> list[dict[str
     shape = pdd.spec.pool(role).shape
     result: list[dict[str, Any]] = []
     if shape.ports_per_pod > 1 and serves(pdd, role, member):  # MultiPortExternal: a port per local rank
-        result += [_port(f"http-{i}", meta.ENGINE_PORT + i) for i in range(1, shape.ports_per_pod)]
+        result += [_port(meta.api_port_name(i), meta.ENGINE_PORT + i) for i in range(1, shape.ports_per_pod)]
     if shape.data > 1 and shape.load_balancing == DataParallelLoadBalancing.MultiPortExternal.value:
         result.append(_port("supervisor", meta.DP_SUPERVISOR_PORT))
     if shape.multi_node and member != "worker":
@@ -91,7 +91,7 @@ def _group_ports(pdd: PDDeployment, role: Role, member: Member) -> list[dict[str
 def ports(pdd: PDDeployment, role: Role, member: Member = "single") -> list[dict[str, Any]]:
     """The container's named ports. A NIXL side channel listens on 5600 + the global data-parallel rank
     of each of the pod's ranks; the named one is rank 0's (the NetworkPolicy admits the whole range)."""
-    result = [_port("http", meta.ENGINE_PORT)] if serves(pdd, role, member) else []
+    result = [_port(meta.api_port_name(0), meta.ENGINE_PORT)] if serves(pdd, role, member) else []
     result += _group_ports(pdd, role, member)
     if not engine_cmd.is_disaggregated(role) or member == "worker":
         return result

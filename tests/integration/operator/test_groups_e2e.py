@@ -426,7 +426,7 @@ def test_exclusive_topology_places_each_group_in_its_own_domain_and_holds_one_wi
                 assert any(t["topologyKey"] == FABRIC for t in terms), (kind, affinity)
         else:  # its controller pinned the workers to the leader's domain once the leader had a node
             assert pod["spec"]["nodeSelector"][FABRIC] == domain, pod["spec"].get("nodeSelector")
-        group = pod["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/group-index"]
+        group = pod["metadata"]["labels"][meta.LWS_GROUP_INDEX_LABEL]
         by_group.setdefault(group, set()).add(domain)
     print(f"decode groups by fabric domain: {by_group}")
     assert set(by_group) == {"0", "1"}
