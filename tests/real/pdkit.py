@@ -88,9 +88,9 @@ def held_back_prompts() -> list[str]:
 
 
 HELD_BACK_FORMS = (("completions", False), ("chat", True))
-# Every other prompt of the 24 (1 to 800 words), each in the four forms: 48 requests a side, the P/D
-# answers checked token for token against the colocated ones (test_pd_e2e.py).
-CHECKED = prompts()[::2]
+# The 24 prompts (1 to 900 words), each in the four forms: 96 requests a side, the P/D answers checked
+# token for token against the colocated ones (test_pd_e2e.py).
+CHECKED = prompts()
 # Prompts (130 to 520 words) asked at once as plain completions while a prefill engine is killed
 # mid-prefill (test_pd_failures_e2e.py), by their index in prompts().
 MID_PREFILL_PROMPTS = range(12, 20)

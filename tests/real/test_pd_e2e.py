@@ -8,7 +8,7 @@ with), in `make test`; the gray rollout is `test_pd_rollout_e2e.py`, in `make te
 2. `spec.serving.mode` goes to Disaggregated with no `spec.rollout` (a direct cut-over) and the
    colocated pool to 0: one prefill and one decode engine, NixlConnector over loopback.
 3. The P/D answers must equal the colocated ones token for token (temperature 0, --dtype float32):
-   completions and chat, streamed and not, over CHECKED prompts from 1 to about 1,100 tokens. The
+   completions and chat, streamed and not, over the 24 CHECKED prompts of 1 to 900 words. The
    decode engine's counters must show the prompt's KV arrived by transfer, with no prompt token
    computed there, and the prefill engine's prefix cache must count a repeated prompt as hits.
    Prometheus scrapes the engines like any pod; every series and query tandem reads answers.

@@ -73,6 +73,8 @@ def test_changes_listed_are_the_changes_made() -> None:
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "OMP_NUM_THREADS": "1",
         "TANDEM_NIXL_PROGRESS_DELAY_US": "1000",
+        "TANDEM_VLLM_SHM_BUSY_LOOP_S": "0.01",
+        "TANDEM_VLLM_SHM_RECHECK_MS": "20",
         "PYTHONPATH": str(realvllm.CPU_SITE),
     }
     docs = (ROOT / "docs" / "real-vllm.md").read_text()
@@ -161,3 +163,67 @@ def test_without_avx2_every_real_engine_test_is_skipped_loudly(tmp_path: Path) -
     assert done.stdout.count("SKIPPED") >= 1
     assert "REAL vLLM TESTS SKIPPED: vllm-cpu needs an x86-64 CPU with AVX2" in done.stdout
     assert "dev cluster" not in done.stdout  # no cluster was started
+
+
+# --- cpu_site/sitecustomize.py: the pauses, on stand-ins for vLLM's and NIXL's modules --------------
+
+FAKE_SHM = """
+SHM_READER_RECHECK_INTERVAL_MS = 5000
+class SpinCondition:
+    def __init__(self, is_reader, context, notify_address, busy_loop_s: float = 1):
+        self.busy_loop_s = busy_loop_s
+"""
+FAKE_NIXL = """
+class nixlAgentConfig:
+    pass
+"""
+PROBE = """
+import nixl_cu13._bindings as b
+import vllm.distributed.device_communicators.shm_broadcast as m
+c = b.nixlAgentConfig()
+c.pthrDelay = 0
+print(c.pthrDelay, m.SpinCondition(True, None, "ipc://x").busy_loop_s, m.SHM_READER_RECHECK_INTERVAL_MS)
+"""
+
+
+def run_probe(tmp_path: Path, env: dict[str, str], shm: str = FAKE_SHM) -> subprocess.CompletedProcess[str]:
+    shm_file = tmp_path / "vllm" / "distributed" / "device_communicators" / "shm_broadcast.py"
+    shm_file.parent.mkdir(parents=True)
+    for package in (shm_file.parents[2], shm_file.parents[1], shm_file.parent):
+        (package / "__init__.py").write_text("")
+    shm_file.write_text(shm)
+    (tmp_path / "nixl_cu13").mkdir()
+    (tmp_path / "nixl_cu13" / "__init__.py").write_text("")
+    (tmp_path / "nixl_cu13" / "_bindings.py").write_text(FAKE_NIXL)
+    return subprocess.run(
+        [sys.executable, "-c", PROBE],
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": f"{realvllm.CPU_SITE}:{tmp_path}", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "seen"),
+    [
+        ({}, "0 1 5000"),
+        (
+            {k: v for k, v in realvllm.CPU_ENV.items() if k.startswith("TANDEM_")},
+            f"{realvllm.NIXL_PROGRESS_DELAY_US} {realvllm.SHM_BUSY_LOOP_S} {realvllm.SHM_RECHECK_MS}",
+        ),
+        ({"TANDEM_VLLM_SHM_RECHECK_MS": "7"}, "0 1 7"),
+    ],
+)
+def test_the_engine_pauses_are_the_variables(tmp_path: Path, env: dict[str, str], seen: str) -> None:
+    probe = run_probe(tmp_path, env)
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.split() == seen.split()
+
+
+def test_a_spin_condition_of_another_shape_is_left_alone_and_said(tmp_path: Path) -> None:
+    drifted = FAKE_SHM.replace("busy_loop_s: float = 1):", "busy_loop_s: float = 1, spin: bool = True):")
+    probe = run_probe(tmp_path, {"TANDEM_VLLM_SHM_BUSY_LOOP_S": "0.01"}, drifted)
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.split()[1] == "1"
+    assert "SpinCondition has no trailing busy_loop_s" in probe.stderr
