@@ -144,7 +144,8 @@ QUICK = ("co-steady1-short", "co-steady4-short", "co-bursty8-mixed", "pd-steady1
 # (the prefill form plus the queue behind N-1 streams). Not held: every p90 (the 2nd-worst of 12-32
 # requests on a machine other runs share), TTFT of bursty cells (which of N simultaneous prompts the
 # engine batches into one step decides each TTFT: 1 in N requests waits for all the others) and of P/D
-# (the NIXL transfer over UCX's TCP transport took 3 ms to 7.5 s per request here, docs/real-vllm.md).
+# (the NIXL transfer over UCX's TCP transport took 3 ms to 7.5 s per request here, docs/real-vllm.md;
+# since vLLM's shared-memory spin was shortened, the two engines' and the router's share of two cores).
 NAMED: dict[str, tuple[str, ...]] = {
     c.name: (("ttft_p50", "tpot_p50") if c.mode == "colocated" and c.arrival == "steady" else ("tpot_p50",))
     for c in CELLS
@@ -751,7 +752,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         cells = [Cell(**{**asdict(c), "requests": max(6, c.requests // 2)}) for c in cells]
     modes = sorted({c.mode for c in cells}, key=["colocated", "pd"].index)
-    args_line = "bench/real_fidelity.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    args_line = " ".join(["bench/real_fidelity.py", *(sys.argv[1:] if argv is None else argv)])
 
     if args.reuse_real:
         real = json.loads(args.out.read_text())["real"]
