@@ -37,19 +37,23 @@ from .pdkit import MODEL, NAME, READY_TIMEOUT, Deployed, deploy, manifest, undep
 pytestmark = [pytest.mark.cluster, pytest.mark.real_long, pytest.mark.timeout(2400)]
 
 # The analysis: windows of 30 s with at least 8 requests on the target arm (the load below sends 1
-# request/s, so about 15 a window at 50%); a step advances as soon as a window passes. At 1.5 requests/s
-# a P/D pair at 100% fell behind in one clean-clone run of four; at 0.5 requests/s the kill cut too few
-# P/D requests for a judged window before the requests stood in for were counted as the arm's failures.
+# request/s, so about 15 a window at 50%). At 1.5 requests/s a P/D pair at 100% fell behind in one
+# clean-clone run of four; at 0.5 requests/s the kill cut too few P/D requests for a judged window
+# before the requests stood in for were counted as the arm's failures. The step holds at 50% for at
+# least STEP_PAUSE_S and answers are 128 tokens: once vLLM's shared-memory spin was shortened
+# (docs/real-vllm.md) a P/D request of 32 tokens took about 0.2 s, the decode engine was seldom seen
+# running one, and in a clean-clone run the step passed and promoted before the kill.
 WINDOW = 30
 MIN_SAMPLES = 8
-GRAY_LOAD = Phase(1.0, 120, 32, "gray")
+STEP_PAUSE_S = 60
+GRAY_LOAD = Phase(1.0, 120, 128, "gray")
 # From the decode kill to the rollback's weight 0: the failures must reach Prometheus (scraped every
 # 2 s) and a judged window (read every 5 s); generous for a busy machine.
 ROLLBACK_TIMEOUT = 240
 
 # One judged step on short windows.
 ROLLOUT = {
-    "steps": [{"weight": 50, "pauseSeconds": 0}],
+    "steps": [{"weight": 50, "pauseSeconds": STEP_PAUSE_S}],
     "analysis": {
         "windowSeconds": WINDOW,
         "minSamples": MIN_SAMPLES,
@@ -114,8 +118,9 @@ def gray(cluster: ClusterHandle, deployed: Deployed) -> Iterator[Gray]:
             "the P/D arm at 50%", lambda s: s if rollout_phase(s) == ("Shifting", 50) else None, READY_TIMEOUT
         )
         print(f"P/D arm Ready and at 50% {shifting.at - began:.0f} s after the mode change")
-        # Kill the decode engine while it streams: once it has answered a few and runs one.
+        # Kill the decode engine while it streams: once it has answered a few and runs one, still at 50%.
         eventually(lambda: streaming(d), timeout=180, interval=0.5, what="the decode engine streaming")
+        assert rollout_phase(watch.latest()) == ("Shifting", 50), "the step ended before the kill"
         running = metric_total(d.metrics("decode"), "vllm:num_requests_running")
         killed_at = time.time()
         d.kill_9("decode")
