@@ -251,7 +251,7 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
     add("--threshold-tokens", dest="threshold_tokens", type=int, default=DEFAULT_THRESHOLD_TOKENS,
         help="Threshold: most uncached prompt tokens a decode pod prefills itself")  # fmt: skip
     add("--max-local-tokens", dest="max_local_tokens", type=int, default=DEFAULT_MAX_LOCAL_TOKENS,
-        help="Auto: most uncached prompt tokens a decode pod prefills itself")  # fmt: skip
+        help="Auto: most uncached prompt tokens a decode pod prefills itself at once")  # fmt: skip
     add("--max-local-prefills", dest="max_local_prefills", type=int, default=DEFAULT_MAX_LOCAL_PREFILLS,
         help="Auto: local prefills at once per decode pod")  # fmt: skip
     add("--log-level", default="INFO")

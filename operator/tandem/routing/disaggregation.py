@@ -17,8 +17,10 @@ without `kv_transfer_params` (NixlConnector ignores `kv_role`).
   `threshold_tokens`, remote otherwise (a fixed length, as llm-d's selective P/D and Dynamo's
   conditional disaggregation do).
 - `Auto`, in order: remote when the decode pod lacks more than `max_local_tokens` (`too_long`: a
-  longer local prefill stalls its streams too long) or already runs `max_local_prefills` local
-  prefills (`local_cap`); remote until the router has measured what a remote prefill costs
+  longer local prefill stalls its streams too long), or when its local prefills in flight with this
+  one would lack more than `max_local_tokens` together or number more than `max_local_prefills`
+  (`local_cap`: the stall is their tokens, not their count); remote until the router has measured
+  what a remote prefill costs
   (`unmeasured`); remote when the local prefill's stall, spread over the pod's streams' output, would
   take their TPOT past the SLO (`tpot_headroom`); else the side with the lower estimated time to
   first token (`local_faster`, `remote_faster`).
@@ -79,7 +81,7 @@ REASONS: Final[tuple[tuple[Side, Reason], ...]] = (
 
 DEFAULT_THRESHOLD_TOKENS: Final = 512
 DEFAULT_MAX_LOCAL_TOKENS: Final = 1024
-DEFAULT_MAX_LOCAL_PREFILLS: Final = 2
+DEFAULT_MAX_LOCAL_PREFILLS: Final = 8
 MAX_THRESHOLD_TOKENS: Final = 1_048_576
 MAX_LOCAL_PREFILLS: Final = 64
 # Measurements fade: a leg's weight halves every HALF_LIFE_S seconds, and a line counts once its
@@ -267,7 +269,10 @@ def decide(
         return Choice("remote", "above_threshold")
     if tokens > knobs.max_local_tokens:
         return Choice("remote", "too_long")
-    if decode.local_prefills >= knobs.max_local_prefills:
+    if (
+        decode.local_prefills >= knobs.max_local_prefills
+        or decode.local_tokens + tokens > knobs.max_local_tokens
+    ):
         return Choice("remote", "local_cap")
     estimates = costs.estimates(request, prefill, decode, now)
     if estimates is None:

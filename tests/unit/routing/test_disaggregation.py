@@ -135,6 +135,16 @@ CASES: list[
         Choice("remote", "local_cap"),
     ),
     (
+        "Auto: the local prefills in flight and this one lack more than maxLocalTokens together, remote",
+        AUTO,
+        Request(101, 101),
+        READY,
+        DecodeView(local_prefills=1, local_tokens=900),
+        measured(),
+        None,
+        Choice("remote", "local_cap"),
+    ),
+    (
         "Auto: nothing measured yet, remote",
         AUTO,
         Request(10, 10),
@@ -198,6 +208,15 @@ def test_auto_busy_prefill_queue_sends_local_and_busy_local_queue_sends_remote()
     assert decide(AUTO, request, queued, IDLE, costs, 1.0).reason == "local_faster"
     busy_local = DecodeView(local_prefills=1, local_tokens=900)
     assert decide(AUTO, Request(100, 100), READY, busy_local, costs, 1.0).reason == "remote_faster"
+
+
+def test_auto_caps_local_prefills_in_flight_by_their_tokens_then_by_their_count() -> None:
+    costs = measured(local=(0.001, 0.00001))  # local prefills cheap: local whenever allowed
+    one_in_flight = DecodeView(local_prefills=1, local_tokens=900)
+    assert decide(AUTO, Request(100, 100), READY, one_in_flight, costs, 1.0).reason == "local_faster"
+    assert decide(AUTO, Request(101, 101), READY, one_in_flight, costs, 1.0).reason == "local_cap"
+    short_ones = DecodeView(local_prefills=AUTO.max_local_prefills, local_tokens=20)
+    assert decide(AUTO, Request(10, 10), READY, short_ones, costs, 1.0).reason == "local_cap"
 
 
 def test_auto_tpot_headroom() -> None:
@@ -342,7 +361,7 @@ def test_auto_keeps_its_bounds_and_a_longer_prefill_queue_never_turns_local_into
     costs = measured(prefill, pull, local)
     choice = decide(AUTO, request_, PrefillView(True, queued), decode, costs, 1.0, slo)
     if choice.side == "local":
-        assert request_.uncached_local <= AUTO.max_local_tokens
+        assert decode.local_tokens + request_.uncached_local <= AUTO.max_local_tokens
         assert decode.local_prefills < AUTO.max_local_prefills
         longer = decide(AUTO, request_, PrefillView(True, queued + more), decode, costs, 1.0, slo)
         assert longer.side == "local"

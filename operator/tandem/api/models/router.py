@@ -251,8 +251,9 @@ class DisaggregationSpec(ApiModel):
         Field(
             ge=1,
             le=1_048_576,
-            description="Auto only: the most prompt tokens a decode pod prefills itself (a local "
-            "prefill stalls the pod's streams while it runs). Unset: 1024.",
+            description="Auto only: the most prompt tokens a decode pod prefills itself at once, this "
+            "request's and those of the local prefills already in flight there, per router replica (a "
+            "local prefill stalls the pod's streams while it runs). Unset: 1024.",
         ),
     ] = None
     max_local_prefills: Annotated[
@@ -260,7 +261,7 @@ class DisaggregationSpec(ApiModel):
         Field(
             ge=1,
             le=64,
-            description="Auto only: local prefills at once on one decode pod, per router replica. Unset: 2.",
+            description="Auto only: local prefills at once on one decode pod, per router replica. Unset: 8.",
         ),
     ] = None
 
