@@ -1,5 +1,5 @@
 """Loaded by every Python process of a real vLLM pod on the dev cluster (its PYTHONPATH names this
-directory, `realvllm.CPU_ENV`): two pauses for engines that share two cores, each set by a variable.
+directory, `realvllm.CPU_ENV`): pauses for engines that share two cores, each set by a variable.
 
 - `TANDEM_NIXL_PROGRESS_DELAY_US`: NIXL's progress thread sleeps this long between its passes. NIXL's
   Python agent sets the agent config's `pthrDelay` (the progress thread's pause, in microseconds) to
@@ -12,6 +12,9 @@ directory, `realvllm.CPU_ENV`): two pauses for engines that share two cores, eac
   (`SpinCondition`'s `busy_loop_s`, 1 s in vLLM, no knob). Spinning, an engine that had just served a
   request took a core for a second more: a decode engine's 24-token answer right after its prefill
   peer's step took 0.6 s instead of 0.2 s (docs/real-vllm.md).
+- `TANDEM_VLLM_SHM_RECHECK_MS`: how often such a reader, asleep, looks at the queue again in case it
+  missed the notification (`SHM_READER_RECHECK_INTERVAL_MS`, 5,000 in vLLM). With a short spin the
+  reader sleeps between most steps, and a missed notification held a step for 5 s.
 
 Only these values change: transfers, backends, queues and threads are vLLM's and NIXL's own.
 """
