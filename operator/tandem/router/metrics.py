@@ -25,7 +25,7 @@ length is known only then.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from itertools import accumulate, pairwise
 from typing import Any, Final
 
@@ -294,7 +294,8 @@ class RouterMetrics:
         self.endpoint_legs = Counter(
             "tandem_router_endpoint_legs_total",
             "Legs sent to each engine endpoint (a data-parallel rank where pods serve one per port), by"
-            " role, pod, port and the pod's LeaderWorkerSet group (empty for a single-node pod).",
+            " role, pod, port and the pod's LeaderWorkerSet group (empty for a single-node pod); a deleted"
+            " pod's series are removed.",
             ["role", "pod", "port", "group"], registry=r,
         )  # fmt: skip
         self.draining_endpoints = Gauge(
@@ -394,6 +395,14 @@ class RouterMetrics:
         if found is None:
             found = self._children[key] = metric.labels(*labels)
         return found
+
+    def forget_endpoint_legs(self, live_pods: Collection[str]) -> None:
+        """Drops the leg counters of pods that are gone (deleted, not merely unready), so a router
+        that outlives many revisions' pods does not keep a series for each of them."""
+        legs = id(self.endpoint_legs)
+        for key in [k for k in self._children if k[0] == legs and k[1][1] not in live_pods]:
+            del self._children[key]
+            self.endpoint_legs.remove(*key[1])
 
     def set_buckets(
         self,

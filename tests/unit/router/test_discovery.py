@@ -314,3 +314,27 @@ def test_each_endpoint_is_labelled_by_pod_port_and_group() -> None:
     static = RouterState(balancer=Balancer(), metrics=RouterMetrics())
     static.set_static({"decode": ["http://127.0.0.1:9000"]})
     assert static.endpoint_labels("http://127.0.0.1:9000") == ("127.0.0.1", "9000", "")
+
+
+def test_a_deleted_pods_leg_counters_go_and_an_unready_pods_stay() -> None:
+    metrics = RouterMetrics()
+    state = RouterState(balancer=Balancer(), metrics=metrics, pdd_name="llm")
+    objs = [multiport_pod(0, i) for i in (0, 1)]
+    state.on_pods("SYNC", [pod_info_from(o) for o in objs])
+    for url in state.endpoints["prefill"]:
+        metrics.child(metrics.endpoint_legs, "prefill", *state.endpoint_labels(url)).inc()
+
+    def legs(pod: str, port: str) -> float | None:
+        labels = {"role": "prefill", "pod": pod, "port": port, "group": "llm-prefill-key-0"}
+        return metrics.registry.get_sample_value("tandem_router_endpoint_legs_total", labels)
+
+    state.on_pods("MODIFIED", [pod_info_from(multiport_pod(0, 1, ready=False))])
+    assert legs("llm-prefill-0-1", "8001") == 1.0  # unready, not gone: its count goes on later
+    state.on_pods("DELETED", [pod_info_from(objs[1])])
+    assert legs("llm-prefill-0-1", "8000") is None
+    assert legs("llm-prefill-0-1", "8001") is None
+    assert legs("llm-prefill-0", "8001") == 1.0
+    state.on_pods("ADDED", [pod_info_from(objs[1])])  # the same name back: counts from 0 again
+    url = "http://127.20.0.2:8001"
+    metrics.child(metrics.endpoint_legs, "prefill", *state.endpoint_labels(url)).inc()
+    assert legs("llm-prefill-0-1", "8001") == 1.0
