@@ -275,11 +275,22 @@ def _kv_status(pdd: PDDeployment) -> KVTransferStatus:
     return KVTransferStatus(bytes_per_token=per_token, ms_per_thousand_tokens=round(seconds * 1000))
 
 
+# Distinct problems (by pool and reason) a Stalled message names; the rest are counted.
+MAX_PROBLEMS_SHOWN = 3
+
+
 def _problem_summary(problems: Sequence[PodProblem]) -> tuple[str, str]:
-    first = problems[0]
-    others = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-    where = f"pod {first.pod} ({first.role}): " if first.pod else ""
-    return first.reason, f"{where}{first.message}{others}"
+    """The first problem's reason, and a message naming the first problem of each distinct (pool,
+    reason), up to `MAX_PROBLEMS_SHOWN`: two pools failing differently both show."""
+    shown: dict[tuple[str, str], PodProblem] = {}
+    for problem in problems:
+        if len(shown) == MAX_PROBLEMS_SHOWN:
+            break
+        shown.setdefault((problem.role, problem.reason), problem)
+    parts = [f"pod {p.pod} ({p.role}): {p.message}" if p.pod else p.message for p in shown.values()]
+    left = len(problems) - len(shown)
+    others = f" (and {left} more)" if left else ""
+    return problems[0].reason, "; ".join(parts) + others
 
 
 def _progress_message(pools: PoolsStatus, roles: Sequence[str]) -> str:

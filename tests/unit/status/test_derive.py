@@ -203,3 +203,63 @@ def test_the_unschedulable_grace_is_the_operators_setting(
     status = derive_status(pdd(), observed, [], now, unschedulable_grace_seconds=grace)
     assert status.phase == phase
     assert (conditions(status.conditions)["Stalled"][0] == "True") is (phase == "Degraded")
+
+
+def _problem(pod: str, role: str, reason: str) -> PodProblem:
+    return PodProblem(pod, role, reason, f"{reason.lower()} on {pod}", EARLIER)
+
+
+@pytest.mark.parametrize(
+    ("problems", "reason", "message"),
+    [
+        (
+            [_problem("p-0", "prefill", "CrashLoopBackOff")],
+            "CrashLoopBackOff",
+            "pod p-0 (prefill): crashloopbackoff on p-0",
+        ),
+        # the same problem on two pods of one pool: one shown, one counted
+        (
+            [_problem("d-0", "decode", "ImagePullFailed"), _problem("d-1", "decode", "ImagePullFailed")],
+            "ImagePullFailed",
+            "pod d-0 (decode): imagepullfailed on d-0 (and 1 more)",
+        ),
+        # two pools failing differently: both shown, the first's reason on the condition
+        (
+            [_problem("d-0", "decode", "ImagePullFailed"), _problem("d-1", "decode", "ImagePullFailed"),
+             _problem("p-0", "prefill", "CrashLoopBackOff")],
+            "ImagePullFailed",
+            "pod d-0 (decode): imagepullfailed on d-0;"
+            " pod p-0 (prefill): crashloopbackoff on p-0 (and 1 more)",
+        ),
+        # a problem of the whole spec (no pod) beside a pod's; problems that do not stall are left out
+        (
+            [PodProblem("", "decode", "Pending", "waiting"), _problem("r-0", "router", "CrashLoopBackOff")],
+            "CrashLoopBackOff",
+            "pod r-0 (router): crashloopbackoff on r-0",
+        ),
+        (
+            [PodProblem("", "decode", "ConfigError", "secret hf-token not found"),
+             _problem("r-0", "router", "CrashLoopBackOff")],
+            "ConfigError",
+            "secret hf-token not found; pod r-0 (router): crashloopbackoff on r-0",
+        ),
+        # at most three distinct shown
+        (
+            [_problem(f"x-{i}", role, reason) for i, (role, reason) in enumerate(
+                [("decode", "Unschedulable"), ("prefill", "ImagePullFailed"), ("router", "CrashLoopBackOff"),
+                 ("decode", "ConfigError"), ("decode", "Unschedulable")])],
+            "Unschedulable",
+            "pod x-0 (decode): unschedulable on x-0; pod x-1 (prefill): imagepullfailed on x-1;"
+            " pod x-2 (router): crashloopbackoff on x-2 (and 2 more)",
+        ),
+    ],
+)  # fmt: skip
+def test_stalled_names_the_first_problem_of_each_pool_and_reason(
+    problems: list[PodProblem], reason: str, message: str
+) -> None:
+    observed = Observed(
+        workloads={**ALL_READY, "decode": ready(1)}, desired_replicas=DESIRED, pod_problems=problems
+    )
+    status = derive_status(pdd(), observed, [], NOW)
+    stalled = next(c for c in status.conditions if c.type == "Stalled")
+    assert (stalled.status, stalled.reason, stalled.message) == ("True", reason, message)
