@@ -164,3 +164,45 @@ def test_markdown_has_one_row_per_cell_with_its_verdicts_and_loads() -> None:
         "| a | 20.0 / 25.0 (0.80) | 150 / 100 (1.50) | 4.40 / 4.00 (1.10) | - / 5.00 (-) "
         "| TTFT P50 PASS, TPOT P50 PASS | 3; 10 |"
     )
+
+
+def test_range_of_runs_leaves_out_runs_without_figures() -> None:
+    rows = [dict.fromkeys(rf.FIGURES, x) for x in (12.0, NAN, 9.0, 15.0)]
+    assert rf.range_of_runs(rows)["tpot_p50"] == (9.0, 15.0)
+    empty = rf.range_of_runs([dict.fromkeys(rf.FIGURES, NAN)])["ttft_p50"]
+    assert all(math.isnan(x) for x in empty)
+
+
+@pytest.mark.parametrize(
+    ("real_runs", "sim", "verdict", "inside"),
+    [
+        ((4.0, 5.0, 6.0), 5.5, "PASS", True),
+        ((2.4, 4.2, 5.9), 2.8, "FAIL", True),  # a miss the real engine's own runs straddle
+        ((5.0, 5.2, 5.3), 3.0, "FAIL", False),  # a miss outside them: the profile's
+        ((5.0, 5.2, 5.3), 5.4, "PASS", False),
+    ],
+)
+def test_a_miss_is_read_against_the_real_runs_own_spread(
+    real_runs: tuple[float, ...], sim: float, verdict: str, inside: bool
+) -> None:
+    runs = [dict.fromkeys(rf.FIGURES, x) for x in real_runs]
+    real = {"a": rf.median_of_runs(runs)}
+    lines = rf.table(real, {"a": dict.fromkeys(rf.FIGURES, sim)}, {"a": ("tpot_p50",)},
+                     real_ranges={"a": rf.range_of_runs(runs)})  # fmt: skip
+    line = next(x for x in lines if x.figure == "tpot_p50")
+    assert (line.verdict, line.sim_within_real_runs) == (verdict, inside)
+    assert (line.real_low_ms, line.real_high_ms) == (min(real_runs), max(real_runs))
+    assert rf.misses_within_real_spread(lines) == ([line] if verdict == "FAIL" and inside else [])
+
+
+@pytest.mark.parametrize(
+    ("runs", "expected"),
+    [
+        (3, [1, 1, 1]),  # one repeat of the grid before each evaluation run
+        (1, [3]),  # fewer runs than PREFILL_REPEATS: the rest before the first
+        (5, [1, 1, 1, 1, 1]),
+    ],
+)
+def test_the_grid_is_spread_over_the_evaluation_runs(runs: int, expected: list[int]) -> None:
+    assert rf.PREFILL_REPEATS == 3
+    assert [rf.repeats_before_run(run, runs) for run in range(runs)] == expected
