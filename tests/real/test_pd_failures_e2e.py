@@ -105,18 +105,29 @@ def test_a_prefill_restarted_in_its_pod_while_decode_holds_its_nixl_peer(
     new_id = engine_id(ip)
     print(f"prefill engine_id {old_id} before the kill, {new_id} after")
     assert new_id != old_id  # vLLM draws a new engine_id per start; tandem does not pin it
-    before = pd.metrics("decode")
+    before, router_before = pd.metrics("decode"), router_metrics(pd)
     got = run_all(pd.router(), held_back_prompts(), HELD_BACK_FORMS)
-    after = pd.metrics("decode")
+    after, router_after = pd.metrics("decode"), router_metrics(pd)
 
     def grew(name: str, **labels: str) -> float:
         return metric_total(after, name, **labels) - metric_total(before, name, **labels)
 
     transferred = grew("vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
-    print(f"after the restart: {transferred:.0f} prompt tokens arrived at decode by NIXL")
+    failed = grew("vllm:nixl_num_failed_transfers_total")
+    retried = metric_total(router_after, "tandem_router_retries_total", leg="decode") - metric_total(
+        router_before, "tandem_router_retries_total", leg="decode"
+    )
+    print(
+        f"after the restart: {transferred:.0f} prompt tokens arrived at decode by NIXL; {failed:.0f} failed"
+        f" transfers, {retried:.0f} decode legs tried again by the router"
+    )
     assert got == colocated.held_back
     assert transferred > 0
-    assert grew("vllm:nixl_num_failed_transfers_total") == 0
+    # On a loaded machine decode's first handshake with the new process can time out: vLLM then fails
+    # that request (handshake_failed, failure_policy=fail, HTTP 500) and the router tries the decode leg
+    # again with a new prefill. No client sees it; a failed transfer the router did not retry would be
+    # one a client saw (or a corrupted answer, which the comparison above catches).
+    assert failed <= retried
 
 
 # --- abandoned requests: how long real vLLM holds a finished prefill's KV -------------------------
