@@ -33,7 +33,7 @@ from tandem.demo import e2e as harness
 from tandem.demo.load import BackgroundLoad, Phase
 from tandem.devcluster import kube
 from tandem.devcluster.handle import ClusterHandle
-from tandem.devcluster.testing import OperatorProcess, scratch_namespace
+from tandem.devcluster.testing import OperatorProcess, eventually, scratch_namespace
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(400)]
 
@@ -199,9 +199,20 @@ def test_a_slow_link_sets_kv_transport_degraded_and_healing_it_clears_it(link: L
         30,
     )
     print(f"healthy again {time.monotonic() - healed:.0f}s after healing: {recovered['message']}")
-    reasons = [e.get("reason") for e in harness.events(link.cluster, link.namespace, NAME)]
-    assert reasons.count("KVTransportDegraded") == 1
-    assert reasons.count("KVTransportHealthy") == 2
+
+    def healthy_twice() -> list[str | None] | None:
+        reasons = [e.get("reason") for e in harness.events(link.cluster, link.namespace, NAME)]
+        return reasons if reasons.count("KVTransportHealthy") >= 2 else None
+
+    # The Event of a transition can reach the API after the status that shows it: wait for it.
+    seen = eventually(
+        healthy_twice,
+        timeout=60,
+        interval=2,
+        what="the second KVTransportHealthy Event",
+    )
+    assert seen.count("KVTransportDegraded") == 1
+    assert seen.count("KVTransportHealthy") == 2
     samples = link.load.samples(since=0)
     assert samples
     assert harness.failures(samples) == []  # a slow link delays requests, it fails none
