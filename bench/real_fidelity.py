@@ -181,12 +181,17 @@ def run_figures(samples: Sequence[Sample]) -> dict[str, float]:
     }
 
 
+def _figure_values(runs: Sequence[Mapping[str, float]], key: str) -> list[float]:
+    """One figure of every run that has it (NaN runs left out)."""
+    return [r[key] for r in runs if not math.isnan(r.get(key, math.nan))]
+
+
 def range_of_runs(runs: Sequence[Mapping[str, float]]) -> dict[str, tuple[float, float]]:
     """Each figure's (lowest, highest) over runs (NaN runs left out; NaNs if none): the real engine's own
     run-to-run spread, against which a miss is read."""
     out = {}
     for key in FIGURES:
-        values = [r[key] for r in runs if not math.isnan(r.get(key, math.nan))]
+        values = _figure_values(runs, key)
         out[key] = (min(values), max(values)) if values else (math.nan, math.nan)
     return out
 
@@ -195,7 +200,7 @@ def median_of_runs(runs: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """Each figure's median over runs (NaN runs left out; NaN if none)."""
     out = {}
     for key in FIGURES:
-        values = [r[key] for r in runs if not math.isnan(r.get(key, math.nan))]
+        values = _figure_values(runs, key)
         out[key] = statistics.median(values) if values else math.nan
     return out
 
@@ -209,11 +214,15 @@ class Line:
     ratio: float  # real / sim
     named: bool  # held to the tolerance
     verdict: str  # PASS | FAIL | "" (not named)
-    # The real runs' lowest and highest figure, and whether the sim figure lies between them (NaN, False:
-    # no runs given): a FAIL inside the real engine's own spread is a miss the reference cannot settle.
+    # The real runs' lowest and highest figure (NaN: no runs given).
     real_low_ms: float = math.nan
     real_high_ms: float = math.nan
-    sim_within_real_runs: bool = False
+
+    @property
+    def sim_within_real_runs(self) -> bool:
+        """The sim figure lies inside the real runs' range: a FAIL there is a miss the real engine's own
+        spread cannot settle (False without runs)."""
+        return self.real_low_ms <= self.sim_ms <= self.real_high_ms
 
 
 def table(
@@ -236,12 +245,8 @@ def table(
             held = key in named.get(cell, ())
             ok = not math.isnan(ratio) and abs(ratio - 1) <= tolerance + 1e-12
             low, high = (real_ranges or {}).get(cell, {}).get(key, (math.nan, math.nan))
-            lines.append(
-                Line(
-                    cell, key, a, b, ratio, held, ("PASS" if ok else "FAIL") if held else "",
-                    low, high, low <= b <= high,
-                )
-            )  # fmt: skip
+            verdict = ("PASS" if ok else "FAIL") if held else ""
+            lines.append(Line(cell, key, a, b, ratio, held, verdict, low, high))
     return lines
 
 

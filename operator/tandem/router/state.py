@@ -145,7 +145,8 @@ class RouterState:
             listed = endpoint_list(self.pods, self.pdd_name, self.engine_port)
             self.endpoint_info = {endpoint.url: endpoint for endpoint in listed}
             self._leg_labels.clear()
-            self.metrics.forget_endpoint_legs(self.pods.keys())
+            if kind in ("DELETED", "SYNC"):  # the only events that take pods away
+                self.metrics.forget_endpoint_legs(self.pods.keys())
             self._set_endpoints(endpoints_by_role(self.pods, self.pdd_name, self.engine_port))
             self._set_revisions(endpoints_by_revision(self.pods, self.pdd_name, self.engine_port))
             for role, count in draining_by_role(self.pods, self.pdd_name).items():
