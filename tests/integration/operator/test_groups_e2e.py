@@ -3,8 +3,8 @@ applies the LeaderWorkerSets of a PDDeployment whose prefill and decode pools ar
 sim-engine pods (one data-parallel rank per pod, the leader balancing: `Internal`), requests are
 served through the operator's router from a prefill group to a decode group, a pool grows by one
 group (within maxGPUs, which counts every GPU of a group), and a killed rank takes its group down
-until LeaderWorkerSet has recreated it and it serves again; revisions replace the groups, and move
-decode from groups to a StatefulSet, under load; `groupPlacement.exclusiveTopology` puts each decode
+until LeaderWorkerSet has recreated it and it serves again; revisions replace the groups, move
+decode from groups to a StatefulSet and back, under load; `groupPlacement.exclusiveTopology` puts each decode
 group in a fabric domain of its own and holds a group that finds none. tandem's own autoscaler
 sizing a pool in groups (grown by a group on both ranks' capacity, the highest group drained whole
 with no failed stream) runs on the dev cluster in test_dp_ranks_e2e.py, on groups of two External
@@ -338,8 +338,7 @@ def test_a_revision_moves_decode_from_groups_to_a_statefulset_through_the_revisi
     """Decode changes shape (a group of 2 pods a replica -> one pod a replica): the new revision's pair
     is a prefill LeaderWorkerSet and a decode StatefulSet beside the old pair's two LeaderWorkerSets;
     the weight moves once the new pair is Ready, the old pair goes once idle, requests served all
-    along (the other direction, and both directions' objects, in
-    tests/unit/controller/test_reconcile_groups.py)."""
+    along (both directions' objects also in tests/unit/controller/test_reconcile_groups.py)."""
     eventually(lambda: deployed.ready({"prefill": 1, "decode": 1}), timeout=300, what="1+1 groups")
     doc = manifest(1, NEW_IMAGE)
     doc["spec"]["decode"] = e2e.pool(1, requests=e2e.SMALL_POD_REQUESTS)
@@ -360,6 +359,42 @@ def test_a_revision_moves_decode_from_groups_to_a_statefulset_through_the_revisi
     decode = deployed.pods("decode")
     assert len(decode) == 1, [p["metadata"]["name"] for p in decode]
     assert decode[0]["metadata"]["name"] == f"{rolled.revs['current']['prefix']}-decode-0"
+
+
+def test_a_revision_moves_decode_from_a_statefulset_back_to_groups_through_the_revision_rollout(
+    deployed: Deployed,
+) -> None:
+    """The other direction, from where the last test left decode (one pod a replica, a StatefulSet):
+    back to groups of 2 pods and the first image. The new pair is two LeaderWorkerSets beside the old
+    pair's prefill LeaderWorkerSet and decode StatefulSet; the weight moves once every new group is
+    Ready, the old pair goes once idle, requests served all along."""
+    old_decode = deployed.get("pdd", NAME)["status"]["revisions"]["current"]["prefix"] + "-decode"
+    if not deployed.get("statefulset", old_decode):
+        pytest.fail(f"decode is not a StatefulSet ({old_decode}): the previous test did not leave it one")
+    eventually(lambda: deployed.ready({"prefill": 1, "decode": 1}), timeout=300, what="1 + 1 Ready")
+
+    def new_pair(revs: dict[str, Any]) -> None:
+        prefix = revs["current"]["prefix"]
+        for role in ("prefill", "decode"):
+            lws = deployed.get("leaderworkerset", f"{prefix}-{role}")
+            assert lws["spec"]["leaderWorkerTemplate"]["size"] == 2, lws
+            assert lws["status"]["readyReplicas"] == 1, lws["status"]
+        # The only StatefulSet of that name is the LeaderWorkerSet's own (its leaders).
+        owners = deployed.get("statefulset", f"{prefix}-decode")["metadata"].get("ownerReferences") or []
+        assert [o["kind"] for o in owners] == ["LeaderWorkerSet"], owners
+
+    rolled = roll_revision(
+        deployed,
+        manifest(1),
+        lambda old: [
+            ("leaderworkerset", f"{old['prefix']}-prefill"),
+            ("statefulset", f"{old['prefix']}-decode"),
+        ],
+        new_pair,
+    )
+    prefix = rolled.revs["current"]["prefix"]
+    names = sorted(p["metadata"]["name"] for p in deployed.pods("decode"))
+    assert names == [f"{prefix}-decode-0", f"{prefix}-decode-0-1"], names
 
 
 # --- all-or-nothing placement: one group per topology domain -----------------------------------
