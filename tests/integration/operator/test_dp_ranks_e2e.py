@@ -18,7 +18,9 @@ PDDeployment of ranks: its prefill one pod of 2 `MultiPortExternal` ranks (a Sta
 each rank's port scraped, the router reaching both), its decode groups of 2 `External` ranks in
 [1, 2]. Long streams through the router grow decode by a group, read from Prometheus' per-rank series
 (each rank's port a scrape target); when the load falls the highest group is drained (both pods
-marked) and removed once idle, with no failed stream.
+marked) and removed once idle, with no failed stream. The same scenario on decode groups of 2 pods x 2
+`MultiPortExternal` ranks (4 rank ports a group), in a namespace of its own, is marked `long` (`make
+test-long`: too long for `make test`).
 
 The operator reads the dev cluster's Prometheus (`autoscaling_operator`; the first deployment has no
 autoscaling). The dev cluster runs LeaderWorkerSet's controller (`devcluster.start_lws`); every
@@ -74,6 +76,7 @@ class Deployed:
     cluster: ClusterHandle
     namespace: str
     name: str
+    decode_ports: tuple[int, ...] = (meta.ENGINE_PORT,)  # a decode pod's rank ports
 
     def get(self, *what: str) -> dict[str, Any]:
         out = self.cluster.kubectl("get", "-n", self.namespace, *what, "-o", "json", check=False)
@@ -106,7 +109,7 @@ class Deployed:
 
     def rank_keys(self, role: str, pods: list[dict[str, Any]] | None = None) -> set[str]:
         """`pod:port` of every rank of `role` (or of `pods`), as the router's counter names them."""
-        ports = PREFILL_PORTS if role == "prefill" else (meta.ENGINE_PORT,)
+        ports = PREFILL_PORTS if role == "prefill" else self.decode_ports
         return {f"{p['metadata']['name']}:{port}" for p in (pods or self.pods(role)) for port in ports}
 
 
@@ -418,24 +421,61 @@ def test_a_killed_rank_takes_its_group_out_until_it_is_recreated(deployed: Deplo
 
 # --- tandem's autoscaler on a pool of ranks, and a MultiPortExternal pool on one pod ---------------
 
-AS_NAME = "dp-as"
 # Every modelled latency x3; a new pod answers 503 for 4 s (its model "loads").
 AS_ENV = e2e.engine_env(3, 4)
-# A decode rank's KV cache: ~5.3k tokens (as in test_groups_e2e), so a group of 2 ranks holds ~10k.
+# A decode rank's KV cache: ~5.3k tokens (329 blocks of 16, as in test_groups_e2e), so a group of 2
+# External ranks holds ~10.5k and a group of 2 pods x 2 MultiPortExternal ranks ~21k.
 DECODE_ARGS = ("--gpu-memory-utilization", "0.22")
 DOWN_WINDOW = 30
 # ~11 s streams of 500 tokens (x3 time scale) at 1.2/s: ~13 at once, ~10k tokens of KV: more than
 # one group's two ranks hold at the 85% target, well within two groups.
 LONG = Phase(1.2, 500, 500, "long")
+# A MultiPortExternal group has 4 ranks, twice the KV (~21k). The same ~11 s streams at 2.8/s: ~31
+# at once, ~23k tokens of KV (~7.7 streams of ~750 tokens a rank): ~110% of one group's four ranks,
+# ~130% of their 85% target (~17.9k), so the KV figures clear the autoscaler's 10% dead band; ~55% of
+# two groups' 42k. (Tried: twice External's rate, 2.4/s, left them inside it, KV usage 90%, and the
+# growth came ~1 min late from the output-token rate; External's 1.2/s with 1,300-token prompts fills
+# a rank with 3-4 streams, so decode waits for KV room, TTFT p90 passed 3 s and the window's
+# attainment under 90% held the scale-down ~1 min longer.)
+LONG_MULTI_PORT = Phase(2.8, 500, 500, "long")
 FALL = Phase(0.4, 300, 100, "fall")  # ~2 s streams: light, often one in flight
 ROUTER_SEES_MARK_S = 3.0  # the router's pod watch (a second or so) after a drain's marks
 LWS_RESOURCE = "leaderworkersets.leaderworkerset.x-k8s.io"
 
 
-def autoscaled_manifest() -> dict[str, Any]:
+@dataclass(frozen=True)
+class GroupsOfRanks:
+    """The autoscaler scenario's decode pool: groups of 2 pods, `ranks_per_pod` data-parallel ranks a
+    pod balanced by `balancing` (ports 8000 + local rank), TP 1; `long` outgrows one group."""
+
+    name: str
+    balancing: str
+    ranks_per_pod: int
+    long: Phase
+
+    @property
+    def ranks_per_group(self) -> int:  # = the group's GPUs (TP 1) and its scrape targets
+        return 2 * self.ranks_per_pod
+
+    @property
+    def decode_ports(self) -> tuple[int, ...]:
+        return tuple(meta.ENGINE_PORT + rank for rank in range(self.ranks_per_pod))
+
+    @property
+    def max_gpus(self) -> int:
+        # GPUs = TP x pipeline x data a replica (parallelism.py, docs/multinode.md "Shape rules"):
+        # prefill's one pod of 2 ranks (2), decode's 2 groups at most (2 x data).
+        return 2 + 2 * self.ranks_per_group
+
+
+EXTERNAL = GroupsOfRanks("dp-as", "External", 1, LONG)  # 2 pods x 1 rank: maxGPUs 6
+MULTI_PORT = GroupsOfRanks("dp-as-mp", "MultiPortExternal", 2, LONG_MULTI_PORT)  # 2 x 2: maxGPUs 10
+
+
+def autoscaled_manifest(case: GroupsOfRanks) -> dict[str, Any]:
     """Prefill: one pod of 2 MultiPortExternal ranks (nodesPerInstance 1: a StatefulSet, ports 8000
-    and 8001), not autoscaled. Decode: groups of 2 pods x 1 External rank, tandem's autoscaler in
-    [1, 2] groups."""
+    and 8001), not autoscaled. Decode: groups of 2 pods x `case.ranks_per_pod` ranks, tandem's
+    autoscaler in [1, 2] groups."""
     small = e2e.SMALL_POD_REQUESTS
     prefill = {
         **e2e.pool(1, requests=small),
@@ -444,17 +484,17 @@ def autoscaled_manifest() -> dict[str, Any]:
     decode = {
         **e2e.pool(1, requests=small),
         "nodesPerInstance": 2,
-        "parallelism": {"data": 2, "loadBalancing": "External"},
+        "parallelism": {"data": case.ranks_per_group, "loadBalancing": case.balancing},
         "engineArgs": list(DECODE_ARGS),
         "autoscaling": {"minReplicas": 1, "maxReplicas": 2},
     }
     return e2e.pddeployment(
-        AS_NAME,
+        case.name,
         {
             "engine": {"type": "sim", "image": e2e.IMAGE, "env": AS_ENV},
             "prefill": prefill,
             "decode": decode,
-            "maxGPUs": 6,  # prefill 2 ranks + decode 2 groups of 2 ranks, TP1 each
+            "maxGPUs": case.max_gpus,
             **e2e.group_autoscaling(DOWN_WINDOW),
         },
     )
@@ -489,15 +529,40 @@ def lws_replicas(deployed: Deployed, role: str) -> int | None:
     return None if value is None else int(value)
 
 
-def test_a_multi_port_pod_serves_every_rank_and_the_autoscaler_sizes_groups_of_ranks(
-    deployed: Deployed,
-) -> None:
-    cluster, ns = deployed.cluster, deployed.namespace
-    cluster.kubectl("delete", "pdd", deployed.name, "-n", ns, "--wait=false", check=False)  # 2 cores
+def api_ports(pod: dict[str, Any]) -> dict[str, int]:
+    """The pod's API ports by name (`http`, `http-<i>`)."""
+    return {
+        p["name"]: p["containerPort"]
+        for p in pod["spec"]["containers"][0]["ports"]
+        if p["name"].startswith("http")
+    }
+
+
+def first_recommended_down(watch: e2e.Watcher, fell: float) -> str:
+    """When decode's recommendation first fell to 1 group after `fell`, and the SLO then: the scale-down
+    window (`DOWN_WINDOW`) counts from there; the autoscaler holds the pool while the SLO over its
+    window (a minute) is not comfortably met."""
+    for seen in watch.since(fell):
+        recommendations = seen.autoscaling("decode").get("recommendations") or []
+        if recommendations and recommendations[-1].get("replicas") == 1:
+            slo, at = seen.slo(), float(recommendations[-1]["time"])
+            return (
+                f"decode recommended 1 group from +{at - fell:.0f}s after the "
+                f"fall (SLO then: TTFT {slo.get('ttftMs')} ms, TPOT {slo.get('tpotMs')} ms at attainment "
+                f"{slo.get('attainmentPercent')}% over {slo.get('windowSeconds')} s)"
+            )
+    return "decode never recommended 1 group in the readings"
+
+
+def autoscale_groups_of_ranks(cluster: ClusterHandle, ns: str, case: GroupsOfRanks) -> None:
+    """Applies `autoscaled_manifest(case)` in `ns`, checks the one-pod MultiPortExternal prefill pool,
+    then drives `case.long` through the router until decode grows 1 -> 2 groups and `FALL` until the
+    highest group is drained (every rank port of both its pods without a new leg) and removed."""
+    name = case.name
     began = time.monotonic()
-    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(autoscaled_manifest()))
-    scaled = Deployed(cluster, ns, AS_NAME)
-    watch = e2e.Watcher(cluster, ns, AS_NAME).start()
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(autoscaled_manifest(case)))
+    scaled = Deployed(cluster, ns, name, decode_ports=case.decode_ports)
+    watch = e2e.Watcher(cluster, ns, name).start()
     load: BackgroundLoad | None = None
     try:
         watch.wait(
@@ -505,21 +570,20 @@ def test_a_multi_port_pod_serves_every_rank_and_the_autoscaler_sizes_groups_of_r
             lambda s: s if s.is_ready() and groups(s, "prefill") == 1 and groups(s, "decode") == 1 else None,
             300,
         )
-        print(f"\n{AS_NAME} Ready {time.monotonic() - began:.0f} s after the apply")
+        print(f"\n{name} Ready {time.monotonic() - began:.0f} s after the apply")
 
         # The MultiPortExternal prefill pool on one pod: a StatefulSet (no group), a port per rank.
-        assert scaled.get("statefulset", f"{AS_NAME}-prefill").get("spec", {}).get("replicas") == 1
-        assert scaled.get(LWS_RESOURCE, f"{AS_NAME}-prefill") == {}
+        assert scaled.get("statefulset", f"{name}-prefill").get("spec", {}).get("replicas") == 1
+        assert scaled.get(LWS_RESOURCE, f"{name}-prefill") == {}
         (prefill_pod,) = scaled.pods("prefill")
-        ports = {
-            p["name"]: p["containerPort"]
-            for p in prefill_pod["spec"]["containers"][0]["ports"]
-            if p["name"].startswith("http")
-        }
+        ports = api_ports(prefill_pod)
         assert ports == {"http": meta.ENGINE_PORT, "http-1": meta.ENGINE_PORT + 1}, ports
+        want_decode = {("http" if i == 0 else f"http-{i}"): port for i, port in enumerate(case.decode_ports)}
+        for pod in scaled.pods("decode"):  # the leader and the worker each serve their ranks
+            assert api_ports(pod) == want_decode, (pod["metadata"]["name"], api_ports(pod))
         prefill_ranks, decode_ranks = scaled.rank_keys("prefill"), scaled.rank_keys("decode")
         assert len(prefill_ranks) == 2
-        assert len(decode_ranks) == 2
+        assert len(decode_ranks) == case.ranks_per_group
 
         def every_prefill_port_up() -> set[str] | None:
             found = up_targets(scaled, "prefill")
@@ -530,7 +594,7 @@ def test_a_multi_port_pod_serves_every_rank_and_the_autoscaler_sizes_groups_of_r
             timeout=120,
             what=f"a healthy target per prefill rank port: {sorted(prefill_ranks)}",
         )
-        selector = f'{{namespace="{ns}",tandem_dev_pddeployment="{AS_NAME}",tandem_dev_role="prefill"}}'
+        selector = f'{{namespace="{ns}",tandem_dev_pddeployment="{name}",tandem_dev_role="prefill"}}'
 
         def rank_engines() -> set[str] | None:
             query = f"vllm:num_requests_running{selector}"
@@ -540,51 +604,56 @@ def test_a_multi_port_pod_serves_every_rank_and_the_autoscaler_sizes_groups_of_r
 
         engines = eventually(rank_engines, timeout=60, what="2 prefill rank series")
         assert engines == {"0", "1"}
-        router = e2e.router_url(cluster, ns, AS_NAME)
+        router = e2e.router_url(cluster, ns, name)
         eventually(lambda: complete(router, "hello") == 200, timeout=120, what="served through the router")
         sent = reach_every_rank(router, prefill_ranks, decode_ranks)
         print(
             f"prefill pod {prefill_pod['metadata']['name']}: targets up {sorted(found)}, rank series engine "
-            f"{sorted(engines)}; {sent} requests reached both prefill ranks {legs(router, 'prefill')}"
+            f"{sorted(engines)}; {sent} requests reached both prefill ranks {legs(router, 'prefill')} "
+            f"and every decode rank {legs(router, 'decode')}"
         )
 
-        # tandem's autoscaler: a decode group of 2 External ranks, each rank's port a scrape target.
-        load = BackgroundLoad(router, e2e.MODEL, max_requests=1500, max_seconds=600).start(LONG)
+        # tandem's autoscaler: a decode group of 2 pods x `ranks_per_pod` ranks, each rank's port a
+        # scrape target.
+        load = BackgroundLoad(router, e2e.MODEL, max_requests=1500, max_seconds=600).start(case.long)
         started = time.time()
         up = e2e.decided_up(watch, "decode", started)
         figures = up.autoscaling("decode")["lastDecision"]["figures"]
-        assert figures["enginesPerReplica"] == 2, figures  # a group's capacity is both ranks'
-        assert figures["scrapedTargets"] == 2, figures  # each rank's port, of the one ready group
+        assert figures["enginesPerReplica"] == case.ranks_per_group, figures  # a group's every rank
+        assert figures["scrapedTargets"] == case.ranks_per_group, figures  # each rank's port, 1 group
         grown = watch.wait("decode 2 groups Ready", lambda s: s if groups(s, "decode") >= 2 else None, 180)
         print(f"+{grown.at - started:.0f}s 2 decode groups Ready")
         assert lws_replicas(scaled, "decode") == 2
-        assert grown.status["pools"]["decode"]["gpus"] == 4
+        assert grown.status["pools"]["decode"]["gpus"] == 2 * case.ranks_per_group
         assert len(scaled.pods("decode")) == 4
+        targets = 2 * case.ranks_per_group
         eventually(
-            lambda: len(up_targets(scaled, "decode") or ()) == 4, timeout=60, what="4 decode rank targets up"
+            lambda: len(up_targets(scaled, "decode") or ()) == targets,
+            timeout=60,
+            what=f"{targets} decode rank targets up",
         )
 
         load.set(FALL)
         fell = time.time()
 
         def group_1_marked() -> list[dict[str, Any]] | None:
-            pods = [
-                p for p in scaled.pods("decode") if p["metadata"]["name"].startswith(f"{AS_NAME}-decode-1")
-            ]
+            pods = [p for p in scaled.pods("decode") if p["metadata"]["name"].startswith(f"{name}-decode-1")]
             marked = [p for p in pods if meta.ANNOTATION_DRAINING in (p["metadata"].get("annotations") or {})]
             return pods if len(pods) == 2 and len(marked) == 2 else None
 
         marked = eventually(group_1_marked, timeout=180, what="both pods of decode group 1 marked draining")
         names = sorted(p["metadata"]["name"] for p in marked)
         print(f"+{time.time() - fell:.0f}s after the load fell: {names} marked draining")
-        assert names == [f"{AS_NAME}-decode-1", f"{AS_NAME}-decode-1-1"]
-        record = scaled.get("pdd", AS_NAME)["status"]["autoscaling"]["pools"]["decode"].get("draining") or {}
+        print(f"  {first_recommended_down(watch, fell)}")
+        assert names == [f"{name}-decode-1", f"{name}-decode-1-1"]
+        record = scaled.get("pdd", name)["status"]["autoscaling"]["pools"]["decode"].get("draining") or {}
         assert sorted(record.get("pods") or []) == names, record
-        # Neither rank of the draining group gets a new leg once the router has seen the marks.
+        # No rank of the draining group gets a new leg once the router has seen the marks.
         wait_s = float(record["startedAt"]) + ROUTER_SEES_MARK_S - time.time()
         if wait_s > 0:
             time.sleep(wait_s)
         draining = scaled.rank_keys("decode", marked)
+        assert len(draining) == case.ranks_per_group
         ahead = legs(router, "decode")
 
         done = watch.wait(
@@ -597,14 +666,36 @@ def test_a_multi_port_pod_serves_every_rank_and_the_autoscaler_sizes_groups_of_r
         eventually(lambda: lws_replicas(scaled, "decode") == 1, timeout=60, what="the LeaderWorkerSet at 1")
         eventually(lambda: len(scaled.pods("decode")) == 2, timeout=120, what="group 1's pods gone")
         assert {p["metadata"]["name"] for p in scaled.pods("decode")} == {
-            f"{AS_NAME}-decode-0",
-            f"{AS_NAME}-decode-0-1",
+            f"{name}-decode-0",
+            f"{name}-decode-0-1",
         }
-        e2e.stop_and_check_drained(load, started, cluster, ns, AS_NAME)
+        e2e.stop_and_check_drained(load, started, cluster, ns, name)
         assert max(s.desired("decode") or 0 for s in watch.since(started)) <= 2
     finally:
         if load is not None and load.running:
             load.stop(timeout=60)
         watch.stop()
-        for e in e2e.events(cluster, ns, AS_NAME):
+        for e in e2e.events(cluster, ns, name):
             print(f"  {e.get('reason')}: {e.get('message', '')[:300]}")
+
+
+def test_a_multi_port_pod_serves_every_rank_and_the_autoscaler_sizes_groups_of_ranks(
+    deployed: Deployed,
+) -> None:
+    """Decode groups of 2 pods x 1 `External` rank (2 rank targets a group)."""
+    cluster, ns = deployed.cluster, deployed.namespace
+    cluster.kubectl("delete", "pdd", deployed.name, "-n", ns, "--wait=false", check=False)  # 2 cores
+    autoscale_groups_of_ranks(cluster, ns, EXTERNAL)
+
+
+@pytest.mark.long
+def test_the_autoscaler_sizes_groups_of_multi_port_ranks(
+    lws: ClusterHandle, autoscaling_operator: RestartableOperator
+) -> None:
+    """The same scenario on decode groups of 2 pods x 2 `MultiPortExternal` ranks (ports 8000 and 8001
+    of each pod: 4 rank targets a group, 8 at 2 groups), in a namespace of its own (not after
+    `deployed`'s example: it runs alone under `make test-long`)."""
+    began = time.monotonic()
+    with scratch_namespace(lws, f"t-dp-mp-as-{uuid.uuid4().hex[:6]}") as ns:
+        autoscale_groups_of_ranks(lws, ns, MULTI_PORT)
+    print(f"the MultiPortExternal scenario took {time.monotonic() - began:.0f} s")
