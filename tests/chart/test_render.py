@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from tandem.render import CHILD_KINDS
+from tandem.render import CHILD_KINDS, GROUP_KINDS
+from tandem.render.admission import pod_group_policy
 
 from .helm import CHART, KUBE_VERSION, Rendered, run_helm, template
 
@@ -50,6 +51,7 @@ MATRIX: dict[str, dict[str, Any]] = {
     "digest": {"image": {"repository": "registry.example/tandem", "digest": "sha256:" + "a" * 64,
                          "pullPolicy": "Always"}},
     "prometheus": {"prometheus": {"url": "http://prometheus-operated.monitoring.svc:9090/prom"}},
+    "gang": {"gangScheduling": {"admissionPolicy": True}},
     "tuned": {"operator": {"probePort": 9090, "resyncSeconds": 60, "workers": 8, "leaseName": "lead",
                            "unschedulableGraceSeconds": 900,
                            "verbose": True, "extraArgs": ["--foo"],
@@ -70,7 +72,13 @@ def test_lint_passes(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(MATRIX))
 def test_every_object_is_labelled_and_namespaced_where_it_must_be(name: str) -> None:
     r = template(MATRIX[name])
-    cluster_scoped = {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
+    cluster_scoped = {
+        "CustomResourceDefinition",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicyBinding",
+    }
     for obj in r.objects:
         md = obj["metadata"]
         assert md["labels"]["app.kubernetes.io/instance"] == "tandem", md["name"]
@@ -164,7 +172,7 @@ def test_operator_may_manage_every_kind_the_renderer_produces(name: str) -> None
         rules = r.get("ClusterRole", "tandem-operator")["rules"]
     else:
         rules = r.get("Role", "tandem-operator", "team-a")["rules"]
-    for api_version, kind, plural in CHILD_KINDS:
+    for api_version, kind, plural in (*CHILD_KINDS, *GROUP_KINDS):
         group = api_version.split("/")[0] if "/" in api_version else ""
         # list each pass, server-side apply (a patch that may create), prune; exactly these:
         # tests/chart/test_rbac_audit.py checks every grant against the code's calls.
@@ -227,6 +235,18 @@ def test_ha_install_has_two_replicas_and_a_pdb() -> None:
     selector = r.get("Deployment", "tandem", NS)["spec"]["selector"]["matchLabels"]
     assert pdb["spec"]["selector"]["matchLabels"] == selector
     assert "tandem.dev/pddeployment" not in selector  # the operator must not look like a PDDeployment child
+
+
+def test_the_pod_group_policy_is_installed_on_request_and_is_what_the_operator_expects() -> None:
+    """The chart's MutatingAdmissionPolicy for gang-scheduled groups equals the one the dev cluster
+    installs (tandem.render.admission), but for the chart's labels; off by default."""
+    kinds = ("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding")
+    assert not [o for o in template().objects if o["kind"] in kinds]
+    rendered = template(MATRIX["gang"])
+    for expected in pod_group_policy():
+        got = rendered.get(expected["kind"], expected["metadata"]["name"])
+        assert got["apiVersion"] == expected["apiVersion"]
+        assert got["spec"] == expected["spec"], expected["kind"]
 
 
 def test_crd_gating_and_keep_policy() -> None:

@@ -90,6 +90,11 @@ the code and fails on a grant without a use, or a use without a grant. */ -}}
 - apiGroups: [leaderworkerset.x-k8s.io]
   resources: [leaderworkersets]
   verbs: [list, watch, create, patch, delete]
+# A gang-scheduled multi-node pool's PodGroups (Kubernetes' own gang scheduling, an alpha API:
+# optional like LeaderWorkerSet).
+- apiGroups: [scheduling.k8s.io]
+  resources: [podgroups]
+  verbs: [list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [services, serviceaccounts]
   verbs: [list, watch, create, patch, delete]

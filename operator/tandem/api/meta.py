@@ -82,6 +82,13 @@ LWS_WORKER_INDEX_LABEL: Final = "leaderworkerset.sigs.k8s.io/worker-index"
 LWS_GROUP_KEY_LABEL: Final = "leaderworkerset.sigs.k8s.io/group-key"  # one value per group of a set
 LWS_GROUP_INDEX_LABEL: Final = "leaderworkerset.sigs.k8s.io/group-index"
 LWS_SIZE_ANNOTATION: Final = "leaderworkerset.sigs.k8s.io/size"  # pods of the group
+# Kubernetes' own gang scheduling (groupPlacement.gangScheduling: Kubernetes): a PodGroup per group,
+# named by tandem's MutatingAdmissionPolicy in each pod's spec.schedulingGroup from this label (the
+# leader's PodGroup is its own name, <lws>-<group>; a worker's is its name less "-<worker index>").
+POD_GROUP_API_VERSION: Final = "scheduling.k8s.io/v1alpha2"
+POD_GROUP_KIND: Final = "PodGroup"
+POD_GROUP_PLURAL: Final = "podgroups"
+LABEL_POD_GROUP_MEMBER: Final = "tandem.dev/pod-group-member"  # leader | worker
 ROUTER_METRICS_PATH: Final = "/metrics"
 
 

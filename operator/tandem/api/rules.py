@@ -462,6 +462,43 @@ def _shape_rules(role: str) -> list[Rule]:
             check=lambda s: _pool(s, role).get("groupPlacement") is None or _shape(s, role).nodes > 1,
             reason="FieldValueForbidden",
         ),
+        Rule(
+            cel=(
+                f"!has({pool}.groupPlacement) || !has({pool}.groupPlacement.gangScheduling) || "
+                f"!has({pool}.groupPlacement.schedulerName)"
+            ),
+            message=(
+                f"spec.{role}.groupPlacement.gangScheduling (Kubernetes' own, in the default scheduler) and "
+                f"spec.{role}.groupPlacement.schedulerName (another scheduler's gang) exclude each other"
+            ),
+            field_path=f".{role}.groupPlacement.gangScheduling",
+            check=lambda s: (
+                not (
+                    (_pool(s, role).get("groupPlacement") or {}).get("gangScheduling")
+                    and (_pool(s, role).get("groupPlacement") or {}).get("schedulerName")
+                )
+            ),
+            reason="FieldValueForbidden",
+        ),
+        Rule(
+            cel=(
+                f"!has({pool}.groupPlacement) || !has({pool}.groupPlacement.exclusiveTopology) || "
+                f"!(has({pool}.groupPlacement.gangScheduling) || has({pool}.groupPlacement.schedulerName))"
+            ),
+            message=(
+                f"spec.{role}.groupPlacement.exclusiveTopology cannot be combined with gang scheduling "
+                "(gangScheduling or schedulerName): LeaderWorkerSet creates a group's workers only once its "
+                "leader has a node, and a gang's leader waits for its workers, so no group would start"
+            ),
+            field_path=f".{role}.groupPlacement.exclusiveTopology",
+            check=lambda s: (
+                not (
+                    (placement := _pool(s, role).get("groupPlacement") or {}).get("exclusiveTopology")
+                    and (placement.get("gangScheduling") or placement.get("schedulerName"))
+                )
+            ),
+            reason="FieldValueForbidden",
+        ),
     ]
 
 

@@ -9,7 +9,7 @@ in status and Events; nothing here raises for a problem the user has to fix.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -179,6 +179,13 @@ def _key(obj: Obj) -> tuple[str, str]:
     return obj["kind"], obj["metadata"]["name"]
 
 
+def _kept_pod_group(key: tuple[str, str], keep: Collection[tuple[str, str]]) -> bool:
+    """A PodGroup of a group of a kept LeaderWorkerSet (`<lws>-<group index>`)."""
+    kind, name = key
+    lws, _, index = name.rpartition("-")
+    return kind == meta.POD_GROUP_KIND and index.isdigit() and (meta.LWS_KIND, lws) in keep
+
+
 def _workload_state(obj: Obj) -> WorkloadState:
     status = obj.get("status") or {}
     generation = int(obj["metadata"].get("generation", 0))
@@ -198,8 +205,16 @@ def _workload_state(obj: Obj) -> WorkloadState:
 
 
 def missing_api(kind: str, roles: Sequence[str]) -> str:
-    """The Stalled message for objects of a kind the cluster does not serve (its CRD is missing)."""
+    """The Stalled message for objects of a kind the cluster does not serve (its CRD is missing, or
+    for PodGroups the alpha API is off)."""
     api_version, plural = KINDS[kind].api_version, KINDS[kind].plural
+    if kind == meta.POD_GROUP_KIND:
+        return (
+            f"the cluster does not serve {kind} ({plural}.{api_version}): pools with "
+            f"groupPlacement.gangScheduling: Kubernetes ({', '.join(roles)}) need Kubernetes' gang "
+            "scheduling, 1.36 or later with the GangScheduling and GenericWorkload feature gates and "
+            f"--runtime-config={api_version}=true. Nothing was applied (docs/multinode.md)"
+        )
     return (
         f"the cluster does not serve {kind} ({plural}.{api_version.split('/')[0]}): the CRD is not "
         f"installed; pools with nodesPerInstance > 1 ({', '.join(roles)}) need LeaderWorkerSet "
@@ -462,11 +477,13 @@ class Reconciler:
             # A multi-node pool's LeaderWorkerSet where its CRD is missing: nothing is applied (no
             # router or decode pool without the prefill it needs), nothing pruned, Stalled says why.
             for kind in unserved:
-                roles = [
-                    o["metadata"]["labels"].get(meta.LABEL_ROLE, "")
-                    for o in desired.objects
-                    if o["kind"] == kind
-                ]
+                roles = list(
+                    dict.fromkeys(
+                        o["metadata"]["labels"].get(meta.LABEL_ROLE, "")
+                        for o in desired.objects
+                        if o["kind"] == kind
+                    )
+                )
                 out.unserved.append(missing_api(kind, roles))
             return out
         self.autoscaler.mark(ctx.pdd, desired.sizes.serving, ctx.epoch)
@@ -491,7 +508,9 @@ class Reconciler:
         outcomes = self._apply_each(first, out)
         groups = []
         for change in changes:
-            if change[0]["kind"] in OPTIONAL_KINDS:
+            if change[0]["kind"] == meta.POD_GROUP_KIND:
+                groups.append(change)
+            elif change[0]["kind"] in OPTIONAL_KINDS:
                 name = change[0]["metadata"]["name"]
                 if ("Service", name) in out.live:
                     groups.append(change)
@@ -506,7 +525,12 @@ class Reconciler:
         self._apply_shares(ctx, desired, out)
         wanted = {_key(obj) for obj in desired.objects}
         for key, obj in ctx.existing.items():
-            if key not in wanted and key not in desired.revs.keep:  # the previous revision's pair drains
+            # The previous revision's pair drains (with its groups' PodGroups: <lws>-<group index>).
+            if (
+                key not in wanted
+                and key not in desired.revs.keep
+                and not _kept_pod_group(key, desired.revs.keep)
+            ):
                 try:
                     self.kube.delete(
                         KINDS[key[0]], ctx.pdd.metadata.namespace, key[1], obj["metadata"].get("uid")

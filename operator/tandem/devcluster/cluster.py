@@ -26,6 +26,7 @@ import yaml
 
 from tandem.devcluster import kube, layout, lws, pki, procs, realvllm
 from tandem.devcluster.layout import ClusterDir
+from tandem.render import admission
 
 # Never dialled: Service cluster IPs are bookkeeping only here (nothing routes them, and Services
 # get no endpoints for loopback pods). Kept inside 127.0.0.0/8 like every other address.
@@ -415,6 +416,7 @@ def up(
                 "--bind-address=127.0.0.1",
                 "--secure-port=0",
                 "--leader-elect=false",
+                f"--feature-gates={GANG_FEATURE_GATES}",
                 "--profiling=false",
                 "--v=0",
             ],
@@ -464,6 +466,8 @@ def up(
             for node in nodes:
                 kube.create_or_keep_node(api, node)
             names = [n["metadata"]["name"] for n in nodes]
+            # Kubernetes' own gang scheduling of multi-node groups (groupPlacement.gangScheduling).
+            kube.create_or_keep_admission_policy(api, admission.pod_group_policy())
             wait(f"{len(names)} nodes Ready", lambda: kube.nodes_ready(api, names), "kwok")
             # The controller-manager is working once it has made the default ServiceAccount.
             wait(
@@ -584,6 +588,11 @@ def _etcd_argv(cdir: ClusterDir, state: State) -> list[str]:
     ]
 
 
+# Kubernetes' own gang scheduling (scheduling.k8s.io/v1alpha2 PodGroups, pods' spec.schedulingGroup),
+# alpha in 1.36, for groupPlacement.gangScheduling: Kubernetes (docs/multinode.md).
+GANG_FEATURE_GATES = "GangScheduling=true,GenericWorkload=true"
+
+
 def _apiserver_argv(cdir: ClusterDir, state: State, certs: pki.Pki) -> list[str]:
     return [
         str(Path(state.bin_dir) / "kube-apiserver"),
@@ -605,6 +614,8 @@ def _apiserver_argv(cdir: ClusterDir, state: State, certs: pki.Pki) -> list[str]
         "--enable-priority-and-fairness=false",
         "--profiling=false",
         "--event-ttl=1h",
+        f"--feature-gates={GANG_FEATURE_GATES}",
+        "--runtime-config=scheduling.k8s.io/v1alpha2=true",
         # logs/exec/port-forward dial a node's InternalIP (127.0.0.1: KWOK's server), never
         # its hostname; KWOK serves with the apiserver's cert, which this CA signed.
         "--kubelet-preferred-address-types=InternalIP",

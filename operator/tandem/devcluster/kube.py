@@ -59,6 +59,23 @@ def apply_crd(api: client.ApiClient, crd: dict[str, Any], *, timeout: float = 60
     raise TimeoutError(f"CRD {name} not Established after {timeout:.0f}s")
 
 
+def create_or_keep_admission_policy(api: client.ApiClient, objects: list[dict[str, Any]]) -> None:
+    """Creates MutatingAdmissionPolicies and their bindings (admissionregistration.k8s.io/v1) unless
+    they exist."""
+    adm = client.AdmissionregistrationV1Api(api)
+    for obj in objects:
+        create = (
+            adm.create_mutating_admission_policy
+            if obj["kind"] == "MutatingAdmissionPolicy"
+            else adm.create_mutating_admission_policy_binding
+        )
+        try:
+            create(obj)  # type: ignore[arg-type]  # a plain dict is what the API receives
+        except ApiException as e:
+            if e.status != 409:
+                raise
+
+
 def list_nodes(api: client.ApiClient) -> list[dict[str, Any]]:
     resp = client.CoreV1Api(api).list_node(_preload_content=False)
     return cast(list[dict[str, Any]], raw(resp)["items"])

@@ -4,7 +4,7 @@ Pure package: no I/O, no clock, no Kubernetes client import; plain dicts out.
 
 - `render(pdd, replicas=None)`: every child object, in apply order (`desired.py`).
 - `CHILD_KINDS`: (apiVersion, kind, plural) of every kind `render` produces, for pruning;
-  `GROUP_KINDS`: the LeaderWorkerSet kind of multi-node pools (`group.py`).
+  `GROUP_KINDS`: the kinds of multi-node pools (`group.py`): LeaderWorkerSet, PodGroup (gang).
 - `engine_command(pdd, role)`: the container command of a pool (`command.py`).
 """
 

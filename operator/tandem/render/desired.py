@@ -8,8 +8,9 @@ autoscaler or a rollout scaled to zero keeps its StatefulSet (at 0), one that ne
 a decision wants disappears. A pool whose count is `None` belongs to another controller (an HPA or
 KEDA, `autoscaling.external`): its StatefulSet exists and is rendered without `spec.replicas`.
 Order: ServiceAccount, Role, RoleBinding, Services, StatefulSets (a multi-node pool's
-LeaderWorkerSet in its place), Deployment, PodDisruptionBudgets, then the engines' NetworkPolicy
-when `spec.network.policy.enabled`; pools in the order prefill, decode, colocated.
+LeaderWorkerSet in its place), a gang-scheduled multi-node pool's PodGroups, Deployment,
+PodDisruptionBudgets, then the engines' NetworkPolicy when `spec.network.policy.enabled`; pools in
+the order prefill, decode, colocated.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from tandem.api import meta
 from tandem.api.meta import Role
 from tandem.api.models import PDDeployment
 from tandem.api.status import RevisionRecord
-from tandem.render import names, network_policy, pool, router
+from tandem.render import group, names, network_policy, pool, router
 
 Manifest = names.Manifest
 
@@ -36,10 +37,12 @@ CHILD_KINDS: Final[tuple[tuple[str, str, str], ...]] = (
     ("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
     ("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
 )
-# The kind of a multi-node pool's workload (`group.py`). Not among CHILD_KINDS: it is an add-on's API
-# (sigs.k8s.io/lws), served only where its CRD is installed (docs/multinode.md).
+# The kinds of a multi-node pool (`group.py`): its workload, and its PodGroups when gang-scheduled by
+# Kubernetes. Not among CHILD_KINDS: an add-on's API (sigs.k8s.io/lws) served only where its CRD is
+# installed, and an alpha API served only where its feature gates are on (docs/multinode.md).
 GROUP_KINDS: Final[tuple[tuple[str, str, str], ...]] = (
     (meta.LWS_API_VERSION, meta.LWS_KIND, meta.LWS_PLURAL),
+    (meta.POD_GROUP_API_VERSION, meta.POD_GROUP_KIND, meta.POD_GROUP_PLURAL),
 )
 
 
@@ -89,6 +92,11 @@ def render(
         *(pool.headless_service(pdd, role, revision) for role in pools),
         router.service(pdd),
         *(pool.workload(pdd, role, replicas=count, revision=revision) for role, count in pools.items()),
+        *(
+            pg
+            for role, count in pools.items()
+            for pg in group.pod_groups(pdd, role, replicas=count, revision=revision)
+        ),
         router.deployment(pdd),
         *(pool.disruption_budget(pdd, role, revision) for role in pools),
         router.disruption_budget(pdd),

@@ -18,7 +18,11 @@ the exact `vllm serve` line of its member (`command.parallel_args`). What the ob
   `gangSchedulingManagement.schedulerProvider: volcano`, gives each group a PodGroup of minMember =
   size), and `groupPlacement.exclusiveTopology` renders LeaderWorkerSet's
   `leaderworkerset.sigs.k8s.io/exclusive-topology` annotation (a group's pods in one domain of that
-  node label, one group per domain). docs/multinode.md.
+  node label, one group per domain). `groupPlacement.gangScheduling: Kubernetes` uses Kubernetes' own
+  gang scheduling instead: `pod_groups` renders a scheduling.k8s.io PodGroup per group (gang
+  minCount = size), and the pod templates carry `LABEL_POD_GROUP_MEMBER`, from which tandem's
+  MutatingAdmissionPolicy names the group's PodGroup in each pod's `spec.schedulingGroup`.
+  docs/multinode.md.
 - The group's DNS subdomain is the pool's headless Service (`pool.headless_service`, named as the
   LeaderWorkerSet, publishing not-ready pods), so LeaderWorkerSet creates none of its own and
   `LWS_LEADER_ADDRESS` (`<lws>-<group>.<lws>.<namespace>`) resolves while the group starts.
@@ -59,3 +63,40 @@ def leaderworkerset(
         },
     }
     return {"apiVersion": meta.LWS_API_VERSION, "kind": meta.LWS_KIND, "metadata": metadata, "spec": spec}
+
+
+def gang_scheduled(pdd: PDDeployment, role: Role) -> bool:
+    """The pool's groups are placed by Kubernetes' own gang scheduling (PodGroups)."""
+    placement = pdd.spec.pool(role).group_placement
+    return placement is not None and placement.gang_scheduling is not None
+
+
+def pod_groups(
+    pdd: PDDeployment, role: Role, *, replicas: int | None, revision: RevisionRecord | None = None
+) -> list[Manifest]:
+    """One PodGroup per group (`<lws>-<group index>`, the name tandem's admission policy gives the
+    group's pods), for a gang-scheduled multi-node pool; none otherwise. With `replicas=None` (an HPA
+    or KEDA sizes the pool) there is one for each group the pool may reach: `autoscaling.maxReplicas`.
+    A PodGroup with no pods holds nothing; a group recreated (a rank failed, a new template) is placed
+    all together again."""
+    pool = pdd.spec.pool(role)
+    if not pool.shape.multi_node or not gang_scheduled(pdd, role):
+        return []
+    if replicas is None:
+        replicas = pool.autoscaling.max_replicas if pool.autoscaling is not None else pool.replicas
+    workload = names.workload_name(pdd, role, revision)
+    result = []
+    for index in range(replicas):
+        metadata = names.object_meta(pdd, role, revision)
+        metadata["name"] = f"{workload}-{index}"
+        metadata["labels"][meta.LWS_GROUP_INDEX_LABEL] = str(index)
+        spec = {"schedulingPolicy": {"gang": {"minCount": pool.nodes_per_instance}}}
+        result.append(
+            {
+                "apiVersion": meta.POD_GROUP_API_VERSION,
+                "kind": meta.POD_GROUP_KIND,
+                "metadata": metadata,
+                "spec": spec,
+            }
+        )
+    return result

@@ -241,6 +241,9 @@ def pod_template(
     pod_spec["containers"] = [container(pdd, role, revision, member)]
     pod_spec["volumes"] = volumes
     metadata: dict[str, Any] = {"labels": names.labels(pdd, role, revision)}
+    placement = pool.group_placement
+    if member != "single" and placement is not None and placement.gang_scheduling is not None:
+        metadata["labels"][meta.LABEL_POD_GROUP_MEMBER] = member
     if serves(pdd, role, member):  # a headless worker has no /metrics to scrape
         metadata["annotations"] = names.scrape_annotations(meta.ENGINE_PORT, "/metrics")
     return {"metadata": metadata, "spec": pod_spec}

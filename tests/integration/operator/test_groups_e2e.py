@@ -84,9 +84,9 @@ class Deployed:
         items = self.get("pods", "-l", f"{meta.LABEL_PDD}={name},{meta.LABEL_ROLE}={role}").get("items", [])
         return [p for p in items if not p["metadata"].get("deletionTimestamp")]
 
-    def ready(self, groups: dict[str, int]) -> dict[str, Any] | None:
+    def ready(self, groups: dict[str, int], name: str = NAME) -> dict[str, Any] | None:
         """The PDDeployment once Ready with these ready groups per pool."""
-        pdd = self.pdd()
+        pdd = self.get("pdd", name)
         status = pdd.get("status") or {}
         if status.get("observedGeneration") != pdd.get("metadata", {}).get("generation"):
             return None
@@ -467,7 +467,8 @@ def test_exclusive_topology_places_each_group_in_its_own_domain_and_holds_one_wi
     assert set(by_group) == {"0", "1"}
     assert all(len(domains) == 1 for domains in by_group.values()), by_group
     assert by_group["0"] != by_group["1"], by_group
-    router = e2e.router_url(cluster, ns, PLACED)
+    # The decode groups may be Ready before the router's pod is.
+    router = eventually(lambda: e2e.router_url(cluster, ns, PLACED), timeout=120, what="a Ready router pod")
     eventually(lambda: all_served(router, 6), timeout=120, what="served through the router")
 
     cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(placed_manifest(3)))
@@ -492,3 +493,105 @@ def test_exclusive_topology_places_each_group_in_its_own_domain_and_holds_one_wi
     assert decode_groups_ready() == 2
     assert all_served(router, 6) == [200] * 6
     cluster.kubectl("delete", "pdd", PLACED, "-n", ns, "--wait=false", check=False)
+
+
+# --- all-or-nothing placement: Kubernetes' own gang scheduling ---------------------------------
+
+GANG = "gang"
+FILLER = "filler"
+ACCELERATORS = {"type": "sim", "image": e2e.IMAGE, "sim": {"requestAccelerators": True}}
+
+
+def gang_manifest() -> dict[str, Any]:
+    """Prefill one pod of 1 GPU in fabric-a; decode one group of 2 pods of 8 GPUs each (TP8 x DP2,
+    a rank per pod) in fabric-b, placed by Kubernetes' gang scheduling."""
+    small = e2e.SMALL_POD_REQUESTS
+    decode = {
+        **e2e.pool(1, requests=small),
+        "nodesPerInstance": 2,
+        "tensorParallelSize": 8,
+        "parallelism": {"data": 2},
+        "nodeSelector": {FABRIC: "fabric-b"},
+        "groupPlacement": {"gangScheduling": "Kubernetes"},
+    }
+    prefill = {**e2e.pool(1, requests=small), "nodeSelector": {FABRIC: "fabric-a"}}
+    return e2e.pddeployment(
+        GANG, {"engine": ACCELERATORS, "prefill": prefill, "decode": decode, "maxGPUs": 24}
+    )
+
+
+def filler_manifest() -> dict[str, Any]:
+    """Another workload holding 4 of fabric-b's 16 GPUs: a colocated pod of TP4."""
+    colocated = {**e2e.pool(1, requests=e2e.SMALL_POD_REQUESTS), "tensorParallelSize": 4}
+    return e2e.pddeployment(
+        FILLER,
+        {
+            "engine": ACCELERATORS,
+            "serving": {"mode": "Colocated"},
+            "prefill": {"replicas": 0},
+            "decode": {"replicas": 0},
+            "colocated": {**colocated, "nodeSelector": {FABRIC: "fabric-b"}},
+        },
+    )
+
+
+def test_kubernetes_gang_scheduling_binds_a_group_all_together_or_not_at_all(deployed: Deployed) -> None:
+    """`groupPlacement.gangScheduling: Kubernetes` on the dev cluster's own scheduler (the
+    GangScheduling and GenericWorkload gates) and LeaderWorkerSet: the operator keeps a PodGroup per
+    decode group (gang minCount 2) and tandem's MutatingAdmissionPolicy names it in each pod's
+    spec.schedulingGroup. With another workload holding 4 of fabric-b's 16 GPUs there is room for one
+    8-GPU pod, not the group's two: neither pod is bound (without the gang the leader would take the
+    free node and hold it). Once the other workload goes, both are bound together, the group is Ready
+    and serves through the router."""
+    cluster, ns = deployed.cluster, deployed.namespace
+    cluster.kubectl("delete", "pdd", "--all", "-n", ns, "--wait=false", check=False)  # GPUs free
+    eventually(lambda: not group_pods(cluster), timeout=240, what="no group pod left in the cluster")
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(filler_manifest()))
+    eventually(
+        lambda: [p for p in deployed.pods("colocated", FILLER) if p["spec"].get("nodeName")],
+        timeout=180,
+        what="the filler pod bound",
+    )
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(gang_manifest()))
+    group = f"{GANG}-decode-0"
+    pod_group = eventually(lambda: deployed.get("podgroup", group), timeout=120, what=f"PodGroup {group}")
+    assert pod_group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 2}}, pod_group["spec"]
+    assert [o["kind"] for o in pod_group["metadata"]["ownerReferences"]] == ["PDDeployment"]
+
+    def both_created() -> list[dict[str, Any]] | None:
+        found = deployed.pods("decode", GANG)
+        return found if len(found) == 2 else None
+
+    pods = eventually(both_created, timeout=180, what="the decode group's 2 pods created")
+    assert {p["spec"]["schedulingGroup"]["podGroupName"] for p in pods} == {group}, [p["spec"] for p in pods]
+    eventually(
+        lambda: [p for p in deployed.pods("prefill", GANG) if p["spec"].get("nodeName")],
+        timeout=180,
+        what="the prefill pod bound (the scheduler has run since the group's pods exist)",
+    )
+    time.sleep(10)  # scheduling cycles for both decode pods; a partial placement would show by now
+    pods = deployed.pods("decode", GANG)
+    bound = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in pods}
+    conditions = [c for p in pods for c in (p.get("status") or {}).get("conditions") or []]
+    print(f"\nwith 12 of fabric-b's 16 GPUs free: decode pods {bound}; {conditions}")
+    assert len(pods) == 2, bound
+    assert not any(bound.values()), bound
+
+    freed = time.monotonic()
+    cluster.kubectl("delete", "pdd", FILLER, "-n", ns, "--wait=false")
+
+    def both_bound() -> dict[str, str] | None:
+        nodes = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in deployed.pods("decode", GANG)}
+        return nodes if len(nodes) == 2 and all(nodes.values()) else None
+
+    nodes = eventually(both_bound, timeout=240, what="both decode pods bound")
+    print(f"both decode pods bound {time.monotonic() - freed:.1f} s after the filler's delete: {nodes}")
+    assert len(set(nodes.values())) == 2, nodes  # 8 GPUs each: a node each
+    status = eventually(
+        lambda: deployed.get("podgroup", group).get("status"), timeout=60, what="PodGroup status"
+    )
+    print(f"PodGroup {group} status: {status}")
+    eventually(lambda: deployed.ready({"prefill": 1, "decode": 1}, GANG), timeout=300, what=f"{GANG} Ready")
+    router = eventually(lambda: e2e.router_url(cluster, ns, GANG), timeout=120, what="a Ready router pod")
+    eventually(lambda: all_served(router, 6), timeout=120, what="served through the router")
+    cluster.kubectl("delete", "pdd", GANG, "-n", ns, "--wait=false", check=False)

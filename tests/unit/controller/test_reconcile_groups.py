@@ -314,3 +314,73 @@ def test_a_revision_moves_decode_between_a_statefulset_and_groups_through_the_ro
     assert "RevisionRemoved" in world.events()
     assert (old_kind, f"{NAME}-decode") in deleted(world)
     assert (new_kind, f"{new['prefix']}-decode") not in deleted(world)
+
+
+GANG = {"groupPlacement": {"gangScheduling": "Kubernetes"}}
+
+
+def pod_groups(world: World) -> set[str]:
+    return {name for kind, _, name in world.kube.objects if kind == "PodGroup"}
+
+
+def test_a_gang_scheduled_pool_has_a_pod_group_per_group_pruned_with_its_group() -> None:
+    doc = manifest(decode_replicas=2)
+    doc["spec"]["decode"] |= GANG
+    world = World(doc)
+    result = world.run()
+    assert pod_groups(world) == {f"{NAME}-decode-0", f"{NAME}-decode-1"}
+    assert f"PodGroup/{NAME}-decode-1" in result.applied
+    group = world.kube.objects[("PodGroup", NS, f"{NAME}-decode-0")]
+    assert group["spec"] == {"schedulingPolicy": {"gang": {"minCount": 2}}}
+    assert group["metadata"]["ownerReferences"][0]["uid"] == world.pdd["metadata"]["uid"]
+    group_status(world, replicas=2, ready=2)
+    world.run(1.0)
+    assert world.run(1.0).applied == []  # steady: nothing rewritten
+    world.kube.objects[("PDDeployment", NS, NAME)]["spec"]["decode"]["replicas"] = 1
+    world.run(1.0)
+    assert {name for kind, name in deleted(world) if kind == "PodGroup"} == {f"{NAME}-decode-1"}
+
+
+def test_a_revision_keeps_the_old_pairs_pod_groups_until_the_pair_goes() -> None:
+    doc = manifest()
+    doc["spec"]["decode"] = {**GROUP_DECODE, **GANG}
+    world = GroupWorld(doc)
+    world.run()
+    world.run(1.0)
+    old = copy.deepcopy(world.pdd["status"]["revisions"]["current"])
+    assert pod_groups(world) == {f"{old['prefix']}-decode-0"}
+    spec = world.kube.objects[("PDDeployment", NS, NAME)]
+    spec["spec"]["engine"]["image"] = "img:2"
+    spec["metadata"]["generation"] = spec["metadata"].get("generation", 1) + 1
+    world.run(1.0)
+    new = world.pdd["status"]["revisions"]["current"]
+    assert new["id"] != old["id"]
+    assert pod_groups(world) == {f"{old['prefix']}-decode-0", f"{new['prefix']}-decode-0"}
+    world.run(1.0)  # the new pair Ready: the weight moves, the old pair drains
+    assert world.pdd["status"]["revisions"]["weight"] == 100
+    assert ("PodGroup", f"{old['prefix']}-decode-0") not in deleted(world), "kept while its pair is"
+    for _ in range(6):
+        world.run(5.0)
+    assert "previous" not in world.pdd["status"]["revisions"]
+    assert {name for kind, name in deleted(world) if kind == "PodGroup"} == {f"{old['prefix']}-decode-0"}
+
+
+def test_without_the_pod_group_api_nothing_is_applied_and_stalled_names_the_gates() -> None:
+    doc = manifest()
+    doc["spec"]["decode"] |= GANG
+    world = World(doc)
+    real_list = world.kube.list
+
+    def list_(kind: Kind, namespace: str | None, label_selector: str = "") -> list[dict[str, Any]]:
+        if kind.kind == "PodGroup":
+            raise KubeError(404, "NotFound", "the server could not find the requested resource")
+        return real_list(kind, namespace, label_selector)
+
+    world.kube.list = list_  # type: ignore[method-assign]
+    result = world.run()
+    assert result.applied == []
+    status, reason, message = conditions(world)["Stalled"]
+    assert (status, reason) == ("True", "CRDNotInstalled")
+    assert "podgroups.scheduling.k8s.io/v1alpha2" in message
+    assert "GangScheduling and GenericWorkload" in message
+    assert "(decode)" in message

@@ -193,15 +193,59 @@ def test_gpus_per_pod_shm_and_the_45_minute_start_of_a_group(make_pdd: MakePdd) 
     assert lifecycle.startup_budget_seconds(256, downloads=False) == 45 * 60
 
 
-def test_group_placement_names_the_gang_scheduler_and_the_exclusive_topology(make_pdd: MakePdd) -> None:
-    placement = {"schedulerName": "volcano", "exclusiveTopology": "example.com/nvlink-domain"}
-    lws = _group(make_pdd({**WIDE_EP, "prefill": {**WIDE_EP["prefill"], "groupPlacement": placement}}))
+def test_group_placement_names_the_gang_scheduler_or_the_exclusive_topology(make_pdd: MakePdd) -> None:
+    def placed(placement: dict[str, str]) -> dict[str, Any]:
+        return _group(make_pdd({**WIDE_EP, "prefill": {**WIDE_EP["prefill"], "groupPlacement": placement}}))
+
+    lws = placed({"exclusiveTopology": "example.com/nvlink-domain"})
     assert lws["metadata"]["annotations"] == {
         "leaderworkerset.sigs.k8s.io/exclusive-topology": "example.com/nvlink-domain"
     }
+    lws = placed({"schedulerName": "volcano"})
+    assert "annotations" not in lws["metadata"]
     for member in ("leader", "worker"):
         assert lws["spec"]["leaderWorkerTemplate"][f"{member}Template"]["spec"]["schedulerName"] == "volcano"
     assert "annotations" not in _group(make_pdd(WIDE_EP))["metadata"]
+
+
+@pytest.mark.parametrize(
+    ("prefill", "replicas", "expected"),
+    [
+        # spec, the chain's count -> PodGroups <lws>-0.. (an HPA's pool: one per group it may reach)
+        ({"replicas": 2}, None, 2),
+        ({"replicas": 2}, 3, 3),
+        ({"replicas": 1, "autoscaling": {"external": True, "maxReplicas": 3}}, None, 3),
+        ({"replicas": 1}, 0, 0),
+    ],
+)
+def test_kubernetes_gang_scheduling_renders_a_pod_group_per_group_and_labels_the_members(
+    make_pdd: MakePdd, prefill: dict[str, Any], replicas: int | None, expected: int
+) -> None:
+    gang = {"groupPlacement": {"gangScheduling": "Kubernetes"}}
+    spec: dict[str, Any] = {**WIDE_EP, "prefill": {**WIDE_EP["prefill"], **prefill, **gang}}
+    if "autoscaling" in prefill:
+        spec |= {"autoscaling": {"enabled": True}, "slo": {"ttftMs": 1000, "tpotMs": 100}}
+    objects = render(make_pdd(spec), None if replicas is None else {"prefill": replicas})
+    groups = [o for o in objects if o["kind"] == meta.POD_GROUP_KIND]
+    if not expected:
+        assert groups == []
+        return
+    lws = _by_kind(objects, meta.LWS_KIND)["prefill"]
+    name = lws["metadata"]["name"]
+    assert [g["metadata"]["name"] for g in groups] == [f"{name}-{i}" for i in range(expected)]
+    for index, group in enumerate(groups):
+        assert group["apiVersion"] == "scheduling.k8s.io/v1alpha2"
+        assert group["spec"] == {"schedulingPolicy": {"gang": {"minCount": 2}}}
+        assert group["metadata"]["labels"][meta.LABEL_ROLE] == "prefill"
+        assert group["metadata"]["labels"][meta.LWS_GROUP_INDEX_LABEL] == str(index)
+        assert group["metadata"]["ownerReferences"] == lws["metadata"]["ownerReferences"]
+    for member in ("leader", "worker"):
+        template = lws["spec"]["leaderWorkerTemplate"][f"{member}Template"]
+        assert template["metadata"]["labels"][meta.LABEL_POD_GROUP_MEMBER] == member
+        assert "schedulerName" not in template["spec"]
+    # The other pool is not gang-scheduled: no PodGroup, no member label.
+    decode = _by_kind(objects, meta.LWS_KIND)["decode"]["spec"]["leaderWorkerTemplate"]
+    assert meta.LABEL_POD_GROUP_MEMBER not in decode["leaderTemplate"]["metadata"]["labels"]
 
 
 def test_gpu_type_selects_nodes_by_their_gpu_product(make_pdd: MakePdd) -> None:

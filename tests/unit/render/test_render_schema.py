@@ -33,6 +33,9 @@ CLIENT_TYPES = {
     "Deployment": "V1Deployment",
     "PodDisruptionBudget": "V1PodDisruptionBudget",
     "NetworkPolicy": "V1NetworkPolicy",
+    # The client has no scheduling.k8s.io/v1alpha2 (what 1.36 serves); its v1alpha3 PodGroup has the
+    # same fields tandem renders (metadata, spec.schedulingPolicy.gang.minCount).
+    "PodGroup": "V1alpha3PodGroup",
 }
 VARIANTS: dict[str, dict[str, Any]] = {
     "network policy and router placement": {
@@ -48,10 +51,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "prefill": {
             "nodesPerInstance": 2,
             "parallelism": {"data": 16, "expert": True, "loadBalancing": "MultiPortExternal"},
-            "groupPlacement": {"schedulerName": "volcano", "exclusiveTopology": "example.com/rack"},
+            "groupPlacement": {"schedulerName": "volcano"},
             "gpuType": "NVIDIA-H200",
         },
-        "decode": {"nodesPerInstance": 2, "tensorParallelSize": 16, "autoscaling": {"external": True}},
+        "decode": {
+            "nodesPerInstance": 2,
+            "tensorParallelSize": 16,
+            "autoscaling": {"external": True, "maxReplicas": 3},
+            "groupPlacement": {"gangScheduling": "Kubernetes"},
+        },
     },
     "pools with scheduling": {
         "colocated": {"replicas": 1},

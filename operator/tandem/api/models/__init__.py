@@ -64,6 +64,7 @@ from tandem.api.models.network import (
 from tandem.api.models.parallelism import (
     SCHEDULER_NAME_PATTERN,
     DataParallelLoadBalancing,
+    GangScheduling,
     GroupPlacement,
     Parallelism,
 )
@@ -135,6 +136,7 @@ __all__ = [
     "EnvVarSource",
     "FieldRef",
     "ForecastSpec",
+    "GangScheduling",
     "GroupPlacement",
     "ImagePullPolicy",
     "ImagePullSecrets",

@@ -80,6 +80,14 @@ class Parallelism(ApiModel):
     ] = DataParallelLoadBalancing.Internal
 
 
+class GangScheduling(StrEnum):
+    """Which gang scheduling places a group's pods all together or not at all."""
+
+    # Kubernetes' own (scheduling.k8s.io PodGroups and the default scheduler's GangScheduling plugin;
+    # the GangScheduling and GenericWorkload feature gates, 1.35+).
+    Kubernetes = "Kubernetes"
+
+
 class GroupPlacement(ApiModel):
     """All-or-nothing placement of a multi-node instance's pods (a LeaderWorkerSet group)."""
 
@@ -101,5 +109,15 @@ class GroupPlacement(ApiModel):
             description="A node label key (e.g. a rack or NVLink-domain label): each group's pods share one "
             "domain of it and no two groups share one (LeaderWorkerSet's "
             "leaderworkerset.sigs.k8s.io/exclusive-topology).",
+        ),
+    ] = None
+    gang_scheduling: Annotated[
+        GangScheduling | None,
+        Field(
+            description="Kubernetes: Kubernetes' own gang scheduling. The operator keeps a PodGroup "
+            "(scheduling.k8s.io) per group with gang minCount = nodesPerInstance, and tandem's "
+            "MutatingAdmissionPolicy names it in each pod's spec.schedulingGroup, so the default "
+            "scheduler binds a group's pods together or none of them. Needs the GangScheduling and "
+            "GenericWorkload feature gates and the policy installed (docs/multinode.md).",
         ),
     ] = None
