@@ -10,6 +10,7 @@ from tandem.api.models import DisaggregationSpec
 from tandem.routing.disaggregation import (
     DEFAULT_MAX_LOCAL_PREFILLS,
     DEFAULT_MAX_LOCAL_TOKENS,
+    JUDGED_LOCAL_BUDGET,
     REASONS,
     Choice,
     CostModel,
@@ -217,6 +218,24 @@ def test_auto_caps_local_prefills_in_flight_by_their_tokens_then_by_their_count(
     assert decide(AUTO, Request(101, 101), READY, one_in_flight, costs, 1.0).reason == "local_cap"
     short_ones = DecodeView(local_prefills=AUTO.max_local_prefills, local_tokens=20)
     assert decide(AUTO, Request(10, 10), READY, short_ones, costs, 1.0).reason == "local_cap"
+
+
+def test_where_tpot_can_be_judged_the_budget_doubles_and_the_headroom_counts_every_local_prefill() -> None:
+    """With a TPOT target and the pod's TPOT measured, the local prefills in flight may lack up to
+    JUDGED_LOCAL_BUDGET x maxLocalTokens together, as long as the stall of all of them (with this one)
+    keeps the streams' TPOT within the target."""
+    costs = measured(local=(0.001, 0.00001))  # 0.01 ms a local token
+    busy = DecodeView(streams=4, local_prefills=1, local_tokens=1500, tpot_s=0.020, output_tokens=101.0)
+    assert AUTO.max_local_tokens * JUDGED_LOCAL_BUDGET == 2000
+    # 1500 + 500 within 2 x 1000: local; without a target to judge by, 1 x 1000 holds.
+    assert decide(AUTO, Request(500, 500), READY, busy, costs, 1.0, 0.030).reason == "local_faster"
+    assert decide(AUTO, Request(500, 500), READY, busy, costs, 1.0, None).reason == "local_cap"
+    assert decide(AUTO, Request(501, 501), READY, busy, costs, 1.0, 0.030).reason == "local_cap"
+    # The headroom counts the 1,500 tokens in flight too: (1500 + 100) x 0.01 ms = 16 ms over 100
+    # output tokens, +0.16 ms. A target of 20.15 ms refuses it; this request's 100 alone would not.
+    small = Request(100, 100)
+    assert decide(AUTO, small, READY, busy, costs, 1.0, 0.02017).reason == "local_faster"
+    assert decide(AUTO, small, READY, busy, costs, 1.0, 0.02015).reason == "tpot_headroom"
 
 
 def test_auto_tpot_headroom() -> None:

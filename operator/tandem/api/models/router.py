@@ -251,9 +251,10 @@ class DisaggregationSpec(ApiModel):
         Field(
             ge=1,
             le=1_048_576,
-            description="Auto only: the most prompt tokens a decode pod prefills itself at once, this "
-            "request's and those of the local prefills already in flight there, per router replica (a "
-            "local prefill stalls the pod's streams while it runs). Unset: 1024.",
+            description="Auto only: the most prompt tokens one local prefill may lack on its decode pod, "
+            "and those the pod's local prefills in flight may lack together, per router replica (a local "
+            "prefill stalls the pod's streams while it runs); together up to twice that where the router "
+            "can check the streams' TPOT against spec.slo (their stall counted). Unset: 1024.",
         ),
     ] = None
     max_local_prefills: Annotated[
