@@ -94,16 +94,21 @@ def test_a_spec_change_of_groups_reapplies_and_a_steady_pass_writes_nothing() ->
     assert world.kube.objects[LWS]["spec"]["replicas"] == 3
 
 
-def test_without_the_crd_nothing_is_applied_and_stalled_names_it() -> None:
-    world = World(manifest())
+def unserved(world: World, kind_name: str) -> None:
+    """The world's API answers 404 for every list of `kind_name` (its CRD or API is not there)."""
     real_list = world.kube.list
 
     def list_(kind: Kind, namespace: str | None, label_selector: str = "") -> list[dict[str, Any]]:
-        if kind.kind == "LeaderWorkerSet":
+        if kind.kind == kind_name:
             raise KubeError(404, "NotFound", "the server could not find the requested resource")
         return real_list(kind, namespace, label_selector)
 
     world.kube.list = list_  # type: ignore[method-assign]
+
+
+def test_without_the_crd_nothing_is_applied_and_stalled_names_it() -> None:
+    world = World(manifest())
+    unserved(world, "LeaderWorkerSet")
     before = copy.deepcopy(world.kube.objects)
     result = world.run()
     assert result.applied == []
@@ -369,14 +374,7 @@ def test_without_the_pod_group_api_nothing_is_applied_and_stalled_names_the_gate
     doc = manifest()
     doc["spec"]["decode"] |= GANG
     world = World(doc)
-    real_list = world.kube.list
-
-    def list_(kind: Kind, namespace: str | None, label_selector: str = "") -> list[dict[str, Any]]:
-        if kind.kind == "PodGroup":
-            raise KubeError(404, "NotFound", "the server could not find the requested resource")
-        return real_list(kind, namespace, label_selector)
-
-    world.kube.list = list_  # type: ignore[method-assign]
+    unserved(world, "PodGroup")
     result = world.run()
     assert result.applied == []
     status, reason, message = conditions(world)["Stalled"]
