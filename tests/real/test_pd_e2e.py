@@ -67,8 +67,14 @@ def test_pd_answers_equal_the_colocated_ones_token_for_token(colocated: Run, dis
     # token ids come back in every form, so the comparison is of tokens, not only of text
     assert all(a.token_ids is not None and len(a.token_ids) == a.completion_tokens for a in ref.values())
     assert all(a.completion_tokens > 0 for a in ref.values())
-    streamed = [a for (_, _, s), a in got.items() if s]
-    assert all(a.chunks > 1 for a in streamed if a.completion_tokens > 1)
+    # The router streams: a multi-token answer comes in several chunks. Not every one: vLLM's API
+    # server merges the deltas it has queued when it falls behind its engine (a clean-clone run on a
+    # loaded machine got one 24-token answer in one chunk, with a P/D answer taking 11.8 s); a router
+    # that buffered whole answers would give one chunk to all of them.
+    streamed = [a for (_, _, s), a in got.items() if s and a.completion_tokens > 1]
+    in_chunks = sum(a.chunks > 1 for a in streamed)
+    assert streamed
+    assert in_chunks >= 0.75 * len(streamed), f"{in_chunks} of {len(streamed)} streamed in several chunks"
     different = {key: (ref[key], got[key]) for key in ref if ref[key] != got[key]}
     equal = len(ref) - len(different)
     print(
