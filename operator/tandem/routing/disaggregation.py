@@ -237,9 +237,10 @@ class CostModel:
 
     def estimates(
         self, request: Request, prefill: PrefillView, decode: DecodeView, now: float
-    ) -> tuple[float, float, float, float] | None:
-        """(local seconds, remote seconds, the local prefill's compute seconds, and those of every local
-        prefill in flight on the pod with it); None until the prefill leg and the pull are measured."""
+    ) -> tuple[float, float, float] | None:
+        """(local seconds, remote seconds, the compute seconds of the local prefills in flight on the
+        pod with this one: the stall of its streams); None until the prefill leg and the pull are
+        measured."""
         remote_p, pull = self._line(self.prefill, now), self._line(self.pull, now)
         local = self.local_line(now)
         if remote_p is None or pull is None or local is None:
@@ -251,8 +252,8 @@ class CostModel:
             + pull[0]
             + pull[1] * tokens
         )
-        local_s = local[0] + local[1] * (decode.local_tokens + tokens)
-        return local_s, remote_s, local[1] * tokens, local[1] * (decode.local_tokens + tokens)
+        stall_s = local[1] * (decode.local_tokens + tokens)
+        return local[0] + stall_s, remote_s, stall_s
 
 
 def decide(
@@ -283,34 +284,39 @@ def decide(
     estimates = costs.estimates(request, prefill, decode, now)
     if estimates is None:
         return Choice("remote", "unmeasured")
-    local_s, remote_s, stall_s, inflight_s = estimates
-    if not has_tpot_headroom(decode, inflight_s if judged else stall_s, slo_tpot_s):
+    local_s, remote_s, stall_s = estimates
+    if not has_tpot_headroom(decode, stall_s, slo_tpot_s):
         return Choice("remote", "tpot_headroom", local_s, remote_s)
     if local_s <= remote_s:
         return Choice("local", "local_faster", local_s, remote_s)
     return Choice("remote", "remote_faster", local_s, remote_s)
 
 
+def _tpot_inputs(decode: DecodeView, slo_tpot_s: float | None) -> tuple[float, float, float] | None:
+    """(the pod's TPOT, its output tokens per request, the TPOT target) while it runs streams and all
+    three are known; None otherwise."""
+    if slo_tpot_s is None or decode.streams <= 0 or decode.tpot_s is None or decode.output_tokens is None:
+        return None
+    return decode.tpot_s, decode.output_tokens, slo_tpot_s
+
+
 def can_judge_tpot(decode: DecodeView, slo_tpot_s: float | None) -> bool:
     """Whether `has_tpot_headroom` has what it needs: a TPOT target, and the pod's TPOT and output
     length measured while it runs streams."""
-    return (
-        slo_tpot_s is not None
-        and decode.streams > 0
-        and decode.tpot_s is not None
-        and decode.output_tokens is not None
-    )
+    return _tpot_inputs(decode, slo_tpot_s) is not None
 
 
 def has_tpot_headroom(decode: DecodeView, stall_s: float, slo_tpot_s: float | None) -> bool:
-    """Whether the pod's streams keep their TPOT within the SLO when a local prefill of `stall_s`
-    seconds runs among them: each stream of n output tokens waits about `stall_s` once, its TPOT
+    """Whether the pod's streams keep their TPOT within the SLO when local prefills of `stall_s`
+    seconds run among them: each stream of n output tokens waits about `stall_s` once, its TPOT
     rising by `stall_s / (n - 1)` (chunked prefill spreads the wait over several steps; the total is
-    the same). No SLO, no stream running, or nothing measured yet on the pod: yes."""
-    if slo_tpot_s is None or decode.streams <= 0 or decode.tpot_s is None or decode.output_tokens is None:
+    the same). Where it cannot judge (no SLO, no stream running, or nothing measured yet on the
+    pod): yes."""
+    inputs = _tpot_inputs(decode, slo_tpot_s)
+    if inputs is None:
         return True
-    spread = max(decode.output_tokens - 1.0, 1.0)
-    return decode.tpot_s + stall_s / spread <= slo_tpot_s
+    tpot_s, output_tokens, target_s = inputs
+    return tpot_s + stall_s / max(output_tokens - 1.0, 1.0) <= target_s
 
 
 def uncached_tokens(prompt_tokens: int, held_chunks: int, text_bytes: int, block_chars: int) -> int:
