@@ -474,8 +474,8 @@ def _shape_rules(role: str) -> list[Rule]:
             field_path=f".{role}.groupPlacement.gangScheduling",
             check=lambda s: (
                 not (
-                    (_pool(s, role).get("groupPlacement") or {}).get("gangScheduling")
-                    and (_pool(s, role).get("groupPlacement") or {}).get("schedulerName")
+                    (placement := _pool(s, role).get("groupPlacement") or {}).get("gangScheduling")
+                    and placement.get("schedulerName")
                 )
             ),
             reason="FieldValueForbidden",

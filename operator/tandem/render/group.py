@@ -65,12 +65,6 @@ def leaderworkerset(
     return {"apiVersion": meta.LWS_API_VERSION, "kind": meta.LWS_KIND, "metadata": metadata, "spec": spec}
 
 
-def gang_scheduled(pdd: PDDeployment, role: Role) -> bool:
-    """The pool's groups are placed by Kubernetes' own gang scheduling (PodGroups)."""
-    placement = pdd.spec.pool(role).group_placement
-    return placement is not None and placement.gang_scheduling is not None
-
-
 def pod_groups(
     pdd: PDDeployment, role: Role, *, replicas: int | None, revision: RevisionRecord | None = None
 ) -> list[Manifest]:
@@ -80,7 +74,7 @@ def pod_groups(
     A PodGroup with no pods holds nothing; a group recreated (a rank failed, a new template) is placed
     all together again."""
     pool = pdd.spec.pool(role)
-    if not pool.shape.multi_node or not gang_scheduled(pdd, role):
+    if not pool.shape.multi_node or not pod.gang_scheduled(pdd, role):
         return []
     if replicas is None:
         replicas = pool.autoscaling.max_replicas if pool.autoscaling is not None else pool.replicas

@@ -211,6 +211,12 @@ def node_selector(pdd: PDDeployment, role: Role) -> dict[str, str]:
     return selector
 
 
+def gang_scheduled(pdd: PDDeployment, role: Role) -> bool:
+    """The pool's groups are placed by Kubernetes' own gang scheduling (a PodGroup per group)."""
+    placement = pdd.spec.pool(role).group_placement
+    return placement is not None and placement.gang_scheduling is not None
+
+
 def pod_template(
     pdd: PDDeployment, role: Role, revision: RevisionRecord | None = None, member: Member = "single"
 ) -> dict[str, Any]:
@@ -241,8 +247,7 @@ def pod_template(
     pod_spec["containers"] = [container(pdd, role, revision, member)]
     pod_spec["volumes"] = volumes
     metadata: dict[str, Any] = {"labels": names.labels(pdd, role, revision)}
-    placement = pool.group_placement
-    if member != "single" and placement is not None and placement.gang_scheduling is not None:
+    if member != "single" and gang_scheduled(pdd, role):
         metadata["labels"][meta.LABEL_POD_GROUP_MEMBER] = member
     if serves(pdd, role, member):  # a headless worker has no /metrics to scrape
         metadata["annotations"] = names.scrape_annotations(meta.ENGINE_PORT, "/metrics")
