@@ -249,7 +249,9 @@ class IntervalSearch:
     def share(self, p: int, d: int) -> float:
         key = (p, d)
         if key not in self.shares:
-            self.shares[key] = within_share(self.run(p, d, drain=True), self.judged)
+            cluster = self.run(p, d, drain=True)
+            self.shares[key] = within_share(cluster, self.judged)
+            cluster.release()
         return self.shares[key]
 
     def meets(self, p: int, d: int, goal: float) -> bool:
@@ -328,6 +330,7 @@ def hindsight_schedule(
         )
         simulations += len(current.shares) + 1
         state = current.run(*picked, drain=False)
+        current.state.release()
         previous = picked
     return OracleSchedule(interval, tuple(choices), simulations)
 
