@@ -298,13 +298,14 @@ QUICK = Case(
 )
 
 # Realistic scale (issue 25, item 2): ServeGen m-mid at its real pace (no compression), Llama-3.1-70B on
-# H100 at TP4 (perf's calibrated `h100-llama-3.1-70b-tp4`), rate x0.03: static peak measured 24 GPUs
-# (4P+2D) on the day, under issue 25's 32 (x0.04 should need about 32, not run; docs/simulator.md); on request
-# (--traces, or --scale). A day is ~3.5M requests. Issue 25 lets policies
-# tune on ServeGen m-mid's first days; none was tuned at this scale (frozen before these rows ran).
+# H100 at TP4 (perf's calibrated `h100-llama-3.1-70b-tp4`), rate x0.045: 5.2M requests a day, at which the
+# static search's guess is 7P+2D (36 GPUs) for issue 25's peak of at least 32 (x0.03 measured 24 GPUs,
+# 4P+2D, one prefill under its guess; docs/simulator.md); on request (--traces, or --scale). Issue 25
+# lets policies tune on ServeGen m-mid's first days; none was tuned at this scale (frozen before these
+# rows ran).
 SCALE_MODEL = "meta-llama/Llama-3.1-70B-Instruct"
 SCALE_TP = 4
-SCALE_RATE = 0.03
+SCALE_RATE = 0.045
 SCALE_GPUS = 128
 SCALE_CASES: tuple[Case, ...] = (
     Case(
@@ -1000,7 +1001,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--scale",
         action="store_true",
-        help="the realistic-scale day instead (ServeGen m-mid day 1 at its real pace, 70B TP4, 24 GPUs; "
+        help="the realistic-scale day instead (ServeGen m-mid day 1 at its real pace, 70B TP4, 32+ GPUs; "
         "with --quick one hour of it)",
     )
     parser.add_argument("--tune-hpa", action="store_true", help="grid of HPA targets on the Azure traces")
