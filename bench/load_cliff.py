@@ -2,16 +2,17 @@
 as the model load time and the decision interval change.
 
 The curve is `bench/autoscale.py`'s realistic-scale day (`servegen-70b-day`: ServeGen m-mid day 1 at its
-real pace, Llama-3.1-70B on H100 at TP4, static peak 24 GPUs at x0.03) unless `--trace` names another
-of its cases. Per decision interval (tandem's `intervalSeconds`, the HPA's sync period and the oracle's
-interval, `Case.interval_seconds`; the Dynamo-style planners keep their own) and model load time, every
-policy runs from the same initial layout (static peak's, searched once: a static layout does not depend on
-either); the hindsight oracle's search is run once per interval (it does not depend on the load time: in
-the search a replica is ready when its interval starts) and its schedule replayed at each load time (each
-replica ordered one load time ahead), with its instant replay beside. Prints one table (attainment,
-GPU-hours, and GPU-hours as a ratio to static peak and to the oracle at the same load and interval),
-writes it with a JSON of every run under `--out`, and one plot (GPU-hours and attainment against the load
-time, a line per policy and interval); `--docs` copies the plot to `docs/img/load-cliff.png`.
+real pace, Llama-3.1-70B on H100 at TP4, rate `SCALE_RATE`: static peak 5P+2D, 28 GPUs, at x0.045) unless
+`--trace` names another of its cases. Per decision interval (tandem's `intervalSeconds`, the HPA's sync
+period and the oracle's interval, `Case.interval_seconds`; the Dynamo-style planners keep their own) and
+model load time, every policy runs from the same initial layout (static peak's, searched once: a static
+layout does not depend on either); the hindsight oracle's search is run once per interval (it does not
+depend on the load time: in the search a replica is ready when its interval starts) and its schedule
+replayed at each load time (each replica ordered one load time ahead), with its instant replay beside.
+Prints one table (attainment, GPU-hours, and GPU-hours as a ratio to static peak and to the oracle at the
+same load and interval), writes it with a JSON of every run under `--out`, and one plot (GPU-hours and
+attainment against the load time, a line per policy and interval); `--docs` copies the plot to
+`docs/img/load-cliff.png`.
 
     .venv/bin/python bench/load_cliff.py                      # 4 load times x 3 intervals, the whole day
     .venv/bin/python bench/load_cliff.py --intervals 30 --loads 10,120,300 --policies tandem,hpa
