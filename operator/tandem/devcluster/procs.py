@@ -70,9 +70,16 @@ def _kernel_port() -> int:
 def free_port(*, now: float | None = None) -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now and no other caller on this machine was
     given within `PORT_HOLD_S`."""
+    return free_ports(1, now=now)
+
+
+def free_ports(count: int, *, hosts: Sequence[str] = ("127.0.0.1",), now: float | None = None) -> int:
+    """The first of `count` consecutive ports (a multi-port pod's ranks) that nothing listens on now on
+    any of `hosts` and no other caller was given within `PORT_HOLD_S`; every one of them is held, so
+    no other caller is handed one while its server starts."""
     ports = _reservable_ports()
-    if ports is None:
-        return _kernel_port()
+    if ports is None or len(ports) < count:
+        return _kernel_ports(count, hosts)
     at = time.time() if now is None else now
     lock_path = PORT_REGISTRY.with_suffix(".lock")
     with lock_path.open("a") as lock:
@@ -82,18 +89,30 @@ def free_port(*, now: float | None = None) -> int:
         except (OSError, ValueError, TypeError, AttributeError):
             held = {}
         held = {p: until for p, until in held.items() if until > at}
-        start = random.randrange(len(ports))
-        for i in range(len(ports)):
-            port = ports[(start + i) % len(ports)]
-            if port not in held and bindable(port):
+        starts = range(ports.start, ports.stop - count + 1)
+        offset = random.randrange(len(starts))
+        for i in range(len(starts)):
+            first = starts[(offset + i) % len(starts)]
+            run = range(first, first + count)
+            if all(p not in held for p in run) and all(bindable(p, host) for p in run for host in hosts):
                 break
         else:
-            return _kernel_port()
-        held[port] = at + PORT_HOLD_S
+            return _kernel_ports(count, hosts)
+        for port in run:
+            held[port] = at + PORT_HOLD_S
         tmp = PORT_REGISTRY.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(held))
         tmp.replace(PORT_REGISTRY)
-        return port
+        return first
+
+
+def _kernel_ports(count: int, hosts: Sequence[str]) -> int:
+    """Where the registry's range cannot serve: a kernel-picked port whose next `count - 1` are free."""
+    for _ in range(50):
+        first = _kernel_port()
+        if all(bindable(first + i, host) for i in range(count) for host in hosts):
+            return first
+    raise RuntimeError(f"no {count} consecutive free ports on {', '.join(hosts)}")
 
 
 def spawn(

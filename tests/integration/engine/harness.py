@@ -13,7 +13,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from tandem.devcluster.procs import bindable, free_port
+from tandem.devcluster.procs import free_port, free_ports
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 NAME = "llama-8b"
@@ -77,15 +77,6 @@ class Engine:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
-
-
-def free_ports(count: int) -> int:
-    """The first of `count` consecutive ports nothing listens on (`free_port`'s, checked above it)."""
-    for _ in range(50):
-        port = free_port()
-        if all(bindable(port + i, LOOPBACK) for i in range(1, count)):
-            return port
-    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 def start_engine(

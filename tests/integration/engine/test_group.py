@@ -52,6 +52,16 @@ def exit_output(engine: Engine) -> tuple[int, str]:
     return code, engine.proc.stdout.read() if engine.proc.stdout else ""
 
 
+def outputs(engines: list[Engine]) -> str:
+    """What each process printed (a running one is stopped first), for a failure's message."""
+    texts = []
+    for i, engine in enumerate(engines):
+        code = engine.stop()
+        text = engine.proc.stdout.read() if engine.proc.stdout else ""
+        texts.append(f"--- process {i} (exit {code}):\n{text[-3000:]}")
+    return "\n".join(texts)
+
+
 @pytest.fixture
 def group() -> Iterator[tuple[Engine, Engine]]:
     rpc = free_port()
@@ -202,11 +212,14 @@ def test_a_multi_port_group_serves_each_rank_on_its_own_port() -> None:
             args += ["--data-parallel-supervisor-port", str(supervisors[rank])]
             pods.append(start_engine(*args, healthy=False, ports=2))
         supervised = [Engine(pod.proc, port, None) for pod, port in zip(pods, supervisors, strict=True)]
-        eventually(
-            lambda: all(health(s) == 200 for s in supervised),
-            timeout=DEADLINE_S,
-            what="both supervisors healthy",
-        )
+        try:
+            eventually(
+                lambda: all(health(s) == 200 for s in supervised),
+                timeout=DEADLINE_S,
+                what="both supervisors healthy",
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{outputs(pods)}") from None
         ranks = [Engine(pod.proc, pod.port + i, None) for pod in pods for i in (0, 1)]
         for rank in ranks:
             body = {"model": NAME, "prompt": "hi", "max_tokens": 2}

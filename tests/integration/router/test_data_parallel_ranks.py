@@ -31,7 +31,7 @@ import pytest
 from tandem.api import meta
 from tandem.api.meta import Role
 from tandem.api.models import PDDeployment
-from tandem.devcluster.procs import bindable, free_port
+from tandem.devcluster.procs import bindable, free_ports
 from tandem.engine.group import HEARTBEATS_PER_TIMEOUT
 from tandem.kube.pods import PodInfo
 from tandem.render.command import LEADER_ADDRESS, POD_IP, WORKER_INDEX, parallel_args
@@ -81,15 +81,6 @@ class Pod:
     def output(self) -> str:
         with open(self.log) as text:
             return text.read()[-3000:]
-
-
-def _ports(ips: list[str], count: int) -> int:
-    """The first of `count` consecutive ports free on every address."""
-    for _ in range(50):
-        port = free_port()
-        if all(bindable(port + i, ip) for ip in ips for i in range(count)):
-            return port
-    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 @dataclass
@@ -193,8 +184,8 @@ async def ranked_cluster() -> AsyncIterator[tuple[Cluster, RunningRouter]]:
     every = [ip for pair in ips.values() for ip in pair]
     for port in (meta.DP_SUPERVISOR_PORT, meta.DP_RPC_PORT):  # rendered fixed ports, as in a pod
         assert all(bindable(port, ip) for ip in every), f"port {port} is taken on a loopback address"
-    cluster = Cluster(engine_port=_ports(every, 2))
-    side = _ports(every, 4)
+    cluster = Cluster(engine_port=free_ports(2, hosts=every))
+    side = free_ports(4, hosts=every)
     try:
         for group in ("pa", "pb"):
             _start_group(cluster, "prefill", group, ips[group], side=side)

@@ -52,6 +52,29 @@ def test_a_bound_port_is_passed_over(registry: Path, monkeypatch: pytest.MonkeyP
         assert base not in {procs.free_port(now=procs.PORT_HOLD_S * 2) for _ in range(3)}
 
 
+def test_a_run_of_ports_is_held_whole(registry: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A multi-port pod's ports: every one of the run is held, so none is handed to another caller
+    while the pod starts (only its first used to be; the rest were merely bindable when picked)."""
+    base = _unbound_run(5)
+    monkeypatch.setattr(procs, "_reservable_ports", lambda: range(base, base + 5))
+    first = procs.free_ports(2, now=0.0)
+    assert first in (base, base + 1, base + 2, base + 3)
+    run = {first, first + 1}
+    singles = {procs.free_port(now=0.0) for _ in range(3)}
+    assert singles == set(range(base, base + 5)) - run
+    # Nothing left: a run of two comes from the kernel's range, outside the held ones.
+    assert procs.free_ports(2, now=1.0) not in range(base - 1, base + 5)
+
+
+def test_a_run_passes_over_a_bound_port_inside_it(registry: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = _unbound_run(4)
+    monkeypatch.setattr(procs, "_reservable_ports", lambda: range(base, base + 4))
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", base + 1))
+        server.listen(1)
+        assert procs.free_ports(2, now=0.0) == base + 2
+
+
 def test_a_broken_registry_is_started_afresh(registry: Path) -> None:
     registry.write_text("{not json")
     port = procs.free_port(now=0.0)
