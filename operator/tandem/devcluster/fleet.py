@@ -202,16 +202,3 @@ def audit_requests(path: Path, offset: int, user_agent: str) -> Counter[str]:
         sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
         totals[f"{event.get('verb', '')} {ref.get('resource', '')}{sub}"] += 1
     return totals
-    with path.open("rb") as log:
-        log.seek(offset)
-        for line in log:
-            try:
-                event = json.loads(line)
-            except ValueError:  # a line being written
-                continue
-            if not str(event.get("userAgent", "")).startswith(user_agent):
-                continue
-            ref = event.get("objectRef") or {}
-            sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
-            totals[f"{event.get('verb', '')} {ref.get('resource', '')}{sub}"] += 1
-    return totals
