@@ -11,8 +11,11 @@ nothing missed while disconnected stays in the cache. Failures back off (doublin
 
 An optional kind (an add-on's custom resource, LeaderWorkerSet) may not be served at all: a list
 the apiserver answers 404 leaves the store empty, counts as synced (every other cache keeps
-answering) and marks the kind absent (`Cache.served`); the list is tried again every
-`ABSENT_RETRY_SECONDS`, so a CRD installed later is picked up.
+answering) and marks the kind absent (`Cache.served`). Every `ABSENT_RETRY_SECONDS` the informer
+asks the kind's group-version discovery document (`Discovery`) whether it is served now, and lists
+again once it is, so a CRD installed later is picked up. The informers of one kind in every watched
+namespace share that answer: one discovery GET per group-version per period, not one list per
+namespace.
 
 Each change is handed to `on_event(kind, type, object)` from the informer's thread: the operator
 enqueues the owning PDDeployment, as a controller's informer does.
@@ -209,6 +212,43 @@ def _decode(entry: _Entry) -> Obj:
     return obj
 
 
+class Discovery:
+    """Whether the apiserver serves a kind now, by its group-version's discovery document (`GET
+    /apis/<group>/<version>`, answered 404 while no CRD defines the group-version): one GET per
+    group-version per `ttl_seconds`, whichever informer asks; the others get the same answer."""
+
+    def __init__(
+        self,
+        kube: KubeRest,
+        ttl_seconds: float = ABSENT_RETRY_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.kube = kube
+        self.ttl_seconds = ttl_seconds
+        self.clock = clock
+        self._lock = threading.Lock()  # held while asking: who waits gets the fresh answer
+        self._resources: dict[str, tuple[float, frozenset[str]]] = {}  # group-version -> (at, plurals)
+
+    def serves(self, kind: Kind) -> bool:
+        with self._lock:
+            now = self.clock()
+            known = self._resources.get(kind.api_version)
+            if known is None or now - known[0] >= self.ttl_seconds:
+                known = (now, self._ask(kind))
+                self._resources[kind.api_version] = known
+            return kind.plural in known[1]
+
+    def _ask(self, kind: Kind) -> frozenset[str]:
+        try:
+            document = self.kube.request("GET", kind.group_version_path)
+        except KubeError as exc:
+            if exc.status == 404:
+                return frozenset()
+            raise
+        resources = document.get("resources") or []
+        return frozenset(str(r.get("name", "")) for r in resources if isinstance(r, dict))
+
+
 class Informer:
     """List, then watch, one kind in one namespace (or all), into a `Store`."""
 
@@ -224,10 +264,13 @@ class Informer:
         backoff: tuple[float, float] = (0.5, 30.0),
         optional: bool = False,
         absent_retry_seconds: float = ABSENT_RETRY_SECONDS,
+        discovery: Discovery | None = None,
     ) -> None:
         self.kube = kube
         self.optional = optional
         self.absent_retry_seconds = absent_retry_seconds
+        # An absent kind's way back: asked each retry before listing again (None: list each retry).
+        self.discovery = discovery
         self.absent = False  # an optional kind the apiserver does not serve (its last list: 404)
         self.kind = kind
         self.namespace = namespace
@@ -267,7 +310,7 @@ class Informer:
                 raise
             if not self.absent:
                 log.info(
-                    "informer %s: the kind is not served (no CRD); listed again every %.0fs",
+                    "informer %s: the kind is not served (no CRD); asked again every %.0fs",
                     self.name,
                     self.absent_retry_seconds,
                 )
@@ -327,6 +370,9 @@ class Informer:
         while not self._stop.is_set():
             try:
                 if version is None:
+                    if self.absent and self.discovery is not None and not self.discovery.serves(self.kind):
+                        self._stop.wait(self.absent_retry_seconds)
+                        continue
                     if self.synced.is_set():
                         self.relists += 1
                         log.info("informer %s: relisting", self.name)
@@ -365,6 +411,7 @@ class Cache:
     def __init__(self) -> None:
         self.stores: dict[str, Store] = {}  # by Kind.plural
         self.informers: list[Informer] = []
+        self.discovery: Discovery | None = None  # shared by the optional kinds' informers
 
     def add(
         self,
@@ -380,9 +427,20 @@ class Cache:
     ) -> None:
         """Watch `kind` in `namespaces`; `optional`: a kind the cluster may not serve (see the module)."""
         store = self.stores.setdefault(kind.plural, Store(index_label, transform))
+        if optional and self.discovery is None:
+            self.discovery = Discovery(kube)
         for namespace in namespaces:
             self.informers.append(
-                Informer(kube, kind, namespace, store, on_event, label_selector, optional=optional)
+                Informer(
+                    kube,
+                    kind,
+                    namespace,
+                    store,
+                    on_event,
+                    label_selector,
+                    optional=optional,
+                    discovery=self.discovery if optional else None,
+                )
             )
 
     def start(self) -> None:

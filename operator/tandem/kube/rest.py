@@ -55,8 +55,13 @@ class Kind:
     kind: str
     plural: str
 
+    @property
+    def group_version_path(self) -> str:
+        """The discovery document of the kind's group-version: `/apis/apps/v1`, `/api/v1`."""
+        return f"/api/{self.api_version}" if "/" not in self.api_version else f"/apis/{self.api_version}"
+
     def collection(self, namespace: str | None) -> str:
-        base = f"/api/{self.api_version}" if "/" not in self.api_version else f"/apis/{self.api_version}"
+        base = self.group_version_path
         return f"{base}/namespaces/{namespace}/{self.plural}" if namespace else f"{base}/{self.plural}"
 
     def path(self, namespace: str, name: str) -> str:
@@ -70,7 +75,8 @@ EVENT = Kind("v1", "Event", "events")
 
 def resource_of(path: str) -> str:
     """The resource a request path names: `/apis/apps/v1/namespaces/ns/statefulsets/x/status`
-    -> `statefulsets/status`, `/api/v1/pods` -> `pods`."""
+    -> `statefulsets/status`, `/api/v1/pods` -> `pods`; a group-version's own path (its discovery
+    document, `/apis/apps/v1`) -> `discovery`."""
     parts = [p for p in path.split("?", 1)[0].split("/") if p]
     if "namespaces" in parts:
         at = parts.index("namespaces")
@@ -80,7 +86,7 @@ def resource_of(path: str) -> str:
     else:
         rest = parts[3:] if parts[:1] == ["apis"] else parts[2:]
     if not rest:
-        return ""
+        return "discovery"
     return f"{rest[0]}/{rest[2]}" if len(rest) > 2 else rest[0]
 
 

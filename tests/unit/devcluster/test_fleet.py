@@ -50,6 +50,8 @@ def test_kwok_only_stages_drop_tandems_own() -> None:
         ("/api/v1/pods", "pods"),
         ("/apis/tandem.dev/v1alpha1/pddeployments", "pddeployments"),
         ("/api/v1/namespaces/ns", "namespaces"),
+        ("/apis/leaderworkerset.x-k8s.io/v1", "discovery"),
+        ("/api/v1", "discovery"),
     ],
 )
 def test_resource_of(path: str, resource: str) -> None:

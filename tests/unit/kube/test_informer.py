@@ -11,7 +11,16 @@ from typing import Any
 
 import pytest
 
-from tandem.kube.informer import Cache, EventType, Informer, Store, copy_tree, is_older, strip_managed_fields
+from tandem.kube.informer import (
+    Cache,
+    Discovery,
+    EventType,
+    Informer,
+    Store,
+    copy_tree,
+    is_older,
+    strip_managed_fields,
+)
 from tandem.kube.rest import Kind, KubeError, Obj, WatchEvent, parse_watch_lines
 
 STS = Kind("apps/v1", "StatefulSet", "statefulsets")
@@ -124,6 +133,9 @@ def test_watch_lines_split_anywhere() -> None:
     assert parsed[2].object == {"code": 410}
 
 
+NOT_SERVED = KubeError(404, "NotFound", "the server could not find the requested resource")
+
+
 class ScriptedKube:
     """A KubeRest with scripted lists and watches: each list answers the next of `lists`, each
     watch the next of `watches` (a list of events, or an exception to raise)."""
@@ -137,6 +149,15 @@ class ScriptedKube:
         self.watches = watches
         self.watched_from: list[str] = []
         self.done = threading.Event()
+        self.discovered: list[str] = []  # the discovery documents asked for, in order
+        self.served_after = 0  # discovery documents answered 404 before the kind is served
+
+    def request(self, method: str, path: str) -> Obj:
+        assert method == "GET"
+        self.discovered.append(path)
+        if len(self.discovered) <= self.served_after:
+            raise NOT_SERVED
+        return {"kind": "APIResourceList", "resources": [{"name": STS.plural}, {"name": "others"}]}
 
     def list_with_version(
         self, kind: Kind, namespace: str | None, label_selector: str = ""
@@ -163,7 +184,11 @@ class ScriptedKube:
 
 
 def run_informer(
-    kube: ScriptedKube, optional: bool = False, store: Store | None = None, field: str = "name"
+    kube: ScriptedKube,
+    optional: bool = False,
+    store: Store | None = None,
+    field: str = "name",
+    discovery: Discovery | None = None,
 ) -> tuple[Store, list[tuple[EventType, str]], Informer]:
     """Plays `kube`'s script through an informer; each event it hands on as (type, `field` of the
     object's metadata)."""
@@ -179,6 +204,7 @@ def run_informer(
         backoff=(0.01, 0.01),
         optional=optional,
         absent_retry_seconds=0.01,
+        discovery=discovery,
     )
     informer.start()
     assert kube.done.wait(10), "the informer did not play its script"
@@ -274,9 +300,6 @@ def test_cache_synced_needs_every_informer(synced: bool) -> None:
     assert cache.wait_synced(0.01) is synced
 
 
-NOT_SERVED = KubeError(404, "NotFound", "the server could not find the requested resource")
-
-
 def test_an_optional_kind_not_served_is_synced_empty_and_listed_again() -> None:
     """LeaderWorkerSets where the CRD is missing: the cache syncs (empty, the kind absent), the
     other caches keep answering, and a CRD installed later is listed (and no longer absent)."""
@@ -286,6 +309,42 @@ def test_an_optional_kind_not_served_is_synced_empty_and_listed_again() -> None:
     assert not informer.absent
     assert seen == [("ADDED", "a")]
     assert store.names() == [("ns", "a")]
+
+
+def test_discovery_is_asked_once_per_period_for_every_informer_of_the_kind() -> None:
+    """An absent kind's informers in three namespaces share one Discovery: one GET of the
+    group-version's document per period answers them all, and another kind of the group too."""
+    clock = [0.0]
+    kube = ScriptedKube(lists=[], watches=[])
+    kube.served_after = 2
+    cache = Cache()
+    cache.add(kube, STS, ["a", "b", "c"], None, label_selector=LABEL, index_label=LABEL, optional=True)  # type: ignore[arg-type]
+    discovery = cache.discovery
+    assert discovery is not None
+    assert all(informer.discovery is discovery for informer in cache.informers)
+    discovery.clock = lambda: clock[0]
+    other = Kind(STS.api_version, "Other", "others")
+    assert [discovery.serves(STS) for _ in cache.informers] == [False] * 3
+    assert not discovery.serves(other)
+    assert len(kube.discovered) == 1, "asked again within the period"
+    clock[0] += discovery.ttl_seconds
+    assert not discovery.serves(STS)
+    clock[0] += discovery.ttl_seconds
+    assert discovery.serves(STS)
+    assert discovery.serves(other)
+    assert not discovery.serves(Kind(STS.api_version, "Missing", "missings"))
+    assert kube.discovered == [STS.group_version_path] * 3
+
+
+def test_an_absent_kind_is_listed_again_only_once_discovery_serves_it() -> None:
+    kube = ScriptedKube(lists=[NOT_SERVED, ([obj("a", "5")], "5")], watches=[])
+    kube.served_after = 2
+    discovery = Discovery(kube, ttl_seconds=0.0)  # type: ignore[arg-type]
+    _store, seen, informer = run_informer(kube, optional=True, discovery=discovery)
+    assert kube.lists == [], "the informer did not list once the kind was served"
+    assert len(kube.discovered) == 3, "two answers of not served, then served: no list in between"
+    assert not informer.absent
+    assert seen == [("ADDED", "a")]
 
 
 def test_a_removed_crd_empties_the_optional_kinds_store() -> None:
