@@ -490,10 +490,12 @@ def decode_replica_tokens_per_second(
     """Output tokens/s one decode replica sustains at the ITL target, sequences at context ISL + OSL/2
     (Dynamo's decode profile point): its profiler sweeps concurrency up to the KV cache's capacity and the
     planner takes the highest throughput whose ITL meets the target, i.e. the largest batch within it,
-    capped by KV capacity and max_num_seqs; 0 if even one misses."""
+    capped by KV capacity and max_num_seqs. Where even one sequence misses the target, Dynamo's
+    `find_best_throughput_per_gpu` returns its grid's lowest-load point, not nothing: a batch of one.
+    0 only where one sequence does not fit the KV cache."""
     context = max(1.0, isl + osl / 2)
-    batch = decode_batch_at_tpot(profile, itl_seconds, context, max_batch=max_num_seqs)
-    batch = min(batch, int(kv_capacity_tokens // context))
+    batch = max(1, decode_batch_at_tpot(profile, itl_seconds, context, max_batch=max_num_seqs))
+    batch = min(batch, max_num_seqs, int(kv_capacity_tokens // context))
     if batch <= 0:
         return 0.0
     return batch / profile.decode_step_seconds(batch, math.ceil(batch * context))

@@ -164,6 +164,13 @@ def test_planner_per_replica_throughputs_come_from_perf() -> None:
     assert decode_replica_tokens_per_second(profile, 1000, 200, 0.03, 110_000, 1024) == pytest.approx(
         100 / profile.decode_step_seconds(100, 110_000)
     )
+    # an ITL target under one sequence's step: the lowest-load point (a batch of one), as Dynamo's
+    # find_best_throughput_per_gpu falls back to, not 0 (which left decode at min_endpoint)
+    one = profile.decode_step_seconds(1, 1100)
+    assert decode_batch_at_tpot(profile, one * 0.9, 1100.0) == 0
+    assert decode_replica_tokens_per_second(profile, 1000, 200, one * 0.9, kv, 1024) == pytest.approx(1 / one)
+    # a sequence longer than the KV cache: nothing
+    assert decode_replica_tokens_per_second(profile, 1000, 200, 0.03, 1000, 1024) == 0.0
 
 
 def _planner(
