@@ -114,7 +114,7 @@ def _own_reads(metrics: str) -> float:
     """The operator's GETs (gets and lists) by its own request counter, but two fixed costs that are
     no pass's: its leader lease's, and the discovery document of LeaderWorkerSet's group-version
     (resource "discovery"), a kind this cluster does not serve (no LWS CRD without the pod runner):
-    its informers ask it every 30 s, one GET for every namespace's, to pick up a CRD installed later.
+    one GET every 30 s, shared by every namespace's informer, to pick up a CRD installed later.
     The kind's list is not one of them: an absent kind is listed again only once discovery serves it."""
     name = "tandem_operator_api_requests_total"
     fixed = sum(
