@@ -58,7 +58,9 @@ class Knobs:
     # target, or attainment is under target (a pool near its SLO is not shrunk into the next burst);
     # the hold is recorded, so the scale-down window restarts. inf: off.
     down_slo_ratio: float = 0.80
-    relax_rate: float = 0.10  # then a correction below 1 moves this share of the way back to 1
+    # Comfortably within SLO while at least miss_min_load busy, a correction below 1 moves this share of
+    # the way back to 1 per pass (not while lightly loaded: comfort then proves nothing).
+    relax_rate: float = 0.10
     # A snapshot older than this many decision intervals is stale (no data).
     stale_intervals: float = 3.0
     # Forecast (`autoscale.forecast`, on with spec.autoscaling.forecast.enabled). Holt's level and trend

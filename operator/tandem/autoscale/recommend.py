@@ -68,8 +68,10 @@ is starting:
   requests ran longer than the window (mean output x TPOT: they measured the batches of minutes
   ago); a TPOT miss in such a window still adds a replica but does not shrink the correction (a
   colocated miss likewise when KV-bound);
-- all pools, comfortably within SLO (latency under `comfortable_ratio` of target, attainment met): a
-  correction below 1 relaxes towards 1 by `relax_rate`.
+- all pools, comfortably within SLO (latency under `comfortable_ratio` of target, attainment met) while
+  loaded (as for a miss: a backlog, or at least `miss_min_load` of the replicas' capacity in use): a
+  correction below 1 relaxes towards 1 by `relax_rate`. A lightly loaded pool's comfort is no evidence
+  of what a busy replica sustains, so the correction is kept.
 """
 
 from __future__ import annotations
@@ -578,7 +580,9 @@ def _finish(
         if obs.starting == 0 and loaded and model_exact_before <= current and not stale_miss:
             shrink = min(knobs.miss_shrink_max, max(knobs.miss_shrink_min, 1.0 / (slo_state.ratio or 1.0)))
             correction *= shrink
-    elif slo_state.comfortable and correction < 1.0:
+    elif slo_state.comfortable and correction < 1.0 and loaded:
+        # comfort at a light load says nothing of what a replica sustains busy: between bursts it
+        # undid what each burst taught (docs/autoscaling.md, "Relaxing only under load")
         correction += (1.0 - correction) * knobs.relax_rate
     correction = _clamp_correction(correction, knobs)
     figures.update(

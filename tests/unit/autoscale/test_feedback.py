@@ -136,10 +136,23 @@ def test_measured_slo_feeds_back(
         assert "SLO missed" in decision.pools["prefill"].reason or "TTFT" in decision.pools["prefill"].reason
 
 
-def test_a_comfortable_slo_relaxes_a_pessimistic_correction(kit: Kit) -> None:
-    snapshot = kit.snapshot(T0, sizes={"prefill": (3, 3), "decode": (2, 2)}, prefill=1.5, ttft=0.1)
+RELAX_CASES = [
+    # id, prefill load (profile replicas' worth), expected correction from 0.5
+    ("busy-relaxes", 1.5, 0.5 + 0.5 * KNOBS.relax_rate),  # 3 corrected replicas' worth on 3: loaded
+    ("half-busy-relaxes", 0.75, 0.5 + 0.5 * KNOBS.relax_rate),  # 1.5 of 3: exactly miss_min_load
+    ("just-under-half-keeps", 0.74, 0.5),  # 1.48 of 3 corrected replicas busy: comfort proves nothing
+    ("light-keeps", 0.3, 0.5),
+    ("idle-keeps", 0.0, 0.5),  # between bursts
+]
+
+
+@pytest.mark.parametrize(("load", "expected"), [c[1:] for c in RELAX_CASES], ids=[c[0] for c in RELAX_CASES])
+def test_a_comfortable_slo_relaxes_a_pessimistic_correction_only_under_load(
+    kit: Kit, load: float, expected: float
+) -> None:
+    snapshot = kit.snapshot(T0, sizes={"prefill": (3, 3), "decode": (2, 2)}, prefill=load, ttft=0.1)
     decision = decide(kit.spec, snapshot, at({"prefill": 3, "decode": 2}, correction=0.5), T0)
-    assert decision.state.pools.prefill.capacity_correction == pytest.approx(0.5 + 0.5 * KNOBS.relax_rate)
+    assert decision.state.pools.prefill.capacity_correction == pytest.approx(expected)
 
 
 # --- what the pods sustained ------------------------------------------------------------------------------
