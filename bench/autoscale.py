@@ -60,6 +60,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -814,11 +815,25 @@ def _hours(o: Outcome | None) -> str:
 # --- the bench --------------------------------------------------------------------------------------------
 
 
-def run_all(cases: Sequence[Case], policies: Sequence[str], jobs: int) -> list[Outcome]:
+def parse_start(text: str) -> dict[str, int]:
+    """`--start 5P+1D`: the P/D layout every dynamic policy starts from."""
+    match = re.fullmatch(r"\s*(\d+)\s*P\s*\+\s*(\d+)\s*D\s*", text, flags=re.IGNORECASE)
+    if match is None:
+        raise ValueError(f"--start {text!r}: a P/D layout such as 5P+1D")
+    prefill, decode = int(match.group(1)), int(match.group(2))
+    if prefill < 1 or decode < 1:
+        raise ValueError(f"--start {text!r}: each pool needs at least one replica")
+    return {"prefill": prefill, "decode": decode}
+
+
+def run_all(
+    cases: Sequence[Case], policies: Sequence[str], jobs: int, start: dict[str, int] | None = None
+) -> list[Outcome]:
     """Every (case, policy) job, `jobs` at a time. The static-peak searches run first: their layout is
-    every dynamic policy's initial size (without them, the planner's arithmetic on the busiest minute).
-    The jobs that need no initial size (the static colocated search, the oracle, whose schedule sets its
-    own) run beside them, so a long sequential search does not leave the other processes idle."""
+    every dynamic policy's initial size (without them, the planner's arithmetic on the busiest minute;
+    with `start`, that layout on every case instead). The jobs that need no initial size (the static
+    colocated search, the oracle, whose schedule sets its own) run beside them, so a long sequential
+    search does not leave the other processes idle."""
     independent = (STATIC_PEAK, STATIC_COLOCATED, ORACLE) if STATIC_PEAK in policies else ()
     first = [(case, policy) for policy in independent for case in cases if policy in policies]
     rest = [(case, policy) for case in cases for policy in policies if policy not in independent]
@@ -826,8 +841,10 @@ def run_all(cases: Sequence[Case], policies: Sequence[str], jobs: int) -> list[O
     outcomes = _run(first, initial, jobs)
     for outcome in outcomes:
         layout = outcome.extra.get("layout")
-        if layout is not None:
+        if layout is not None and start is None:
             initial[outcome.case] = layout
+    if start is not None:
+        initial = {case.name: dict(start) for case in cases}
     outcomes += _run(rest, initial, jobs)
     order = [(case.name, policy) for case in cases for policy in policies]
     return split_oracle(sorted(outcomes, key=lambda o: order.index((o.case, o.policy))))
@@ -1059,9 +1076,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the simulated router's spec.router.disaggregation: Always (default), Auto or Threshold:N "
         "(prefill on the decode replica at most N uncached tokens); P/D layouts only",
     )
+    parser.add_argument(
+        "--start",
+        default=None,
+        metavar="NP+MD",
+        help="every dynamic policy starts from this P/D layout (e.g. 5P+1D) instead of static peak's",
+    )
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         disaggregation_knobs(args.disaggregation)
+        start = parse_start(args.start) if args.start is not None else None
     except ValueError as exc:
         parser.error(str(exc))
     started = time.perf_counter()
@@ -1149,7 +1173,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"SLO TTFT {case.ttft_ms} ms / TPOT {case.tpot_ms} ms, budget {case.max_gpus} GPUs; "
             f"policies {held}"
         )
-    outcomes = run_all(cases, policies, args.jobs)
+    if start is not None:
+        layout = f"{start['prefill']}P+{start['decode']}D"
+        print(f"  every dynamic policy from {layout} (--start), not static peak's layout")
+    outcomes = run_all(cases, policies, args.jobs, start)
     text = report(cases, outcomes, Path(args.out), args.docs)
     print(text)
     for case in cases:
