@@ -572,15 +572,15 @@ def _finish(
     if held_down:
         replicas = current
     floor: int | None = None
-    loaded = total > base or total >= knobs.miss_min_load * current  # a backlog, or busy enough
-    loaded = loaded and present  # a miss the pool's present state explains (see Knobs)
+    busy = total > base or total >= knobs.miss_min_load * current  # a backlog, or busy enough
+    loaded = busy and present  # a miss the pool's present state explains (see Knobs)
     if slo_state.missed:
         floor = current + 1 if obs.starting == 0 and loaded else current
         replicas = max(replicas, floor)
         if obs.starting == 0 and loaded and model_exact_before <= current and not stale_miss:
             shrink = min(knobs.miss_shrink_max, max(knobs.miss_shrink_min, 1.0 / (slo_state.ratio or 1.0)))
             correction *= shrink
-    elif slo_state.comfortable and correction < 1.0 and loaded:
+    elif slo_state.comfortable and correction < 1.0 and busy:
         # comfort at a light load says nothing of what a replica sustains busy: between bursts it
         # undid what each burst taught (docs/autoscaling.md, "Relaxing only under load")
         correction += (1.0 - correction) * knobs.relax_rate
