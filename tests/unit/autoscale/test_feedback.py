@@ -375,3 +375,14 @@ def test_a_miss_right_after_a_scale_up_counts_only_with_a_queue_now(
     assert prefill.target == target or queue > 0  # a deep queue may ask for more than +1
     assert decision.state.pools.prefill.capacity_correction == pytest.approx(correction)
     assert (why in prefill.reason) if why else ("window's past" not in prefill.reason)
+
+
+def test_a_comfortable_busy_pool_relaxes_right_after_a_scale_up_too(kit: Kit) -> None:
+    """The guard above is about misses: comfort under load, 20 s after a scale-up, still relaxes a
+    pessimistic correction (the relax tests the pool's load only)."""
+    state = _scaled_up(20.0)
+    prefill = state.pools.prefill.model_copy(update={"capacity_correction": 0.5})
+    state = state.model_copy(update={"pools": state.pools.model_copy(update={"prefill": prefill})})
+    snapshot = kit.snapshot(T0, sizes={"prefill": (2, 2), "decode": (2, 2)}, prefill=1.0, ttft=0.1)
+    decision = decide(kit.spec, snapshot, state, T0)
+    assert decision.state.pools.prefill.capacity_correction == pytest.approx(0.5 + 0.5 * KNOBS.relax_rate)
