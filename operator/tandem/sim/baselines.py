@@ -786,7 +786,9 @@ class LoadPlannerPolicy:
     - one step per pool per tick; none while the pool is changing (Dynamo scales blocking, waiting for
       the deployment to be ready, and skips a tick whose reporting workers differ from the deployment's);
       none without the window's ISL (no traffic: Dynamo's regression has no observation);
-    - with a throughput planner configured, its latest sizes are a floor applied to each proposal;
+    - with a throughput planner configured, its latest sizes, before any GPU budget (Dynamo sets its
+      lower bounds from the unbudgeted sizes), are a floor applied to each proposal (none to a pool
+      the loop holds for want of a proposal: Dynamo's per-pool load decision returns before it);
     - growth beyond the GPU budget is cut as for the other policies (`cap_to_budget`).
     Dynamo steps when *every* worker is above (below) its threshold; the snapshot holds pool sums, so the
     per-worker value is the pool's mean, which steps at least as readily both ways (the same when the
@@ -796,8 +798,13 @@ class LoadPlannerPolicy:
     def __init__(self, config: LoadPlannerConfig, window_seconds: float = 60.0) -> None:
         self.config = config
         self.interval_seconds = config.adjustment_interval_seconds
+        # Dynamo publishes the throughput planner's sizes as the load loop's floors before any budget
+        # (its global budget applies only when it scales on its own); the budget is this loop's, after
+        # the floor: a floor squeezed by a decode ask beyond the budget would starve prefill.
         self.throughput = (
-            PlannerPolicy(config.throughput, window_seconds) if config.throughput is not None else None
+            PlannerPolicy(replace(config.throughput, max_gpu_budget=None), window_seconds)
+            if config.throughput is not None
+            else None
         )
         self.window_seconds = window_seconds
         self._fed_at = 0.0

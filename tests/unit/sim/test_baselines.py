@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -737,3 +737,24 @@ def test_load_planner_with_throughput_floor() -> None:
     assert floor["prefill"] == 5
     # the load loop proposed 3 -> 2 for both pools; the floor lifts each proposal
     assert got == {role: n for role, n in floor.items() if n != 3}
+
+
+def test_load_planner_floors_are_the_throughput_planners_sizes_before_the_budget() -> None:
+    """Dynamo publishes the unbudgeted throughput sizes as lower bounds; the budget is the load loop's,
+    applied to growth after the floor. A floor squeezed by the throughput planner's own budget fit would
+    give prefill its share of a decode ask beyond the budget."""
+    budget = 6
+    throughput = _config(adjustment_interval_seconds=180.0, max_gpu_budget=budget)
+    planner = _load_planner(budget=budget, throughput=throughput)
+    quiet = ((3, 3, 3, 0.0), (3, 3, 3, 0.0, 0))
+    for now in range(5, 180, 5):
+        planner.decide(_load_snapshot(*quiet, now=float(now), arrived=12_000), float(now))
+    got = planner.decide(_load_snapshot(*quiet, now=180.0, arrived=12_000), 180.0)
+    load = PlannerObservation(36_000, 1000, 200)
+    unbudgeted = PlannerPolicy(replace(throughput, max_gpu_budget=None)).size(load)
+    squeezed = PlannerPolicy(throughput).size(load)
+    assert unbudgeted["prefill"] + unbudgeted["decode"] > budget  # the budget binds here
+    assert squeezed["prefill"] < unbudgeted["prefill"]  # and would have squeezed the floor
+    assert planner.floors == unbudgeted
+    # the proposals (3 -> 2 each) lifted to the floors, then the growth cut to the 6 GPUs
+    assert sum({"prefill": 3, "decode": 3, **got}.values()) <= budget
