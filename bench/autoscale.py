@@ -52,6 +52,8 @@ table as JSON there.
                                                         # everything on your own trace (docs/simulator.md)
     .venv/bin/python bench/autoscale.py --traces azure-conv-reasoning --decode-dp 4
                                                         # the same comparison with decode in DP4 groups
+    .venv/bin/python bench/autoscale.py --traces azure-code --policies tandem --start 5P+1D
+                                                        # a dynamic policy from your own starting layout
     .venv/bin/python bench/autoscale.py --docs          # also copy the plots to docs/img/
 """
 
