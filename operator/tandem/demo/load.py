@@ -25,6 +25,10 @@ from tandem.demo.stats import Sample, Tally
 from tandem.demo.trace import TraceRequest, prompt_ids
 
 REQUEST_TIMEOUT_S = 120.0
+# A loopback connect that is not answered at once is a SYN dropped by a full accept queue or a client
+# loop starved on a busy 2-core machine, not a router that is gone (that is refused at once): wait for
+# the kernel's retransmits at 1, 3, 7 and 15 s. At 5 s, CI runs at load average 11 failed such requests.
+CONNECT_TIMEOUT_S = 20.0
 MAX_IN_FLIGHT = 64
 
 
@@ -108,7 +112,7 @@ async def _stream(
 
 async def replay(base_url: str, model: str, requests: Sequence[TraceRequest], tally: Tally) -> None:
     """Sends every request at its time (relative to now) and records its sample in `tally`."""
-    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S, sock_connect=5)
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S, sock_connect=CONNECT_TIMEOUT_S)
     limit = asyncio.Semaphore(MAX_IN_FLIGHT)
     connector = aiohttp.TCPConnector(limit=MAX_IN_FLIGHT)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
@@ -222,7 +226,7 @@ class BackgroundLoad:
             self.error = exc
 
     async def _main(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=self.request_timeout, sock_connect=5)
+        timeout = aiohttp.ClientTimeout(total=self.request_timeout, sock_connect=CONNECT_TIMEOUT_S)
         connector = aiohttp.TCPConnector(limit=self.max_in_flight)
         limit = asyncio.Semaphore(self.max_in_flight)
         tasks: set[asyncio.Task[None]] = set()

@@ -135,7 +135,7 @@ class RolloutDemo(Demo):
     async def send(self, requests: list[trace.TraceRequest]) -> None:
         """The trace through the router, each request at its time with its own X-Request-Id, until
         `stop_sending`; then waits (at most the request timeout) for those in flight."""
-        timeout = aiohttp.ClientTimeout(total=load.REQUEST_TIMEOUT_S, sock_connect=5)
+        timeout = aiohttp.ClientTimeout(total=load.REQUEST_TIMEOUT_S, sock_connect=load.CONNECT_TIMEOUT_S)
         limit = asyncio.Semaphore(load.MAX_IN_FLIGHT)
         connector = aiohttp.TCPConnector(limit=load.MAX_IN_FLIGHT)
         model = self.doc["spec"]["model"]["name"]
