@@ -245,7 +245,9 @@ def test_always_to_auto_goes_tenants_first_then_by_weight_and_promotes(pd: Pd) -
     assert kstat == "InProgress", why
     assert "rollout" not in stage.status, "no serving-mode rollout"
     time.sleep(SETTLE)
-    moved = pd.counted_over(6)
+    # 10 s (was 6): at load average 11-15 in CI a tenant finished 8 requests in 6 s; the 30-s stage
+    # still holds the count (checked next)
+    moved = pd.counted_over(10)
     assert at(pd.watch.latest()) == ("Shifting", 0, 0), "measured within the tenants stage"
     print(f"tenants stage: {moved}")
     # team-a's requests, all of them and only them, decided by Auto; team-b's by Always. Each request
