@@ -843,7 +843,7 @@ def run_all(
     outcomes = _run(first, initial, jobs)
     for outcome in outcomes:
         layout = outcome.extra.get("layout")
-        if layout is not None and start is None:
+        if layout is not None:
             initial[outcome.case] = layout
     if start is not None:
         initial = {case.name: dict(start) for case in cases}
@@ -1176,7 +1176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"policies {held}"
         )
     if start is not None:
-        layout = f"{start['prefill']}P+{start['decode']}D"
+        layout = StaticLayout(start["prefill"], start["decode"])
         print(f"  every dynamic policy from {layout} (--start), not static peak's layout")
     outcomes = run_all(cases, policies, args.jobs, start)
     text = report(cases, outcomes, Path(args.out), args.docs)
