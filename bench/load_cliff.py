@@ -1,18 +1,17 @@
 """The load-time cliff (issue 25, item 5): on one day-long curve, each policy's GPU-hours and attainment
 as the model load time and the decision interval change.
 
-The curve is `bench/autoscale.py`'s realistic-scale day (`servegen-70b-day`: ServeGen m-mid day 1 at its
-real pace, Llama-3.1-70B on H100 at TP4, rate `SCALE_RATE`: static peak 5P+2D, 28 GPUs, at x0.045) unless
-`--trace` names another of its cases. Per decision interval (tandem's `intervalSeconds`, the HPA's sync
-period and the oracle's interval, `Case.interval_seconds`; the Dynamo-style planners keep their own) and
-model load time, every policy runs from the same initial layout (static peak's, searched once: a static
-layout does not depend on either); the hindsight oracle's search is run once per interval (it does not
-depend on the load time: in the search a replica is ready when its interval starts) and its schedule
-replayed at each load time (each replica ordered one load time ahead), with its instant replay beside.
-Prints one table (attainment, GPU-hours, and GPU-hours as a ratio to static peak and to the oracle at the
-same load and interval), writes it with a JSON of every run under `--out`, and one plot (GPU-hours and
-attainment against the load time, a line per policy and interval); `--docs` copies the plot to
-`docs/img/load-cliff.png`.
+The curve is `bench/autoscale.py`'s realistic-scale day (`servegen-70b-day`: ServeGen m-mid day 1 at its real
+pace, Llama-3.1-70B on H100 at TP4, rate `SCALE_RATE`: static peak 5P+2D, 28 GPUs, at x0.045) unless `--trace`
+names another of its cases. Per decision interval (tandem's `intervalSeconds`, the HPA's sync period and the
+oracle's interval, `Case.interval_seconds`; the Dynamo-style planners keep their own, so they run once per
+load time) and model load time, every policy runs from the same initial layout (static peak's, searched once:
+a static layout does not depend on either); the hindsight oracle's search is run once per interval (it does
+not depend on the load time: in the search a replica is ready when its interval starts) and its schedule
+replayed at each load time (each replica ordered one load time ahead), with its instant replay beside. Prints
+one table (attainment, GPU-hours, and GPU-hours as a ratio to static peak and to the oracle at the same load
+and interval), writes it with a JSON of every run under `--out`, and one plot (GPU-hours and attainment
+against the load time, a line per policy and interval); `--docs` copies the plot to `docs/img/load-cliff.png`.
 
     .venv/bin/python bench/load_cliff.py                      # 4 load times x 3 intervals, the whole day
     .venv/bin/python bench/load_cliff.py --intervals 30 --loads 10,120,300 --policies tandem,hpa
@@ -78,7 +77,7 @@ def _job(
     interval (or `schedule`, a search already run at that interval) replayed at each of `loads` and
     with no load time."""
     started = time.perf_counter()
-    interval = case.interval_seconds or 0
+    interval = OWN_INTERVAL if policy in OWN_INTERVAL_POLICIES else case.interval_seconds or 0
     if policy != ORACLE:
         outcome = bench.run_job(case, policy, initial)
         return [
@@ -105,6 +104,39 @@ def _job(
     return points
 
 
+# Policies that keep their own decision interval (the Dynamo-style planners: 180 s, and 5 s for the load
+# loop), run once per load time rather than once per swept interval; their points carry OWN_INTERVAL.
+OWN_INTERVAL_POLICIES = (bench.DYNAMO_180, "dynamo-180s-trend", bench.DYNAMO_LOAD, bench.DYNAMO_BOTH)
+OWN_INTERVAL = 0
+
+
+def work_list(
+    case: bench.Case,
+    policies: Sequence[str],
+    loads: Sequence[float],
+    intervals: Sequence[int],
+    initial: dict[str, int],
+    schedule: Sequence[tuple[int, int]] | None = None,
+) -> list[tuple[Any, ...]]:
+    """`_job`'s arguments for every run, the oracle's searches first: each takes far longer than any other
+    run (30 minutes of a core for the 70B day), so a pool that starts them last waits on them alone."""
+    searches: list[tuple[Any, ...]] = []
+    runs: list[tuple[Any, ...]] = []
+    for policy in policies:
+        if policy in OWN_INTERVAL_POLICIES:
+            runs += [(replace(case, load_seconds=load), policy, initial) for load in loads]
+            continue
+        for interval in intervals:
+            if policy == ORACLE:
+                given = schedule if interval == bench.ORACLE_INTERVAL else None
+                searched = replace(case, interval_seconds=interval)
+                searches.append((searched, policy, initial, list(loads), given))
+                continue
+            for load in loads:
+                runs.append((replace(case, interval_seconds=interval, load_seconds=load), policy, initial))
+    return searches + runs
+
+
 def run(
     case: bench.Case,
     policies: Sequence[str],
@@ -116,15 +148,7 @@ def run(
 ) -> list[Point]:
     """Every (interval, policy, load) run, `jobs` at a time; `schedule` is the oracle's at 60-s intervals
     when given (its search is then not repeated there)."""
-    work: list[tuple[Any, ...]] = []
-    for interval in intervals:
-        for policy in policies:
-            if policy == ORACLE:
-                given = schedule if interval == bench.ORACLE_INTERVAL else None
-                work.append((replace(case, interval_seconds=interval), policy, initial, list(loads), given))
-                continue
-            for load in loads:
-                work.append((replace(case, interval_seconds=interval, load_seconds=load), policy, initial))
+    work = work_list(case, policies, loads, intervals, initial, schedule)
     points: list[Point] = []
     if jobs <= 1:
         for w in work:
@@ -142,7 +166,7 @@ def _progress(points: list[Point]) -> list[Point]:
         s = p.summary
         figures = "no result" if s is None else f"{s.attainment:.1%}, {s.gpu_hours:.1f} GPU-h"
         print(
-            f"  {p.policy:<18} interval {p.interval:>3} s, load {p.load:>5g} s: {figures} "
+            f"  {p.policy:<18} interval {_interval_text(p.interval):>3} s, load {p.load:>5g} s: {figures} "
             f"({p.wall_seconds:.0f} s)",
             file=sys.stderr,
             flush=True,
@@ -150,7 +174,13 @@ def _progress(points: list[Point]) -> list[Point]:
     return points
 
 
+def _interval_text(interval: int) -> str:
+    return "own" if interval == OWN_INTERVAL else str(interval)
+
+
 def table(points: Sequence[Point], peak: Summary) -> str:
+    """The sweep as a markdown table; a planner with its own interval is compared with the oracle at the
+    bench's oracle interval (60 s)."""
     oracle = {(p.interval, p.load): p.summary for p in points if p.policy == ORACLE and p.summary}
     lines = [
         "| policy | interval s | model load s | attainment | GPU-hours | vs static peak | vs oracle | note |",
@@ -159,15 +189,16 @@ def table(points: Sequence[Point], peak: Summary) -> str:
     ]
     for p in sorted(points, key=lambda p: (p.policy, p.interval, p.load)):
         s = p.summary
+        interval = _interval_text(p.interval)
         if s is None:
-            lines.append(f"| {p.policy} | {p.interval} | {p.load:g} | - | - | - | - | {p.note} |")
+            lines.append(f"| {p.policy} | {interval} | {p.load:g} | - | - | - | - | {p.note} |")
             continue
-        o = oracle.get((p.interval, p.load))
+        o = oracle.get((bench.ORACLE_INTERVAL if p.interval == OWN_INTERVAL else p.interval, p.load))
         vs_oracle = (
             f"{s.gpu_hours / o.gpu_hours:.2f}" if o is not None and p.policy != ORACLE_INSTANT else "-"
         )
         lines.append(
-            f"| {p.policy} | {p.interval} | {p.load:g} | {s.attainment:.1%} | {s.gpu_hours:.1f} | "
+            f"| {p.policy} | {interval} | {p.load:g} | {s.attainment:.1%} | {s.gpu_hours:.1f} | "
             f"{s.gpu_hours / peak.gpu_hours:.2f} | {vs_oracle} | {p.note} |"
         )
     return "\n".join(lines)
@@ -187,7 +218,7 @@ def plot(path: Path, title: str, points: Sequence[Point], peak: Summary) -> Path
     for (policy, interval), pts in sorted(series.items()):
         pts.sort(key=lambda p: p.load)
         xs = [p.load for p in pts]
-        label = f"{policy}, {interval} s"
+        label = f"{policy}, own interval" if interval == OWN_INTERVAL else f"{policy}, {interval} s"
         hours.plot(
             xs, [p.summary.gpu_hours / peak.gpu_hours for p in pts if p.summary], marker="o", label=label
         )

@@ -67,6 +67,24 @@ def test_quick_scale_bench_runs(
         assert summary["gpu_hours"] > 0
 
 
+def test_load_cliff_runs_the_oracle_searches_first_and_each_planner_once_per_load() -> None:
+    cliff = load_file("bench_load_cliff_work", ROOT / "bench" / "load_cliff.py")
+    bench = cliff.bench
+    policies = [bench.TANDEM, bench.DYNAMO_BOTH, "oracle"]
+    work = cliff.work_list(bench.SCALE_QUICK, policies, [10.0, 300.0], [30, 60], {"prefill": 3, "decode": 2})
+    runs = [(w[1], w[0].interval_seconds, w[0].load_seconds) for w in work]
+    # the two searches first (each replays every load itself), then one run per interval and load
+    assert [r[:2] for r in runs[:2]] == [("oracle", 30), ("oracle", 60)]
+    assert work[0][3] == [10.0, 300.0]
+    assert sorted(r for r in runs if r[0] == bench.TANDEM) == [
+        (bench.TANDEM, i, load) for i in (30, 60) for load in (10.0, 300.0)
+    ]
+    # the planner keeps its own interval: once per load, not once per swept interval
+    planner = [r for r in runs if r[0] == bench.DYNAMO_BOTH]
+    assert sorted(r[2] for r in planner) == [10.0, 300.0]
+    assert len(runs) == 2 + 4 + 2
+
+
 @pytest.mark.timeout(300)
 def test_load_cliff_quick_sweeps_load_and_interval(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
