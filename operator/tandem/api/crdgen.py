@@ -8,6 +8,7 @@ it; `crds/pddeployment.yaml` is its output.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -93,11 +94,74 @@ def model_schema(model: type[Any]) -> Schema:
     return _structural(_resolve(raw, defs))
 
 
-def _cel(rule: rules.Rule, with_field_path: bool = True) -> Schema:
-    out: Schema = {"rule": rule.cel, "message": rule.message, "reason": rule.reason}
-    if with_field_path:
-        out["fieldPath"] = rule.field_path
-    return out
+# A field read `self.a.b.c` (group 1: ".a.b.c"); group 2 is set where the last name is a method call
+# (`self.a.steps.all(...)`, `self.a.uri.matches(...)`), not a field.
+_READ = re.compile(r"\bself((?:\.[A-Za-z_]\w*)+)(\s*\()?")
+_GUARD = re.compile(r"^!has\(self((?:\.[A-Za-z_]\w*)+)\) \|\| ")
+_PATH_NAMES = re.compile(r"\.([A-Za-z_]\w*)")
+
+
+def _object_depth(schema: Schema, path: Sequence[str]) -> int:
+    """How many leading names of `path` are nested object properties of `schema` (not a map's keys, not a
+    list's items)."""
+    node = schema
+    for depth, name in enumerate(path):
+        child = (node.get("properties") or {}).get(name)
+        if not isinstance(child, dict) or child.get("type") != "object" or "properties" not in child:
+            return depth
+        node = child
+    return len(path)
+
+
+def _common_prefix(paths: Sequence[Sequence[str]]) -> tuple[str, ...]:
+    prefix: list[str] = []
+    for names in zip(*paths, strict=False):
+        if any(name != names[0] for name in names):
+            break
+        prefix.append(names[0])
+    return tuple(prefix)
+
+
+def _reads_under(cel: str, limit: Sequence[str], spec: Schema) -> tuple[str, ...]:
+    """The deepest object under `spec` that holds every field `cel` reads, no deeper than `limit`."""
+    parents = []
+    for match in _READ.finditer(cel):
+        names = match.group(1).split(".")[1:]
+        if match.group(2):
+            names = names[:-1]
+        parents.append(names[:-1])
+    prefix = _common_prefix([*parents, list(limit)])
+    return prefix[: _object_depth(spec, prefix)]
+
+
+def place_rule(cel: str, field_path: str, spec: Schema) -> tuple[tuple[str, ...], str, str]:
+    """Where under `spec` a spec rule is evaluated: (the path of the object it moves to, its CEL and its
+    fieldPath relative to that object; fieldPath "" when it names the object itself).
+
+    The apiserver evaluates every rule of a PDDeployment on every write, its status patches included (the
+    spec unchanged), and each field a rule reads costs it a copy of the parent object's property schemas
+    (kube-apiserver 1.36's `model.Structural.Properties`, about 60% of the rules' time in a CPU profile).
+    A rule that reads only `spec.prefill`'s fields is cheaper on `spec.prefill` (`self.parallelism.data`
+    rather than `self.prefill.parallelism.data`): same refusal, same message, same field named. A leading
+    `!has(self.X) || ` guard is dropped when the rule moves to X itself or under it (a rule on X runs only
+    where X is set)."""
+    limit = [*_PATH_NAMES.findall(field_path.split("[", 1)[0])]
+    guard = _GUARD.match(cel)
+    path: tuple[str, ...] = ()
+    body = cel
+    if guard:
+        guarded = tuple(guard.group(1).split(".")[1:])
+        unguarded = cel[guard.end() :]
+        under = _reads_under(unguarded, limit, spec)
+        if under[: len(guarded)] == guarded:
+            path, body = under, unguarded
+    if not path:
+        path, body = _reads_under(cel, limit, spec), cel
+    if not path:
+        return (), cel, field_path
+    dotted = "".join(f".{name}" for name in path)
+    moved = re.sub(rf"\bself{re.escape(dotted)}(?=\.[A-Za-z_])", "self", body)
+    return path, moved, field_path[len(dotted) :]
 
 
 def _status_schema() -> Schema:
@@ -111,14 +175,28 @@ def _status_schema() -> Schema:
     return status
 
 
-def spec_schema() -> Schema:
+def spec_schema(place_rules: bool = True) -> Schema:
+    """The spec's schema with each rule of `rules.SPEC_RULES` on the deepest object it reads (`place_rule`),
+    in `SPEC_RULES`' order on each object; with `place_rules` False, every rule on spec itself (as before
+    the placement; bench/crd_write_cost.py compares the two)."""
     spec = model_schema(PDDeploymentSpec)
-    spec["x-kubernetes-validations"] = [_cel(rule) for rule in rules.SPEC_RULES]
+    for rule in rules.SPEC_RULES:
+        if place_rules:
+            path, cel, field_path = place_rule(rule.cel, rule.field_path, spec)
+        else:
+            path, cel, field_path = (), rule.cel, rule.field_path
+        node = spec
+        for name in path:
+            node = node["properties"][name]
+        placed: Schema = {"rule": cel, "message": rule.message, "reason": rule.reason}
+        if field_path:
+            placed["fieldPath"] = field_path
+        node.setdefault("x-kubernetes-validations", []).append(placed)
     return spec
 
 
-def crd() -> Schema:
-    """The whole CustomResourceDefinition object."""
+def crd(place_rules: bool = True) -> Schema:
+    """The whole CustomResourceDefinition object (`place_rules`: see `spec_schema`)."""
     printer_columns = [
         {"name": "Mode", "type": "string", "jsonPath": ".status.mode"},
         {"name": "Prefill", "type": "string", "jsonPath": ".status.pools.prefill.ready"},
@@ -166,7 +244,7 @@ def crd() -> Schema:
             "kind": {"type": "string"},
             # Declared so that the name rule's fieldPath resolves: its refusals name metadata.name.
             "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
-            "spec": spec_schema(),
+            "spec": spec_schema(place_rules),
             "status": _status_schema(),
         },
         "x-kubernetes-validations": [

@@ -656,8 +656,9 @@ def _looser_crd() -> Schema:
     crd: Schema = yaml.safe_load(CRD_FILE.read_text())
     for version in crd["spec"]["versions"]:
         spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
-        spec["x-kubernetes-validations"] = [
-            r for r in spec["x-kubernetes-validations"] if r.get("fieldPath") != ".prefill.tensorParallelSize"
+        prefill = spec["properties"]["prefill"]  # the rule is placed on the object it reads (crdgen)
+        prefill["x-kubernetes-validations"] = [
+            r for r in prefill["x-kubernetes-validations"] if r.get("fieldPath") != ".tensorParallelSize"
         ]
         del spec["properties"]["kvTransfer"]["properties"]["bandwidthGbps"]["maximum"]
     return crd
@@ -701,6 +702,8 @@ CASES = [  # (object, the field the looser CRD let through, its stored value, a 
     ("tp", ("prefill", "tensorParallelSize"), 3, 2),
     ("bandwidth", ("kvTransfer", "bandwidthGbps"), 4000, 3200),
 ]
+# An edit of another field of the same object as each case's field.
+BESIDE = {"tp": {"prefill": {"replicas": 2}}, "bandwidth": {"kvTransfer": {"degradedBelowPercent": 40}}}
 
 
 def test_specs_stored_before_a_crd_tightened_a_rule(
@@ -758,15 +761,24 @@ def test_specs_stored_before_a_crd_tightened_a_rule(
     for name, (section, key), _, good in CASES:
         labelled = _try(custom, namespace, name, {"metadata": {"labels": {"edited": "1"}}})
         unrelated = _try(custom, namespace, name, {"spec": {"router": {"replicas": 2}}})
+        beside = _try(custom, namespace, name, {"spec": BESIDE[name]})
         fixed = _try(custom, namespace, name, {"spec": {section: {key: good}}})
-        findings[name] = {"label edit": labelled, "unrelated spec edit": unrelated, "fix": fixed}
+        findings[name] = {
+            "label edit": labelled,
+            "unrelated spec edit": unrelated,
+            "edit beside it": beside,
+            "fix": fixed,
+        }
         assert labelled == "accepted", (name, labelled)  # the spec unchanged: every rule ratchets
+        # The rule is on the object it reads (crdgen.place_rule): spec.prefill, unchanged by a router edit.
+        assert unrelated == "accepted", (name, unrelated)
         assert fixed == "accepted", (name, fixed)
     print(f"\nafter the CRD upgrade: {json.dumps(findings, indent=1)}")
-    # A spec-level CEL rule runs again on any change of spec, so an unrelated spec edit is refused and
-    # names the field; a leaf's maximum ratchets while the leaf is unchanged, so the same edit passes.
-    assert "spec.prefill.tensorParallelSize" in findings["tp"]["unrelated spec edit"]
-    assert findings["bandwidth"]["unrelated spec edit"] == "accepted"
+    # A CEL rule runs again on any change of the object it is on, so an edit of another prefill field is
+    # refused and names the field; a leaf's maximum ratchets while the leaf is unchanged, so an edit of
+    # another kvTransfer field passes.
+    assert "spec.prefill.tensorParallelSize" in findings["tp"]["edit beside it"]
+    assert findings["bandwidth"]["edit beside it"] == "accepted"
     for name, _, _, _ in CASES:
 
         def healed(n: str = name) -> Schema | None:

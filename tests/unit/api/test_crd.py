@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tandem.api import crdgen, rules
@@ -43,10 +44,121 @@ def test_schema_is_structural() -> None:
         assert node.get("additionalProperties") is not False, path
 
 
-def test_every_rule_is_in_the_crd() -> None:
-    spec_rules = schema()["properties"]["spec"]["x-kubernetes-validations"]
-    assert [r["message"] for r in spec_rules] == [r.message for r in rules.SPEC_RULES]
+def placed_rules(spec: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Every CEL rule under `spec` with the path (".prefill.parallelism") of the object it is on."""
+    found = []
+    for path, node in walk(spec):
+        for rule in node.get("x-kubernetes-validations") or []:
+            found.append((path.replace(".properties", ""), rule))
+    return found
+
+
+def spec_rules_placed() -> list[tuple[str, dict[str, Any]]]:
+    """The rules of `rules.SPEC_RULES` where the CRD has them (the models' own field rules left out)."""
+    messages = {r.message for r in rules.SPEC_RULES}
+    return [(path, r) for path, r in placed_rules(schema()["properties"]["spec"]) if r["message"] in messages]
+
+
+def test_every_rule_is_in_the_crd_once() -> None:
+    placed = placed_rules(schema()["properties"]["spec"])
+    own = placed_rules(crdgen.model_schema(crdgen.PDDeploymentSpec))  # the models' field rules
+    assert sorted(r["message"] for _, r in placed) == sorted(
+        [r.message for r in rules.SPEC_RULES] + [r["message"] for _, r in own]
+    )
     assert schema()["x-kubernetes-validations"][0]["rule"] == rules.NAME_RULE.cel
+
+
+def test_each_rule_names_the_same_field_where_it_is_placed() -> None:
+    """A rule moved under spec reports the field it reported from spec (fieldPath is relative to the
+    object the rule is on), and reads nothing outside that object."""
+    by_message = {r.message: r for r in rules.SPEC_RULES}
+    moved = 0
+    for path, placed in spec_rules_placed():
+        rule = by_message[placed["message"]]
+        assert path + placed.get("fieldPath", "") == rule.field_path, rule.message
+        moved += path != ""
+        if path:
+            assert f"self{path}." not in placed["rule"], placed["rule"]
+    assert moved >= len(rules.SPEC_RULES) // 2  # most rules read one object: 71 of 102 today
+
+
+# (rule at spec, its fieldPath) -> (the object it moves to, the rule there, its fieldPath there)
+PLACEMENT_CASES = [
+    # one pool's fields only: onto the pool
+    (
+        (
+            "self.prefill.parallelism.data == 1 || "
+            "self.prefill.parallelism.data % self.prefill.nodesPerInstance == 0",
+            ".prefill.parallelism.data",
+        ),
+        (
+            ("prefill",),
+            "self.parallelism.data == 1 || self.parallelism.data % self.nodesPerInstance == 0",
+            ".parallelism.data",
+        ),
+    ),
+    # deeper when everything read is deeper
+    (
+        (
+            "self.prefill.parallelism.loadBalancing == 'Internal' || self.prefill.parallelism.data > 1",
+            ".prefill.parallelism.loadBalancing",
+        ),
+        (("prefill", "parallelism"), "self.loadBalancing == 'Internal' || self.data > 1", ".loadBalancing"),
+    ),
+    # but never below the field the refusal names
+    (
+        ("self.prefill.parallelism.data > 0", ".prefill.nodesPerInstance"),
+        (("prefill",), "self.parallelism.data > 0", ".nodesPerInstance"),
+    ),
+    # fields of two objects: stays on spec, unchanged
+    (
+        (
+            "self.engine.type != 'sim' || self.prefill.parallelism.pipeline == 1",
+            ".prefill.parallelism.pipeline",
+        ),
+        (
+            (),
+            "self.engine.type != 'sim' || self.prefill.parallelism.pipeline == 1",
+            ".prefill.parallelism.pipeline",
+        ),
+    ),
+    # the object's own guard goes: a rule on it runs only where it is set
+    (
+        (
+            "!has(self.rollout) || self.rollout.steps[0].weight > 0 || size(self.rollout.tenants) > 0",
+            ".rollout.steps",
+        ),
+        (("rollout",), "self.steps[0].weight > 0 || size(self.tenants) > 0", ".steps"),
+    ),
+    # a guard on an object the rule does not stay within is kept
+    (
+        (
+            "!has(self.prefill.autoscaling) || self.prefill.autoscaling.minReplicas <= self.prefill.replicas",
+            ".prefill.replicas",
+        ),
+        (
+            ("prefill",),
+            "!has(self.autoscaling) || self.autoscaling.minReplicas <= self.replicas",
+            ".replicas",
+        ),
+    ),
+    # a method call is not a field: `steps.all` reads steps, on rollout
+    (
+        ("!has(self.rollout) || self.rollout.steps.all(a, a.weight >= 0)", ".rollout.steps"),
+        (("rollout",), "self.steps.all(a, a.weight >= 0)", ".steps"),
+    ),
+    # a map's keys are not objects: the rule stops at the object holding the map
+    (
+        ("!('nvidia.com/gpu' in self.prefill.resources.requests)", ".prefill.resources"),
+        (("prefill", "resources"), "!('nvidia.com/gpu' in self.requests)", ""),
+    ),
+]
+
+
+@pytest.mark.parametrize(("given", "expected"), PLACEMENT_CASES)
+def test_place_rule(given: tuple[str, str], expected: tuple[tuple[str, ...], str, str]) -> None:
+    spec = crdgen.model_schema(crdgen.PDDeploymentSpec)
+    assert crdgen.place_rule(*given, spec) == expected
 
 
 def test_defaults_are_in_the_schema() -> None:
