@@ -12,9 +12,11 @@ ServiceAccount's apply measured in the same run:
 - ServiceAccount and Service server-side applies (two of the twelve children; a Service allocates a
   cluster IP);
 - PDDeployment creates (server-side apply of examples/sim-pd.yaml under new names) and status merge
-  patches (the fields a first pass writes), with the CRD as shipped;
-- the same two with the CRD's CEL rules (`x-kubernetes-validations`) removed, on a second namespace
-  of the same cluster after the CRD is replaced: what the rules cost.
+  patches (the fields a first pass writes), with the CRD as shipped, each spec rule on the object it
+  reads (`crdgen.place_rule`);
+- the same two with every spec rule on `spec` itself (the CRD before that placement), then with the
+  CRD's CEL rules (`x-kubernetes-validations`) removed, each on a namespace of its own of the same
+  cluster after the CRD is replaced: what the placement saves, and what the rules cost.
 
     .venv/bin/python bench/crd_write_cost.py [--writes 300] [--rounds 2]
 """
@@ -33,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from tandem.api import crdgen
 from tandem.controller.reconcile import KINDS
 from tandem.devcluster import cluster as devcluster
 from tandem.devcluster.handle import ClusterHandle
@@ -118,16 +121,21 @@ def measure(cluster: ClusterHandle, rest: KubeRest, args: argparse.Namespace) ->
         cluster.kubectl("create", "namespace", ns)
         for what, write in kinds(ns, "r").items():
             rows.setdefault(what, []).append(rate(write, args.writes))
-    with tempfile.TemporaryDirectory() as tmp:
-        stripped = Path(tmp) / "crd.yaml"
-        stripped.write_text(yaml.safe_dump(without_cel(yaml.safe_load(CRD.read_text()))))
-        install_crd(cluster, stripped)
-    for number in range(args.rounds):
-        ns = f"nocel-{number}"
-        cluster.kubectl("create", "namespace", ns)
-        for what, write in kinds(ns, "n").items():
-            if what.startswith("PDDeployment"):
-                rows.setdefault(what + ", no CEL rules", []).append(rate(write, args.writes))
+    variants = {
+        "every rule on spec": crdgen.crd(place_rules=False),
+        "no CEL rules": without_cel(yaml.safe_load(CRD.read_text())),
+    }
+    for tag, (variant, crd) in zip("un", variants.items(), strict=True):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "crd.yaml"
+            path.write_text(yaml.safe_dump(crd))
+            install_crd(cluster, path)
+        for number in range(args.rounds):
+            ns = f"{tag}-{number}"
+            cluster.kubectl("create", "namespace", ns)
+            for what, write in kinds(ns, tag).items():
+                if what.startswith("PDDeployment"):
+                    rows.setdefault(f"{what}, {variant}", []).append(rate(write, args.writes))
     base = sum(rows["ServiceAccount apply"]) / len(rows["ServiceAccount apply"])
     print(
         f"{args.writes} writes of each kind, {PARALLEL} at a time, {args.rounds} rounds (writes/s per round)"
