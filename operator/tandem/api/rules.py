@@ -151,6 +151,11 @@ def _min_replicas(spec: Spec, role: str) -> int:
     return _replicas(spec, role) if block is None else int(block.get("minReplicas", 1))
 
 
+def _descent_within_window(scale_down: Spec) -> bool:
+    descent = scale_down.get("descentStabilizationSeconds")
+    return descent is None or descent <= scale_down.get("stabilizationSeconds", 600)
+
+
 def _autoscaling_enabled(spec: Spec) -> bool:
     return bool((spec.get("autoscaling") or {}).get("enabled", False))
 
@@ -802,6 +807,19 @@ SPEC_RULES: Final[tuple[Rule, ...]] = (
     *[rule for role in POOLS for rule in _pool_rules(role)],
     *[rule for role in POOLS for rule in _shape_rules(role)],
     *[rule for role in POOLS for rule in _autoscaling_rules(role)],
+    Rule(
+        cel=(
+            "!has(self.autoscaling.scaleDown.descentStabilizationSeconds) || "
+            "self.autoscaling.scaleDown.descentStabilizationSeconds <= "
+            "self.autoscaling.scaleDown.stabilizationSeconds"
+        ),
+        message=(
+            "spec.autoscaling.scaleDown.descentStabilizationSeconds must not be greater than "
+            "spec.autoscaling.scaleDown.stabilizationSeconds"
+        ),
+        field_path=".autoscaling.scaleDown.descentStabilizationSeconds",
+        check=lambda s: _descent_within_window((s.get("autoscaling") or {}).get("scaleDown") or {}),
+    ),
     Rule(
         cel=(
             "self.kvTransfer.connector != 'NixlConnector' || "

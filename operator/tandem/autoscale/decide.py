@@ -5,8 +5,9 @@ Per autoscaled pool (`spec.<pool>.autoscaling` set, not `external`), in this ord
 2. a partial view (fewer pods report than are ready, or no pod is ready yet) forbids scaling
    down this pass;
 3. the dead band (`stabilize.within_dead_band`), then `[minReplicas, maxReplicas]`;
-4. the stabilization windows over the recorded recommendations, then the step limits, then the
-   bounds again (bounds win over steps);
+4. the stabilization windows over the recorded recommendations (a descent, `stabilize.fell_for_good`,
+   has the shorter `scaleDown.descentStabilizationSeconds`), then the step limits, then the bounds
+   again (bounds win over steps);
 5. `spec.maxGPUs` arbitration between the pools by SLO deficit (`budget.py`).
 `PoolDecision.limited_by` names the last stage that changed the size.
 
@@ -201,6 +202,15 @@ def _keep_seconds(spec: PDDeploymentSpec) -> float:
     return float(max(rules.scale_up.stabilization_seconds, rules.scale_down.stabilization_seconds))
 
 
+def _descent_seconds(spec: PDDeploymentSpec, knobs: Knobs) -> float:
+    """The scale-down window of a descent (`stabilize.fell_for_good`): the spec's, else a share of the
+    scale-down window."""
+    rules = spec.autoscaling.scale_down
+    if rules.descent_stabilization_seconds is not None:
+        return float(rules.descent_stabilization_seconds)
+    return knobs.descent_window_share * rules.stabilization_seconds
+
+
 def _pool_status(
     old: PoolAutoscalingStatus,
     *,
@@ -358,6 +368,16 @@ def _active(
         recorded, limited_by = _shape(sizing, current, bounds, partials[role], knobs)
         history = stabilize.record(old.recommendations, now, recorded, keep)
         histories[role] = history
+        full_down = float(rules.scale_down.stabilization_seconds)
+        descent = _descent_seconds(spec, knobs)
+        if descent < down_seconds:
+            level = stabilize.stabilized(history, now, current, rules.scale_up.stabilization_seconds, descent)
+            if level < current and stabilize.fell_for_good(history, now, full_down, level):
+                down_seconds = descent
+                short_down[role] = (
+                    f"; no recommendation came back above {level} within {fmt(full_down)} s: "
+                    f"the descent's scale-down window, {fmt(descent)} s"
+                )
         value = stabilize.stabilized(
             history, now, current, rules.scale_up.stabilization_seconds, down_seconds
         )

@@ -10,6 +10,11 @@ The Kubernetes HPA's algorithm (reference: rollout-autoscale-kopf.md section 2.1
   that window: the first passes after the autoscaler starts on a pool (no history) never scale it
   down, unlike the HPA, which would on its first pass;
 - steps: at most `scaleUp.maxStep` replicas added and `scaleDown.maxStep` removed per decision.
+
+`fell_for_good` tells a descent from bursts: over a whole scale-down window, the load never came back
+above a size once it had fallen to it. The policy then allows that size after a shorter window
+(`scaleDown.descentStabilizationSeconds`): a load that has not returned within the window is not
+expected back as soon as one that keeps returning.
 """
 
 from __future__ import annotations
@@ -63,6 +68,24 @@ def stabilized(
     if down < current:
         return down
     return current
+
+
+def fell_for_good(history: Sequence[Recommendation], now: float, window_seconds: float, level: int) -> bool:
+    """True when `history` covers the last `window_seconds` and, from the newest entry before the
+    window on (the window includes its start, as in `stabilized`), no recommendation above `level`
+    follows one at or below it: a scale-down to `level` anywhere in the window would not have been
+    undone. Bursts and flapping across `level` make it False; a steady or falling load, True."""
+    start = now - window_seconds
+    if not history or history[0].time > start:
+        return False
+    first = max((i for i, entry in enumerate(history) if entry.time < start), default=0)
+    fell = False
+    for entry in history[first:]:
+        if entry.replicas <= level:
+            fell = True
+        elif fell:
+            return False
+    return True
 
 
 def limit_step(target: int, current: int, up_step: int, down_step: int) -> int:

@@ -18,7 +18,7 @@ from tandem.api.status import AutoscalingStatus
 from tandem.api.testing import merge
 from tandem.autoscale.capacity import decode_capacity, pool_model, prefill_capacity
 from tandem.autoscale.decide import Decision, decide
-from tandem.autoscale.knobs import KNOBS
+from tandem.autoscale.knobs import KNOBS, Knobs
 from tandem.signals import PathSignals, PoolSignals, PoolSize, Snapshot
 
 PROMPT = 1000.0
@@ -171,6 +171,7 @@ class Loop:
     now: float = T0
     state: AutoscalingStatus = field(default_factory=AutoscalingStatus)
     decisions: list[Decision] = field(default_factory=list)
+    knobs: Knobs = KNOBS
 
     def size(self, role: str) -> int:
         desired = getattr(self.state.pools, role).desired_replicas
@@ -179,7 +180,7 @@ class Loop:
     def step(self, *, paused: bool = False, **load: Any) -> Decision:
         sizes = {role: (self.size(role), self.size(role)) for role in ("prefill", "decode")}
         snapshot = self.kit.snapshot(self.now, sizes=load.pop("sizes", sizes), **load)
-        decision = decide(self.kit.spec, snapshot, self.state, self.now, paused=paused)
+        decision = decide(self.kit.spec, snapshot, self.state, self.now, paused=paused, knobs=self.knobs)
         self.state = decision.state
         self.decisions.append(decision)
         self.now += self.kit.spec.autoscaling.interval_seconds

@@ -199,6 +199,58 @@ def test_scale_down_waits_for_the_window_and_goes_to_the_highest_recommendation_
     assert loop.step(prefill=2.5).pools["prefill"].target == 3
 
 
+def test_a_descent_has_the_shorter_window_and_a_burst_restores_the_full_one(
+    kit: Kit, make_loop: type[Loop]
+) -> None:
+    """descentStabilizationSeconds 90 of the 300-s window: the size 90 s allow, once no recommendation
+    came back above it within 300 s."""
+    down = {"stabilizationSeconds": 300, "maxStep": 1, "descentStabilizationSeconds": 90}
+    loop = make_loop(kit.with_spec(prefill={"replicas": 6}, autoscaling={"scaleDown": down}))
+    for _ in loop.run(301, prefill=5.5):  # T0..T0+300: recommends 6, the window's history fills
+        pass
+    held = [loop.step(prefill=4.5).pools["prefill"] for _ in range(3)]  # recommends 5, 6 within 90 s
+    assert [p.target for p in held] == [6, 6, 6]
+    pool = loop.step(prefill=4.5).pools["prefill"]  # 6 is 120 s old now
+    assert pool.target == 5
+    assert "no recommendation came back above 5 within 300 s: the descent's scale-down window, 90 s" in (
+        pool.reason
+    )
+    # a burst (recommends 8), then the load falls back
+    for _ in loop.run(60, prefill=7.5):
+        pass
+    assert loop.size("prefill") == 8
+    # 5 (T0+420), then 8 (T0+450): back above 5 within the 300-s window until T0+750
+    after = [loop.step(prefill=4.5).pools["prefill"] for _ in range(9)]  # T0+510 .. T0+750
+    assert [p.target for p in after] == [8] * 9
+    assert all("descent" not in p.reason for p in after)
+    # then 8 (T0+450, T0+480) is the baseline before the window: the 90-s window allows 5, one step
+    # down (maxStep 1)
+    pool = loop.step(prefill=4.5).pools["prefill"]
+    assert (pool.target, pool.limited_by) == (7, "maxStep")
+    assert "the descent's scale-down window, 90 s" in pool.reason
+
+
+@pytest.mark.parametrize(
+    ("descent", "held_passes"),
+    [
+        (None, 2),  # unset: a fifth of the 300-s window, 60 s
+        (300, 10),  # equal to the window: off, the HPA's rule alone
+        (0, 0),  # at once, once the descent is seen
+    ],
+)
+def test_descent_window_default_and_off(
+    kit: Kit, make_loop: type[Loop], descent: int | None, held_passes: int
+) -> None:
+    down: dict[str, Any] = {"stabilizationSeconds": 300, "maxStep": 1}
+    if descent is not None:
+        down["descentStabilizationSeconds"] = descent
+    loop = make_loop(kit.with_spec(prefill={"replicas": 6}, autoscaling={"scaleDown": down}))
+    for _ in loop.run(301, prefill=5.5):
+        pass
+    targets = [loop.step(prefill=4.5).pools["prefill"].target for _ in range(11)]
+    assert targets == [6] * held_passes + [5] * (11 - held_passes)
+
+
 TIGHT_CASES = [
     # id, TTFT (s, target 1 s), attainment, expected target. The load needs 3 of the 6 prefill replicas
     # (scale-down window 0): a pool near its SLO keeps its size.
@@ -304,7 +356,8 @@ def test_no_data_holds_every_size_and_says_so(
 
 
 def test_no_data_after_the_window_still_never_scales_down(kit: Kit, make_loop: type[Loop]) -> None:
-    loop = make_loop(kit.with_spec(prefill={"replicas": 6}))
+    down = {"stabilizationSeconds": 300, "maxStep": 1, "descentStabilizationSeconds": 300}  # HPA's rule
+    loop = make_loop(kit.with_spec(prefill={"replicas": 6}, autoscaling={"scaleDown": down}))
     for decision in loop.run(900, missing=("prometheus: connection refused",)):
         assert decision.pools["prefill"].target == 6
     # Data returns with no traffic: the held passes count as recommendations of the current size,
@@ -314,6 +367,17 @@ def test_no_data_after_the_window_still_never_scales_down(kit: Kit, make_loop: t
     targets = [d.pools["prefill"].target for d in loop.run(300)]
     assert targets[0] == 5
     assert targets[-1] == 1
+
+
+def test_after_no_data_a_descent_waits_its_own_window(kit: Kit, make_loop: type[Loop]) -> None:
+    """The held passes recorded 6; with no traffic the recommendations fall to 1 and stay there, a
+    descent: the scale-down waits the descent's window (the default, 60 s of 300) after the last held
+    pass, not the full window."""
+    loop = make_loop(kit.with_spec(prefill={"replicas": 6}))
+    for decision in loop.run(900, missing=("prometheus: connection refused",)):
+        assert decision.pools["prefill"].target == 6
+    targets = [d.pools["prefill"].target for d in loop.run(150)]  # T0+900 .. T0+1020
+    assert targets == [6, 6, 5, 4, 3]  # the last held pass, T0+870, leaves the 60-s window at T0+960
 
 
 def test_no_scale_down_before_the_history_covers_the_window(kit: Kit, make_loop: type[Loop]) -> None:

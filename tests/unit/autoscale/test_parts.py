@@ -157,6 +157,33 @@ def test_stabilization_windows(
     assert stabilize.stabilized(recs, NOW, current, up, down) == expected
 
 
+FELL_FOR_GOOD_CASES = [
+    # id, history [(age s, replicas)] incl. this pass (age 0), window, level, expected
+    ("steady-above", [(400, 4), (200, 4), (0, 4)], 300, 3, True),
+    ("falling", [(400, 9), (250, 6), (100, 5), (0, 2)], 300, 5, True),
+    ("noise-below-the-level", [(400, 9), (250, 4), (100, 5), (50, 3), (0, 4)], 300, 5, True),
+    ("a-burst-back-above", [(400, 4), (250, 2), (100, 7), (0, 2)], 300, 2, False),
+    ("a-burst-up-to-the-level", [(400, 4), (250, 2), (100, 3), (0, 2)], 300, 3, True),
+    ("flapping-across", [(400, 3), (200, 2), (100, 3), (0, 2)], 300, 2, False),
+    ("back-above-just-now", [(400, 2), (100, 2), (0, 3)], 300, 2, False),
+    ("rose-before-the-window", [(400, 2), (350, 6), (200, 5), (0, 2)], 300, 2, True),
+    ("rose-into-the-window", [(350, 2), (250, 6), (0, 2)], 300, 2, False),
+    ("rose-at-the-window-start", [(330, 2), (300, 6), (0, 2)], 300, 2, False),
+    ("history-short-of-the-window", [(200, 4), (0, 2)], 300, 2, False),
+    ("empty", [], 300, 2, False),
+]
+
+
+@pytest.mark.parametrize(
+    ("history", "window", "level", "expected"),
+    [c[1:] for c in FELL_FOR_GOOD_CASES],
+    ids=[c[0] for c in FELL_FOR_GOOD_CASES],
+)
+def test_fell_for_good(history: list[tuple[float, int]], window: float, level: int, expected: bool) -> None:
+    recs = [Recommendation(time=NOW - age, replicas=n) for age, n in history]
+    assert stabilize.fell_for_good(recs, NOW, window, level) is expected
+
+
 def test_record_prunes_and_caps() -> None:
     old = [Recommendation(time=NOW - age, replicas=1) for age in (1000, 301, 300, 10)]
     old.append(Recommendation(time=NOW + 5, replicas=1))  # from the future (clock stepped back): dropped

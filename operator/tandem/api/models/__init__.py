@@ -18,6 +18,7 @@ from tandem.api.models.autoscaling import (
     AutoscalingSpec,
     ForecastSpec,
     PrometheusSpec,
+    ScaleDownRules,
     ScalingRules,
 )
 from tandem.api.models.common import (
@@ -170,6 +171,7 @@ __all__ = [
     "RouterMetricsSpec",
     "RouterSpec",
     "SLOSpec",
+    "ScaleDownRules",
     "ScalingRules",
     "SecretKeyRef",
     "SecretKeySelector",

@@ -42,6 +42,24 @@ class ScalingRules(ApiModel):
     max_step: Annotated[int, Field(ge=1, le=1024, description="Most replicas added or removed at once.")]
 
 
+class ScaleDownRules(ScalingRules):
+    """Scale-down: the HPA's window, and a shorter one for a load on its way down."""
+
+    descent_stabilization_seconds: Annotated[
+        int | None,
+        Field(
+            ge=0,
+            le=3600,
+            description=(
+                "Shorter look-back for a descent: scale down to the highest recommendation within it when, "
+                "over stabilizationSeconds, no recommendation came back above that size after falling to "
+                "it (bursts and flapping keep the full window). Unset: a fifth of stabilizationSeconds; "
+                "equal to it: off. At most stabilizationSeconds."
+            ),
+        ),
+    ] = None
+
+
 class ForecastSpec(ApiModel):
     """The predictive part: order capacity one model load ahead of a forecast of each pool's demand."""
 
@@ -96,7 +114,7 @@ class AutoscalingSpec(ApiModel):
         ),
     ] = "H100"
     scale_up: ScalingRules = ScalingRules(stabilization_seconds=0, max_step=4)
-    scale_down: ScalingRules = ScalingRules(stabilization_seconds=600, max_step=1)
+    scale_down: ScaleDownRules = ScaleDownRules(stabilization_seconds=600, max_step=1)
     drain_timeout_seconds: Annotated[
         int,
         Field(
