@@ -2,9 +2,8 @@
 
 A real deployment decides every 15-30 s, waits minutes before a scale-down and loads a model for
 minutes; a demo has five. The changes, all stated in the panel and docs/demo.md:
-- decisions every 5 s, scale-up at once by up to 4, scale-down after a 30 s window by up to 2 (6 s
-  once the recommendations fell and stayed down: the descent's window, a fifth; 7 pods back to 1
-  within the minute of quiet), drains of at most 30 s;
+- decisions every 5 s, scale-up at once by up to 4, scale-down after a 30 s window by up to 2 (7 pods
+  back to 1 within the minute of quiet), drains of at most 30 s;
 - the sim engine loads its "model" for `LOAD_SECONDS` (503 and not Ready until then, so the
   autoscaler counts starting pods) and runs `TIME_SCALE` times slower than the H100 profile;
 - prefill computes with `--max-num-batched-tokens 32` (and `--max-num-seqs 32`, which vLLM wants no
@@ -19,8 +18,6 @@ from __future__ import annotations
 
 import copy
 from typing import Any
-
-from tandem.autoscale.knobs import KNOBS
 
 TIME_SCALE = 3
 LOAD_SECONDS = 10
@@ -74,7 +71,7 @@ def describe() -> str:
     a = AUTOSCALING
     window = a["scaleDown"]["stabilizationSeconds"]
     return (
-        f"decisions every {a['intervalSeconds']}s, scale-down window {window}s, {KNOBS.descent_window_share * window:g}s on a descent"
+        f"decisions every {a['intervalSeconds']}s, scale-down window {window}s"
         f" (maxStep up {a['scaleUp']['maxStep']}, down {a['scaleDown']['maxStep']}); sim x{TIME_SCALE} slower"
         f" with a {LOAD_SECONDS}s model load; prefill {' '.join(PREFILL_ARGS)}; SLO TTFT {SLO['ttftMs']} ms,"
         f" TPOT {SLO['tpotMs']} ms, {SLO['attainmentPercent']}% within both; prefill"

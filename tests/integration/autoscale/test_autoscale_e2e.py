@@ -46,7 +46,6 @@ import pytest
 import yaml
 
 from tandem.api.times import parse_rfc3339
-from tandem.autoscale.knobs import KNOBS
 from tandem.controller.autoscaler import MIN_WINDOW_SECONDS
 from tandem.dashboard.model import Dashboard, panel_queries
 from tandem.dashboard.panels import CHART_FILE
@@ -77,9 +76,6 @@ TIME_SCALE = 3
 LOAD_SECONDS = 8
 INTERVAL = 5
 DOWN_WINDOW = 30
-# a load that falls and stays down scales in after the descent's shorter window (unset in the spec: a
-# share of DOWN_WINDOW); one that comes back keeps the whole window
-DESCENT_WINDOW = KNOBS.descent_window_share * DOWN_WINDOW
 TTFT_MS, TPOT_MS, ATTAINMENT = 3000, 100, 90
 MAX_GPUS = 3
 RAISED_GPUS = 5  # from the second test on
@@ -381,7 +377,7 @@ def test_long_outputs_scale_decode_out_across_a_crash(story: Story) -> None:
     print(f"first decision after the restart +{after.at - crashed:.0f}s: {after.brief()}")
     assert (after.desired("decode") or 0) >= (sizes["decode"] or 0), "decode reset after the crash"
     assert after.desired("prefill") == sizes["prefill"] or (
-        after.at >= story.prefill_high_until + DESCENT_WINDOW
+        after.at >= story.prefill_high_until + DOWN_WINDOW
     ), "prefill scaled in before its window after the crash"
     kept = {r["time"] for r in after.autoscaling("prefill")["recommendations"]}
     window_start = after.status["autoscaling"]["lastEvaluated"] - DOWN_WINDOW
@@ -398,8 +394,7 @@ def test_long_outputs_scale_decode_out_across_a_crash(story: Story) -> None:
 def test_falling_load_scales_in_after_the_window_without_a_failed_request_across_a_fail_over(
     story: Story,
 ) -> None:
-    """0.4 requests/s of 100-token streams: after the descent's window (6 s of the 30-s window; the whole
-    window if a recommendation comes back up) both pools drain and scale in to 1,
+    """0.4 requests/s of 100-token streams: after the 30 s window both pools drain and scale in to 1,
     one replica per decision, with no failed request. The leader is killed (-9) at once; the standby
     leads when the lease lapses and resumes every size from status (no reset to the manifest's 1)."""
     watch, load = story.watch, story.load
@@ -448,7 +443,7 @@ def test_falling_load_scales_in_after_the_window_without_a_failed_request_across
         if (s.autoscaling("prefill").get("lastDecision") or {}).get("to") == 1
     ]
     if prefill_down and story.prefill_high_until:
-        assert min(prefill_down) >= story.prefill_high_until + DESCENT_WINDOW - 1, "prefill scaled in early"
+        assert min(prefill_down) >= story.prefill_high_until + DOWN_WINDOW - 1, "prefill scaled in early"
     sent = load.samples(since=began)
     bad = failures(sent)
     print(f"during the scale-in: {client_figures(load, began)}")

@@ -233,8 +233,9 @@ def test_a_descent_has_the_shorter_window_and_a_burst_restores_the_full_one(
 @pytest.mark.parametrize(
     ("descent", "held_passes"),
     [
-        (None, 2),  # unset: a fifth of the 300-s window, 60 s
-        (300, 10),  # equal to the window: off, the HPA's rule alone
+        (None, 10),  # unset: off, the HPA's rule alone
+        (300, 10),  # equal to the window: off too
+        (60, 2),
         (0, 0),  # at once, once the descent is seen
     ],
 )
@@ -356,8 +357,7 @@ def test_no_data_holds_every_size_and_says_so(
 
 
 def test_no_data_after_the_window_still_never_scales_down(kit: Kit, make_loop: type[Loop]) -> None:
-    down = {"stabilizationSeconds": 300, "maxStep": 1, "descentStabilizationSeconds": 300}  # HPA's rule
-    loop = make_loop(kit.with_spec(prefill={"replicas": 6}, autoscaling={"scaleDown": down}))
+    loop = make_loop(kit.with_spec(prefill={"replicas": 6}))
     for decision in loop.run(900, missing=("prometheus: connection refused",)):
         assert decision.pools["prefill"].target == 6
     # Data returns with no traffic: the held passes count as recommendations of the current size,
@@ -371,9 +371,10 @@ def test_no_data_after_the_window_still_never_scales_down(kit: Kit, make_loop: t
 
 def test_after_no_data_a_descent_waits_its_own_window(kit: Kit, make_loop: type[Loop]) -> None:
     """The held passes recorded 6; with no traffic the recommendations fall to 1 and stay there, a
-    descent: the scale-down waits the descent's window (the default, 60 s of 300) after the last held
-    pass, not the full window."""
-    loop = make_loop(kit.with_spec(prefill={"replicas": 6}))
+    descent: the scale-down waits the descent's window (60 s of 300) after the last held pass, not
+    the full window."""
+    down = {"stabilizationSeconds": 300, "maxStep": 1, "descentStabilizationSeconds": 60}
+    loop = make_loop(kit.with_spec(prefill={"replicas": 6}, autoscaling={"scaleDown": down}))
     for decision in loop.run(900, missing=("prometheus: connection refused",)):
         assert decision.pools["prefill"].target == 6
     targets = [d.pools["prefill"].target for d in loop.run(150)]  # T0+900 .. T0+1020

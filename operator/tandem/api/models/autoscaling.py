@@ -53,8 +53,8 @@ class ScaleDownRules(ScalingRules):
             description=(
                 "Shorter look-back for a descent: scale down to the highest recommendation within it when, "
                 "over stabilizationSeconds, no recommendation came back above that size after falling to "
-                "it (bursts and flapping keep the full window). Unset: a fifth of stabilizationSeconds; "
-                "equal to it: off. At most stabilizationSeconds."
+                "it (bursts and flapping keep the full window). Unset or equal to stabilizationSeconds: "
+                "off. At most stabilizationSeconds."
             ),
         ),
     ] = None
