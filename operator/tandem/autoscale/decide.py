@@ -313,6 +313,8 @@ def _active(
     rules = spec.autoscaling
     advisory = rules.mode is AutoscalingMode.Advisory
     keep = _keep_seconds(spec)
+    full_down = float(rules.scale_down.stabilization_seconds)
+    descent = _descent_seconds(spec, knobs)
     sizings: dict[str, Sizing] = {}
     stepped: dict[str, _Stage] = {}
     histories: dict[str, list[Recommendation]] = {}
@@ -345,7 +347,7 @@ def _active(
             forecast=ahead,
         )
         sizings[role] = sizing
-        down_seconds = float(rules.scale_down.stabilization_seconds)
+        down_seconds = full_down
         forecasts[role] = None
         if watched is not None:
             updated = forecasting.update(
@@ -368,8 +370,6 @@ def _active(
         recorded, limited_by = _shape(sizing, current, bounds, partials[role], knobs)
         history = stabilize.record(old.recommendations, now, recorded, keep)
         histories[role] = history
-        full_down = float(rules.scale_down.stabilization_seconds)
-        descent = _descent_seconds(spec, knobs)
         if descent < down_seconds:
             level = stabilize.stabilized(history, now, current, rules.scale_up.stabilization_seconds, descent)
             if level < current and stabilize.fell_for_good(history, now, full_down, level):
@@ -382,11 +382,7 @@ def _active(
             history, now, current, rules.scale_up.stabilization_seconds, down_seconds
         )
         if role in short_down and value >= stabilize.stabilized(
-            history,
-            now,
-            current,
-            rules.scale_up.stabilization_seconds,
-            rules.scale_down.stabilization_seconds,
+            history, now, current, rules.scale_up.stabilization_seconds, full_down
         ):
             del short_down[role]  # the shorter window changed nothing: no need to say so
         if value != recorded:
