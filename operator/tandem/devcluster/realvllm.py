@@ -70,6 +70,14 @@ CPU_CHANGES: dict[str, str] = {
         "instead of vLLM's 5 s; with the short spin above, a missed notification otherwise held a step "
         "for 5 s (0.2-0.6 generated tokens/s)"
     ),
+    "VLLM_ENABLE_V1_MULTIPROCESSING": (
+        "set to 0: vLLM's CPU platform switches a one-rank engine's executor from `uni` to `mp` unless "
+        "this is 0, so the worker ran in a third process beside the API server and the engine core, "
+        "the two waiting on each other through the shared-memory queue; with 0 the worker runs inside "
+        "the engine-core process (UniProcExecutor), as vLLM runs a one-GPU engine on a GPU. The API "
+        "server keeps its engine core in a process of its own (AsyncLLM always does). Engines of more "
+        "than one rank keep the `mp` executor and the queue settings below"
+    ),
     "PYTHONPATH": "set to cpu_site/ beside this module: the engine's processes load its sitecustomize",
 }
 
@@ -89,6 +97,7 @@ CPU_ENV: dict[str, str] = {
     "TANDEM_NIXL_PROGRESS_DELAY_US": str(NIXL_PROGRESS_DELAY_US),
     "TANDEM_VLLM_SHM_BUSY_LOOP_S": str(SHM_BUSY_LOOP_S),
     "TANDEM_VLLM_SHM_RECHECK_MS": str(SHM_RECHECK_MS),
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "PYTHONPATH": str(CPU_SITE),
 }
 

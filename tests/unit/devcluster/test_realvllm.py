@@ -75,6 +75,7 @@ def test_changes_listed_are_the_changes_made() -> None:
         "TANDEM_NIXL_PROGRESS_DELAY_US": "1000",
         "TANDEM_VLLM_SHM_BUSY_LOOP_S": "0.01",
         "TANDEM_VLLM_SHM_RECHECK_MS": "20",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "PYTHONPATH": str(realvllm.CPU_SITE),
     }
     docs = (ROOT / "docs" / "real-vllm.md").read_text()
