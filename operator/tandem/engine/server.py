@@ -343,6 +343,9 @@ class EngineServer:
             if refused is not None:
                 self.core.metrics.revision_refusals.inc()
                 return _error(refused, 500, "InternalServerError")
+        latency = cfg.sim.request_latency_seconds * cfg.sim.time_scale
+        if latency > 0:
+            await asyncio.sleep(latency)  # the serving process's own work, before the scheduler sees it
         base_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{base_id}"
         internal_id = f"{response_id}{'' if chat else '-0'}-{secrets.token_hex(4)}"

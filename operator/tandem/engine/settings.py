@@ -63,6 +63,8 @@ class SimSettings(BaseModel):
     kv_scale: int = Field(default=DEFAULT_KV_SCALE, ge=1)
     random_seed: int = 0
     nixl_handshake_seconds: float = Field(default=0.0, ge=0)
+    # Modelled time a request spends in the serving process outside the engine's steps (x time_scale).
+    request_latency_seconds: float = Field(default=0.0, ge=0, le=60)
     nixl_side_channel_host: str = "localhost"
     nixl_side_channel_port: int = Field(default=5600, ge=0, le=65535)
     abort_request_timeout: float | None = Field(default=None, gt=0)
@@ -84,6 +86,7 @@ class SimSettings(BaseModel):
             "TANDEM_SIM_KV_SCALE": "kv_scale",
             "TANDEM_SIM_RANDOM_SEED": "random_seed",
             "TANDEM_SIM_NIXL_HANDSHAKE_SECONDS": "nixl_handshake_seconds",
+            "TANDEM_SIM_REQUEST_LATENCY_SECONDS": "request_latency_seconds",
             "TANDEM_SIM_LOAD_SECONDS": "load_seconds",
             "TANDEM_SIM_GROUP_TIMEOUT_SECONDS": "group_timeout_seconds",
             "TANDEM_SERVING_REVISION": "serving_revision",

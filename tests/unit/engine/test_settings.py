@@ -59,6 +59,14 @@ def test_handshake_delay_is_read() -> None:
     assert SimSettings.from_env({"TANDEM_SIM_NIXL_HANDSHAKE_SECONDS": "5"}).nixl_handshake_seconds == 5
 
 
+def test_request_latency_is_read_and_checked() -> None:
+    env = {"TANDEM_SIM_REQUEST_LATENCY_SECONDS": "0.004"}
+    assert SimSettings.from_env(env).request_latency_seconds == 0.004
+    assert SimSettings.from_env({}).request_latency_seconds == 0
+    with pytest.raises(SettingsError, match="TANDEM_SIM_REQUEST_LATENCY_SECONDS"):
+        SimSettings.from_env({"TANDEM_SIM_REQUEST_LATENCY_SECONDS": "-1"})
+
+
 def test_load_seconds_is_read_and_checked() -> None:
     assert SimSettings.from_env({}).load_seconds == 0
     assert SimSettings.from_env({"TANDEM_SIM_LOAD_SECONDS": "120"}).load_seconds == 120

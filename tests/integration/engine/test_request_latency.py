@@ -1,0 +1,54 @@
+"""TANDEM_SIM_REQUEST_LATENCY_SECONDS: each generation request waits that long (x the time scale)
+before the scheduler sees it, so a client's TTFT grows by it and the engine's steps do not."""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from .harness import NAME, Engine, start_engine
+
+LATENCY_S = 1.5  # far above a one-token step and a busy machine's HTTP round trip
+
+
+def _first_token_seconds(engine: Engine) -> float:
+    started = time.monotonic()
+    status, answer = engine.post("/v1/completions", {"model": NAME, "prompt": "hello", "max_tokens": 1})
+    assert status == 200, answer
+    assert answer["usage"]["completion_tokens"] == 1
+    return time.monotonic() - started
+
+
+def _histogram(engine: Engine, name: str) -> tuple[float, float]:
+    """(sum, count) of a histogram over its label sets, read by Prometheus' own parser."""
+    status, _, raw = engine.request("GET", "/metrics")
+    assert status == 200
+    (family,) = [f for f in text_string_to_metric_families(raw.decode()) if f.name == name]
+    samples = family.samples
+    return (
+        sum(s.value for s in samples if s.name == f"{name}_sum"),
+        sum(s.value for s in samples if s.name == f"{name}_count"),
+    )
+
+
+def test_the_latency_adds_to_ttft_and_not_to_the_engines_own_time() -> None:
+    env = {"TANDEM_SIM_TIME_SCALE": "1", "TANDEM_SIM_REQUEST_LATENCY_SECONDS": str(LATENCY_S)}
+    engine = start_engine(env=env)
+    try:
+        assert _first_token_seconds(engine) >= LATENCY_S
+        # The engine's own TTFT (from the request reaching the scheduler) has no part of it.
+        seconds, requests = _histogram(engine, "vllm:time_to_first_token_seconds")
+        assert requests == 1
+        assert seconds < LATENCY_S / 2
+    finally:
+        engine.stop()
+
+
+def test_scaled_by_the_time_scale() -> None:
+    env = {"TANDEM_SIM_TIME_SCALE": "0", "TANDEM_SIM_REQUEST_LATENCY_SECONDS": str(LATENCY_S)}
+    engine = start_engine(env=env)
+    try:
+        assert _first_token_seconds(engine) < LATENCY_S / 2
+    finally:
+        engine.stop()
