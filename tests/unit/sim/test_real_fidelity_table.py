@@ -119,18 +119,40 @@ def test_evaluation_differs_from_the_calibration_grid() -> None:
         assert not {"ttft_p90", "tpot_p90"} & set(rf.NAMED[cell.name])
 
 
+def _stream(first: float, step: float, tokens: int) -> tuple[float, ...]:
+    return tuple(first + i * step for i in range(tokens))
+
+
+def test_a_bursts_decode_step_leaves_out_the_steps_that_carried_prompts() -> None:
+    # The first request decodes at 80 ms a step while the second's prompt is prefilled (5 steps), then
+    # both decode at 2 ms a step: the window starts at the second's first token.
+    early = (*_stream(0.0, 0.080, 5), *_stream(0.402, 0.002, 20))
+    late = _stream(0.400, 0.002, 20)
+    samples = [rf.Sample(0.0, 0.0, len(c), chunks=c) for c in (early, late)]
+    step, held = rf.burst_decode_step(samples, 1000)
+    assert step == pytest.approx(0.002)
+    # The window is 0.400-0.438 s; at its middle, 0.419 s, the first has 5 + 9 tokens, the second 10.
+    assert held == pytest.approx(2 * 1000 + 14 + 10)
+    first_tpot = (early[-1] - early[0]) / (len(early) - 1)
+    assert first_tpot > 5 * step  # what the first request's whole-answer TPOT charges decode
+
+
 @pytest.mark.parametrize(
-    ("batch", "context", "output", "tpot", "point"),
+    "samples",
     [
-        (1, 64, 48, 0.007, (1, 88, 0.007)),  # 64 prompt + 24 (half the answer) on average
-        (6, 1000, 48, 0.012, (6, 6144, 0.012)),
-        (3, 0, 1, 0.009, (3, 0, 0.009)),
+        [],
+        [rf.Sample(0.0, 0.0, 20, chunks=_stream(0.0, 0.002, 20)), rf.Sample(NAN, NAN, 0, "HTTP 500")],
+        # fewer than MIN_DECODE_STEPS steps in which both decode
+        [
+            rf.Sample(0.0, 0.0, 10, chunks=_stream(0.0, 0.002, 10)),
+            rf.Sample(0.0, 0.0, 10, chunks=_stream(0.006, 0.002, 10)),
+        ],
     ],
 )
-def test_decode_point_counts_half_the_answer(
-    batch: int, context: int, output: int, tpot: float, point: tuple[int, int, float]
-) -> None:
-    assert tuple(rf.decode_point(batch, context, output, tpot)) == point
+def test_a_burst_without_a_long_enough_common_window_gives_no_step(samples: list[object]) -> None:
+    step, held = rf.burst_decode_step(samples, 64)
+    assert math.isnan(step)
+    assert math.isnan(held)
 
 
 def test_grid_medians_take_the_median_of_repeats_and_drop_failures() -> None:
@@ -143,14 +165,20 @@ def test_grid_medians_take_the_median_of_repeats_and_drop_failures() -> None:
             {"tokens": 600, "ttft_s": 0.040, "error": ""},
         ],
         "decode": [
-            {"batch": 1, "context": 64, "tpot_s": 0.004},
-            {"batch": 1, "context": 64, "tpot_s": 0.006},
-            {"batch": 3, "context": 64, "tpot_s": NAN},
+            {"batch": 1, "context": 64, "tpot_s": 0.009, "step_s": 0.004, "context_tokens": 80.0},
+            {"batch": 1, "context": 64, "tpot_s": 0.009, "step_s": 0.006, "context_tokens": 90.0},
+            {"batch": 3, "context": 64, "tpot_s": 0.009, "step_s": NAN, "context_tokens": NAN},
         ],
     }
-    ttft, tpot = rf.grid_medians(cal)
+    ttft, steps = rf.grid_medians(cal)
     assert ttft == {24: pytest.approx(0.022), 600: pytest.approx(0.040)}  # 200: nothing answered
-    assert tpot == {(1, 64): pytest.approx(0.005)}
+    assert steps == {(1, 64): (pytest.approx(0.005), pytest.approx(85.0))}
+
+
+def test_a_grid_without_step_times_is_refused_with_what_to_do() -> None:
+    cal = {"prefill": [], "decode": [{"batch": 1, "context": 64, "tpot_s": 0.004}]}
+    with pytest.raises(SystemExit, match="without --reuse-real"):
+        rf.grid_medians(cal)
 
 
 def test_markdown_has_one_row_per_cell_with_its_verdicts_and_loads() -> None:
@@ -206,3 +234,30 @@ def test_a_miss_is_read_against_the_real_runs_own_spread(
 def test_the_grid_is_spread_over_the_evaluation_runs(runs: int, expected: list[int]) -> None:
     assert rf.PREFILL_REPEATS == 3
     assert [rf.repeats_before_run(run, runs) for run in range(runs)] == expected
+
+
+@pytest.mark.parametrize(
+    ("intercept_ms", "base_ms", "want_intercept_ms", "want_latency_ms"),
+    [
+        (5.2, 1.7, 1.7, 3.5),  # the intercept beyond a step's fixed cost is the request's own
+        (1.2, 1.7, 1.2, 0.0),  # under decode's base: nothing to split off
+        (1.7, 1.7, 1.7, 0.0),
+    ],
+)
+def test_the_request_latency_is_the_prefill_intercept_beyond_decodes_base(
+    intercept_ms: float, base_ms: float, want_intercept_ms: float, want_latency_ms: float
+) -> None:
+    from tandem.perf.fit import DecodePoint, PrefillPoint, fit_profile
+
+    fitted = fit_profile(
+        "tandem/tiny-llama",
+        "CPU",
+        3.27,
+        [PrefillPoint(n, (intercept_ms + 0.03 * n) / 1000) for n in (24, 600, 1800)],
+        [DecodePoint(b, c, (base_ms + 1e-3 * c) / 1000) for b in (1, 4) for c in (100, 2000)],
+    )
+    profile, latency = rf.split_request_latency(fitted)
+    assert profile.prefill.intercept_ms == pytest.approx(want_intercept_ms, abs=1e-6)
+    assert latency * 1000 == pytest.approx(want_latency_ms, abs=1e-6)
+    assert profile.prefill.per_token_ms == fitted.prefill.per_token_ms
+    assert profile.decode == fitted.decode
