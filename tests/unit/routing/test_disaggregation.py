@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tandem.api.models import DisaggregationSpec
@@ -21,6 +21,7 @@ from tandem.routing.disaggregation import (
     LinearFit,
     PrefillView,
     Request,
+    can_judge_tpot,
     decide,
     held_chunks,
     key_at,
@@ -367,6 +368,16 @@ def test_no_prefill_pod_ready_is_always_served_locally(
     local=st.none() | line_st,
     slo=st.none() | st.floats(0.005, 0.2),
 )
+@example(  # within the judged budget (2 x maxLocalTokens), over the unjudged one: local is allowed
+    request_=Request(0, 0),
+    decode=DecodeView(streams=1, local_prefills=0, local_tokens=1001, tpot_s=0.125, output_tokens=1.0),
+    queued=0,
+    more=0,
+    prefill=(0.0, 0.0),
+    pull=(0.0, 0.0),
+    local=None,
+    slo=0.125,
+)
 def test_auto_keeps_its_bounds_and_a_longer_prefill_queue_never_turns_local_into_remote(
     request_: Request,
     decode: DecodeView,
@@ -380,7 +391,11 @@ def test_auto_keeps_its_bounds_and_a_longer_prefill_queue_never_turns_local_into
     costs = measured(prefill, pull, local)
     choice = decide(AUTO, request_, PrefillView(True, queued), decode, costs, 1.0, slo)
     if choice.side == "local":
-        assert decode.local_tokens + request_.uncached_local <= AUTO.max_local_tokens
+        # The in-flight budget is JUDGED_LOCAL_BUDGET x maxLocalTokens where the TPOT check can judge.
+        judged = can_judge_tpot(decode, slo)
+        budget = AUTO.max_local_tokens * (JUDGED_LOCAL_BUDGET if judged else 1)
+        assert request_.uncached_local <= AUTO.max_local_tokens
+        assert decode.local_tokens + request_.uncached_local <= budget
         assert decode.local_prefills < AUTO.max_local_prefills
         longer = decide(AUTO, request_, PrefillView(True, queued + more), decode, costs, 1.0, slo)
         assert longer.side == "local"
