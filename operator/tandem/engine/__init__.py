@@ -47,11 +47,12 @@ Environment (all optional):
   TANDEM_SIM_RANDOM_SEED        seed of the fault-injection dice (default 0).
   TANDEM_SIM_NIXL_HANDSHAKE_SECONDS  extra delay of a decode engine's first read from each prefill
                                 engine id (NIXL handshake; ~5 s measured by llm-d; default 0).
-  TANDEM_SIM_REQUEST_LATENCY_SECONDS  each generation request waits this long (x TIME_SCALE) before
-                                it reaches the scheduler: the serving process's own work on a request,
-                                outside the engine's steps (vLLM's API server took 1.4 ms of a 24-token
-                                prompt's 4.2 ms on the CPU engine, docs/real-vllm.md); it adds to TTFT
-                                and takes no step time (default 0).
+  TANDEM_SIM_REQUEST_LATENCY_SECONDS  the serving process's own work on each generation request (x
+                                TIME_SCALE), outside the engine's steps, before the request reaches the
+                                scheduler, one request at a time: requests arriving together wait for
+                                those before them (vLLM's API server is one process; it took 1.4 ms of a
+                                24-token prompt's 4.2 ms on the CPU engine, docs/real-vllm.md). It adds to
+                                TTFT and takes no step time (default 0).
   TANDEM_SIM_LOAD_SECONDS       model-load time: the engine listens at once but answers 503 to /health,
                                 /v1/*, /ping and /metrics for this many seconds from start, as vLLM is
                                 unready while it loads weights (default 0). Wall-clock seconds, NOT

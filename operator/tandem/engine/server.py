@@ -27,6 +27,7 @@ from tandem import __version__
 from tandem.engine.config import EngineConfig
 from tandem.engine.core import EngineCore, Job, RemotePrefill, revision_mismatch
 from tandem.engine.group import Group, merge_expositions
+from tandem.engine.ingress import IngressQueue
 from tandem.engine.openai import (
     ChunkWriter,
     GenerationRequest,
@@ -69,6 +70,7 @@ class EngineServer:
         self._client: ClientSession | None = None  # the leader's, to its workers' engines
         self.draining = False
         self.requests_seen = 0
+        self._ingress = IngressQueue()  # the request latency's serving process
         self._started = time.time()
         load = config.sim.load_seconds
         self._loading_until: float | None = time.monotonic() + load if load > 0 else None
@@ -343,9 +345,9 @@ class EngineServer:
             if refused is not None:
                 self.core.metrics.revision_refusals.inc()
                 return _error(refused, 500, "InternalServerError")
-        latency = cfg.sim.request_latency_seconds * cfg.sim.time_scale
-        if latency > 0:
-            await asyncio.sleep(latency)  # the serving process's own work, before the scheduler sees it
+        work = cfg.sim.request_latency_seconds * cfg.sim.time_scale
+        if work > 0:
+            await asyncio.sleep(self._ingress.admit(self.core.now(), work))
         base_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{base_id}"
         internal_id = f"{response_id}{'' if chat else '-0'}-{secrets.token_hex(4)}"

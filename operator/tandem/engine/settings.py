@@ -63,7 +63,8 @@ class SimSettings(BaseModel):
     kv_scale: int = Field(default=DEFAULT_KV_SCALE, ge=1)
     random_seed: int = 0
     nixl_handshake_seconds: float = Field(default=0.0, ge=0)
-    # Modelled time a request spends in the serving process outside the engine's steps (x time_scale).
+    # Modelled work of the serving process on each request, outside the engine's steps, one request at
+    # a time (x time_scale; engine/ingress.py).
     request_latency_seconds: float = Field(default=0.0, ge=0, le=60)
     nixl_side_channel_host: str = "localhost"
     nixl_side_channel_port: int = Field(default=5600, ge=0, le=65535)

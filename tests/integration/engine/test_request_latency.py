@@ -1,9 +1,11 @@
 """TANDEM_SIM_REQUEST_LATENCY_SECONDS: each generation request waits that long (x the time scale)
-before the scheduler sees it, so a client's TTFT grows by it and the engine's steps do not."""
+before the scheduler sees it, so a client's TTFT grows by it and the engine's steps do not; requests
+sent together are taken one at a time, as by one serving process."""
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -50,5 +52,19 @@ def test_scaled_by_the_time_scale() -> None:
     engine = start_engine(env=env)
     try:
         assert _first_token_seconds(engine) < LATENCY_S / 2
+    finally:
+        engine.stop()
+
+
+def test_requests_sent_together_are_taken_one_at_a_time() -> None:
+    latency = 1.0
+    env = {"TANDEM_SIM_TIME_SCALE": "1", "TANDEM_SIM_REQUEST_LATENCY_SECONDS": str(latency)}
+    engine = start_engine(env=env)
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            seconds = sorted(pool.map(lambda _: _first_token_seconds(engine), range(3)))
+        # Each behind the ones before it: 1, 2 and 3 latencies (in parallel, all three near 1).
+        assert seconds[1] >= 2 * latency
+        assert seconds[2] >= 3 * latency
     finally:
         engine.stop()
