@@ -34,7 +34,8 @@ Prompts: short 16-160 tokens, long 700-1,500, mixed half and half. Each figure (
 per cell) is the median over 3 runs of that run's nearest-rank percentile; the table gives real, sim
 and real/sim, PASS/FAIL within 25% on the cells named in advance (`NAMED`, docs/real-vllm.md says why
 the others are noise) and the 1-minute load average of each run; then how many misses have the sim
-figure inside the real engine's own range over its runs, and the real runs' spread (highest / lowest).
+figure inside the real engine's own range over its runs, and the real runs' spread (highest / lowest);
+then where each cell's TTFT goes on either side, by the engines' own histograms (`ttft_parts`).
 
     .venv/bin/python bench/real_fidelity.py [--quick] [--runs 3]
     .venv/bin/python bench/real_fidelity.py --reuse-real   # refit and rerun the sim side only
@@ -613,6 +614,55 @@ ENGINE_COUNTERS = (
 )
 
 
+# Where a first token's time goes, by each engine's own histograms over one run of a cell (means, ms).
+# `server`: vLLM's TTFT, from the request's arrival in the engine's serving process (the real API server;
+# the sim engine's scheduler, after its request latency) to the first token's output there; `queue`:
+# waiting in the scheduler; `prefill`: from the step that first schedules it to that output. Beside
+# the client's mean TTFT they locate a gap: in the engine's steps or in the serving process around them.
+TTFT_PARTS = {
+    "server": "vllm:time_to_first_token_seconds",
+    "queue": "vllm:request_queue_time_seconds",
+    "prefill": "vllm:request_prefill_time_seconds",
+}
+
+
+def ttft_parts(
+    samples: Sequence[Sample],
+    before: Mapping[str, Mapping[str, float]],
+    after: Mapping[str, Mapping[str, float]],
+) -> dict[str, float]:
+    """The client's mean TTFT and, per engine role, each TTFT_PARTS histogram's mean between two scrapes
+    (ms; NaN where nothing was observed), keyed `client` and `<role> <part>`."""
+    answered = [s.ttft for s in samples if not s.error]
+    out = {"client": statistics.mean(answered) * 1000 if answered else math.nan}
+    for role, late in after.items():
+        early = before.get(role, {})
+        for part, name in TTFT_PARTS.items():
+            count = late.get(f"{name}_count", 0.0) - early.get(f"{name}_count", 0.0)
+            total = late.get(f"{name}_sum", 0.0) - early.get(f"{name}_sum", 0.0)
+            out[f"{role} {part}"] = total / count * 1000 if count > 0 else math.nan
+    return out
+
+
+def parts_lines(real_eval: Mapping[str, Any], sim_eval: Mapping[str, Any]) -> list[str]:
+    """Per cell, real then sim: the medians over runs of `ttft_parts` (cells measured before the parts
+    were recorded are left out)."""
+    lines = ["where TTFT goes (means over a run, median of runs, ms; engine histograms by role):"]
+    for name, real_entry in real_eval.items():
+        sim_entry = sim_eval.get(name)
+        if sim_entry is None or not real_entry.get("ttft_parts") or not sim_entry.get("ttft_parts"):
+            continue
+        for side, entry in (("real", real_entry), ("sim", sim_entry)):
+            runs = entry["ttft_parts"]
+            keys = list(runs[0])
+            medians = {}
+            for key in keys:
+                values = [r[key] for r in runs if not math.isnan(r.get(key, math.nan))]
+                medians[key] = statistics.median(values) if values else math.nan
+            lines.append(f"  {name:18} {side:4} " + ", ".join(f"{k} {v:.1f}" for k, v in medians.items()))
+    return lines
+
+
 # --- the phases ----------------------------------------------------------------------------------------
 def calibrate(st: Stack, repeats: int = PREFILL_REPEATS, part: int = 0) -> dict[str, Any]:
     """The grid on a colocated stack: prompts alone (TTFT) and decode batches (the step time while the
@@ -732,17 +782,20 @@ def evaluate(
     """Each cell `runs` times (run-major: every cell once, then again; `before_run(run)` before each), a
     few warm-up requests first; and the engines' counters (ENGINE_COUNTERS) over all of it."""
     asyncio.run(run_requests(st.router, [([rng_id] * 64, 8) for rng_id in range(100, 104)], "steady", 2))
-    out: dict[str, Any] = {c.name: {"runs": [], "load_1m": [], "errors": []} for c in cells}
+    out: dict[str, Any] = {c.name: {"runs": [], "load_1m": [], "errors": [], "ttft_parts": []} for c in cells}
     before = {role: scrape(url) for role, url in st.engines.items()}
     for run in range(runs):
         if before_run is not None:
             before_run(run)
         for cell in cells:
+            early = {role: scrape(url) for role, url in st.engines.items()}
             samples = asyncio.run(
                 run_requests(st.router, cell_requests(cell, run), cell.arrival, cell.streams)
             )
+            late = {role: scrape(url) for role, url in st.engines.items()}
             entry = out[cell.name]
             entry["runs"].append(run_figures(samples))
+            entry["ttft_parts"].append(ttft_parts(samples, early, late))
             entry["load_1m"].append(os.getloadavg()[0])
             entry["errors"] += [s.error for s in samples if s.error]
             f = entry["runs"][-1]
@@ -980,6 +1033,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print("\n".join(grid_lines(real["calibration"], sim["calibration"])))
     print(format_lines(lines, loads))
+    print("\n".join(parts_lines(real["eval"], sim["eval"])))
     print("\n".join(markdown_lines(lines, loads)))
     if link:
         print(

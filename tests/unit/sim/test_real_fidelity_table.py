@@ -261,3 +261,44 @@ def test_the_request_latency_is_the_prefill_intercept_beyond_decodes_base(
     assert latency * 1000 == pytest.approx(want_latency_ms, abs=1e-6)
     assert profile.prefill.per_token_ms == fitted.prefill.per_token_ms
     assert profile.decode == fitted.decode
+
+
+def test_ttft_parts_are_the_histograms_means_between_two_scrapes() -> None:
+    samples = [rf.Sample(0.010, 0.003, 8), rf.Sample(0.030, 0.003, 8), rf.Sample(NAN, NAN, 0, "HTTP 500")]
+    before = {
+        "colocated": {
+            "vllm:time_to_first_token_seconds_sum": 1.0,
+            "vllm:time_to_first_token_seconds_count": 10,
+        }
+    }
+    after = {
+        "colocated": {
+            "vllm:time_to_first_token_seconds_sum": 1.03,
+            "vllm:time_to_first_token_seconds_count": 12,
+            "vllm:request_queue_time_seconds_sum": 0.004,
+            "vllm:request_queue_time_seconds_count": 2,
+        }
+    }
+    parts = rf.ttft_parts(samples, before, after)
+    assert parts["client"] == pytest.approx(20.0)  # the failed request left out
+    assert parts["colocated server"] == pytest.approx(15.0)
+    assert parts["colocated queue"] == pytest.approx(2.0)
+    assert math.isnan(parts["colocated prefill"])  # nothing observed
+
+
+def test_parts_lines_give_the_median_of_runs_per_side_and_skip_cells_without_parts() -> None:
+    real = {
+        "a": {
+            "ttft_parts": [
+                {"client": 10.0, "x server": NAN},
+                {"client": 30.0, "x server": 5.0},
+                {"client": 20.0, "x server": 7.0},
+            ]
+        },
+        "old": {"runs": []},
+    }
+    sim = {"a": {"ttft_parts": [{"client": 8.0, "x server": 4.0}]}, "old": {"runs": []}}
+    lines = rf.parts_lines(real, sim)
+    assert len(lines) == 3
+    assert "real client 20.0, x server 6.0" in lines[1]
+    assert "sim  client 8.0, x server 4.0" in lines[2]
