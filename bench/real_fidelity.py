@@ -13,8 +13,7 @@ every real engine runs while this process holds `flock /tmp/real-engines.lock`, 
 
 1. Real, colocated: the calibration grid (prompts of 24..1,800 tokens alone: TTFT; batches of 1, 3,
    6 and 10 streams at 64, 500, 1,000 and 1,600 tokens of context: the decode step while the whole
-   burst decodes, `burst_decode_step`; a 24-token probe's TTFT alone and while 3, 6 and 10 streams
-   decode, `probe_under_streams`) and every colocated
+   burst decodes, `burst_decode_step`) and every colocated
    evaluation cell, 3 runs, one repeat of the grid before each run of the cells.
 2. Real, P/D: requests of 200..1,800 tokens one at a time, whose KV moved over NIXL gives the link
    figure (the decode engine's `vllm:nixl_bytes_transferred` over `vllm:nixl_xfer_time_seconds`), then
@@ -22,9 +21,7 @@ every real engine runs while this process holds `flock /tmp/real-engines.lock`, 
 3. The fit (`tandem.perf.fit`): prefill coefficients through the grid's TTFTs less the sim path's own
    TTFT (router, HTTP, SSE: the sim engine run over the same grid at TANDEM_SIM_TIME_SCALE=0), decode
    coefficients through the grid's decode steps and the context they held; the prefill intercept beyond
-   decode's base becomes the sim engines' request latency (`split_request_latency`); then the sim engine
-   with that profile and latency runs the probes, and what the real probes' TTFT grows by with the
-   streams beyond the sim's becomes its latency per running stream (`stream_latency`). Written to
+   decode's base becomes the sim engines' request latency (`split_request_latency`). Written to
    operator/tandem/perf/profiles/cpu-tiny-llama.yaml with its provenance (machine, load average, date,
    command, the latency and the link).
 4. Sim, colocated then P/D, with the fitted profile and link: the grid (how well the fit fits) and the
@@ -106,14 +103,6 @@ DECODE_BATCHES = (1, 3, 6, 10)
 DECODE_CONTEXTS = (64, 500, 1000, 1600)
 DECODE_TOKENS = 48
 LINK_PROMPTS = (200, 600, 1100, 1800)
-# The serving process's load: a short probe prompt's TTFT while a burst of B streams decodes (B = 0: alone).
-# vLLM's API server outputs every stream's tokens in the process that takes new requests (docs/real-vllm.md,
-# "where TTFT goes"); the sim engine's TANDEM_SIM_REQUEST_LATENCY_PER_STREAM_SECONDS is fitted to it.
-PROBE_STREAMS = (0, 3, 6, 10)
-PROBE_PROMPT = 24
-PROBE_CONTEXT = 64
-PROBE_ANSWER = 200  # the burst outlasts the probes: 1-2.5 s of decode steps here
-PROBES = 3
 
 
 # --- request sets (pure) -------------------------------------------------------------------------------
@@ -597,45 +586,6 @@ async def run_requests(
     return [s for s in results if s is not None]
 
 
-async def probe_under_streams(url: str, rng: random.Random, streams: int) -> list[Sample]:
-    """PROBES prompts of PROBE_PROMPT tokens, one at a time, while `streams` answers of PROBE_ANSWER
-    tokens decode (started 0.3 s before, so their prompts are done); the probes' samples."""
-    import aiohttp
-
-    timeout = aiohttp.ClientTimeout(total=600)
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
-        burst = [
-            asyncio.ensure_future(
-                one(session, url, [rng.randint(*VOCAB) for _ in range(PROBE_CONTEXT)], PROBE_ANSWER)
-            )
-            for _ in range(streams)
-        ]
-        if burst:
-            await asyncio.sleep(0.3)
-        probes = []
-        for _ in range(PROBES):
-            probes.append(await one(session, url, [rng.randint(*VOCAB) for _ in range(PROBE_PROMPT)], 2))
-            await asyncio.sleep(0.05)
-        await asyncio.gather(*burst)
-    return probes
-
-
-def probe_points(st: Stack, rng: random.Random) -> list[dict[str, Any]]:
-    """One round of the probes: per PROBE_STREAMS, the median probe TTFT (s) and any errors."""
-    points = []
-    for streams in PROBE_STREAMS:
-        samples = asyncio.run(probe_under_streams(st.router, rng, streams))
-        ttfts = [s.ttft for s in samples if not s.error]
-        points.append(
-            {
-                "streams": streams,
-                "ttft_s": statistics.median(ttfts) if ttfts else math.nan,
-                "errors": [s.error for s in samples if s.error],
-            }
-        )
-    return points
-
-
 def scrape(url: str) -> dict[str, float]:
     """Every sample of an engine's /metrics summed over label sets, by series name."""
     status, text = get(f"{url}/metrics", 10)
@@ -725,9 +675,8 @@ def calibrate(st: Stack, repeats: int = PREFILL_REPEATS, part: int = 0) -> dict[
         warm = [([rng.randint(*VOCAB) for _ in range(n)], 8) for n in (*PREFILL_GRID, *PREFILL_GRID)]
         asyncio.run(run_requests(st.router, warm, "steady", 1))
         asyncio.run(run_requests(st.router, warm[:6], "bursty", 6))
-    prefill, decode, probe = [], [], []
+    prefill, decode = [], []
     for _ in range(repeats):
-        probe += probe_points(st, rng)
         for n in PREFILL_GRID:
             prompt = [rng.randint(*VOCAB) for _ in range(n)]
             s = asyncio.run(run_requests(st.router, [(prompt, 2)], "steady", 1))[0]
@@ -748,7 +697,7 @@ def calibrate(st: Stack, repeats: int = PREFILL_REPEATS, part: int = 0) -> dict[
                         "errors": [s.error for s in samples if s.error],
                     }
                 )
-    return {"prefill": prefill, "decode": decode, "probe": probe, "load_1m": os.getloadavg()[0]}
+    return {"prefill": prefill, "decode": decode, "load_1m": os.getloadavg()[0]}
 
 
 def repeats_before_run(run: int, runs: int) -> int:
@@ -773,7 +722,6 @@ def calibrate_and_evaluate(
     calibration = {
         "prefill": [p for part in parts for p in part["prefill"]],
         "decode": [d for part in parts for d in part["decode"]],
-        "probe": [p for part in parts for p in part["probe"]],
         "load_1m": [part["load_1m"] for part in parts],
     }
     return calibration, figures, counters
@@ -805,27 +753,6 @@ def grid_medians(
             for k, v in sorted(decode.items())
         },
     )
-
-
-def probe_medians(cal: Mapping[str, Any]) -> dict[int, float]:
-    """{streams: median probe TTFT s} over a grid's rounds (none in a calibration from before the
-    probes; failed rounds left out)."""
-    by_streams: dict[int, list[float]] = {}
-    for p in cal.get("probe", []):
-        if not math.isnan(float(p["ttft_s"])):
-            by_streams.setdefault(int(p["streams"]), []).append(float(p["ttft_s"]))
-    return {b: statistics.median(v) for b, v in sorted(by_streams.items())}
-
-
-def stream_latency(real: Mapping[int, float], sim: Mapping[int, float]) -> float:
-    """Seconds of serving-process work per running stream: what the real probe's TTFT grows by with B
-    streams beside it beyond what the sim's grows by (its steps and queue), through the origin by least
-    squares over B; 0 if either side lacks the probe alone or it would be negative."""
-    if 0 not in real or 0 not in sim:
-        return 0.0
-    points = [(b, (real[b] - real[0]) - (sim[b] - sim[0])) for b in sorted(real) if b > 0 and b in sim]
-    weight = sum(b * b for b, _ in points)
-    return max(0.0, sum(b * e for b, e in points) / weight) if weight else 0.0
 
 
 def measure_link(st: Stack) -> dict[str, Any]:
@@ -932,12 +859,7 @@ def write_profile(profile: Profile, provenance: Sequence[str]) -> None:
 
 
 def provenance_lines(
-    real: Mapping[str, Any],
-    overhead: Mapping[int, float],
-    args_line: str,
-    latency: float,
-    probe_steps_only: Mapping[int, float] | None = None,
-    per_stream: float = 0.0,
+    real: Mapping[str, Any], overhead: Mapping[int, float], args_line: str, latency: float
 ) -> list[str]:
     cal = real["calibration"]
     load = cal["load_1m"]  # one figure per part of the grid (a single one in JSON from before 2026-12-03)
@@ -974,21 +896,6 @@ def provenance_lines(
     lines.append(
         "  the prefill fit's intercept beyond decode's base (bench/real_fidelity.py, split_request_latency)"
     )
-    if probe_steps_only is not None:
-        real_probe = probe_medians(cal)
-        lines.append(
-            "and per running stream (TANDEM_SIM_REQUEST_LATENCY_PER_STREAM_SECONDS): "
-            f"{per_stream * 1000:.3g} ms, from a {PROBE_PROMPT}-token probe's TTFT (medians) beside B streams"
-        )
-        lines.append(
-            "  "
-            + "; ".join(
-                f"B={b}: real {t * 1000:.1f}, sim without it "
-                f"{probe_steps_only.get(b, math.nan) * 1000:.1f} ms"
-                for b, t in real_probe.items()
-            )
-            + " (stream_latency)"
-        )
     link = real.get("link")
     if link and link["xfer_seconds"] > 0:
         lines.append(
@@ -1013,13 +920,6 @@ def grid_lines(real_cal: Mapping[str, Any], sim_cal: Mapping[str, Any]) -> list[
         b = sim_ttft.get(n, math.nan)
         out.append(
             f"  TTFT {n:>5} tokens alone: real {a * 1000:7.1f}  sim {b * 1000:7.1f}  real/sim {a / b:5.2f}"
-        )
-    real_probe, sim_probe = probe_medians(real_cal), probe_medians(sim_cal)
-    for streams, a in real_probe.items():
-        b = sim_probe.get(streams, math.nan)
-        out.append(
-            f"  TTFT of a {PROBE_PROMPT}-token probe beside {streams:>2} streams: real {a * 1000:7.1f}  "
-            f"sim {b * 1000:7.1f}  real/sim {a / b:5.2f}"
         )
     for (batch, context), (a, _) in real_step.items():
         b = sim_step.get((batch, context), (math.nan, math.nan))[0]
@@ -1093,19 +993,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     profile, latency = fit(real["calibration"], overhead)
     sim_env["TANDEM_SIM_REQUEST_LATENCY_SECONDS"] = f"{latency:.4g}"
     write_profile(profile, provenance_lines(real, overhead, args_line, latency))
-    # The probes through the fitted sim engine without the per-stream latency: what its steps and queue
-    # alone make of them.
-    rng = random.Random("probe")
-    with stack("sim", "colocated", sim_env, "sim-probe") as st:
-        sim["probe_steps_only"] = [p for _ in range(PREFILL_REPEATS) for p in probe_points(st, rng)]
-    steps_only = probe_medians({"probe": sim["probe_steps_only"]})
-    per_stream = stream_latency(probe_medians(real["calibration"]), steps_only)
-    sim_env["TANDEM_SIM_REQUEST_LATENCY_PER_STREAM_SECONDS"] = f"{per_stream:.4g}"
-    write_profile(profile, provenance_lines(real, overhead, args_line, latency, steps_only, per_stream))
     say(
         f"fitted {PROFILE.relative_to(ROOT)}: prefill {profile.prefill}, decode {profile.decode}; "
-        f"link {gbps:.3g} Gb/s; request latency {latency * 1000:.2f} ms, "
-        f"{per_stream * 1000:.2f} ms per running stream"
+        f"link {gbps:.3g} Gb/s; request latency {latency * 1000:.2f} ms"
     )
     for mode in modes:
         with stack("sim", mode, sim_env, f"sim-{mode}") as st:
@@ -1132,7 +1022,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "profile": profile.model_dump(mode="json"),
         "link_gbps": gbps,
         "request_latency_ms": latency * 1000,
-        "request_latency_per_stream_ms": per_stream * 1000,
         "sim_overhead_ttft_ms": {str(k): v * 1000 for k, v in overhead.items()},
         "table": [asdict(line) for line in lines],
         "named_pass": sum(line.verdict == "PASS" for line in held),

@@ -302,34 +302,3 @@ def test_parts_lines_give_the_median_of_runs_per_side_and_skip_cells_without_par
     assert len(lines) == 3
     assert "real client 20.0, x server 6.0" in lines[1]
     assert "sim  client 8.0, x server 4.0" in lines[2]
-
-
-@pytest.mark.parametrize(
-    ("real", "sim", "expected"),
-    [
-        # the real probe grows 2 ms per stream beyond the sim's growth: 2 ms
-        ({0: 0.010, 3: 0.020, 6: 0.030}, {0: 0.008, 3: 0.012, 6: 0.016}, 0.002),
-        # least squares through the origin: (3*0.003 + 6*0.018) / (9 + 36)
-        ({0: 0.010, 3: 0.013, 6: 0.028}, {0: 0.010, 3: 0.010, 6: 0.010}, (3 * 0.003 + 6 * 0.018) / 45),
-        ({0: 0.010, 3: 0.011}, {0: 0.010, 3: 0.020}, 0.0),  # the sim grows more: never negative
-        ({3: 0.020}, {0: 0.010, 3: 0.020}, 0.0),  # no probe alone on a side: nothing to measure from
-        ({0: 0.010}, {0: 0.010}, 0.0),  # no probe beside streams
-        ({0: 0.010, 3: 0.016, 10: 0.050}, {0: 0.010, 3: 0.010}, 0.002),  # points on one side only left out
-    ],
-)
-def test_stream_latency(real: dict[int, float], sim: dict[int, float], expected: float) -> None:
-    assert rf.stream_latency(real, sim) == pytest.approx(expected)
-
-
-def test_probe_medians_over_rounds_leave_out_failed_rounds_and_old_calibrations() -> None:
-    cal = {
-        "probe": [
-            {"streams": 0, "ttft_s": 0.010, "errors": []},
-            {"streams": 3, "ttft_s": NAN, "errors": ["HTTP 500"]},
-            {"streams": 0, "ttft_s": 0.014, "errors": []},
-            {"streams": 3, "ttft_s": 0.020, "errors": []},
-            {"streams": 0, "ttft_s": 0.030, "errors": []},
-        ]
-    }
-    assert rf.probe_medians(cal) == {0: 0.014, 3: 0.020}
-    assert rf.probe_medians({"prefill": [], "decode": []}) == {}
