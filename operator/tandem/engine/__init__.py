@@ -53,11 +53,6 @@ Environment (all optional):
                                 those before them (vLLM's API server is one process; it took 1.4 ms of a
                                 24-token prompt's 4.2 ms on the CPU engine, docs/real-vllm.md). It adds to
                                 TTFT and takes no step time (default 0).
-  TANDEM_SIM_REQUEST_LATENCY_PER_STREAM_SECONDS  more of that work for each sequence the engine is
-                                running when the request arrives (x TIME_SCALE): the API server outputs
-                                every stream's tokens in the process that takes new requests, so a
-                                request's TTFT grows with the streams beside it (docs/real-vllm.md;
-                                default 0).
   TANDEM_SIM_LOAD_SECONDS       model-load time: the engine listens at once but answers 503 to /health,
                                 /v1/*, /ping and /metrics for this many seconds from start, as vLLM is
                                 unready while it loads weights (default 0). Wall-clock seconds, NOT

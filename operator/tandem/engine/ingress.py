@@ -3,9 +3,7 @@ TANDEM_SIM_REQUEST_LATENCY_SECONDS), done one request at a time.
 
 vLLM's OpenAI server is one asyncio process: parsing a request, building its sampling parameters and
 handing it to the engine core is CPU work that does not overlap with another request's. So N requests
-arriving together reach the scheduler one `work` apart, not all after one `work`. The same process
-outputs every running stream's tokens, so a request's work grows with the streams beside it (the caller
-adds TANDEM_SIM_REQUEST_LATENCY_PER_STREAM_SECONDS per running sequence).
+arriving together reach the scheduler one `work` apart, not all after one `work`.
 """
 
 from __future__ import annotations

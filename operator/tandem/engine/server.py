@@ -345,10 +345,7 @@ class EngineServer:
             if refused is not None:
                 self.core.metrics.revision_refusals.inc()
                 return _error(refused, 500, "InternalServerError")
-        streams = self.core.scheduler.num_running
-        work = (
-            cfg.sim.request_latency_seconds + cfg.sim.request_latency_per_stream_seconds * streams
-        ) * cfg.sim.time_scale
+        work = cfg.sim.request_latency_seconds * cfg.sim.time_scale
         if work > 0:
             await asyncio.sleep(self._ingress.admit(self.core.now(), work))
         base_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex

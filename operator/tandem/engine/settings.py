@@ -66,8 +66,6 @@ class SimSettings(BaseModel):
     # Modelled work of the serving process on each request, outside the engine's steps, one request at
     # a time (x time_scale; engine/ingress.py).
     request_latency_seconds: float = Field(default=0.0, ge=0, le=60)
-    # More of that work for each sequence the engine is running when the request arrives.
-    request_latency_per_stream_seconds: float = Field(default=0.0, ge=0, le=1)
     nixl_side_channel_host: str = "localhost"
     nixl_side_channel_port: int = Field(default=5600, ge=0, le=65535)
     abort_request_timeout: float | None = Field(default=None, gt=0)
@@ -90,7 +88,6 @@ class SimSettings(BaseModel):
             "TANDEM_SIM_RANDOM_SEED": "random_seed",
             "TANDEM_SIM_NIXL_HANDSHAKE_SECONDS": "nixl_handshake_seconds",
             "TANDEM_SIM_REQUEST_LATENCY_SECONDS": "request_latency_seconds",
-            "TANDEM_SIM_REQUEST_LATENCY_PER_STREAM_SECONDS": "request_latency_per_stream_seconds",
             "TANDEM_SIM_LOAD_SECONDS": "load_seconds",
             "TANDEM_SIM_GROUP_TIMEOUT_SECONDS": "group_timeout_seconds",
             "TANDEM_SERVING_REVISION": "serving_revision",

@@ -65,11 +65,6 @@ def test_request_latency_is_read_and_checked() -> None:
     assert SimSettings.from_env({}).request_latency_seconds == 0
     with pytest.raises(SettingsError, match="TANDEM_SIM_REQUEST_LATENCY_SECONDS"):
         SimSettings.from_env({"TANDEM_SIM_REQUEST_LATENCY_SECONDS": "-1"})
-    per_stream = {"TANDEM_SIM_REQUEST_LATENCY_PER_STREAM_SECONDS": "0.002"}
-    assert SimSettings.from_env(per_stream).request_latency_per_stream_seconds == 0.002
-    assert SimSettings.from_env({}).request_latency_per_stream_seconds == 0
-    with pytest.raises(SettingsError, match="TANDEM_SIM_REQUEST_LATENCY_PER_STREAM_SECONDS"):
-        SimSettings.from_env({"TANDEM_SIM_REQUEST_LATENCY_PER_STREAM_SECONDS": "2"})
 
 
 def test_load_seconds_is_read_and_checked() -> None:
