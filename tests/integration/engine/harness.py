@@ -13,6 +13,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from tandem.devcluster.procs import free_port, free_ports
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -67,6 +69,15 @@ class Engine:
         status, _, raw = self.request("POST", path, body, **kw)
         events = [line[len("data: ") :] for line in raw.decode().split("\n\n") if line.startswith("data: ")]
         return status, events
+
+    def metric(self, name: str) -> float:
+        """The value of the first sample called `name` on /metrics, read by Prometheus' own parser."""
+        raw = self.request("GET", "/metrics")[2].decode()
+        for family in text_string_to_metric_families(raw):
+            for sample in family.samples:
+                if sample.name == name:
+                    return float(sample.value)
+        raise AssertionError(f"{name} not exported")
 
     def stop(self) -> int:
         if self.proc.poll() is None:

@@ -13,7 +13,7 @@ import pytest
 from tandem.perf import kv_transfer_seconds
 
 from .harness import NAME, Engine, kv_config, start_engine
-from .test_pd import PROMPT, metric, prefill_leg
+from .test_pd import PROMPT, prefill_leg
 
 LINK_GBPS = 4.0
 PROMPT_TOKENS = 600
@@ -40,10 +40,10 @@ def clear_faults(pair: tuple[Engine, Engine]) -> Iterator[None]:
 
 def nixl(decode: Engine) -> tuple[float, float, float, float]:
     return (
-        metric(decode, "vllm:nixl_xfer_time_seconds_count"),
-        metric(decode, "vllm:nixl_xfer_time_seconds_sum"),
-        metric(decode, "vllm:nixl_bytes_transferred_sum"),
-        metric(decode, "vllm:nixl_num_failed_transfers_total"),
+        decode.metric("vllm:nixl_xfer_time_seconds_count"),
+        decode.metric("vllm:nixl_xfer_time_seconds_sum"),
+        decode.metric("vllm:nixl_bytes_transferred_sum"),
+        decode.metric("vllm:nixl_num_failed_transfers_total"),
     )
 
 
@@ -101,10 +101,10 @@ def test_injected_pull_failures_count_as_failed_transfers_on_the_reader(
 ) -> None:
     prefill, decode = pair
     count, seconds, size, failed = nixl(decode)
-    prefill_failed = metric(prefill, "vllm:nixl_num_failed_transfers_total")
+    prefill_failed = prefill.metric("vllm:nixl_num_failed_transfers_total")
     failing = prefill if failing_side == "prefill" else decode
     assert failing.post("/admin/faults", {"kv_pull_failure_rate": 1.0})[0] == 200
     assert one_request(prefill, decode, f"fail-{failing_side}") == 500  # kv_load_failure_policy fail
     # One failed READ on the decode engine; no time or bytes observed for it; nothing on prefill.
     assert nixl(decode) == (count, seconds, size, failed + 1)
-    assert metric(prefill, "vllm:nixl_num_failed_transfers_total") == prefill_failed
+    assert prefill.metric("vllm:nixl_num_failed_transfers_total") == prefill_failed

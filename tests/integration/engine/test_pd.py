@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from .harness import NAME, Engine, kv_config, start_engine
 
@@ -25,15 +24,6 @@ def prefill_leg(prefill: Engine, body: dict[str, Any], request_id: str) -> dict[
     params = reply["kv_transfer_params"]
     assert isinstance(params, dict)
     return params
-
-
-def metric(engine: Engine, name: str) -> float:
-    raw = engine.request("GET", "/metrics")[2].decode()
-    for family in text_string_to_metric_families(raw):
-        for sample in family.samples:
-            if sample.name == name:
-                return float(sample.value)
-    raise AssertionError(f"{name} not exported")
 
 
 def test_disaggregated_answer_equals_colocated(prefill: Engine, decode: Engine, colocated: Engine) -> None:
@@ -63,8 +53,8 @@ def test_disaggregated_answer_equals_colocated(prefill: Engine, decode: Engine, 
     kv = prefill.get("/debug/kv")[1]
     assert kv["held"] == []  # freed once pulled
     assert kv["pool"]["used"] == 0
-    assert metric(decode, "vllm:nixl_xfer_time_seconds_count") >= 1
-    assert metric(decode, "vllm:nixl_bytes_transferred_sum") >= 600 * 131072
+    assert decode.metric("vllm:nixl_xfer_time_seconds_count") >= 1
+    assert decode.metric("vllm:nixl_bytes_transferred_sum") >= 600 * 131072
 
 
 def test_chat_two_phase(prefill: Engine, decode: Engine, colocated: Engine) -> None:
@@ -83,11 +73,11 @@ def test_a_handle_can_be_pulled_once_then_policy_fail_gives_500(prefill: Engine,
     body = {"model": NAME, "prompt": PROMPT, "max_tokens": 3}
     params = prefill_leg(prefill, body, "req-pd-twice")
     assert decode.post("/v1/completions", {**body, "kv_transfer_params": params})[0] == 200
-    failed_before = metric(decode, "vllm:nixl_num_failed_transfers_total")
+    failed_before = decode.metric("vllm:nixl_num_failed_transfers_total")
     status, reply = decode.post("/v1/completions", {**body, "kv_transfer_params": params})
     assert status == 500
     assert "unknown or expired KV handle" in reply["error"]["message"]
-    assert metric(decode, "vllm:nixl_num_failed_transfers_total") == failed_before + 1
+    assert decode.metric("vllm:nixl_num_failed_transfers_total") == failed_before + 1
 
 
 def test_prompt_mismatch_is_refused(prefill: Engine, decode: Engine) -> None:
@@ -144,7 +134,7 @@ def test_lease_expiry_frees_blocks_and_decode_recomputes(
     assert kv["held"] == []
     assert kv["pool"]["used"] == 0
     assert params["remote_request_id"] in kv["recently_expired"]
-    assert metric(short_lease_prefill, "vllm:nixl_num_kv_expired_reqs_total") == 1
+    assert short_lease_prefill.metric("vllm:nixl_num_kv_expired_reqs_total") == 1
 
     status, answer = recompute_decode.post("/v1/completions", {**body, "kv_transfer_params": params})
     assert status == 200  # policy recompute: the decode engine prefills locally
@@ -230,11 +220,11 @@ def test_decode_refuses_kv_of_another_serving_revision(prefill: Engine, decode: 
         assert "serving revision mismatch" in reply["error"]["message"]
         assert "revision legacy" in reply["error"]["message"]
         assert "revision r2" in reply["error"]["message"]
-        assert metric(other, "tandem:kv_revision_mismatch_refusals_total") == 1.0
-        assert metric(other, "vllm:nixl_num_failed_transfers_total") == 0.0  # no pull was tried
+        assert other.metric("tandem:kv_revision_mismatch_refusals_total") == 1.0
+        assert other.metric("vllm:nixl_num_failed_transfers_total") == 0.0  # no pull was tried
     finally:
         other.stop()
     # The legacy decode engine serves the same handle: it is the prefill's revision.
     status, reply = decode.post("/v1/completions", {**body, "kv_transfer_params": params})
     assert status == 200, reply
-    assert metric(decode, "tandem:kv_revision_mismatch_refusals_total") == 0.0
+    assert decode.metric("tandem:kv_revision_mismatch_refusals_total") == 0.0

@@ -7,8 +7,6 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from .harness import NAME, Engine, start_engine
 
 LATENCY_S = 1.5  # far above a one-token step and a busy machine's HTTP round trip
@@ -22,25 +20,14 @@ def _first_token_seconds(engine: Engine) -> float:
     return time.monotonic() - started
 
 
-def _histogram(engine: Engine, name: str) -> tuple[float, float]:
-    """(sum, count) of a histogram over its label sets, read by Prometheus' own parser."""
-    status, _, raw = engine.request("GET", "/metrics")
-    assert status == 200
-    (family,) = [f for f in text_string_to_metric_families(raw.decode()) if f.name == name]
-    samples = family.samples
-    return (
-        sum(s.value for s in samples if s.name == f"{name}_sum"),
-        sum(s.value for s in samples if s.name == f"{name}_count"),
-    )
-
-
 def test_the_latency_adds_to_ttft_and_not_to_the_engines_own_time() -> None:
     env = {"TANDEM_SIM_TIME_SCALE": "1", "TANDEM_SIM_REQUEST_LATENCY_SECONDS": str(LATENCY_S)}
     engine = start_engine(env=env)
     try:
         assert _first_token_seconds(engine) >= LATENCY_S
         # The engine's own TTFT (from the request reaching the scheduler) has no part of it.
-        seconds, requests = _histogram(engine, "vllm:time_to_first_token_seconds")
+        seconds = engine.metric("vllm:time_to_first_token_seconds_sum")
+        requests = engine.metric("vllm:time_to_first_token_seconds_count")
         assert requests == 1
         assert seconds < LATENCY_S / 2
     finally:
