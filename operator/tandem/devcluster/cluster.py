@@ -263,6 +263,7 @@ def up(
     vllm: realvllm.EngineSetup | None = None,
     audit: bool = False,
     lws: bool = False,
+    profiling: bool = False,
 ) -> State:
     """Starts the cluster in `cdir`, or returns the state of the one already running there.
 
@@ -278,6 +279,8 @@ def up(
     request for tandem's kinds, pods, Secrets and Leases with its user agent, which
     `apiserver_request_total` does not carry (`fleet.audit_requests` counts them by client).
     With `lws`, the LeaderWorkerSet controller runs too (`start_lws`); it can also be started later.
+    With `profiling`, the apiserver serves Go's CPU and heap profiles at /debug/pprof (benches:
+    where its time goes under load); every other component keeps `--profiling=false`.
     """
     if is_running(cdir):
         if lws:
@@ -376,6 +379,8 @@ def up(
 
         if audit:
             cdir.audit_policy.write_text(AUDIT_POLICY)
+        if profiling:
+            cdir.apiserver_profiling.touch()
         start("kube-apiserver", _apiserver_argv(cdir, state, certs))
         wait(
             "kube-apiserver /readyz",
@@ -612,7 +617,7 @@ def _apiserver_argv(cdir: ClusterDir, state: State, certs: pki.Pki) -> list[str]
         "--authorization-mode=RBAC",
         "--allow-privileged=true",
         "--enable-priority-and-fairness=false",
-        "--profiling=false",
+        f"--profiling={'true' if cdir.apiserver_profiling.exists() else 'false'}",
         "--event-ttl=1h",
         f"--feature-gates={GANG_FEATURE_GATES}",
         "--runtime-config=scheduling.k8s.io/v1alpha2=true",

@@ -81,6 +81,11 @@ class ClusterDir:
         return self.path / "audit-policy.yaml"
 
     @property
+    def apiserver_profiling(self) -> Path:
+        """A marker: while it exists the apiserver serves /debug/pprof (`up(profiling=True)`)."""
+        return self.path / "apiserver-profiling"
+
+    @property
     def audit_log(self) -> Path:
         """The apiserver's audit log (JSON lines), when it audits."""
         return self.logs / "audit.log"
