@@ -6,10 +6,11 @@ client (server-side apply, 16 at a time) and timed until every StatefulSet and D
 then the operator on the same specs. The operator's time is printed as a ratio of the floor's.
 
 Starts a dev cluster without the pod runner (KWOK makes every pod Ready at once, the routers'
-too: `devcluster.up(pod_runner=False)`), creates `--nodes` fake 8-GPU nodes
-(`tandem.devcluster.fleet`), runs `tandem operator` as a process, creates `--deployments`
-PDDeployments, 8 requests at a time (`engine.type: vllm`, one prefill, one decode and one router
-replica each, 12 child objects) spread over `--namespaces` namespaces, and prints:
+too: `devcluster.up(pod_runner=False)`) and stops its Prometheus (`--with-prometheus` keeps it),
+creates `--nodes` fake 8-GPU nodes (`tandem.devcluster.fleet`), runs `tandem operator` as a
+process, creates `--deployments` PDDeployments, 8 requests at a time (`engine.type: vllm`, one
+prefill, one decode and one router replica each, 12 child objects) spread over `--namespaces`
+namespaces, and prints:
 - seconds from the first create until every PDDeployment is Ready=True at its generation;
 - the operator's API requests per reconcile pass (its own client's counter,
   `tandem_operator_api_requests_total`, by method and resource), while converging and steady;
@@ -31,10 +32,17 @@ replica each, 12 child objects) spread over `--namespaces` namespaces, and print
   PDDeployments and the child kinds (every client), Events posted about anything but Nodes (the
   node controller posts the fleet's RegisteredNode Events for minutes), and the operator's own
   write counter.
-  The operator runs with `--resync-seconds 30`, so the window holds full resyncs.
+  The operator runs with `--resync-seconds 30`, so the window holds full resyncs;
+- CPU seconds by process over the floor's phase and the operator's convergence (every control-plane
+  process, the operator, and this bench with the kubectl it ran), from /proc: which process took
+  the two cores in each phase;
+- with `--apiserver-pprof DIR`, a CPU profile of kube-apiserver (Go's pprof, the dev cluster started
+  with `devcluster.up(profiling=True)`) over the first `--pprof-seconds` of each phase, saved as
+  `DIR/run<N>-floor.pprof` and `DIR/run<N>-operator.pprof` (`go tool pprof -top FILE` reads them).
 
     nice -n 10 .venv/bin/python bench/operator_scale.py [--nodes 1000] [--deployments 100] \\
-        [--namespaces 4] [--steady-seconds 60] [--runs 3] [--workers N] [--child-event-delay S]
+        [--namespaces 4] [--steady-seconds 60] [--runs 3] [--workers N] [--child-event-delay S] \\
+        [--apiserver-pprof DIR [--pprof-seconds 60]]
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tracemalloc
 from collections import Counter
@@ -156,8 +165,7 @@ class Snapshot:
             for labels, value in samples(text, "tandem_operator_reconcile_duration_seconds_bucket")
         }
         pid = operator.proc.pid
-        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        cpu = (int(stat[11]) + int(stat[12])) / CLK_TCK  # utime, stime (fields 14, 15)
+        cpu = _cpu_seconds(pid) or 0.0
         status = proc_status(pid)
         return cls(
             at=time.monotonic(),
@@ -175,6 +183,76 @@ def proc_status(pid: int) -> dict[str, str]:
     """/proc/<pid>/status as a mapping (VmRSS, VmHWM, ...)."""
     text = Path(f"/proc/{pid}/status").read_text()
     return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(stat[11]) + int(stat[12])) / CLK_TCK  # utime, stime (fields 14, 15)
+
+
+def process_cpu(cluster: ClusterHandle, operator: OperatorProcess | None = None) -> dict[str, float]:
+    """CPU seconds so far of each control-plane process, the operator's, and this bench's own with
+    the children it has waited for (kubectl)."""
+    state = devcluster.load_state(ClusterDir(cluster.dir))
+    pids = dict(state.pids) if state is not None else {}
+    if operator is not None:
+        pids["operator"] = operator.proc.pid
+    out = {name: cpu for name, pid in pids.items() if (cpu := _cpu_seconds(pid)) is not None}
+    times = os.times()
+    out["bench+kubectl"] = times.user + times.system + times.children_user + times.children_system
+    return out
+
+
+def report_cpu(title: str, before: dict[str, float], after: dict[str, float], wall: float) -> None:
+    used = {name: after[name] - before.get(name, 0.0) for name in after}
+    total = sum(used.values())
+    parts = ", ".join(
+        f"{name} {sec:.1f} s ({sec / wall:.2f} cores)"
+        for name, sec in sorted(used.items(), key=lambda item: -item[1])
+        if sec >= 0.05
+    )
+    print(f"  CPU by process, {title} ({wall:.1f} s, {total:.1f} s of CPU in all): {parts}")
+
+
+def start_pprof(
+    cluster: ClusterHandle, out: Path | None, name: str, seconds: float
+) -> threading.Thread | None:
+    """A CPU profile of kube-apiserver over the next `seconds`, written to `out/name.pprof` by a
+    thread (join it before reading); None without `out`."""
+    if out is None:
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+
+    def fetch() -> None:
+        proc = subprocess.run(
+            [
+                str(cluster.bin_dir / "kubectl"),
+                "get",
+                "--raw",
+                f"/debug/pprof/profile?seconds={int(seconds)}",
+            ],
+            env=cluster.env(),
+            capture_output=True,
+            timeout=seconds + 120,
+            check=False,
+        )
+        if proc.returncode != 0:
+            print(f"  apiserver profile {name}: failed: {proc.stderr.decode(errors='replace').strip()}")
+            return
+        (out / f"{name}.pprof").write_bytes(proc.stdout)
+        print(f"  apiserver profile {name}: {out / f'{name}.pprof'} ({len(proc.stdout)} bytes)")
+
+    thread = threading.Thread(target=fetch, name=f"pprof-{name}", daemon=True)
+    thread.start()
+    return thread
+
+
+def join_pprof(thread: threading.Thread | None) -> None:
+    if thread is not None:
+        thread.join()
 
 
 def rss_mb(operator: OperatorProcess) -> float:
@@ -248,7 +326,9 @@ def workloads_ready(cluster: ClusterHandle, namespaces: list[str]) -> tuple[int,
     return ready, len(items)
 
 
-def floor(cluster: ClusterHandle, api: Any, args: argparse.Namespace, prefix: str) -> float | None:
+def floor(
+    cluster: ClusterHandle, api: Any, args: argparse.Namespace, prefix: str, number: int
+) -> float | None:
     """The bare client's time: every child object of the run's specs, server-side applied 16 at a
     time (`KubeRest.apply`: one request each, no reads, no logic), until every workload is ready."""
     docs = specs(args, prefix)
@@ -263,6 +343,8 @@ def floor(cluster: ClusterHandle, api: Any, args: argparse.Namespace, prefix: st
     rest = KubeRest(api, field_manager="bench-floor")
     audit_log = ClusterDir(cluster.dir).audit_log
     audit_from = fleet.audit_offset(audit_log)
+    cpu_before = process_cpu(cluster)
+    pprof = start_pprof(cluster, args.apiserver_pprof, f"run{number + 1}-floor", args.pprof_seconds)
     t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=16) as pool:
         list(pool.map(lambda o: rest.apply(KINDS[o["kind"]], o), objects))
@@ -278,9 +360,12 @@ def floor(cluster: ClusterHandle, api: Any, args: argparse.Namespace, prefix: st
                 f"floor: {len(objects)} objects created in {created:.1f} s, "
                 f"{total} workloads ready in {took:.1f} s"
             )
+            report_cpu("the floor", cpu_before, process_cpu(cluster), took)
+            join_pprof(pprof)
             return took
         time.sleep(max(1.0, args.deployments / 200))
     print(f"floor: NOT ready after {args.timeout:.0f} s")
+    join_pprof(pprof)
     return None
 
 
@@ -304,7 +389,7 @@ def profile_passes(cluster: ClusterHandle, namespaces: list[str]) -> None:
         f"(tracemalloc, Python allocations since their start) {counts}"
     )
     reconciler = Reconciler(kube_rest, EventRecorder(kube_rest), cache=cache)
-    steps: Counter[str] = Counter()
+    steps: dict[str, float] = dict.fromkeys(("read", "desire", "apply", "derive", "write"), 0.0)
 
     def timed(step: str, method: Any) -> Any:
         def wrapper(*a: Any, **k: Any) -> Any:
@@ -381,7 +466,7 @@ def stop_py_spy(spy: subprocess.Popen[bytes] | None) -> None:
 def run_once(cluster: ClusterHandle, api: Any, args: argparse.Namespace, number: int) -> dict[str, float]:
     """One run: the floor, then the operator on the same specs; its figures."""
     figures: dict[str, float] = {}
-    floor_s = floor(cluster, api, args, f"r{number}-floor")
+    floor_s = floor(cluster, api, args, f"r{number}-floor", number)
     if floor_s is not None:
         figures["floor_s"] = floor_s
     docs = specs(args, f"r{number}-scale")
@@ -420,6 +505,8 @@ def run_once(cluster: ClusterHandle, api: Any, args: argparse.Namespace, number:
         # Created 8 at a time, as a GitOps sync would (kubectl apply sends one object at a time).
         audit_log = ClusterDir(cluster.dir).audit_log
         converging_from = fleet.audit_offset(audit_log)
+        cpu_before = process_cpu(cluster, operator)
+        pprof = start_pprof(cluster, args.apiserver_pprof, f"run{number + 1}-operator", args.pprof_seconds)
         t0 = time.monotonic()
         with ThreadPoolExecutor(max_workers=8) as pool:
             list(pool.map(create, [doc for items in docs.values() for doc in items]))
@@ -443,6 +530,7 @@ def run_once(cluster: ClusterHandle, api: Any, args: argparse.Namespace, number:
                 break
             time.sleep(max(1.0, args.deployments / 200))  # the list itself weighs on the apiserver
         converged = Snapshot.take(operator)
+        cpu_after = process_cpu(cluster, operator)
         print(
             f"{args.deployments} PDDeployments in {len(namespaces)} namespaces on {args.nodes} nodes, "
             f"all created in {applied:.1f} s"
@@ -457,6 +545,8 @@ def run_once(cluster: ClusterHandle, api: Any, args: argparse.Namespace, number:
                 f"{converged_at:.1f} s{ratio}"
             )
         report_phase("converging", idle, converged)
+        report_cpu("converging", cpu_before, cpu_after, converged.at - t0)
+        join_pprof(pprof)
         audit_latency(audit_log, converging_from)
         time.sleep(args.settle_seconds)  # the last passes' writes, the garbage collector's owner checks
         audit_from = fleet.audit_offset(audit_log)
@@ -582,6 +672,19 @@ def main() -> int:
     parser.add_argument(
         "--kubeconfig", type=Path, help="use this running dev cluster (started with pod_runner=False)"
     )
+    parser.add_argument(
+        "--with-prometheus",
+        action="store_true",
+        help="keep the dev cluster's Prometheus running (stopped by default: not part of the control plane)",
+    )
+    parser.add_argument(
+        "--apiserver-pprof",
+        type=Path,
+        help="save a CPU profile of kube-apiserver over the start of each phase into this folder",
+    )
+    parser.add_argument(
+        "--pprof-seconds", type=float, default=60.0, help="how long each apiserver profile samples"
+    )
     args = parser.parse_args()
     # A plain `kill` stops the operator and the cluster too (finally blocks run on SystemExit).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -589,7 +692,19 @@ def main() -> int:
         return run(ClusterHandle.from_kubeconfig(args.kubeconfig), args)
     with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:
         cdir = ClusterDir(Path(tmp))
-        devcluster.up(cdir, pod_runner=False, owner_pid=os.getpid(), audit=True)
+        devcluster.up(
+            cdir,
+            pod_runner=False,
+            owner_pid=os.getpid(),
+            audit=True,
+            profiling=args.apiserver_pprof is not None,
+        )
+        if not args.with_prometheus:
+            # It scrapes every annotated pod every 2 s (e2e/prometheus/prometheus.yml): thousands of
+            # fake pods, none answering, and the pod watch behind them took 0.27 of the two cores in
+            # the floor's phase at 1,000 and more in the operator's, whose pods come on top
+            # (docs/operator-scale.md). Nothing here reads it: the specs do not autoscale.
+            devcluster.stop_prometheus(cdir)
         try:
             return run(ClusterHandle.from_dir(cdir.path, owned=True), args)
         finally:
