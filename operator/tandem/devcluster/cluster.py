@@ -381,6 +381,8 @@ def up(
             cdir.audit_policy.write_text(AUDIT_POLICY)
         if profiling:
             cdir.apiserver_profiling.touch()
+        else:  # a directory reused from a profiled cluster
+            cdir.apiserver_profiling.unlink(missing_ok=True)
         start("kube-apiserver", _apiserver_argv(cdir, state, certs))
         wait(
             "kube-apiserver /readyz",
