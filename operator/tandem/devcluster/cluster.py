@@ -377,11 +377,15 @@ def up(
         fcntl.flock(lock, fcntl.LOCK_UN)
         wait("etcd /health", lambda: _http_ok(f"{etcd_url}/health"), "etcd")
 
+        # Both kept in the directory so that a restarted apiserver (chaos tests) keeps them; a
+        # directory reused from a cluster started with either loses it unless asked again.
         if audit:
             cdir.audit_policy.write_text(AUDIT_POLICY)
+        else:
+            cdir.audit_policy.unlink(missing_ok=True)
         if profiling:
             cdir.apiserver_profiling.touch()
-        else:  # a directory reused from a profiled cluster
+        else:
             cdir.apiserver_profiling.unlink(missing_ok=True)
         start("kube-apiserver", _apiserver_argv(cdir, state, certs))
         wait(
