@@ -361,10 +361,10 @@ class ReadyTally:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def counts(self) -> tuple[int, int]:
-        """(ready, seen)."""
+    def ready(self) -> int:
+        """How many of the objects seen are ready."""
         with self._lock:
-            return sum(self._ready.values()), len(self._ready)
+            return sum(self._ready.values())
 
 
 def floor(
@@ -396,7 +396,7 @@ def floor(
         print(f"floor: {len(objects)} objects applied in {created:.1f} s")
         audit_latency(audit_log, audit_from)
         while time.monotonic() - t0 < args.timeout:
-            if tally.counts()[0] >= workloads:
+            if tally.ready() >= workloads:
                 took = time.monotonic() - t0
                 print(
                     f"floor: {len(objects)} objects created in {created:.1f} s, "
@@ -559,7 +559,7 @@ def run_once(cluster: ClusterHandle, api: Any, args: argparse.Namespace, number:
         peak_rss = 0.0
         converged_at = None
         while time.monotonic() - t0 < args.timeout:
-            ready = tally.counts()[0]
+            ready = tally.ready()
             # From /proc only: a scrape of the operator's /metrics each poll (a thousand PDDeployments'
             # gauges) weighed on the operator it measures.
             peak_rss = max(peak_rss, rss_mb(operator))
