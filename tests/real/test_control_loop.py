@@ -229,12 +229,17 @@ def test_a_load_step_adds_a_real_engine_that_serves_and_the_scale_in_drains_stre
         assert not failed, [s.error for s in failed][:5]
         assert in_flight_at_drain
         assert all(s.output_tokens == STREAMS.output_tokens for s in streams)
-        events = [
-            e
-            for e in harness.events(cluster, namespace, NAME)
-            if e.get("reason") in ("ScaledUp", "ScaledDown")
-        ]
-        assert [e["reason"] for e in events][-2:] == ["ScaledUp", "ScaledDown"], events
+
+        def scaled(found: list[dict[str, Any]]) -> list[str]:
+            return [str(e["reason"]) for e in found if e.get("reason") in ("ScaledUp", "ScaledDown")]
+
+        harness.wait_events(
+            cluster,
+            namespace,
+            NAME,
+            lambda found: scaled(found)[-2:] == ["ScaledUp", "ScaledDown"],
+            "ScaledUp then ScaledDown as the last scale Events",
+        )
     finally:
         if load is not None and load.running:
             load.stop(timeout=60)

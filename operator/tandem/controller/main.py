@@ -49,6 +49,7 @@ Key = tuple[str, str]  # (namespace, name)
 
 MAX_ERROR_BACKOFF_SECONDS = 300.0
 CHILD_EVENT_DELAY_SECONDS = 1.0  # --child-event-delay-seconds' default
+EVENT_POSTERS = 4  # threads posting Events off the passes
 MAX_CHILD_EVENT_DELAY_SECONDS = 60.0
 MAX_UNSCHEDULABLE_GRACE_SECONDS = 86400.0
 CACHE_SYNC_RETRY_SECONDS = 1.0  # a key popped before the caches' first lists: again this much later
@@ -92,16 +93,18 @@ class Runtime:
         self.args = args
         namespaces = self.namespaces()
         watches = len(namespaces) * (1 + len(CHILD_WATCHES))
-        # One connection per thread that may call at once: passes, their parallel calls, leases,
-        # and one per informer's open watch.
-        self.kube = KubeRest(load_api_client(pool_size=args.workers + args.api_parallelism + 4 + watches))
+        # One connection per thread that may call at once: passes, their parallel calls, Event
+        # posters, leases, and one per informer's open watch.
+        self.kube = KubeRest(
+            load_api_client(pool_size=args.workers + args.api_parallelism + EVENT_POSTERS + 4 + watches)
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self.cache = build_cache(self.kube, namespaces, self._cache_event)
         self.autoscaler = Autoscaler(self.kube, args.prometheus_url, reader_for=PrometheusReader)
         self.api_pool = ThreadPoolExecutor(max_workers=args.api_parallelism, thread_name_prefix="tandem-api")
         self.reconciler = Reconciler(
             self.kube,
-            EventRecorder(self.kube),
+            EventRecorder(self.kube, posters=EVENT_POSTERS),
             self.autoscaler,
             api_pool=self.api_pool,
             unschedulable_grace_seconds=args.unschedulable_grace_seconds,
@@ -356,6 +359,7 @@ async def run(args: argparse.Namespace) -> None:
         runtime.cache.stop()
         for task in tasks:
             task.cancel()
+        await asyncio.to_thread(runtime.reconciler.events.close)
         await web_runner.cleanup()
 
 

@@ -237,6 +237,24 @@ def events(cluster: ClusterHandle, namespace: str, name: str) -> list[dict[str, 
     return sorted(items, key=when)
 
 
+def wait_events(
+    cluster: ClusterHandle,
+    namespace: str,
+    name: str,
+    check: Callable[[list[dict[str, Any]]], bool],
+    what: str,
+    timeout: float = 60,
+) -> list[dict[str, Any]]:
+    """The object's Events once `check` holds for them. The operator posts a pass's Events off the
+    pass, after its status patch: a status seen does not mean its Events are in yet."""
+    return eventually(
+        lambda: found if check(found := events(cluster, namespace, name)) else None,
+        timeout=timeout,
+        what=what,
+        interval=1.0,
+    )
+
+
 def router_url(cluster: ClusterHandle, namespace: str, name: str) -> str:
     api = cluster.api_client()
     try:

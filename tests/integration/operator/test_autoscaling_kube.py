@@ -202,7 +202,15 @@ def test_scale_in_without_traffic_drains_first_and_survives_kubectl_apply(
     assert pdd["status"]["pools"]["decode"]["desiredReplicas"] == 1
     assert pdd["status"]["pools"]["decode"]["limitedBy"] == "autoscaler"
     assert condition(pdd, "AutoscalingActive")["status"] == "True"
-    events = events_of(cluster, namespace, name)
+    events = wait_for(
+        "the ScaledDown, Draining and Drained Events",  # posted off the passes
+        lambda: (
+            e
+            if {"ScaledDown", "Draining", "Drained"} <= set(e := events_of(cluster, namespace, name))
+            else None
+        ),
+        timeout=60,
+    )
     at = {
         reason: events[reason]["metadata"]["creationTimestamp"]
         for reason in ("ScaledDown", "Draining", "Drained")

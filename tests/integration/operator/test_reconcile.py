@@ -263,8 +263,12 @@ def test_unschedulable_shows_in_status(
     assert "nvidia.com/gpu" in stalled_cond["message"] or "Insufficient" in stalled_cond["message"]
     assert condition(pdd, "Ready")["status"] == "False"
     assert pdd["status"]["phase"] == "Degraded"
-    events = get(cluster, namespace, "events", "--field-selector", "involvedObject.name=too-big")["items"]
-    assert any(e["reason"] == "Unschedulable" and e["type"] == "Warning" for e in events)
+
+    def warned() -> bool:
+        events = get(cluster, namespace, "events", "--field-selector", "involvedObject.name=too-big")["items"]
+        return any(e["reason"] == "Unschedulable" and e["type"] == "Warning" for e in events)
+
+    wait_for("the Unschedulable Warning Event", warned, timeout=60)  # posted off the pass
 
 
 def test_sim_runs_on_a_node_without_gpus(

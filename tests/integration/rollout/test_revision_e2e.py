@@ -239,7 +239,13 @@ def test_image_change_rolls_prefill_and_decode_as_one_revision(
         assert set(removed) == {f"{prefix}-prefill", f"{prefix}-decode"}
         removals = [
             str(e.get("message", ""))
-            for e in harness.events(rev.cluster, rev.namespace, NAME)
+            for e in harness.wait_events(
+                rev.cluster,
+                rev.namespace,
+                NAME,
+                lambda found: any(e.get("reason") == "RevisionRemoved" for e in found),
+                "the RevisionRemoved Event",
+            )
             if e.get("reason") == "RevisionRemoved"
         ]
         assert len(removals) == 1, removals

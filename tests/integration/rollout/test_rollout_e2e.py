@@ -429,7 +429,16 @@ def test_a_slow_link_during_a_step_rolls_back(gray: Gray) -> None:
     assert gray.failures_since(moment) == []
     # One Event per moment on the real apiserver, over the module's four rollbacks so far: no generic
     # "RolledBack" Warning beside RolloutRolledBack, and RolloutRollingBack once per rollback.
-    reasons = [e.get("reason") for e in harness.events(gray.cluster, gray.namespace, NAME)]
+    reasons = [
+        e.get("reason")
+        for e in harness.wait_events(
+            gray.cluster,
+            gray.namespace,
+            NAME,
+            lambda found: [e.get("reason") for e in found].count("RolloutRolledBack") >= 4,
+            "the fourth RolloutRolledBack Event",
+        )
+    ]
     assert "RolledBack" not in reasons
     assert reasons.count("RolloutRollingBack") == reasons.count("RolloutRolledBack") == 4, reasons
 
@@ -482,7 +491,12 @@ def test_a_mode_change_without_rollout_waits_for_the_new_arm(gray: Gray) -> None
     assert min(switched.ready("prefill"), switched.ready("decode")) >= 1
     assert "rollout" not in switched.status
     print(f"cut-over without a rollout: P/D serving {switched.at - moment:.1f}s after the change")
-    events = [e.get("reason") for e in harness.events(gray.cluster, gray.namespace, NAME)]
-    assert "ModeSwitched" in events
+    harness.wait_events(
+        gray.cluster,
+        gray.namespace,
+        NAME,
+        lambda found: any(e.get("reason") == "ModeSwitched" for e in found),
+        "the ModeSwitched Event",
+    )
     time.sleep(3)  # requests sent across the switch have finished
     assert gray.failures_since(moment) == []

@@ -145,12 +145,16 @@ def test_named_tenants_reach_the_new_arm_first(stage: Stage) -> None:
         "the tenants stage", lambda r: (r["phase"], r["step"], r["weight"]) == ("Shifting", 0, 0), ARM_TIMEOUT
     )
     print(f"\ntenants stage after {time.monotonic() - began:.0f}s: {rollout(in_stage)['reason']}")
-    shifting = [
-        e.get("message", "")
-        for e in harness.events(stage.cluster, stage.namespace, NAME)
-        if e.get("reason") == "RolloutShifting"
-    ]
-    assert any(m.endswith("step 0: spec.rollout.tenants only to the target arm") for m in shifting), shifting
+    step0 = "step 0: spec.rollout.tenants only to the target arm"
+    harness.wait_events(
+        stage.cluster,
+        stage.namespace,
+        NAME,
+        lambda found: any(
+            e.get("reason") == "RolloutShifting" and str(e.get("message", "")).endswith(step0) for e in found
+        ),
+        "the RolloutShifting Event of the tenants stage",
+    )
     assert in_stage.status.get("mode") == "Colocated", "the source is the mode in effect"
 
     eventually(lambda: stage.served()["team-a", "disaggregated"] > 0, timeout=20, what="team-a on P/D")
