@@ -316,7 +316,13 @@ def stop_and_check_drained(
     print(f"{len(samples)} streams through the router, {len(failed)} failed")
     assert samples
     assert not failed, failed[:3]
-    seen = events(cluster, namespace, name)
+    seen = wait_events(
+        cluster,
+        namespace,
+        name,
+        lambda found: any(e["reason"] == "Drained" for e in found),
+        "the Drained Event",
+    )
     reasons = [e["reason"] for e in seen]
     assert "Draining" in reasons, reasons
     drained = [e for e in seen if e["reason"] == "Drained"]
