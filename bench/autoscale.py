@@ -1318,7 +1318,9 @@ def tune_tandem(cases: Sequence[Case], overrides: Sequence[str]) -> int:
             print(f"unknown knob {name!r}", file=sys.stderr)
             return 2
         for value in values.split(","):
-            knobs = replace(KNOBS, **{name: type(getattr(KNOBS, name))(value)})
+            kind = type(getattr(KNOBS, name))
+            parsed = value.strip().lower() in ("1", "true", "on") if kind is bool else kind(value)
+            knobs = replace(KNOBS, **{name: parsed})
             print(f"tandem, {name}={value}: " + _tandem_figures(cases, knobs), flush=True)
     return 0
 

@@ -4,7 +4,8 @@ Per autoscaled pool (`spec.<pool>.autoscaling` set, not `external`), in this ord
 1. the raw recommendation from the load at the SLO (`recommend.py`);
 2. a partial view (fewer pods report than are ready, or no pod is ready yet) forbids scaling
    down this pass;
-3. the dead band (`stabilize.within_dead_band`), then `[minReplicas, maxReplicas]`;
+3. the dead band (`stabilize.within_dead_band`; a scale-up only while the pool is comfortably within
+   its SLO), then `[minReplicas, maxReplicas]`;
 4. the stabilization windows over the recorded recommendations (a descent, `stabilize.fell_for_good`,
    has the shorter `scaleDown.descentStabilizationSeconds`), then the step limits, then the bounds
    again (bounds win over steps);
@@ -156,6 +157,11 @@ def _shape(
         value != current
         and (sizing.slo_floor is None or sizing.slo_floor <= current)
         and stabilize.within_dead_band(sizing.exact, current, knobs.dead_band)
+        and not (
+            knobs.dead_band_up_needs_comfort
+            and value > current
+            and sizing.figures.get("sloRatio", 0.0) >= knobs.comfortable_ratio
+        )
     ):
         value, limited_by = current, "deadBand"
     bounded = _clamp(value, bounds)

@@ -156,23 +156,42 @@ def test_a_load_step_adds_pods_once_while_models_load(kit: Kit) -> None:
 # --- dead band --------------------------------------------------------------------------------------
 
 DEAD_BAND_CASES = [
-    # id, current, load, target, limited_by
-    ("just-above", 4, 4.3, 4, "deadBand"),
-    ("just-below", 4, 3.7, 4, None),  # ceil is 4 already
-    ("beyond-up", 4, 4.5, 5, None),
-    ("beyond-down-held-by-window", 4, 3.5, 4, None),
+    # id, current, load, TTFT p95 as a share of its target (None: no TTFT read), target, limited_by
+    ("just-above", 4, 4.3, None, 4, "deadBand"),
+    ("just-above-comfortably-within-the-slo", 4, 4.3, 0.5, 4, "deadBand"),
+    # At 90% of its TTFT target the pool is not comfortably within it (comfortable_ratio 0.8): a small
+    # excess is the load rising into the SLO, not noise.
+    ("just-above-near-the-slo", 4, 4.3, 0.9, 5, None),
+    ("just-below", 4, 3.7, None, 4, None),  # ceil is 4 already
+    ("beyond-up", 4, 4.5, None, 5, None),
+    ("beyond-down-held-by-window", 4, 3.5, None, 4, None),
 ]
 
 
 @pytest.mark.parametrize(
-    ("current", "load", "target", "limited_by"),
+    ("current", "load", "ttft_share", "target", "limited_by"),
     [c[1:] for c in DEAD_BAND_CASES],
     ids=[c[0] for c in DEAD_BAND_CASES],
 )
-def test_dead_band(kit: Kit, current: int, load: float, target: int, limited_by: str | None) -> None:
-    snapshot = kit.snapshot(T0, sizes={"prefill": (current, current), "decode": (2, 2)}, prefill=load)
+def test_dead_band(
+    kit: Kit, current: int, load: float, ttft_share: float | None, target: int, limited_by: str | None
+) -> None:
+    assert kit.spec.slo is not None
+    ttft = None if ttft_share is None else ttft_share * kit.spec.slo.ttft_ms / 1000
+    sizes = {"prefill": (current, current), "decode": (2, 2)}
+    snapshot = kit.snapshot(T0, sizes=sizes, prefill=load, ttft=ttft)
     pool = decide(kit.spec, snapshot, at({"prefill": current, "decode": 2}), T0).pools["prefill"]
     assert (pool.target, pool.limited_by) == (target, limited_by)
+
+
+def test_the_dead_band_near_the_slo_can_be_kept_for_scale_ups(kit: Kit) -> None:
+    """`dead_band_up_needs_comfort` off: the dead band holds a small scale-up whatever the latency."""
+    assert kit.spec.slo is not None
+    ttft = 0.9 * kit.spec.slo.ttft_ms / 1000
+    snapshot = kit.snapshot(T0, sizes={"prefill": (4, 4), "decode": (2, 2)}, prefill=4.3, ttft=ttft)
+    knobs = Knobs(dead_band_up_needs_comfort=False)
+    pool = decide(kit.spec, snapshot, at({"prefill": 4, "decode": 2}), T0, knobs=knobs).pools["prefill"]
+    assert (pool.target, pool.limited_by) == (4, "deadBand")
 
 
 # --- stabilization and steps --------------------------------------------------------------------------
