@@ -9,6 +9,7 @@ at shutdown what is queued is posted for up to `CLOSE_GRACE_SECONDS`.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -41,7 +42,8 @@ class EventRecorder:
         self._max_pending = max_pending
         self._pending = 0
         self._lock = threading.Lock()
-        self._close_by: float | None = None
+        self._close_by = math.inf  # queued Events picked up after this (monotonic) time are dropped
+        self.closing = threading.Event()  # set once `close` has begun
         self.dropped = 0
 
     def close(self, grace_seconds: float = CLOSE_GRACE_SECONDS) -> None:
@@ -49,6 +51,7 @@ class EventRecorder:
         an unreachable apiserver does not hold a shutdown), then stops the posters."""
         if self._pool is not None:
             self._close_by = time.monotonic() + grace_seconds
+            self.closing.set()
             self._pool.shutdown(wait=True)
 
     def normal(self, obj: Obj, reason: str, message: str) -> None:
@@ -84,7 +87,7 @@ class EventRecorder:
 
     def _create_queued(self, event: Obj) -> None:
         try:
-            if self._close_by is not None and time.monotonic() > self._close_by:
+            if time.monotonic() > self._close_by:
                 with self._lock:
                     self.dropped += 1
                 return

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -120,9 +119,7 @@ def test_close_drops_what_is_still_queued_after_its_grace() -> None:
     assert kube.entered.acquire(timeout=WAIT)  # the first is in its create
     closing = threading.Thread(target=recorder.close, kwargs={"grace_seconds": 0.0})
     closing.start()
-    deadline = time.monotonic() + WAIT
-    while recorder._close_by is None and time.monotonic() < deadline:  # close has begun
-        time.sleep(0.001)
+    assert recorder.closing.wait(WAIT)  # close has begun: its grace is over
     kube.gate.set()  # the create in flight finishes; the two behind it are past the grace
     closing.join(WAIT)
     assert not closing.is_alive()
