@@ -20,10 +20,11 @@ every real engine runs while this process holds `flock /tmp/real-engines.lock`, 
    the P/D cells, 3 runs.
 3. The fit (`tandem.perf.fit`): prefill coefficients through the grid's TTFTs less the sim path's own
    TTFT (router, HTTP, SSE: the sim engine run over the same grid at TANDEM_SIM_TIME_SCALE=0), decode
-   coefficients through the grid's decode steps and the context they held; the prefill intercept beyond
-   decode's base becomes the sim engines' request latency (`split_request_latency`). Written to
-   operator/tandem/perf/profiles/cpu-tiny-llama.yaml with its provenance (machine, load average, date,
-   command, the latency and the link).
+   coefficients through the grid's decode steps and the context they held; the serving process's own
+   time on the grid's lone prompts (the real engine's TTFT histogram less its queue and prefill ones),
+   taken off the prefill intercept, becomes the sim engines' request latency
+   (`split_request_latency`). Written to operator/tandem/perf/profiles/cpu-tiny-llama.yaml with its
+   provenance (machine, load average, date, command, the latency and the link).
 4. Sim, colocated then P/D, with the fitted profile and link: the grid (how well the fit fits) and the
    same evaluation cells with the same prompts, 3 runs.
 
@@ -644,6 +645,18 @@ def ttft_parts(
     return out
 
 
+def serving_ms(parts: Mapping[str, float], role: str = "colocated") -> float:
+    """The serving process's own time on a request in one engine (ms), by its histograms' means in
+    `ttft_parts`: vLLM's TTFT less its queue and prefill times, which leaves what the API server
+    does before the scheduler sees the request and after the engine core outputs its first token.
+    NaN where the engine observed nothing."""
+    return (
+        parts.get(f"{role} server", math.nan)
+        - parts.get(f"{role} queue", math.nan)
+        - parts.get(f"{role} prefill", math.nan)
+    )
+
+
 def parts_lines(real_eval: Mapping[str, Any], sim_eval: Mapping[str, Any]) -> list[str]:
     """Per cell, real then sim: the medians over runs of `ttft_parts` (cells measured before the parts
     were recorded are left out)."""
@@ -675,12 +688,15 @@ def calibrate(st: Stack, repeats: int = PREFILL_REPEATS, part: int = 0) -> dict[
         warm = [([rng.randint(*VOCAB) for _ in range(n)], 8) for n in (*PREFILL_GRID, *PREFILL_GRID)]
         asyncio.run(run_requests(st.router, warm, "steady", 1))
         asyncio.run(run_requests(st.router, warm[:6], "bursty", 6))
-    prefill, decode = [], []
+    prefill, decode, serving = [], [], []
     for _ in range(repeats):
+        early = {role: scrape(url) for role, url in st.engines.items()}
         for n in PREFILL_GRID:
             prompt = [rng.randint(*VOCAB) for _ in range(n)]
             s = asyncio.run(run_requests(st.router, [(prompt, 2)], "steady", 1))[0]
             prefill.append({"tokens": n, "ttft_s": s.ttft, "error": s.error})
+        late = {role: scrape(url) for role, url in st.engines.items()}
+        serving.append(serving_ms(ttft_parts([], early, late)))
         for batch in DECODE_BATCHES:
             for context in DECODE_CONTEXTS:
                 reqs = [([rng.randint(*VOCAB) for _ in range(context)], DECODE_TOKENS) for _ in range(batch)]
@@ -697,7 +713,7 @@ def calibrate(st: Stack, repeats: int = PREFILL_REPEATS, part: int = 0) -> dict[
                         "errors": [s.error for s in samples if s.error],
                     }
                 )
-    return {"prefill": prefill, "decode": decode, "load_1m": os.getloadavg()[0]}
+    return {"prefill": prefill, "decode": decode, "serving_ms": serving, "load_1m": os.getloadavg()[0]}
 
 
 def repeats_before_run(run: int, runs: int) -> int:
@@ -722,6 +738,7 @@ def calibrate_and_evaluate(
     calibration = {
         "prefill": [p for part in parts for p in part["prefill"]],
         "decode": [d for part in parts for d in part["decode"]],
+        "serving_ms": [x for part in parts for x in part["serving_ms"]],
         "load_1m": [part["load_1m"] for part in parts],
     }
     return calibration, figures, counters
@@ -822,20 +839,32 @@ def fit(real_cal: Mapping[str, Any], overhead: Mapping[int, float]) -> tuple[Pro
     ttft, steps = grid_medians(real_cal)
     prefill = [PrefillPoint(n, max(1e-3, t - overhead.get(n, 0.0))) for n, t in ttft.items()]
     decode = [DecodePoint(b, round(held), t) for (b, _), (t, held) in steps.items()]
-    return split_request_latency(fit_profile(PERF_MODEL, GPU, GPU_MEMORY_GIB, prefill, decode))
+    fitted = fit_profile(PERF_MODEL, GPU, GPU_MEMORY_GIB, prefill, decode)
+    return split_request_latency(fitted, measured_serving_ms(real_cal))
 
 
-def split_request_latency(profile: Profile) -> tuple[Profile, float]:
-    """(the profile with a step's own fixed cost as its prefill intercept, the request latency in
-    seconds). A lone prompt's TTFT holds, beyond its tokens, the step's fixed cost and the serving
-    process's own work on the request (vLLM's API server: 1.4 ms of a 24-token prompt's 4.2 ms here,
-    its histograms; the engine core's step 2.8 ms); the fitted intercept is their sum. A step's fixed
-    cost is taken as decode's `base` (a step that computes one token either way), and the rest goes to
-    the sim engine's TANDEM_SIM_REQUEST_LATENCY_SECONDS, which adds to TTFT and to no step: costed in
-    the intercept, every step that carries a short prefill chunk (a P/D decode engine's recompute of
-    a prompt's last token) paid the request's work again."""
+def measured_serving_ms(calibration: Mapping[str, Any]) -> float:
+    """The median over the grid's repeats of the serving process's time on a lone prompt (`serving_ms`;
+    NaN for a calibration from before 2026-12-06, which did not record it)."""
+    values = [v for v in calibration.get("serving_ms", []) if not math.isnan(v)]
+    return statistics.median(values) if values else math.nan
+
+
+def split_request_latency(profile: Profile, serving_ms: float = math.nan) -> tuple[Profile, float]:
+    """(the profile with the request's own work taken off its prefill intercept, the request latency
+    in seconds). A lone prompt's TTFT holds, beyond its tokens, the step's fixed cost and the serving
+    process's own work on the request; the fitted intercept is their sum. The serving process's share
+    is what the real engine's histograms say it is (`serving_ms`: vLLM's TTFT less its queue and
+    prefill times on the grid's lone prompts) and goes to the sim engine's
+    TANDEM_SIM_REQUEST_LATENCY_SECONDS, one request at a time before the scheduler, as requests pass
+    through vLLM's single API-server process; the rest of the intercept stays with the step that
+    computes the prompt. The latency is at most the intercept beyond decode's `base` (a step that
+    computes one token costs at least that), and all of it where the histograms are missing (NaN):
+    until 2026-12-06 the whole of it went to the latency, which spread requests arriving together
+    over more steps than the real engine (docs/real-vllm.md, "Measured (2026-12-06, morning)")."""
     p, base = profile.prefill, profile.decode.base_ms
-    latency_ms = max(0.0, p.intercept_ms - base)
+    beyond = max(0.0, p.intercept_ms - base)
+    latency_ms = beyond if math.isnan(serving_ms) else min(beyond, max(0.0, serving_ms))
     prefill = p.model_copy(update={"intercept_ms": p.intercept_ms - latency_ms})
     return profile.model_copy(update={"prefill": prefill}), latency_ms / 1000
 
@@ -893,9 +922,12 @@ def provenance_lines(
         "request latency for the sim engines (TANDEM_SIM_REQUEST_LATENCY_SECONDS, not part of the "
         f"profile): {latency * 1000:.3g} ms,"
     )
+    serving = ", ".join(f"{x:.2f}" for x in cal.get("serving_ms", []))
     lines.append(
-        "  the prefill fit's intercept beyond decode's base (bench/real_fidelity.py, split_request_latency)"
+        f"  the real serving process's own time on the grid's lone prompts ({serving or 'not recorded'} ms"
+        " over the repeats: vLLM's TTFT less queue and prefill), at most the prefill fit's intercept"
     )
+    lines.append("  beyond decode's base (bench/real_fidelity.py, split_request_latency)")
     link = real.get("link")
     if link and link["xfer_seconds"] > 0:
         lines.append(

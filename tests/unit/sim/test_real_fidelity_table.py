@@ -237,15 +237,18 @@ def test_the_grid_is_spread_over_the_evaluation_runs(runs: int, expected: list[i
 
 
 @pytest.mark.parametrize(
-    ("intercept_ms", "base_ms", "want_intercept_ms", "want_latency_ms"),
+    ("intercept_ms", "base_ms", "serving_ms", "want_intercept_ms", "want_latency_ms"),
     [
-        (5.2, 1.7, 1.7, 3.5),  # the intercept beyond a step's fixed cost is the request's own
-        (1.2, 1.7, 1.2, 0.0),  # under decode's base: nothing to split off
-        (1.7, 1.7, 1.7, 0.0),
+        (5.2, 1.7, 2.0, 3.2, 2.0),  # the serving process's measured time; the rest stays with the step
+        (5.2, 1.7, 9.0, 1.7, 3.5),  # at most the intercept beyond a step's fixed cost
+        (5.2, 1.7, -0.4, 5.2, 0.0),  # histograms' means that disagree below zero: none
+        (5.2, 1.7, NAN, 1.7, 3.5),  # not measured (a calibration from before): all beyond the base
+        (1.2, 1.7, 2.0, 1.2, 0.0),  # under decode's base: nothing to split off
+        (1.7, 1.7, NAN, 1.7, 0.0),
     ],
 )
-def test_the_request_latency_is_the_prefill_intercept_beyond_decodes_base(
-    intercept_ms: float, base_ms: float, want_intercept_ms: float, want_latency_ms: float
+def test_the_request_latency_is_the_serving_processs_time_within_the_intercept_beyond_decodes_base(
+    intercept_ms: float, base_ms: float, serving_ms: float, want_intercept_ms: float, want_latency_ms: float
 ) -> None:
     from tandem.perf.fit import DecodePoint, PrefillPoint, fit_profile
 
@@ -256,11 +259,19 @@ def test_the_request_latency_is_the_prefill_intercept_beyond_decodes_base(
         [PrefillPoint(n, (intercept_ms + 0.03 * n) / 1000) for n in (24, 600, 1800)],
         [DecodePoint(b, c, (base_ms + 1e-3 * c) / 1000) for b in (1, 4) for c in (100, 2000)],
     )
-    profile, latency = rf.split_request_latency(fitted)
+    profile, latency = rf.split_request_latency(fitted, serving_ms)
     assert profile.prefill.intercept_ms == pytest.approx(want_intercept_ms, abs=1e-6)
     assert latency * 1000 == pytest.approx(want_latency_ms, abs=1e-6)
     assert profile.prefill.per_token_ms == fitted.prefill.per_token_ms
     assert profile.decode == fitted.decode
+
+
+def test_the_serving_time_is_vllms_ttft_less_queue_and_prefill_and_its_median_over_repeats() -> None:
+    parts = {"colocated server": 15.0, "colocated queue": 0.5, "colocated prefill": 11.5, "client": 19.0}
+    assert rf.serving_ms(parts) == pytest.approx(3.0)
+    assert math.isnan(rf.serving_ms({"colocated server": 15.0, "colocated queue": NAN}))
+    assert rf.measured_serving_ms({"serving_ms": [3.0, NAN, 5.0, 4.0]}) == pytest.approx(4.0)
+    assert math.isnan(rf.measured_serving_ms({"prefill": [], "decode": []}))  # recorded before it existed
 
 
 def test_ttft_parts_are_the_histograms_means_between_two_scrapes() -> None:
