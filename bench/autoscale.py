@@ -54,6 +54,10 @@ table as JSON there.
                                                         # the same comparison with decode in DP4 groups
     .venv/bin/python bench/autoscale.py --traces azure-code --policies tandem --start 5P+1D
                                                         # a dynamic policy from your own starting layout
+    .venv/bin/python bench/autoscale.py --traces azure-conv --policies tandem,oracle --decisions DIR
+                                                        # every tandem pass (per pool: size, recommendation,
+                                                        # limit, reason, figures) and the oracle's schedule
+                                                        # as JSON lines; with --tune-tandem, per knob value
     .venv/bin/python bench/autoscale.py --docs          # also copy the plots to docs/img/
 """
 
@@ -77,6 +81,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "operator"))
 
 from tandem.api.models import ForecastSpec, PDDeploymentSpec  # noqa: E402
+from tandem.autoscale.decide import Decision  # noqa: E402
 from tandem.autoscale.knobs import KNOBS, Knobs  # noqa: E402
 from tandem.perf import kv_cache_tokens, load_profile  # noqa: E402
 from tandem.routing.disaggregation import DisaggregationKnobs  # noqa: E402
@@ -592,18 +597,64 @@ class WallClockGuard:
     """Wraps a policy: past `limit` seconds of wall time since `started`, its next tick stops the run
     (an overloaded simulation can take many times longer than a healthy one; the row says so)."""
 
-    def __init__(self, policy: Policy, started: float, limit: float) -> None:
+    def __init__(
+        self, policy: Policy, started: float, limit: float, log: list[dict[str, Any]] | None = None
+    ) -> None:
         self.policy = policy
         self.interval_seconds = policy.interval_seconds
         self.started = started
         self.limit = limit
+        self.log = log  # with a tandem policy, each pass's `decision_lines` go here
 
     def decide(self, snapshot: Any, now: float) -> dict[str, int]:
         if time.perf_counter() - self.started > self.limit:
             total = snapshot.total()
             share = total.attainment
             raise JobTooSlow(now, "n/a" if share is None else f"{share:.1%}")
-        return self.policy.decide(snapshot, now)
+        wanted = self.policy.decide(snapshot, now)
+        if self.log is not None and isinstance(self.policy, TandemPolicy) and self.policy.last is not None:
+            self.log.extend(decision_lines(now, self.policy.last))
+        return wanted
+
+
+def decision_lines(now: float, decision: Decision) -> list[dict[str, Any]]:
+    """One record per pool of one tandem pass (`--decisions`): what it ran at, what it asked for and
+    why, with the figures the decision used."""
+    return [
+        {
+            "time": now,
+            "pool": role,
+            "held": decision.held,
+            "current": pool.current,
+            "target": pool.target,
+            "recommendation": pool.recommendation,
+            "limitedBy": pool.limited_by,
+            "cause": pool.cause,
+            "reason": pool.reason,
+            "figures": dict(pool.figures),
+        }
+        for role, pool in decision.pools.items()
+    ]
+
+
+def oracle_lines(outcome: Outcome) -> list[dict[str, Any]]:
+    """The oracle's schedule (`--decisions`): one record per decision interval, the layout its search
+    chose and the share of that interval's requests within the SLO in the search."""
+    interval = float(outcome.extra.get("interval_seconds", ORACLE_INTERVAL))
+    sizes = outcome.extra.get("schedule", [])
+    shares = outcome.extra.get("search_attainment", [])
+    return [
+        {"time": k * interval, "prefill": p, "decode": d, "attainment": share}
+        for k, ((p, d), share) in enumerate(zip(sizes, shares, strict=True))
+    ]
+
+
+def write_decisions(directory: Path, name: str, lines: Sequence[dict[str, Any]]) -> Path:
+    """`lines` as JSON lines in `directory`/`name`.jsonl (the directory made if missing)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{re.sub(r'[^A-Za-z0-9_.=,+-]', '_', name)}.jsonl"
+    path.write_text("".join(json.dumps(line, default=str) + "\n" for line in lines))
+    return path
 
 
 @dataclass
@@ -656,7 +707,10 @@ def run_job(
     initial: dict[str, int] | None,
     knobs: Knobs = KNOBS,
     hpa: HPAConfig | None = None,
+    decisions: bool = False,
 ) -> Outcome:
+    """One policy on one case. `decisions`: a tandem run's per-pass `decision_lines` come back in
+    `extra["decision_lines"]`."""
     started = time.perf_counter()
     setup = setup_of(case, initial)
     if policy in (STATIC_PEAK, STATIC_COLOCATED):
@@ -676,7 +730,8 @@ def run_job(
     instance = make_policy(policy, setup, knobs, hpa)
     layout = setup.layout_pd
     note = f"from {layout_text(case, StaticLayout(setup.initial['prefill'], setup.initial['decode']))}"
-    guarded = WallClockGuard(instance, started, case.wall_limit_seconds)
+    log: list[dict[str, Any]] | None = [] if decisions else None
+    guarded = WallClockGuard(instance, started, case.wall_limit_seconds, log)
     try:
         result = simulate(requests_of(case), layout, setup.config, guarded)
     except JobTooSlow as exc:
@@ -694,6 +749,8 @@ def run_job(
         extra["held"] = instance.held
         extra["forecast_drove"] = sum("one model load ahead" in e.reason for e in instance.decisions)
         extra["down_sooner"] = sum("scale-down window x" in e.reason for e in instance.decisions)
+        if log is not None:
+            extra["decision_lines"] = log
     return Outcome(
         case.name, policy, result.summary, result.series, note, time.perf_counter() - started, 1, extra
     )
@@ -747,6 +804,7 @@ def run_oracle(setup: Setup, started: float) -> Outcome:
         "margin": margin,
         "search_simulations": searches,
         "schedule": sizes,
+        "interval_seconds": schedule.interval_seconds,
         "search_attainment": [c.attainment for c in schedule.choices],
         "infeasible_intervals": schedule.infeasible,
         "instant_summary": instant.summary,
@@ -829,7 +887,11 @@ def parse_start(text: str) -> dict[str, int]:
 
 
 def run_all(
-    cases: Sequence[Case], policies: Sequence[str], jobs: int, start: dict[str, int] | None = None
+    cases: Sequence[Case],
+    policies: Sequence[str],
+    jobs: int,
+    start: dict[str, int] | None = None,
+    decisions: bool = False,
 ) -> list[Outcome]:
     """Every (case, policy) job, `jobs` at a time. The static-peak searches run first: their layout is
     every dynamic policy's initial size (without them, the planner's arithmetic on the busiest minute;
@@ -840,27 +902,32 @@ def run_all(
     first = [(case, policy) for policy in independent for case in cases if policy in policies]
     rest = [(case, policy) for case in cases for policy in policies if policy not in independent]
     initial = {case.name: guess_size(case) for case in cases}
-    outcomes = _run(first, initial, jobs)
+    outcomes = _run(first, initial, jobs, decisions)
     for outcome in outcomes:
         layout = outcome.extra.get("layout")
         if layout is not None:
             initial[outcome.case] = layout
     if start is not None:
         initial = {case.name: dict(start) for case in cases}
-    outcomes += _run(rest, initial, jobs)
+    outcomes += _run(rest, initial, jobs, decisions)
     order = [(case.name, policy) for case in cases for policy in policies]
     return split_oracle(sorted(outcomes, key=lambda o: order.index((o.case, o.policy))))
 
 
-def _run(work: Sequence[tuple[Case, str]], initial: dict[str, dict[str, int]], jobs: int) -> list[Outcome]:
+def _run(
+    work: Sequence[tuple[Case, str]], initial: dict[str, dict[str, int]], jobs: int, decisions: bool = False
+) -> list[Outcome]:
     outcomes: list[Outcome] = []
     if jobs <= 1 or len(work) <= 1:
         for case, policy in work:
-            outcomes.append(run_job(case, policy, initial[case.name]))
+            outcomes.append(run_job(case, policy, initial[case.name], decisions=decisions))
             _progress(outcomes[-1])
         return outcomes
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(run_job, case, policy, initial[case.name]) for case, policy in work]
+        futures = [
+            pool.submit(run_job, case, policy, initial[case.name], KNOBS, None, decisions)
+            for case, policy in work
+        ]
         for future in futures:
             outcomes.append(future.result())
             _progress(outcomes[-1])
@@ -1027,6 +1094,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--tune-hpa", action="store_true", help="grid of HPA targets on the Azure traces")
     parser.add_argument(
+        "--decisions",
+        metavar="DIR",
+        help="write every tandem run's passes (per pool: size, recommendation, limit, reason, figures) and "
+        "the oracle's schedule to DIR/<trace>-<policy>.jsonl, one JSON object a line",
+    )
+    parser.add_argument(
         "--tune-tandem",
         action="append",
         default=[],
@@ -1143,7 +1216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.tune_hpa:
         return tune_hpa(args.jobs)
     if args.tune_tandem:
-        return tune_tandem(cases, args.tune_tandem)
+        return tune_tandem(cases, args.tune_tandem, Path(args.decisions) if args.decisions else None)
     models = sorted({(c.model, c.tp, c.load_seconds, c.interval_seconds) for c in cases}, key=str)
     served = "; ".join(
         f"model {m} on {GPU} TP{tp}, model load {load:g} s"
@@ -1178,7 +1251,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if start is not None:
         layout = StaticLayout(start["prefill"], start["decode"])
         print(f"  every dynamic policy from {layout} (--start), not static peak's layout")
-    outcomes = run_all(cases, policies, args.jobs, start)
+    outcomes = run_all(cases, policies, args.jobs, start, decisions=bool(args.decisions))
+    if args.decisions:
+        for outcome in outcomes:
+            lines = outcome.extra.pop("decision_lines", None)
+            if lines is None and outcome.policy == ORACLE:
+                lines = oracle_lines(outcome)
+            if lines is not None:
+                path = write_decisions(Path(args.decisions), f"{outcome.case}-{outcome.policy}", lines)
+                print(f"decisions: {path}")
     text = report(cases, outcomes, Path(args.out), args.docs)
     print(text)
     for case in cases:
@@ -1308,10 +1389,11 @@ def tune_hpa(jobs: int) -> int:
     return 0
 
 
-def tune_tandem(cases: Sequence[Case], overrides: Sequence[str]) -> int:
+def tune_tandem(cases: Sequence[Case], overrides: Sequence[str], decisions: Path | None = None) -> int:
     """tandem's policy with one knob changed at a time (`autoscale.Knobs`), to propose tuning: the
-    policy itself is frozen in `tandem.autoscale`, this only measures."""
-    print("tandem, defaults: " + _tandem_figures(cases, KNOBS), flush=True)
+    policy itself is frozen in `tandem.autoscale`, this only measures. With `decisions`, each run's
+    passes go to `decisions`/<trace>-tandem[-<knob>=<value>].jsonl."""
+    print("tandem, defaults: " + _tandem_figures(cases, KNOBS, decisions, "tandem"), flush=True)
     for item in overrides:
         name, _, values = item.partition("=")
         if not hasattr(KNOBS, name):
@@ -1321,14 +1403,19 @@ def tune_tandem(cases: Sequence[Case], overrides: Sequence[str]) -> int:
             kind = type(getattr(KNOBS, name))
             parsed = value.strip().lower() in ("1", "true", "on") if kind is bool else kind(value)
             knobs = replace(KNOBS, **{name: parsed})
-            print(f"tandem, {name}={value}: " + _tandem_figures(cases, knobs), flush=True)
+            label = f"tandem-{name}={value}"
+            print(f"tandem, {name}={value}: " + _tandem_figures(cases, knobs, decisions, label), flush=True)
     return 0
 
 
-def _tandem_figures(cases: Sequence[Case], knobs: Knobs) -> str:
+def _tandem_figures(
+    cases: Sequence[Case], knobs: Knobs, decisions: Path | None = None, label: str = "tandem"
+) -> str:
     parts = []
     for case in cases:
-        o = run_job(case, TANDEM, None, knobs=knobs)
+        o = run_job(case, TANDEM, None, knobs=knobs, decisions=decisions is not None)
+        if decisions is not None:
+            write_decisions(decisions, f"{case.name}-{label}", o.extra.pop("decision_lines", []))
         assert o.summary is not None
         s = o.summary
         parts.append(f"{case.name} {s.attainment:.1%} {s.gpu_hours:.2f} GPU-h {s.scale_actions} actions")

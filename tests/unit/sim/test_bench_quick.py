@@ -6,6 +6,7 @@ part of `make test`; this run is, so the bench cannot rot."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from types import ModuleType
@@ -26,7 +27,8 @@ def test_quick_bench_runs_every_policy_and_writes_the_report(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     bench = _bench()
-    assert bench.main(["--quick", "--out", str(tmp_path), "--jobs", "1"]) == 0
+    decisions = tmp_path / "decisions"
+    assert bench.main(["--quick", "--out", str(tmp_path), "--jobs", "1", "--decisions", str(decisions)]) == 0
     out = capsys.readouterr().out
     assert f"seed {bench.SEED}" in out
     assert "rate x" in out
@@ -63,3 +65,18 @@ def test_quick_bench_runs_every_policy_and_writes_the_report(
     # every policy started from static peak's layout
     assert {results[p]["note"] for p in dynamic} == {f"from {peak['note']}"}
     assert (tmp_path / f"{bench.QUICK.name}.png").stat().st_size > 10_000
+    # --decisions: tandem's every pass per pool, and the oracle's schedule
+    passes = [json.loads(line) for line in (decisions / f"{bench.QUICK.name}-tandem.jsonl").open()]
+    times = sorted({p["time"] for p in passes})
+    assert len(times) >= 18  # a pass every 30 s over ten minutes
+    assert all(b - a == pytest.approx(30.0) for a, b in itertools.pairwise(times))
+    for pool in ("prefill", "decode"):
+        mine = [p for p in passes if p["pool"] == pool]
+        assert [p["time"] for p in mine] == times
+        assert all(p["reason"] and "exactReplicas" in p["figures"] for p in mine if not p["held"])
+        for before, after in itertools.pairwise(mine):
+            assert after["current"] == before["target"], (pool, before["time"])  # each target was applied
+    assert "decision_lines" not in results["tandem"].get("extra", {})
+    schedule = [json.loads(line) for line in (decisions / f"{bench.QUICK.name}-oracle.jsonl").open()]
+    assert [(s["prefill"], s["decode"]) for s in schedule] == [tuple(x) for x in oracle["schedule"]]
+    assert [s["time"] for s in schedule] == [60.0 * k for k in range(10)]
