@@ -13,7 +13,8 @@ every real engine runs while this process holds `flock /tmp/real-engines.lock`, 
 
 1. Real, colocated: the calibration grid (prompts of 24..1,800 tokens alone: TTFT; batches of 1, 3,
    6 and 10 streams at 64, 500, 1,000 and 1,600 tokens of context: the decode step while the whole
-   burst decodes, `burst_decode_step`) and every colocated
+   burst decodes, `burst_decode_step`, two bursts back to back per point, the points in a new order
+   each repeat) and every colocated
    evaluation cell, 3 runs, one repeat of the grid before each run of the cells.
 2. Real, P/D: requests of 200..1,800 tokens one at a time, whose KV moved over NIXL gives the link
    figure (the decode engine's `vllm:nixl_bytes_transferred` over `vllm:nixl_xfer_time_seconds`), then
@@ -103,6 +104,11 @@ PREFILL_REPEATS = 3
 DECODE_BATCHES = (1, 3, 6, 10)
 DECODE_CONTEXTS = (64, 500, 1000, 1600)
 DECODE_TOKENS = 48
+# Each decode point is measured by this many bursts per repeat, back to back, the points in a new
+# order each repeat: in one fixed order with 0.2-s gaps, the first point after the prefill grid (batch
+# 1 at 64 tokens) came out slower than batch 3 and 6 at the same context in two of three repeats (5.36,
+# 5.43, 3.75 ms against 4.49 and 4.29; docs/real-vllm.md, "Measured (2026-12-06, late morning)").
+DECODE_BURSTS = 2
 LINK_PROMPTS = (200, 600, 1100, 1800)
 
 
@@ -680,7 +686,9 @@ def parts_lines(real_eval: Mapping[str, Any], sim_eval: Mapping[str, Any]) -> li
 def calibrate(st: Stack, repeats: int = PREFILL_REPEATS, part: int = 0) -> dict[str, Any]:
     """The grid on a colocated stack: prompts alone (TTFT) and decode batches (the step time while the
     whole burst decodes, `burst_decode_step`; the whole answers' TPOT beside it), each point `repeats`
-    times, the repeats interleaved (a busy minute of the machine hits every point). Part 0 begins with
+    times, the repeats interleaved (a busy minute of the machine hits every point); each repeat
+    measures a decode point with `DECODE_BURSTS` bursts back to back, the points in an order of its own
+    (`decode_grid_order`). Part 0 begins with
     a warm-up (a fresh vLLM's first requests of each size are several times slower); each part draws
     its own prompts (no prefix-cache hit across parts)."""
     rng = random.Random(f"calibration/{part}" if part else "calibration")
@@ -697,10 +705,10 @@ def calibrate(st: Stack, repeats: int = PREFILL_REPEATS, part: int = 0) -> dict[
             prefill.append({"tokens": n, "ttft_s": s.ttft, "error": s.error})
         late = {role: scrape(url) for role, url in st.engines.items()}
         serving.append(serving_ms(ttft_parts([], early, late)))
-        for batch in DECODE_BATCHES:
-            for context in DECODE_CONTEXTS:
+        for batch, context in decode_grid_order(rng):
+            for _ in range(DECODE_BURSTS):
                 reqs = [([rng.randint(*VOCAB) for _ in range(context)], DECODE_TOKENS) for _ in range(batch)]
-                samples = asyncio.run(run_requests(st.router, reqs, "bursty", batch, gap=0.2))
+                samples = asyncio.run(run_requests(st.router, reqs, "bursty", batch, gap=0.0))
                 tpots = [s.tpot for s in samples if not s.error]
                 step, held = burst_decode_step(samples, context)
                 decode.append(
@@ -714,6 +722,15 @@ def calibrate(st: Stack, repeats: int = PREFILL_REPEATS, part: int = 0) -> dict[
                     }
                 )
     return {"prefill": prefill, "decode": decode, "serving_ms": serving, "load_1m": os.getloadavg()[0]}
+
+
+def decode_grid_order(rng: random.Random) -> list[tuple[int, int]]:
+    """Every (batch, context) point of the decode grid once, in an order drawn from `rng`: whatever the
+    machine does to the first point after the prefill grid, or to one minute of the repeat, falls on a
+    different point each repeat, which the median over repeats then leaves out."""
+    points = [(batch, context) for batch in DECODE_BATCHES for context in DECODE_CONTEXTS]
+    rng.shuffle(points)
+    return points
 
 
 def repeats_before_run(run: int, runs: int) -> int:
@@ -909,7 +926,8 @@ def provenance_lines(
         )
     lines.append(
         f"decode grid (a burst's step while all of it decodes, median over the burst, then over "
-        f"{PREFILL_REPEATS} repeats; {DECODE_TOKENS}-token answers; the context held at the window's middle):"
+        f"{DECODE_BURSTS} bursts in each of {PREFILL_REPEATS} repeats, the points shuffled per repeat; "
+        f"{DECODE_TOKENS}-token answers; the context held at the window's middle):"
     )
     for (b, c), (t, held) in steps.items():
         each = [d["step_s"] * 1000 for d in cal["decode"] if (d["batch"], d["context"]) == (b, c)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from pathlib import Path
 from types import ModuleType
 
@@ -117,6 +118,17 @@ def test_evaluation_differs_from_the_calibration_grid() -> None:
         assert "tpot_p50" in rf.NAMED[cell.name]
         assert ("ttft_p50" in rf.NAMED[cell.name]) == (cell.mode == "colocated" and cell.arrival == "steady")
         assert not {"ttft_p90", "tpot_p90"} & set(rf.NAMED[cell.name])
+
+
+def test_decode_grid_order_covers_every_point_once_in_an_order_per_repeat() -> None:
+    """Each repeat measures every decode point once; the repeats' orders differ (the first point after
+    the prefill grid is not the same point every time) and are reproducible from the seed."""
+    every = sorted((b, c) for b in rf.DECODE_BATCHES for c in rf.DECODE_CONTEXTS)
+    orders = [rf.decode_grid_order(random.Random(f"calibration/{part}")) for part in range(3)]
+    for order in orders:
+        assert sorted(order) == every
+    assert len({tuple(order) for order in orders}) == 3
+    assert orders[1] == rf.decode_grid_order(random.Random("calibration/1"))
 
 
 def _stream(first: float, step: float, tokens: int) -> tuple[float, ...]:
