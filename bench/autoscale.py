@@ -925,7 +925,7 @@ def _run(
         return outcomes
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         futures = [
-            pool.submit(run_job, case, policy, initial[case.name], KNOBS, None, decisions)
+            pool.submit(run_job, case, policy, initial[case.name], decisions=decisions)
             for case, policy in work
         ]
         for future in futures:
